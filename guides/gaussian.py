@@ -1,0 +1,158 @@
+"""The Gaussian base distribution that every posterior family emits, and its closed-form KL.
+
+A weight tensor of shape ``event_shape`` (for example ``(out, in)`` or ``(out, in, kh, kw)``) is
+flattened in row-major (C) order into a vector of length ``n``; every covariance in this package
+is a covariance of that flattened vector. Each family implements four small pieces of algebra
+(how standard noise maps to a deviation, the Mahalanobis norm, ``log det Cov`` and ``diag Cov``)
+and gets ``rsample``, ``log_prob``, ``entropy``, ``variance`` and a KL divergence from here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pyro.distributions import TorchDistribution
+from torch.distributions import Independent, Normal, constraints
+from torch.distributions.kl import register_kl
+
+_LOG_2PI = math.log(2 * math.pi)
+
+
+class GaussianMixin:
+    """Moments shared by every family: flat views and a dense covariance for small sizes."""
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.event_shape)
+
+    def log_det_covariance(self) -> torch.Tensor:
+        """``log det Cov`` of the flattened ``n``-vector (a scalar)."""
+        raise NotImplementedError
+
+    @property
+    def covariance_matrix(self) -> torch.Tensor:
+        """Dense ``(n, n)`` covariance in row-major order: for small sites and tests only."""
+        cov = self._dense_covariance()
+        return cov.expand(self.batch_shape + cov.shape)
+
+    def _dense_covariance(self) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class StructuredGaussian(GaussianMixin, TorchDistribution):
+    """``N(loc, Cov)`` over a tensor of shape ``event_shape`` with a structured covariance.
+
+    Subclasses hold their parameters unbatched (no leading dimensions); ``expand`` only changes
+    ``batch_shape``, so one distribution can serve a plate of vectorised particles.
+
+    Samples are ``loc + dev(eps)`` with ``eps`` standard normal of length ``noise_size``.
+    When the noise has the size of the site (``Cov = L L^T`` with a square ``L``), ``log_prob``
+    of the value just drawn by ``rsample`` reuses ``eps = L^{-1} (value - loc)`` (an O(n)
+    shortcut with the same value and the same total derivative as the exact formula); any other
+    value goes through the family's exact Mahalanobis norm.
+    """
+
+    arg_constraints: dict = {}
+    has_rsample = True
+
+    def __init__(self, loc: torch.Tensor, validate_args: bool | None = None):
+        self.loc = loc
+        self._flat_loc = loc.reshape(-1)
+        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        super().__init__(torch.Size(), loc.shape, validate_args=validate_args)
+
+    # ---- family algebra (flat, unbatched parameters; leading dims on the arguments) ----
+    @property
+    def noise_size(self) -> int:
+        return self.num_elements
+
+    def _deviation(self, eps: torch.Tensor) -> torch.Tensor:
+        """Map noise ``(..., noise_size)`` to a deviation ``(..., n)`` with covariance ``Cov``."""
+        raise NotImplementedError
+
+    def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:
+        """``diff^T Cov^{-1} diff`` for ``diff`` of shape ``(..., n)``."""
+        raise NotImplementedError
+
+    def _flat_variance(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    # ---- torch.distributions interface ----
+    @property
+    def support(self):
+        return constraints.independent(constraints.real, len(self.event_shape))
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.loc.expand(self.batch_shape + self.event_shape)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return self.mean
+
+    @property
+    def variance(self) -> torch.Tensor:
+        var = self._flat_variance().reshape(self.event_shape)
+        return var.expand(self.batch_shape + self.event_shape)
+
+    def expand(self, batch_shape, _instance=None):
+        new = self.__class__.__new__(self.__class__) if _instance is None else _instance
+        new.__dict__.update(self.__dict__)
+        new._batch_shape = torch.Size(batch_shape)
+        new._cache = None
+        return new
+
+    def rsample(self, sample_shape=()) -> torch.Tensor:
+        shape = torch.Size(sample_shape) + self.batch_shape
+        eps = torch.randn(shape + (self.noise_size,), dtype=self.loc.dtype, device=self.loc.device)
+        value = (self._flat_loc + self._deviation(eps)).reshape(shape + self.event_shape)
+        if self.noise_size == self.num_elements:  # eps = L^{-1} (value - loc) exactly
+            self._cache = (value, eps)
+        return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._cache is not None and value is self._cache[0]:
+            maha = self._cache[1].pow(2).sum(-1)
+        else:
+            k = len(self.event_shape)
+            diff = value.reshape(value.shape[: value.dim() - k] + (-1,)) - self._flat_loc
+            maha = self._mahalanobis(diff)
+        n = self.num_elements
+        log_prob = -0.5 * (maha + self.log_det_covariance() + n * _LOG_2PI)
+        return log_prob.expand(torch.broadcast_shapes(log_prob.shape, self.batch_shape))
+
+    def entropy(self) -> torch.Tensor:
+        n = self.num_elements
+        h = 0.5 * (n * (1.0 + _LOG_2PI) + self.log_det_covariance())
+        return h.expand(self.batch_shape)
+
+
+def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
+    """``KL(q || p)`` for a Gaussian ``q`` and a factorised Normal prior ``p``.
+
+    With prior means ``mu`` and standard deviations ``s`` (any shape broadcastable to the site)::
+
+        KL = 1/2 [ sum_i (Var_q[w_i] + (m_i - mu_i)^2) / s_i^2  - n + sum_i log s_i^2
+                   - log det Cov_q ]
+
+    which needs only the means, the marginal variances and ``log det Cov_q``: O(n) for every
+    family. The result has the broadcast batch shape of ``q`` and ``p``.
+    """
+    base = p.base_dist
+    k = len(q.event_shape)
+    if not isinstance(base, Normal) or p.reinterpreted_batch_ndims != k:
+        raise NotImplementedError
+    if p.event_shape != q.event_shape:
+        raise NotImplementedError
+    var_p = base.scale.pow(2)
+    terms = (q.variance + (q.mean - base.loc).pow(2)) / var_p + var_p.log()
+    terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
+    total = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
+    kl = 0.5 * (total - q.num_elements - q.log_det_covariance())
+    return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p.batch_shape))
+
+
+@register_kl(StructuredGaussian, Independent)
+def _kl_structured_independent(q, p):
+    return gaussian_kl_to_normal(q, p)

@@ -1,0 +1,28 @@
+import os
+from pathlib import Path
+
+import pyro
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rng():
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def mnist_root() -> Path:
+    """The MNIST root: $ZOO_DATA, else the shared copy beside the checkout."""
+    root = Path(os.environ.get("ZOO_DATA") or REPO.parent / "shared" / "datasets")
+    if not (root / "MNIST" / "raw" / "train-images-idx3-ubyte").exists():
+        pytest.skip(f"MNIST raw files not found under {root} (set ZOO_DATA)")
+    return root
+
+
+def pytest_configure(config):
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

@@ -1,0 +1,82 @@
+"""Properties every family's distribution shares, checked against a dense MultivariateNormal."""
+
+import math
+
+import pyro.distributions as dist
+import torch
+from torch.distributions import MultivariateNormal, kl_divergence
+
+from tests.guides.conftest import make_site
+
+
+def dense(d):
+    return MultivariateNormal(d.mean.reshape(-1), covariance_matrix=d.covariance_matrix)
+
+
+def test_log_prob_matches_dense_mvn(family, shape):
+    d = make_site(family, shape).distribution()
+    ref = dense(d)
+    torch.manual_seed(1)
+    points = d.mean + 0.7 * torch.randn((7,) + tuple(shape), dtype=torch.float64)
+    expected = ref.log_prob(points.reshape(7, -1))
+    assert torch.allclose(d.log_prob(points), expected, rtol=1e-9, atol=1e-9)
+    drawn = d.rsample((5,))  # the cached shortcut path
+    assert torch.allclose(d.log_prob(drawn), ref.log_prob(drawn.reshape(5, -1)), atol=1e-9)
+
+
+def test_moments_and_entropy_match_dense(family, shape):
+    d = make_site(family, shape).distribution()
+    cov = d.covariance_matrix
+    assert torch.allclose(d.variance.reshape(-1), cov.diagonal(), rtol=1e-12)
+    assert torch.allclose(cov, cov.mT)
+    assert torch.linalg.eigvalsh(cov).min() > 0
+    assert torch.allclose(d.entropy(), dense(d).entropy(), rtol=1e-10)
+
+
+def test_empirical_covariance_of_samples(family, shape):
+    d = make_site(family, shape).distribution()
+    torch.manual_seed(2)
+    samples = d.rsample((50_000,)).reshape(50_000, -1)
+    emp = torch.cov(samples.T)
+    cov = d.covariance_matrix
+    # Monte Carlo sd of a covariance entry is about var * sqrt(2 / 50000) = 0.0063 var.
+    assert (emp - cov).abs().max() < 0.04 * cov.diagonal().max()
+    assert (samples.mean(0) - d.mean.reshape(-1)).abs().max() < 0.03 * cov.diagonal().max().sqrt()
+
+
+def test_closed_form_kl_matches_monte_carlo(family, shape):
+    d = make_site(family, shape).distribution()
+    prior = dist.Normal(torch.tensor(0.1, dtype=torch.float64), 0.7).expand(shape).to_event(2)
+    kl = kl_divergence(d, prior)
+    torch.manual_seed(3)
+    w = d.rsample((40_000,))
+    ratio = d.log_prob(w) - prior.log_prob(w)
+    stderr = ratio.std() / math.sqrt(len(ratio))
+    assert abs(kl - ratio.mean()) < 4 * stderr
+    # and against the dense reference
+    ref = MultivariateNormal(
+        torch.full((d.num_elements,), 0.1, dtype=torch.float64),
+        covariance_matrix=0.49 * torch.eye(d.num_elements, dtype=torch.float64),
+    )
+    assert torch.allclose(kl, kl_divergence(dense(d), ref), rtol=1e-9)
+
+
+def test_kl_broadcasts_over_particles(family):
+    d = make_site(family, (4, 3)).distribution().expand((5,))
+    prior = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0).expand((5, 4, 3)).to_event(2)
+    kl = kl_divergence(d, prior)
+    assert kl.shape == (5,)
+    assert torch.allclose(kl, kl[0].expand(5))
+    assert d.rsample().shape == (5, 4, 3)
+    assert d.log_prob(d.rsample()).shape == (5,)
+
+
+def test_gradients_reach_every_parameter(family, shape):
+    site = make_site(family, shape)
+    d = site.distribution()
+    w = d.rsample((3,))
+    torch.manual_seed(4)
+    (w * torch.randn_like(w)).sum().backward()
+    for name, p in site.named_parameters():
+        assert p.grad is not None, name
+        assert p.grad.abs().sum() > 0, name

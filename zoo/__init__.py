@@ -1,0 +1,27 @@
+"""A Pyro model zoo of Bayesian neural networks.
+
+import zoo, guides
+model = zoo.models.LeNet5()
+fit = zoo.fit(model, "tridiagonal", zoo.data.mnist(), epochs=2)
+fit.evaluate(zoo.data.mnist(train=False))
+"""
+
+from zoo import data, metrics, models, priors
+from zoo.elbo import ElboScale
+from zoo.fit import FitDivergedError, FitResult, FitState, fit
+from zoo.predictive import Prediction, predict
+
+__all__ = [
+    "ElboScale",
+    "FitDivergedError",
+    "FitResult",
+    "FitState",
+    "Prediction",
+    "data",
+    "fit",
+    "metrics",
+    "models",
+    "predict",
+    "priors",
+]
+__version__ = "0.1.0"

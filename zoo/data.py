@@ -1,0 +1,92 @@
+"""Data sets: the 1D regression toy and torchvision's image sets as in-memory tensors.
+
+The data root is, in order: the ``root`` argument, the ``ZOO_DATA`` environment variable, or
+``~/.cache/bnn-zoo/data``. With the raw files already in ``<root>/MNIST/raw/`` torchvision finds
+them and downloads nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch.utils.data import TensorDataset
+
+# Per-channel statistics of the training sets, used to standardise images.
+_MNIST_STATS = ((0.1307,), (0.3081,))
+_FASHION_STATS = ((0.2860,), (0.3530,))
+_CIFAR_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+
+
+def data_root(root: str | os.PathLike | None = None) -> Path:
+    """Resolve the data root: argument, else ``$ZOO_DATA``, else ``~/.cache/bnn-zoo/data``."""
+    if root is not None:
+        return Path(root).expanduser()
+    if os.environ.get("ZOO_DATA"):
+        return Path(os.environ["ZOO_DATA"]).expanduser()
+    return Path.home() / ".cache" / "bnn-zoo" / "data"
+
+
+def toy_regression(
+    n: int = 160, noise: float = 0.1, seed: int = 0, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classic 1D toy: ``y = sin(2x) + 0.3 x + noise`` observed on two separate intervals.
+
+    ``x`` is drawn uniformly from ``[-3, -1]`` and ``[1, 3]`` (half each), so a good posterior
+    is confident on them and uncertain between (around 0) and beyond (``|x| > 3``).
+
+    Returns
+    -------
+    X : Tensor ``(n, 1)``
+    y : Tensor ``(n,)``
+    """
+    g = torch.Generator().manual_seed(seed)
+    half = n // 2
+    left = -3 + 2 * torch.rand(half, generator=g, dtype=torch.float64)
+    right = 1 + 2 * torch.rand(n - half, generator=g, dtype=torch.float64)
+    x = torch.cat([left, right])
+    y = toy_function(x) + noise * torch.randn(n, generator=g, dtype=torch.float64)
+    return x.unsqueeze(-1).to(dtype), y.to(dtype)
+
+
+def toy_function(x: torch.Tensor) -> torch.Tensor:
+    """The noise-free curve of :func:`toy_regression`."""
+    return torch.sin(2 * x) + 0.3 * x
+
+
+def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
+    ds = cls(str(data_root(root)), train=train, download=download)
+    images = torch.as_tensor(ds.data)
+    if images.dim() == 3:  # (N, H, W) grey images
+        images = images.unsqueeze(1)
+    else:  # CIFAR: (N, H, W, C) uint8 numpy
+        images = images.permute(0, 3, 1, 2)
+    labels = torch.as_tensor(ds.targets, dtype=torch.long)
+    if limit is not None:
+        images, labels = images[:limit], labels[:limit]
+    mean = torch.tensor(stats[0]).view(1, -1, 1, 1)
+    std = torch.tensor(stats[1]).view(1, -1, 1, 1)
+    x = (images.float() / 255.0 - mean) / std
+    return TensorDataset(x, labels)
+
+
+def mnist(root=None, train: bool = True, download: bool = True, limit: int | None = None):
+    """MNIST as a standardised ``TensorDataset`` of ``(N, 1, 28, 28)`` images and labels."""
+    from torchvision.datasets import MNIST
+
+    return _image_dataset(MNIST, root, train, download, _MNIST_STATS, limit)
+
+
+def fashion_mnist(root=None, train: bool = True, download: bool = True, limit: int | None = None):
+    """Fashion-MNIST as a standardised ``TensorDataset`` of ``(N, 1, 28, 28)`` images."""
+    from torchvision.datasets import FashionMNIST
+
+    return _image_dataset(FashionMNIST, root, train, download, _FASHION_STATS, limit)
+
+
+def cifar10(root=None, train: bool = True, download: bool = True, limit: int | None = None):
+    """CIFAR-10 as a standardised ``TensorDataset`` of ``(N, 3, 32, 32)`` images."""
+    from torchvision.datasets import CIFAR10
+
+    return _image_dataset(CIFAR10, root, train, download, _CIFAR_STATS, limit)

@@ -1,0 +1,187 @@
+"""Turning the ``data`` argument of ``zoo.fit`` into minibatches, with the checks that run
+before any training step."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from zoo.models.base import BayesianModel
+
+
+class Batches:
+    """Shuffled minibatches of ``(x, y)`` on ``device``; ``len(self)`` is the data size ``N``.
+
+    In-memory tensors (a tuple or a ``TensorDataset``) are moved to the device once and indexed
+    there; any other ``Dataset`` goes through a ``DataLoader``; a ``DataLoader`` is used as is.
+    """
+
+    def __init__(self, data, batch_size: int, device: torch.device, generator: torch.Generator):
+        self.device = device
+        self.generator = generator
+        self.loader: DataLoader | None = None
+        self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
+        if isinstance(data, DataLoader):
+            self.loader = data
+            self.size = _dataset_length(data.dataset)
+            self.batch_size = data.batch_size or 1
+        else:
+            tensors = as_tensors(data)
+            self.batch_size = int(batch_size)
+            if tensors is not None:
+                x, y = tensors
+                self.tensors = (x.to(device), y.to(device))
+                self.size = x.shape[0]
+            else:
+                self.size = _dataset_length(data)
+                self.loader = DataLoader(
+                    data, batch_size=self.batch_size, shuffle=True, generator=generator
+                )
+
+    def __len__(self) -> int:
+        return self.size
+
+    @property
+    def steps_per_epoch(self) -> int:
+        if self.loader is not None:
+            return len(self.loader)
+        return math.ceil(self.size / self.batch_size)
+
+    def epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self.tensors is not None:
+            x, y = self.tensors
+            perm = torch.randperm(self.size, generator=self.generator).to(self.device)
+            for start in range(0, self.size, self.batch_size):
+                idx = perm[start : start + self.batch_size]
+                yield x[idx], y[idx]
+            return
+        for batch in self.loader:
+            xb, yb = _split_batch(batch)
+            check_finite(xb, "x", where="a batch of the data")
+            check_finite(yb, "y", where="a batch of the data")
+            yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
+
+    def first(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A small batch (for the prototype trace and the shape check)."""
+        if self.tensors is not None:
+            x, y = self.tensors
+            return x[:2], y[:2]
+        probe = DataLoader(self.loader.dataset, batch_size=2, collate_fn=self.loader.collate_fn)
+        xb, yb = _split_batch(next(iter(probe)))
+        return xb.to(self.device), yb.to(self.device)
+
+
+def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(X, y)`` for a tuple/list of two tensors or a two-tensor ``TensorDataset``, else None."""
+    if isinstance(data, TensorDataset):
+        if len(data.tensors) != 2:
+            raise ValueError(
+                f"a TensorDataset for fit must hold (X, y), got {len(data.tensors)} tensors"
+            )
+        data = data.tensors
+    if isinstance(data, (tuple, list)):
+        if len(data) != 2:
+            raise ValueError(f"data must be (X, y), got a sequence of {len(data)} items")
+        x, y = data
+        if not (torch.is_tensor(x) and torch.is_tensor(y)):
+            raise TypeError(
+                f"(X, y) must both be torch tensors, got ({type(x).__name__}, "
+                f"{type(y).__name__}); convert with torch.as_tensor"
+            )
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"X and y have different lengths: {x.shape[0]} inputs but {y.shape[0]} targets; "
+                "they must have one target per input"
+            )
+        return x, y
+    if isinstance(data, (Dataset, DataLoader)):
+        return None
+    raise TypeError(
+        f"data must be (X, y) tensors, a torch Dataset or a DataLoader, got {type(data).__name__}"
+    )
+
+
+def check_finite(t: torch.Tensor, label: str, where: str = "the data") -> None:
+    if t.is_floating_point() or t.is_complex():
+        bad = ~torch.isfinite(t)
+        if bad.any():
+            first = int(bad.reshape(t.shape[0], -1).any(-1).nonzero()[0]) if t.dim() else 0
+            raise ValueError(
+                f"{label} in {where} contains NaN or infinite values (first at row {first}); "
+                "remove or impute them before fitting"
+            )
+
+
+def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Every check that can run on in-memory data before training."""
+    if x.shape[0] == 0:
+        raise ValueError("the data set is empty: fit needs at least one example")
+    check_finite(x, "X")
+    check_finite(y, "y")
+    if isinstance(model, BayesianModel) and model.task == "classification":
+        check_labels(y, model.out_features)
+
+
+def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
+    if y.is_floating_point():
+        if not torch.equal(y, y.round()):
+            raise ValueError(
+                "classification labels must be integer class indices; got non-integer values "
+                "(for one-hot labels use y.argmax(-1))"
+            )
+        raise TypeError(
+            f"classification labels must be an integer tensor, got {y.dtype}; use y.long()"
+        )
+    if y.dim() != 1:
+        raise ValueError(
+            f"classification labels must have shape (N,), got {tuple(y.shape)}"
+            + ("; for one-hot labels use y.argmax(-1)" if y.dim() == 2 else "")
+        )
+    lo, hi = int(y.min()), int(y.max())
+    if lo < 0 or (num_classes is not None and hi >= num_classes):
+        raise ValueError(
+            f"labels must lie in [0, {num_classes}) for this model, got values in [{lo}, {hi}]"
+        )
+
+
+def check_input_shape(model, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Run the model's network once on two examples; turn a shape error into a clear message."""
+    if not isinstance(model, BayesianModel):
+        return
+    expected = model.input_shape
+    if expected is not None and tuple(x.shape[1:]) != expected:
+        raise ValueError(
+            f"the model expects inputs of shape (N, {', '.join(map(str, expected))}), got "
+            f"{tuple(x.shape)}; reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
+        )
+    try:
+        with torch.no_grad():
+            params = {name: p for name, p in model.net.named_parameters()}
+            out = model.network(x, params)
+    except RuntimeError as err:
+        raise ValueError(f"the model cannot take inputs of shape {tuple(x.shape)}: {err}") from None
+    if model.task == "regression" and model.noise_mode != "heteroscedastic":
+        want = out.shape[1:] if out.shape[-1] > 1 else ()
+        if tuple(y.shape[1:]) != tuple(want):
+            raise ValueError(
+                f"regression targets must have shape (N{''.join(', ' + str(s) for s in want)}) "
+                f"for this model, got {tuple(y.shape)}"
+            )
+
+
+def _dataset_length(dataset) -> int:
+    try:
+        return len(dataset)
+    except TypeError:
+        raise TypeError(
+            "fit needs a Dataset with a length (the data size N scales the ELBO)"
+        ) from None
+
+
+def _split_batch(batch):
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError("each batch of the data must be a pair (x, y)")

@@ -1,0 +1,411 @@
+"""``zoo.fit``: stochastic variational inference with Pyro's ELBOs and a torch optimiser."""
+
+from __future__ import annotations
+
+import fnmatch
+import inspect
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+import pyro
+import torch
+from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.autoguide import AutoGuide
+from tqdm.auto import tqdm
+
+import guides as guide_registry
+from zoo.data_checks import (
+    Batches,
+    as_tensors,
+    check_data,
+    check_input_shape,
+    check_labels,
+)
+from zoo.elbo import ElboScale
+from zoo.models.base import BayesianModel
+
+_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+class FitDivergedError(FloatingPointError):
+    """The loss or a gradient became NaN or infinite. ``result`` holds the fit up to the last
+    finite step (its guide keeps the parameters of that step)."""
+
+    def __init__(self, message: str, result: FitResult):
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass
+class FitState:
+    """What a callback sees after every step. Return ``True`` from the callback to stop."""
+
+    step: int
+    epoch: int
+    loss: float
+    epoch_end: bool
+    result: FitResult
+
+
+@dataclass
+class FitResult:
+    """A fitted model and guide with their training history.
+
+    Attributes
+    ----------
+    model, guide
+        The model and the fitted guide (on ``device``).
+    losses : list of float
+        ``-ELBO`` estimate per step, on the full-data scale (see ``zoo.elbo``).
+    epoch_losses : list of float
+        Mean of ``losses`` over each completed epoch.
+    wall_time : float
+        Seconds spent in the training loop.
+    """
+
+    model: Callable
+    guide: AutoGuide
+    losses: list[float] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    options: dict = field(default_factory=dict)
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    @property
+    def family(self) -> str:
+        return getattr(type(self.guide), "__name__", "guide")
+
+    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int = 1024):
+        """Posterior predictive on ``x`` from ``num_samples`` sampled networks (one batched
+        forward pass per chunk of ``batch_size`` inputs); see :class:`zoo.predictive.Prediction`.
+        """
+        from zoo.predictive import predict
+
+        return predict(self.model, self.guide, x, num_samples=num_samples, batch_size=batch_size)
+
+    def evaluate(
+        self, data, num_samples: int = 100, batch_size: int = 1024, seed: int | None = 0
+    ) -> dict[str, float]:
+        """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``).
+
+        Classification: ``accuracy``, ``nll`` (mean negative log predictive probability),
+        ``brier``, ``ece`` (15 bins). Regression: ``rmse``, ``nll`` (of the sample mixture),
+        ``coverage_95`` (central 95% predictive interval).
+        """
+        from zoo import metrics
+
+        x, y = _gather(data)
+        if seed is not None:
+            pyro.set_rng_seed(seed)
+        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size)
+        y = y.to(pred.outputs.device)
+        if self.model.task == "classification":
+            probs = pred.probs
+            return {
+                "accuracy": metrics.accuracy(probs, y),
+                "nll": metrics.nll(probs, y),
+                "brier": metrics.brier(probs, y),
+                "ece": metrics.ece(probs, y),
+            }
+        y = y.reshape(pred.mean.shape)
+        lower, upper = pred.interval(0.95)
+        return {
+            "rmse": metrics.rmse(pred.mean, y),
+            "nll": metrics.gaussian_mixture_nll(pred.sample_means, pred.sample_scales, y),
+            "coverage_95": metrics.interval_coverage(lower, upper, y),
+        }
+
+
+def fit(
+    model: Callable,
+    guide: str | type | Callable | AutoGuide,
+    data,
+    *,
+    epochs: int = 1,
+    num_steps: int | None = None,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    optimizer: str | type = "adam",
+    optimizer_options: Mapping | None = None,
+    lr_schedule: Callable[[int], float] | None = None,
+    lr_multipliers: Mapping[str, float] | None = None,
+    num_particles: int = 1,
+    kl_weight: float | Callable[[int], float] = 1.0,
+    elbo: str = "trace",
+    guide_options: Mapping | None = None,
+    device: str | torch.device = "auto",
+    seed: int | None = 0,
+    progress: bool = True,
+    callbacks: Iterable[Callable[[FitState], bool | None]] = (),
+    on_divergence: str = "raise",
+    clip_grad_norm: float | None = None,
+) -> FitResult:
+    """Fit a variational posterior to a Pyro model by stochastic variational inference.
+
+    Each step draws a minibatch, estimates the full-data ELBO with Pyro's ``Trace_ELBO``
+    (or ``TraceMeanField_ELBO``), and takes one step of a torch optimiser on ``-ELBO``.
+    Minibatches are unbiased for the full-data ELBO: sites in ``pyro.plate("data", B)`` are
+    scaled by ``N / B`` (see :mod:`zoo.elbo`).
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model ``model(x, y=None)`` that observes ``y`` in ``pyro.plate("data", len(x))``,
+        e.g. any ``zoo.models`` network.
+    guide : str, AutoGuide subclass, callable or AutoGuide
+        A family name (``"diagonal"``, ``"lowrank"``, ``"tridiagonal"``, ``"matrix_normal"``),
+        a guide class (built as ``cls(model, **guide_options)``), a callable
+        ``model -> guide``, or a guide instance.
+    data : (X, y), Dataset or DataLoader
+        Training data; ``N = len(data)``.
+    epochs : int, default 1
+        Passes over the data (ignored when ``num_steps`` is given).
+    num_steps : int, optional
+        Total optimiser steps, cycling over the data as needed.
+    batch_size : int, default 128
+        Minibatch size (a DataLoader keeps its own).
+    lr : float, default 1e-3
+        Learning rate.
+    optimizer : {"adam", "adamw", "sgd"} or torch optimizer class
+    optimizer_options : mapping, optional
+        Extra optimizer arguments, e.g. ``{"momentum": 0.9}``.
+    lr_schedule : callable, optional
+        ``step -> factor`` multiplying ``lr`` (a ``LambdaLR``), e.g. Posch & Pilz's
+        ``lambda i: (1 + 1e-4 * i) ** -0.75``.
+    lr_multipliers : mapping, optional
+        ``fnmatch`` pattern over guide parameter names -> learning-rate factor, e.g.
+        ``{"*.gamma*": 50.0}`` for the correlation parameters of the tridiagonal family
+        (names look like ``sites.fc1.weight.gamma_unconstrained``).
+    num_particles : int, default 1
+        ELBO samples per step, vectorised into one batched pass.
+    kl_weight : float or callable, default 1.0
+        Factor on the prior-minus-guide (KL) part of the ELBO, or ``step -> factor`` for
+        annealing. ``1`` is the true ELBO.
+    elbo : {"trace", "meanfield"}
+        ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
+        registered, which holds for every family here against Normal priors).
+    guide_options : mapping, optional
+        Passed to the guide class when ``guide`` is a name or a class.
+    device : "auto", "cpu", "cuda" or torch.device
+        ``"auto"`` uses CUDA when available. Model, data and guide all move there.
+    seed : int or None, default 0
+        Seeds Pyro, torch and the shuffling; ``None`` leaves the global RNG alone.
+    progress : bool, default True
+        Show a tqdm progress bar.
+    callbacks : iterable of callables
+        Called as ``cb(FitState)`` after every step; a truthy return stops the fit.
+    on_divergence : {"raise", "skip"}
+        On a NaN/inf loss or gradient: raise :class:`FitDivergedError` (parameters stay at the
+        last finite step) or skip that step and go on.
+    clip_grad_norm : float, optional
+        Clip the global gradient norm to this value.
+
+    Returns
+    -------
+    FitResult
+    """
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
+    if num_steps is not None:
+        _check_positive(num_steps=num_steps)
+    if elbo not in ("trace", "meanfield"):
+        raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
+    if on_divergence not in ("raise", "skip"):
+        raise ValueError(f"on_divergence must be 'raise' or 'skip', got {on_divergence!r}")
+    if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)} or a torch optimizer")
+    guide_cls = guide_registry.get(guide) if isinstance(guide, str) else None
+
+    dev = _resolve_device(device)
+    if isinstance(model, torch.nn.Module):
+        model.to(dev)
+    tensors = as_tensors(data)
+    if tensors is not None:
+        check_data(model, *tensors)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
+    batches = Batches(data, batch_size, dev, generator)
+    if len(batches) == 0:
+        raise ValueError("the data set is empty: fit needs at least one example")
+    x0, y0 = batches.first()
+    if tensors is None and isinstance(model, BayesianModel) and model.task == "classification":
+        check_labels(y0, model.out_features)
+    check_input_shape(model, x0, y0)
+
+    guide = _build_guide(guide, guide_cls, model, dict(guide_options or {}))
+    guide.to(dev)
+    with torch.no_grad():
+        guide(x0, y0)  # creates the parameters (the prototype trace)
+    params = _param_groups(guide, model, lr, lr_multipliers)
+    opt_cls = _OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
+    opt = opt_cls(params, lr=lr, **dict(optimizer_options or {}))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule) if lr_schedule else None
+    all_params = [p for g in params for p in g["params"]]
+
+    max_plate_nesting = 1 if isinstance(model, BayesianModel) else float("inf")
+    elbo_cls = Trace_ELBO if elbo == "trace" else TraceMeanField_ELBO
+    loss_fn = elbo_cls(
+        num_particles=num_particles,
+        vectorize_particles=num_particles > 1,
+        max_plate_nesting=max_plate_nesting,
+    ).differentiable_loss
+    scale = ElboScale()
+    scaled_model, scaled_guide = scale(model), scale(guide)
+
+    total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+    result = FitResult(
+        model=model,
+        guide=guide,
+        device=dev,
+        options=dict(
+            guide=getattr(guide_cls, "__name__", type(guide).__name__),
+            epochs=epochs,
+            num_steps=total,
+            batch_size=batches.batch_size,
+            lr=lr,
+            num_particles=num_particles,
+            elbo=elbo,
+            seed=seed,
+        ),
+    )
+    callbacks = list(callbacks)
+    bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
+    start = time.perf_counter()
+    step, epoch, stop = 0, 0, False
+    try:
+        while step < total and not stop:
+            epoch_losses = []
+            for xb, yb in batches.epoch():
+                scale.data_scale = len(batches) / xb.shape[0]
+                scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
+                with pyro.validation_enabled(step == 0):
+                    loss = loss_fn(scaled_model, scaled_guide, xb, yb)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                max_norm = clip_grad_norm if clip_grad_norm is not None else math.inf
+                grad_norm = torch.nn.utils.clip_grad_norm_(all_params, max_norm)
+                value, finite_grad = torch.stack([loss.detach(), grad_norm]).tolist()
+                if not (math.isfinite(value) and math.isfinite(finite_grad)):
+                    message = _divergence_message(step, epoch, value, guide)
+                    if on_divergence == "raise":
+                        result.wall_time = time.perf_counter() - start
+                        raise FitDivergedError(message, result)
+                    step += 1
+                    bar.update(1)
+                    continue
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                result.losses.append(value)
+                epoch_losses.append(value)
+                step += 1
+                bar.update(1)
+                if step % 10 == 0 or step == total:
+                    bar.set_postfix(epoch=epoch, loss=f"{value:.4g}", refresh=False)
+                epoch_end = step == total
+                state = FitState(step, epoch, value, epoch_end, result)
+                if any(cb(state) for cb in callbacks):
+                    stop = True
+                if stop or step >= total:
+                    break
+            if epoch_losses:
+                result.epoch_losses.append(sum(epoch_losses) / len(epoch_losses))
+            epoch += 1
+    finally:
+        bar.close()
+        result.wall_time = time.perf_counter() - start
+    return result
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if name in ("epochs", "batch_size", "num_particles", "num_steps") and value != int(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _resolve_device(device) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _build_guide(guide, guide_cls, model, options) -> AutoGuide:
+    if guide_cls is not None:
+        return guide_cls(model, **options)
+    if isinstance(guide, AutoGuide):
+        if options:
+            raise ValueError("guide_options apply only when guide is a name or a class")
+        return guide
+    if inspect.isclass(guide):
+        return guide(model, **options)
+    if callable(guide):
+        built = guide(model, **options)
+        if not isinstance(built, torch.nn.Module):
+            raise TypeError("a guide factory must return a torch.nn.Module guide")
+        return built
+    raise TypeError(
+        f"guide must be a family name {guide_registry.available()}, an AutoGuide class, a "
+        f"callable model -> guide, or a guide instance; got {type(guide).__name__}"
+    )
+
+
+def _param_groups(guide, model, lr, multipliers) -> list[dict]:
+    named = list(guide.named_parameters())
+    if isinstance(model, torch.nn.Module):
+        named += [(f"model.{n}", p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("the guide has no parameters to optimise")
+    multipliers = dict(multipliers or {})
+    groups: dict[float, list] = {}
+    used = set()
+    for name, p in named:
+        factor = 1.0
+        for pattern, value in multipliers.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                factor = float(value)
+                used.add(pattern)
+                break
+        groups.setdefault(factor, []).append(p)
+    unused = set(multipliers) - used
+    if unused:
+        examples = [n for n, _ in named[:4]]
+        raise ValueError(
+            f"lr_multipliers patterns {sorted(unused)} match no parameter; names look like "
+            f"{examples}"
+        )
+    return [{"params": ps, "lr": lr * f} for f, ps in groups.items()]
+
+
+def _divergence_message(step: int, epoch: int, value: float, guide) -> str:
+    bad = sorted(
+        {
+            name.rsplit(".", 1)[0].removeprefix("sites.")
+            for name, p in guide.named_parameters()
+            if p.grad is not None and not torch.isfinite(p.grad).all()
+        }
+    )
+    where = f"; non-finite gradients at sites {bad}" if bad else ""
+    return (
+        f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. The guide "
+        "keeps the parameters of the last finite step. Try a smaller lr, clip_grad_norm, a "
+        "smaller init_scale, or on_divergence='skip'."
+    )
+
+
+def _gather(data) -> tuple[torch.Tensor, torch.Tensor]:
+    tensors = as_tensors(data)
+    if tensors is not None:
+        return tensors
+    loader = data if isinstance(data, torch.utils.data.DataLoader) else None
+    loader = loader or torch.utils.data.DataLoader(data, batch_size=1024)
+    xs, ys = zip(*[(b[0], b[1]) for b in loader])
+    return torch.cat(xs), torch.cat(ys)

@@ -1,0 +1,51 @@
+"""LeNet-5 as used by Posch & Pilz (Caffe's MNIST LeNet)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from zoo.models.base import BayesianModel
+from zoo.priors import Prior
+
+
+class LeNet5Network(nn.Module):
+    """conv 20 5x5 -> maxpool 2 -> conv 50 5x5 -> maxpool 2 -> fc hidden -> ReLU -> fc 10.
+
+    There is no nonlinearity after the convolutions, as in Caffe's LeNet and the paper.
+    Input ``(B, 1, 28, 28)``.
+    """
+
+    def __init__(self, hidden: int = 100, num_classes: int = 10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 20, 5)
+        self.conv2 = nn.Conv2d(20, 50, 5)
+        self.fc1 = nn.Linear(50 * 4 * 4, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+        self.pool = nn.MaxPool2d(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.conv1(x))
+        x = self.pool(self.conv2(x))
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc2(x)
+
+
+class LeNet5(BayesianModel):
+    """Bayesian LeNet-5 for ``(B, 1, 28, 28)`` images, 10 classes.
+
+    Parameters
+    ----------
+    hidden : int, default 100
+        Width of the first fully connected layer (the paper uses 100 and 250).
+    prior : Prior or float, optional
+        Weight prior; default ``NormalPrior(1.0)`` (the paper's choice).
+    """
+
+    def __init__(self, hidden: int = 100, prior: Prior | float | None = None, num_classes=10):
+        super().__init__(
+            LeNet5Network(hidden, num_classes),
+            task="classification",
+            prior=prior,
+            input_shape=(1, 28, 28),
+        )

@@ -1,0 +1,125 @@
+"""Posterior predictive from ``S`` sampled networks, computed in one batched pass per chunk."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from zoo.models.base import BayesianModel
+
+
+@dataclass
+class Prediction:
+    """Outputs of ``S`` sampled networks on ``N`` inputs.
+
+    Attributes
+    ----------
+    task : str
+        ``"classification"`` or ``"regression"``.
+    outputs : Tensor ``(S, N, ...)``
+        Raw network outputs (logits for classification).
+    sample_probs : Tensor ``(S, N, C)`` or None
+        Classification: class probabilities of each sampled network.
+    sample_means, sample_scales : Tensor ``(S, N[, D])`` or None
+        Regression: mean and observation-noise standard deviation of each sampled network.
+    """
+
+    task: str
+    outputs: torch.Tensor
+    sample_probs: torch.Tensor | None = None
+    sample_means: torch.Tensor | None = None
+    sample_scales: torch.Tensor | None = None
+
+    @property
+    def num_samples(self) -> int:
+        return self.outputs.shape[0]
+
+    # ---- classification ----
+    @property
+    def probs(self) -> torch.Tensor:
+        """Predictive probabilities ``1/S sum_s p(y | x, w_s)``, ``(N, C)``."""
+        self._need("classification")
+        return self.sample_probs.mean(0)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """Predictive entropy ``H[mean_s p_s]`` (total uncertainty), ``(N,)``."""
+        return _entropy(self.probs)
+
+    @property
+    def expected_entropy(self) -> torch.Tensor:
+        """``mean_s H[p_s]`` (aleatoric part), ``(N,)``."""
+        self._need("classification")
+        return _entropy(self.sample_probs).mean(0)
+
+    @property
+    def mutual_information(self) -> torch.Tensor:
+        """``H[mean p] - mean H[p]`` (epistemic part, BALD), ``(N,)``; 0 when samples agree."""
+        return (self.entropy - self.expected_entropy).clamp_min(0)
+
+    # ---- regression ----
+    @property
+    def mean(self) -> torch.Tensor:
+        """Predictive mean, ``(N[, D])``."""
+        self._need("regression")
+        return self.sample_means.mean(0)
+
+    @property
+    def epistemic_variance(self) -> torch.Tensor:
+        """Variance of the sampled means across networks."""
+        self._need("regression")
+        return self.sample_means.var(0, unbiased=False)
+
+    @property
+    def aleatoric_variance(self) -> torch.Tensor:
+        """Mean observation-noise variance across networks."""
+        self._need("regression")
+        return self.sample_scales.pow(2).mean(0)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Total predictive variance (law of total variance)."""
+        return self.epistemic_variance + self.aleatoric_variance
+
+    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central ``level`` interval of the predictive, by a moment-matched Normal."""
+        z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
+        sd = self.variance.sqrt()
+        return self.mean - z * sd, self.mean + z * sd
+
+    def _need(self, task: str) -> None:
+        if self.task != task:
+            raise AttributeError(f"only defined for {task}; this prediction is {self.task}")
+
+
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+@torch.no_grad()
+def predict(
+    model: BayesianModel,
+    guide,
+    x: torch.Tensor,
+    num_samples: int = 100,
+    batch_size: int = 1024,
+) -> Prediction:
+    """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x`` in chunks.
+
+    The same ``num_samples`` weight draws are used for every chunk of ``x``.
+    """
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    device = next(iter(guide.parameters())).device
+    params = guide.sample_posterior(num_samples)
+    chunks = []
+    for start in range(0, x.shape[0], batch_size):
+        chunk = x[start : start + batch_size].to(device)
+        chunks.append(model.network(chunk, params))
+    outputs = torch.cat(chunks, dim=1)
+    if model.task == "classification":
+        return Prediction(model.task, outputs, sample_probs=outputs.softmax(-1))
+    lik = model.likelihood(outputs, params)
+    return Prediction(model.task, outputs, sample_means=lik.mean, sample_scales=lik.stddev)
