@@ -6,6 +6,7 @@ import fnmatch
 import inspect
 import math
 import time
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -285,10 +286,12 @@ def fit(
             for xb, yb in batches.epoch():
                 scale.data_scale = len(batches) / xb.shape[0]
                 scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
-                with pyro.validation_enabled(step == 0):
-                    loss = loss_fn(scaled_model, scaled_guide, xb, yb)
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                with pyro.validation_enabled(step == 0), warnings.catch_warnings():
+                    # Non-finite losses are handled below, with a clearer message.
+                    warnings.filterwarnings("ignore", message="Encountered NaN")
+                    loss = loss_fn(scaled_model, scaled_guide, xb, yb)
+                    loss.backward()
                 max_norm = clip_grad_norm if clip_grad_norm is not None else math.inf
                 grad_norm = torch.nn.utils.clip_grad_norm_(all_params, max_norm)
                 value, finite_grad = torch.stack([loss.detach(), grad_norm]).tolist()

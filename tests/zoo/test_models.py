@@ -1,0 +1,131 @@
+import pyro
+import pyro.poutine as poutine
+import pytest
+import torch
+from pyro.poutine.util import site_is_subsample
+from torch import nn
+
+import zoo
+from zoo.models import BayesianMLP, CifarNet, LeNet5, from_module
+from zoo.priors import LayerwiseNormalPrior, NormalPrior, ScaleMixturePrior
+
+MODELS = {
+    "mlp_regression": (lambda: BayesianMLP(3, (8, 8), 1), (3,), "regression"),
+    "mlp_heteroscedastic": (
+        lambda: BayesianMLP(3, (8,), 1, noise="heteroscedastic"),
+        (3,),
+        "regression",
+    ),
+    "mlp_classification": (lambda: BayesianMLP(3, (8,), 4, task="classification"), (3,), 4),
+    "lenet5": (lambda: LeNet5(), (1, 28, 28), 10),
+    "cifarnet": (lambda: CifarNet(), (3, 32, 32), 10),
+    "converted": (
+        lambda: from_module(
+            nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+        ),
+        (1, 8, 8),
+        3,
+    ),
+}
+
+
+def data_for(spec, n):
+    x = torch.randn((n,) + spec[1])
+    if spec[2] == "regression":
+        return x, torch.randn(n)
+    return x, torch.randint(0, spec[2], (n,))
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_batched_forward_equals_a_loop_over_samples(name):
+    spec = MODELS[name]
+    model = spec[0]()
+    x, _ = data_for(spec, 5)
+    draws = {
+        site: torch.randn((8,) + tuple(shape)) * 0.1 for site, shape in model.site_shapes.items()
+    }
+    batched = model.network(x, draws)
+    looped = torch.stack([model.network(x, {k: v[s] for k, v in draws.items()}) for s in range(8)])
+    assert batched.shape[:2] == (8, 5)
+    assert torch.allclose(batched, looped, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_sites_are_named_after_layers_and_fit_lowers_the_loss(name):
+    spec = MODELS[name]
+    model = spec[0]()
+    trace = poutine.trace(model).get_trace(*data_for(spec, 4))
+    weights = [n for n, s in trace.iter_stochastic_nodes() if not site_is_subsample(s)]
+    assert weights == list(model.site_shapes)
+    assert all(n.endswith((".weight", ".bias")) for n in weights)
+    assert trace.nodes["obs"]["cond_indep_stack"][0].name == "data"
+
+    x, y = data_for(spec, 32)
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=60, batch_size=32, lr=0.02, progress=False)
+    losses = torch.tensor(fit.losses)
+    assert losses[-10:].mean() < losses[:10].mean()
+
+
+def test_lenet_and_cifarnet_architectures():
+    assert {n: tuple(s) for n, s in LeNet5(hidden=250).site_shapes.items()} == {
+        "conv1.weight": (20, 1, 5, 5),
+        "conv1.bias": (20,),
+        "conv2.weight": (50, 20, 5, 5),
+        "conv2.bias": (50,),
+        "fc1.weight": (250, 800),
+        "fc1.bias": (250,),
+        "fc2.weight": (10, 250),
+        "fc2.bias": (10,),
+    }
+    shapes = CifarNet().site_shapes
+    assert tuple(shapes["conv3.weight"]) == (64, 32, 5, 5)
+    assert tuple(shapes["fc1.weight"]) == (10, 1024)
+
+
+def test_from_module_rejects_layers_with_other_parameters():
+    with pytest.raises(TypeError, match="BatchNorm1d"):
+        from_module(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    with pytest.raises(TypeError, match="Dropout"):
+        from_module(nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5)))
+
+
+@pytest.mark.parametrize(
+    "prior", [NormalPrior(0.5), LayerwiseNormalPrior(2.0), ScaleMixturePrior()], ids=type
+)
+def test_priors_follow_the_model_dtype_and_device(prior):
+    model = BayesianMLP(3, (4,), 1, prior=prior).double()
+    x, y = torch.randn(5, 3, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    trace = poutine.trace(model).get_trace(x, y)
+    for name in model.site_shapes:
+        site = trace.nodes[name]
+        assert site["value"].dtype == torch.float64
+        assert site["fn"].event_shape == model.site_shapes[name]
+        assert torch.isfinite(site["fn"].log_prob(site["value"]))
+
+
+def test_layerwise_prior_scale():
+    model = BayesianMLP(100, (10,), 1, prior=LayerwiseNormalPrior(1.0))
+    d = model.prior.distribution(model.site_shapes["fc1.bias"], model._fan_in["fc1.bias"])
+    assert torch.allclose(d.base_dist.scale, torch.tensor(0.1))
+
+
+def test_scale_mixture_log_prob():
+    d = zoo.priors.ScaleMixtureNormal(torch.tensor(0.3), torch.tensor(1.0), torch.tensor(0.1))
+    v = torch.tensor([0.0, 0.5, -2.0])
+    normal = torch.distributions.Normal
+    expected = torch.log(
+        0.3 * normal(0, 1.0).log_prob(v).exp() + 0.7 * normal(0, 0.1).log_prob(v).exp()
+    )
+    assert torch.allclose(d.log_prob(v), expected)
+    assert abs(d.sample((200_000,)).var().item() - d.variance.item()) < 0.01
+
+
+def test_learned_noise_site_and_prediction():
+    model = BayesianMLP(2, (4,), 1, noise="learned")
+    x, y = torch.randn(30, 2), torch.randn(30)
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=5, batch_size=30, progress=False)
+    assert "noise" in fit.guide.site_names
+    pred = fit.predict(x, num_samples=9)
+    assert pred.sample_scales.shape == (9, 30) and (pred.sample_scales > 0).all()
+    assert torch.allclose(pred.variance, pred.epistemic_variance + pred.aleatoric_variance)
+    pyro.clear_param_store()
