@@ -82,16 +82,15 @@ class FitResult:
     def family(self) -> str:
         return getattr(type(self.guide), "__name__", "guide")
 
-    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int = 1024):
-        """Posterior predictive on ``x`` from ``num_samples`` sampled networks (one batched
-        forward pass per chunk of ``batch_size`` inputs); see :class:`zoo.predictive.Prediction`.
-        """
+    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int = 512):
+        """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
+        vectorised blocks (see :func:`zoo.predictive.predict`)."""
         from zoo.predictive import predict
 
         return predict(self.model, self.guide, x, num_samples=num_samples, batch_size=batch_size)
 
     def evaluate(
-        self, data, num_samples: int = 100, batch_size: int = 1024, seed: int | None = 0
+        self, data, num_samples: int = 100, batch_size: int = 512, seed: int | None = 0
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``).
 

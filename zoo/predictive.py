@@ -104,21 +104,29 @@ def predict(
     guide,
     x: torch.Tensor,
     num_samples: int = 100,
-    batch_size: int = 1024,
+    batch_size: int = 512,
+    sample_batch_size: int = 32,
 ) -> Prediction:
-    """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x`` in chunks.
+    """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
-    The same ``num_samples`` weight draws are used for every chunk of ``x``.
+    Work is done in blocks of ``sample_batch_size`` networks x ``batch_size`` inputs, each one
+    vectorised pass, so memory stays bounded for large inputs and many samples. The same weight
+    draws are used for every input.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     device = next(iter(guide.parameters())).device
     params = guide.sample_posterior(num_samples)
-    chunks = []
+    step = max(1, int(sample_batch_size))
+    blocks = []
     for start in range(0, x.shape[0], batch_size):
         chunk = x[start : start + batch_size].to(device)
-        chunks.append(model.network(chunk, params))
-    outputs = torch.cat(chunks, dim=1)
+        parts = [
+            model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
+            for s in range(0, num_samples, step)
+        ]
+        blocks.append(torch.cat(parts, dim=0))
+    outputs = torch.cat(blocks, dim=1)
     if model.task == "classification":
         return Prediction(model.task, outputs, sample_probs=outputs.softmax(-1))
     lik = model.likelihood(outputs, params)

@@ -40,7 +40,7 @@ def fitted(problem):
         if key == "tridiagonal_posch":
             # Var = tau^2 m^2 puts a log barrier at m = 0: a mean cannot change sign, so the
             # posch family starts from the diagonal fit's means (a warm start, as in practice).
-            options["init_loc"] = lambda site: medians[site["name"]]
+            options["init_loc"] = lambda site, start=medians: start[site["name"]]
         else:
             options["init_scale"] = 0.05
         fit = zoo.fit(

@@ -1,0 +1,54 @@
+"""LeNet-5 on real MNIST (a subset, to keep the suite fast on two CPU cores)."""
+
+import pytest
+import torch
+
+import zoo
+
+FAMILIES = {
+    "diagonal": {},
+    "lowrank": {"rank": 5},
+    "tridiagonal_posch": {"parameterization": "posch"},
+    "tridiagonal_free": {"parameterization": "free"},
+    "matrix_normal": {},
+}
+
+
+@pytest.fixture(scope="module")
+def mnist_subset(mnist_root):
+    train = zoo.data.mnist(mnist_root, limit=12_000)
+    test = zoo.data.mnist(mnist_root, train=False, limit=2_000)
+    return train, test
+
+
+def test_lenet_diagonal_learns_mnist(mnist_subset):
+    train, test = mnist_subset
+    fit = zoo.fit(zoo.models.LeNet5(), "diagonal", train, epochs=1, progress=False)
+    metrics = fit.evaluate(test, num_samples=20)
+    assert metrics["accuracy"] >= 0.90, metrics
+    assert 0 <= metrics["ece"] < 0.1 and metrics["nll"] < 0.4
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_500_lenet_steps_stay_finite(family, mnist_subset):
+    train, _ = mnist_subset
+    options = dict(FAMILIES[family])
+    if family.startswith("tridiagonal_posch"):
+        # means initialised near zero: the variance tau^2 m^2 must not collapse or blow up
+        options["init_loc"] = lambda site: 1e-4 * torch.randn_like(site["value"])
+    name = family.split("_")[0] if family != "matrix_normal" else family
+    fit = zoo.fit(
+        zoo.models.LeNet5(),
+        name,
+        train,
+        num_steps=500,
+        batch_size=32,
+        guide_options=options,
+        progress=False,
+    )
+    assert fit.steps == 500
+    assert all(torch.isfinite(torch.tensor(fit.losses)))
+    for p in fit.guide.parameters():
+        assert torch.isfinite(p).all()
+    pred = fit.predict(train.tensors[0][:64], num_samples=4)
+    assert torch.isfinite(pred.probs).all()
