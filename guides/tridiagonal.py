@@ -191,6 +191,12 @@ class AutoTridiagonal(PerSiteGuide):
     init_scale : float, default 0.01
         ``"free"`` only: initial standard deviation of every weight.
 
+    Notes
+    -----
+    With ``"posch"`` the entropy contains ``sum_i log |m_i|``: a log barrier at zero, so a mean
+    does not change sign during training. Start from sensible signs (the default Kaiming init,
+    or ``init_module`` / ``init_loc`` from a deterministic or diagonal fit).
+
     Examples
     --------
     The paper's LeNet-5 recipe: KL down-weighted by ``nu = 1 / (N * 100)`` relative to the data
