@@ -115,6 +115,20 @@ class PerSiteGuide(AutoGuide):
         self._transforms: dict[str, constraints.Constraint] = {}
         self._site_names: list[str] = []
 
+    # ---- pickling (zoo.persist saves guides whole) ----
+    def __getstate__(self):
+        state = super().__getstate__()
+        state = dict(state)
+        if callable(state.get("init_loc")):
+            state["init_loc"] = "kaiming"  # only used before the parameters exist
+        state["_init_values"] = {}
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        # A fresh name, so a loaded guide never shares Pyro param-store entries with another.
+        _rename(self, f"{type(self).__name__}_{next(_NAME_COUNTER)}")
+
     # ---- which family serves which site ----
     @classmethod
     def site_spec(cls, **options) -> tuple[type[SitePosterior], dict]:
@@ -259,6 +273,13 @@ class PerSiteGuide(AutoGuide):
     def num_variational_parameters(self) -> int:
         """Number of scalar variational parameters (all sites)."""
         return sum(p.numel() for p in self.parameters())
+
+
+def _rename(module: nn.Module, name: str) -> None:
+    module._pyro_name = name
+    for key, child in module._modules.items():
+        if isinstance(child, PyroModule):
+            _rename(child, f"{name}.{key}")
 
 
 def _is_real(support) -> bool:

@@ -8,7 +8,7 @@ fit.evaluate(zoo.data.mnist(train=False))
 
 from zoo import data, metrics, models, priors
 from zoo.elbo import ElboScale
-from zoo.fit import FitDivergedError, FitResult, FitState, fit
+from zoo.fit import FitDivergedError, FitResult, FitState, fit, load
 from zoo.predictive import Prediction, predict
 
 __all__ = [
@@ -19,6 +19,7 @@ __all__ = [
     "Prediction",
     "data",
     "fit",
+    "load",
     "metrics",
     "models",
     "predict",

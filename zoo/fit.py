@@ -5,6 +5,7 @@ from __future__ import annotations
 import fnmatch
 import inspect
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -17,6 +18,7 @@ from pyro.infer.autoguide import AutoGuide
 from tqdm.auto import tqdm
 
 import guides as guide_registry
+from zoo import persist
 from zoo.data_checks import (
     Batches,
     as_tensors,
@@ -73,6 +75,7 @@ class FitResult:
     wall_time: float = 0.0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     options: dict = field(default_factory=dict)
+    interrupted: bool = False
 
     @property
     def steps(self) -> int:
@@ -88,6 +91,26 @@ class FitResult:
         from zoo.predictive import predict
 
         return predict(self.model, self.guide, x, num_samples=num_samples, batch_size=batch_size)
+
+    def save(self, path: str | os.PathLike) -> os.PathLike:
+        """Write the model, the fitted guide and the history to ``path`` (atomically).
+
+        Load with ``zoo.load(path)``; the model is pickled, so its class must be importable.
+        """
+        return persist.atomic_save(
+            {
+                "format": persist.FORMAT,
+                "version": persist.VERSION,
+                "kind": "fit",
+                "model": self.model,
+                "guide": self.guide,
+                "losses": self.losses,
+                "epoch_losses": self.epoch_losses,
+                "wall_time": self.wall_time,
+                "options": self.options,
+            },
+            path,
+        )
 
     def evaluate(
         self, data, num_samples: int = 100, batch_size: int = 512, seed: int | None = 0
@@ -145,6 +168,9 @@ def fit(
     callbacks: Iterable[Callable[[FitState], bool | None]] = (),
     on_divergence: str = "raise",
     clip_grad_norm: float | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: str | os.PathLike | None = None,
 ) -> FitResult:
     """Fit a variational posterior to a Pyro model by stochastic variational inference.
 
@@ -205,6 +231,16 @@ def fit(
         last finite step) or skip that step and go on.
     clip_grad_norm : float, optional
         Clip the global gradient norm to this value.
+    checkpoint : path, optional
+        Write a checkpoint (guide, optimiser, schedule, RNG states, position in the data) here,
+        atomically, every ``checkpoint_every`` steps (default: at the end of every epoch), at
+        the end, and on Ctrl-C.
+    checkpoint_every : int, optional
+        Steps between checkpoints.
+    resume : path, optional
+        Continue from a checkpoint written by a fit with the same arguments. With in-memory data
+        on the CPU the resumed fit ends with the same parameters as an uninterrupted one.
+        Ctrl-C during a fit returns the partial result (``result.interrupted`` is True).
 
     Returns
     -------
@@ -239,10 +275,16 @@ def fit(
         check_labels(y0, model.out_features)
     check_input_shape(model, x0, y0)
 
-    guide = _build_guide(guide, guide_cls, model, dict(guide_options or {}))
+    resumed = persist.read(resume, "checkpoint", map_location=dev) if resume else None
+    if resumed is not None:
+        guide = resumed["guide"]
+        persist.attach(guide, model)
+    else:
+        guide = _build_guide(guide, guide_cls, model, dict(guide_options or {}))
     guide.to(dev)
-    with torch.no_grad():
-        guide(x0, y0)  # creates the parameters (the prototype trace)
+    if resumed is None:
+        with torch.no_grad():
+            guide(x0, y0)  # creates the parameters (the prototype trace)
     params = _param_groups(guide, model, lr, lr_multipliers)
     opt_cls = _OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
     opt = opt_cls(params, lr=lr, **dict(optimizer_options or {}))
@@ -271,18 +313,65 @@ def fit(
             batch_size=batches.batch_size,
             lr=lr,
             num_particles=num_particles,
+            kl_weight=kl_weight if not callable(kl_weight) else "schedule",
             elbo=elbo,
             seed=seed,
         ),
     )
+    # Where the loop stands: step count, epoch, the shuffling generator's state at the start
+    # of the epoch and how many batches of the epoch are done. A checkpoint stores exactly this.
+    step, epoch, done_in_epoch, epoch_losses = 0, 0, 0, []
+    epoch_start_state = generator.get_state()
+    elapsed = 0.0
+    if resumed is not None:
+        opt.load_state_dict(resumed["optimizer"])
+        if sched is not None and resumed["scheduler"] is not None:
+            sched.load_state_dict(resumed["scheduler"])
+        result.losses = list(resumed["losses"])
+        result.epoch_losses = list(resumed["epoch_losses"])
+        step, epoch = resumed["step"], resumed["epoch"]
+        done_in_epoch, epoch_losses = resumed["done_in_epoch"], list(resumed["epoch_partial"])
+        epoch_start_state = resumed["epoch_start_state"]
+        elapsed = resumed["wall_time"]
+        persist.set_rng_state(resumed["rng"], generator)
+    if checkpoint is not None and checkpoint_every is not None:
+        _check_positive(checkpoint_every=checkpoint_every)
+
+    def save_checkpoint():
+        persist.atomic_save(
+            {
+                "format": persist.FORMAT,
+                "version": persist.VERSION,
+                "kind": "checkpoint",
+                "guide": guide,
+                "optimizer": opt.state_dict(),
+                "scheduler": sched.state_dict() if sched is not None else None,
+                "rng": persist.rng_state(generator),
+                "epoch_start_state": epoch_start_state,
+                "step": step,
+                "epoch": epoch,
+                "done_in_epoch": done_in_epoch,
+                "epoch_partial": list(epoch_losses),
+                "losses": list(result.losses),
+                "epoch_losses": list(result.epoch_losses),
+                "wall_time": elapsed + time.perf_counter() - start,
+                "options": result.options,
+            },
+            checkpoint,
+        )
+
     callbacks = list(callbacks)
-    bar = tqdm(total=total, disable=not progress, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=total, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
     start = time.perf_counter()
-    step, epoch, stop = 0, 0, False
+    stop = False
+    max_norm = clip_grad_norm if clip_grad_norm is not None else math.inf
     try:
         while step < total and not stop:
-            epoch_losses = []
-            for xb, yb in batches.epoch():
+            # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
+            generator.set_state(epoch_start_state)
+            for index, (xb, yb) in enumerate(batches.epoch()):
+                if index < done_in_epoch:
+                    continue
                 scale.data_scale = len(batches) / xb.shape[0]
                 scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
                 opt.zero_grad(set_to_none=True)
@@ -291,38 +380,48 @@ def fit(
                     warnings.filterwarnings("ignore", message="Encountered NaN")
                     loss = loss_fn(scaled_model, scaled_guide, xb, yb)
                     loss.backward()
-                max_norm = clip_grad_norm if clip_grad_norm is not None else math.inf
                 grad_norm = torch.nn.utils.clip_grad_norm_(all_params, max_norm)
                 value, finite_grad = torch.stack([loss.detach(), grad_norm]).tolist()
-                if not (math.isfinite(value) and math.isfinite(finite_grad)):
-                    message = _divergence_message(step, epoch, value, guide)
-                    if on_divergence == "raise":
-                        result.wall_time = time.perf_counter() - start
-                        raise FitDivergedError(message, result)
-                    step += 1
-                    bar.update(1)
-                    continue
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                result.losses.append(value)
-                epoch_losses.append(value)
+                finite = math.isfinite(value) and math.isfinite(finite_grad)
+                if not finite and on_divergence == "raise":
+                    raise FitDivergedError(_divergence_message(step, epoch, value, guide), result)
+                if finite:
+                    opt.step()
+                    if sched is not None:
+                        sched.step()
+                    result.losses.append(value)
+                    epoch_losses.append(value)
                 step += 1
+                done_in_epoch = index + 1
                 bar.update(1)
                 if step % 10 == 0 or step == total:
                     bar.set_postfix(epoch=epoch, loss=f"{value:.4g}", refresh=False)
-                epoch_end = step == total
-                state = FitState(step, epoch, value, epoch_end, result)
+                epoch_end = done_in_epoch == batches.steps_per_epoch
+                if checkpoint is not None and (
+                    (checkpoint_every is not None and step % checkpoint_every == 0)
+                    or (checkpoint_every is None and epoch_end)
+                ):
+                    save_checkpoint()
+                state = FitState(step, epoch, value, epoch_end or step == total, result)
                 if any(cb(state) for cb in callbacks):
                     stop = True
                 if stop or step >= total:
                     break
-            if epoch_losses:
-                result.epoch_losses.append(sum(epoch_losses) / len(epoch_losses))
-            epoch += 1
+            else:
+                # the epoch ran to its end
+                if epoch_losses:
+                    result.epoch_losses.append(sum(epoch_losses) / len(epoch_losses))
+                epoch, done_in_epoch, epoch_losses = epoch + 1, 0, []
+                epoch_start_state = generator.get_state()
+    except KeyboardInterrupt:
+        result.interrupted = True
+        if checkpoint is not None:
+            save_checkpoint()
     finally:
         bar.close()
-        result.wall_time = time.perf_counter() - start
+        result.wall_time = elapsed + time.perf_counter() - start
+    if checkpoint is not None and not result.interrupted:
+        save_checkpoint()
     return result
 
 
@@ -411,3 +510,36 @@ def _gather(data) -> tuple[torch.Tensor, torch.Tensor]:
     loader = loader or torch.utils.data.DataLoader(data, batch_size=1024)
     xs, ys = zip(*[(b[0], b[1]) for b in loader])
     return torch.cat(xs), torch.cat(ys)
+
+
+def load(
+    path: str | os.PathLike, model: Callable | None = None, map_location: str = "cpu"
+) -> FitResult:
+    """Load a fit written by :meth:`FitResult.save`, on ``map_location`` (CPU by default).
+
+    Parameters
+    ----------
+    path : path
+        The file.
+    model : callable, optional
+        Attach the guide to this model instead of the saved one; its sample sites must have the
+        names and shapes the guide was fitted to, else a ``ValueError`` says which differ.
+    map_location : str or torch.device
+        Where tensors go; a fit saved on CUDA loads on the CPU by default.
+    """
+    payload = persist.read(path, "fit", map_location=map_location)
+    model = payload["model"] if model is None else model
+    if isinstance(model, torch.nn.Module):
+        model.to(map_location)
+    guide = payload["guide"]
+    guide.to(map_location)
+    persist.attach(guide, model)
+    return FitResult(
+        model=model,
+        guide=guide,
+        losses=list(payload["losses"]),
+        epoch_losses=list(payload["epoch_losses"]),
+        wall_time=payload["wall_time"],
+        device=torch.device(map_location),
+        options=dict(payload["options"]),
+    )
