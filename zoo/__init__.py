@@ -7,12 +7,14 @@ fit.evaluate(zoo.data.mnist(train=False))
 """
 
 from zoo import data, metrics, models, priors
+from zoo.compare import compare
 from zoo.elbo import ElboScale
 from zoo.fit import FitDivergedError, FitResult, FitState, fit, load
 from zoo.predictive import Prediction, predict
 
 __all__ = [
     "ElboScale",
+    "compare",
     "FitDivergedError",
     "FitResult",
     "FitState",

@@ -48,6 +48,182 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
+_DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
+_MODELS = ("mlp", "lenet5", "cifarnet")
+
+
+def _parse_value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _guide_options(pairs: list[str]) -> dict:
+    options = {}
+    for pair in pairs or []:
+        if "=" not in pair:
+            raise SystemExit(f"--guide-option takes key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        options[key] = _parse_value(value)
+    return options
+
+
+def _load_data(args):
+    import zoo
+
+    if args.data == "toy":
+        return zoo.data.toy_regression(n=200, seed=args.seed), zoo.data.toy_regression(
+            n=500, seed=args.seed + 1
+        )
+    loader = getattr(zoo.data, args.data)
+    train = loader(args.root, train=True, limit=args.limit)
+    test = loader(args.root, train=False, limit=args.test_limit)
+    return train, test
+
+
+def _model_factory(args, train):
+    import zoo
+    from zoo.data_checks import as_tensors
+    from zoo.models.mlp import mlp_network
+
+    x, _ = as_tensors(train)
+    if args.data == "toy":
+        if args.model != "mlp":
+            raise SystemExit("the toy data set needs --model mlp")
+        return lambda: zoo.models.BayesianMLP(1, args.hidden, 1, noise="learned")
+    if args.model == "lenet5":
+        if tuple(x.shape[1:]) != (1, 28, 28):
+            raise SystemExit("--model lenet5 needs 1x28x28 images (mnist, fashion_mnist)")
+        return lambda: zoo.models.LeNet5(hidden=args.hidden[0] if args.hidden else 100)
+    if args.model == "cifarnet":
+        if tuple(x.shape[1:]) != (3, 32, 32):
+            raise SystemExit("--model cifarnet needs 3x32x32 images (cifar10)")
+        return zoo.models.CifarNet
+    import math
+
+    from torch import nn
+
+    features = math.prod(x.shape[1:])
+
+    def make():
+        net = nn.Sequential(nn.Flatten(), *mlp_network(features, args.hidden, 10))
+        return zoo.models.BayesianModel(net, task="classification", input_shape=tuple(x.shape[1:]))
+
+    return make
+
+
+def _fit_options(args) -> dict:
+    return dict(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        num_particles=args.num_particles,
+        kl_weight=args.kl_weight,
+        elbo=args.elbo,
+        seed=args.seed,
+        device=args.device,
+        progress=not args.quiet,
+    )
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    """Fit one model and family, print test metrics, save the fit and an ArviZ netCDF."""
+    import zoo
+    from zoo.arviz import to_netcdf
+    from zoo.data_checks import as_tensors
+
+    train, test = _load_data(args)
+    model = _model_factory(args, train)()
+    fit = zoo.fit(
+        model,
+        args.guide,
+        train,
+        guide_options=_guide_options(args.guide_option),
+        **_fit_options(args),
+    )
+    metrics = fit.evaluate(test, num_samples=args.samples)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"{args.model}-{args.guide}-{args.data}"
+    saved = fit.save(out / f"{stem}.pt")
+    x, y = as_tensors(test) if as_tensors(test) is not None else (None, None)
+    n = min(len(x), args.arviz_points)
+    idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples)
+    netcdf = to_netcdf(idata, out / f"{stem}.nc")
+    print(f"| metric | {args.guide} |\n| --- | --- |")
+    print(f"| steps | {fit.steps} |\n| fit seconds | {fit.wall_time:.1f} |")
+    print(f"| final -ELBO | {fit.losses[-1]:.2f} |")
+    for key, value in metrics.items():
+        print(f"| {key} | {value:.4f} |")
+    print(f"saved the fit to {saved} and ArviZ data to {netcdf}")
+    return 0
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """Fit several families on the same data; print the table, save it and a chart."""
+    import zoo
+
+    train, test = _load_data(args)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"compare-{args.model}-{args.data}"
+    table = zoo.compare(
+        _model_factory(args, train),
+        args.guides,
+        train,
+        test,
+        num_samples=args.samples,
+        chart=out / f"{stem}.png",
+        **_fit_options(args),
+    )
+    print(table.to_markdown() if _has_tabulate() else table.to_string())
+    table.to_csv(out / f"{stem}.csv")
+    print(f"saved {out / (stem + '.csv')} and {out / (stem + '.png')}")
+    return 0
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _add_training_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="lenet5", choices=_MODELS, help="network (default lenet5)")
+    p.add_argument(
+        "--hidden",
+        type=int,
+        nargs="*",
+        default=[100],
+        help="hidden widths: MLP layers, or LeNet-5's FC width (default 100)",
+    )
+    p.add_argument("--data", default="mnist", choices=_DATASETS, help="data set (default mnist)")
+    p.add_argument("--root", default=None, help="data root (default: $ZOO_DATA or ~/.cache)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N training examples")
+    p.add_argument("--test-limit", type=int, default=None, help="only the first N test examples")
+    p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
+    p.add_argument("--batch-size", type=int, default=128, help="minibatch size")
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate")
+    p.add_argument("--num-particles", type=int, default=1, help="ELBO samples per step")
+    p.add_argument("--kl-weight", type=float, default=1.0, help="factor on the KL term")
+    p.add_argument(
+        "--elbo",
+        default="trace",
+        choices=("trace", "meanfield"),
+        help="Monte Carlo KL (trace) or closed-form KL (meanfield)",
+    )
+    p.add_argument("--samples", type=int, default=100, help="posterior samples per test input")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--out-dir", default="runs", help="where to write results (default runs/)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import guides
 
@@ -67,6 +243,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="zoo-demo.png", help="where to write the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=demo)
+
+    f = sub.add_parser(
+        "fit",
+        help="fit one model with one posterior family and evaluate it",
+        description="Fit a Bayesian network with one posterior family, print the test "
+        "metrics, save the fit (zoo.load) and an ArviZ netCDF of the posterior and predictive.",
+    )
+    _add_training_options(f)
+    f.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
+    f.add_argument(
+        "--guide-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="family option, repeatable: rank=5, parameterization=free, ...",
+    )
+    f.add_argument("--arviz-samples", type=int, default=100, help="draws in the netCDF")
+    f.add_argument(
+        "--arviz-points",
+        type=int,
+        default=1000,
+        help="test points in the netCDF's predictive groups",
+    )
+    f.set_defaults(func=fit_command)
+
+    c = sub.add_parser(
+        "compare",
+        help="fit several families on the same data and tabulate them",
+        description="Fit each family with the same data, seed and options; print a table of "
+        "parameters, speed, final ELBO and test metrics; save it as CSV with a chart.",
+    )
+    _add_training_options(c)
+    c.add_argument(
+        "--guides",
+        nargs="+",
+        default=list(guides.available()),
+        choices=guides.available(),
+        help="families to compare (default: all)",
+    )
+    c.set_defaults(func=compare_command)
     return parser
 
 

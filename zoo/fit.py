@@ -112,6 +112,14 @@ class FitResult:
             path,
         )
 
+    def to_arviz(self, data=None, num_samples: int = 200, var_names=None, seed: int | None = 0):
+        """ArviZ ``InferenceData`` of this fit; see :func:`zoo.arviz.to_inference_data`."""
+        from zoo.arviz import to_inference_data
+
+        return to_inference_data(
+            self, data, num_samples=num_samples, var_names=var_names, seed=seed
+        )
+
     def evaluate(
         self, data, num_samples: int = 100, batch_size: int = 512, seed: int | None = 0
     ) -> dict[str, float]:

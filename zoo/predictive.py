@@ -31,6 +31,11 @@ class Prediction:
     sample_probs: torch.Tensor | None = None
     sample_means: torch.Tensor | None = None
     sample_scales: torch.Tensor | None = None
+    likelihood: torch.distributions.Distribution | None = None
+
+    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """``log p(y_n | x_n, w_s)`` of each sampled network, ``(S, N)``."""
+        return self.likelihood.log_prob(y.to(self.outputs.device))
 
     @property
     def num_samples(self) -> int:
@@ -58,6 +63,15 @@ class Prediction:
     def mutual_information(self) -> torch.Tensor:
         """``H[mean p] - mean H[p]`` (epistemic part, BALD), ``(N,)``; 0 when samples agree."""
         return (self.entropy - self.expected_entropy).clamp_min(0)
+
+    def class_intervals(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central ``level`` credible interval of each class probability over the ``S``
+        sampled networks: ``(lower, upper)``, each ``(N, C)``."""
+        self._need("classification")
+        alpha = (1 - level) / 2
+        q = torch.tensor([alpha, 1 - alpha], dtype=self.sample_probs.dtype)
+        lower, upper = torch.quantile(self.sample_probs, q.to(self.sample_probs.device), dim=0)
+        return lower, upper
 
     # ---- regression ----
     @property
@@ -106,17 +120,22 @@ def predict(
     num_samples: int = 100,
     batch_size: int = 512,
     sample_batch_size: int = 32,
+    params: dict[str, torch.Tensor] | None = None,
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
     Work is done in blocks of ``sample_batch_size`` networks x ``batch_size`` inputs, each one
     vectorised pass, so memory stays bounded for large inputs and many samples. The same weight
-    draws are used for every input.
+    draws are used for every input. ``params`` (``{site: (S, *shape)}``) evaluates given
+    draws instead of new ones.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     device = next(iter(guide.parameters())).device
-    params = guide.sample_posterior(num_samples)
+    if params is None:
+        params = guide.sample_posterior(num_samples)
+    else:
+        num_samples = next(iter(params.values())).shape[0]
     step = max(1, int(sample_batch_size))
     blocks = []
     for start in range(0, x.shape[0], batch_size):
@@ -127,7 +146,9 @@ def predict(
         ]
         blocks.append(torch.cat(parts, dim=0))
     outputs = torch.cat(blocks, dim=1)
-    if model.task == "classification":
-        return Prediction(model.task, outputs, sample_probs=outputs.softmax(-1))
     lik = model.likelihood(outputs, params)
-    return Prediction(model.task, outputs, sample_means=lik.mean, sample_scales=lik.stddev)
+    if model.task == "classification":
+        return Prediction(model.task, outputs, sample_probs=outputs.softmax(-1), likelihood=lik)
+    return Prediction(
+        model.task, outputs, sample_means=lik.mean, sample_scales=lik.stddev, likelihood=lik
+    )

@@ -22,3 +22,67 @@ def test_demo_help_names_every_option():
     text = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
     for option in ("--guide", "--steps", "--lr", "--points", "--seed", "--out", "--quiet"):
         assert option in text
+
+
+def test_fit_and_compare_commands(tmp_path, mnist_root):
+    base = [sys.executable, "-m", "zoo"]
+    common = [
+        "--limit",
+        "600",
+        "--test-limit",
+        "100",
+        "--samples",
+        "5",
+        "--quiet",
+        "--root",
+        str(mnist_root),
+        "--out-dir",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        base
+        + [
+            "fit",
+            "--model",
+            "lenet5",
+            "--guide",
+            "tridiagonal",
+            "--guide-option",
+            "parameterization=free",
+            "--arviz-samples",
+            "10",
+            "--arviz-points",
+            "50",
+        ]
+        + common,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "| accuracy |" in proc.stdout
+    import zoo
+
+    fit = zoo.load(tmp_path / "lenet5-tridiagonal-mnist.pt")
+    assert fit.guide.parameterization == "free"
+    assert (tmp_path / "lenet5-tridiagonal-mnist.nc").stat().st_size > 1000
+    proc = subprocess.run(
+        base
+        + ["compare", "--model", "mlp", "--hidden", "32", "--guides", "diagonal", "lowrank"]
+        + common,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "lowrank" in proc.stdout and (tmp_path / "compare-mlp-mnist.csv").exists()
+
+
+def test_every_command_explains_its_options():
+    parser = build_parser()
+    for name in ("demo", "fit", "compare"):
+        text = parser._subparsers._group_actions[0].choices[name].format_help()
+        for action in parser._subparsers._group_actions[0].choices[name]._actions:
+            if action.option_strings and action.dest != "help":
+                assert action.help, f"{name} {action.option_strings} has no help"
+        assert "usage" in text

@@ -1,0 +1,40 @@
+import math
+
+import pytest
+
+import zoo
+
+
+@pytest.fixture(scope="module")
+def mnist_small(mnist_root):
+    return zoo.data.mnist(mnist_root, limit=1500), zoo.data.mnist(
+        mnist_root, train=False, limit=300
+    )
+
+
+def test_compare_on_a_small_mnist_subset(mnist_small, tmp_path):
+    train, test = mnist_small
+    chart = tmp_path / "cmp.png"
+    table = zoo.compare(
+        zoo.models.LeNet5,
+        ["diagonal", ("lowrank r=3", "lowrank", {"rank": 3}), "tridiagonal", "matrix_normal"],
+        train,
+        test,
+        num_samples=10,
+        chart=chart,
+        epochs=1,
+    )
+    assert list(table.index) == ["diagonal", "lowrank r=3", "tridiagonal", "matrix_normal"]
+    for column in (
+        "parameters",
+        "fit_seconds",
+        "steps_per_second",
+        "final_elbo",
+        "accuracy",
+        "nll",
+        "ece",
+        "brier",
+    ):
+        assert all(math.isfinite(v) for v in table[column]), column
+    assert table.loc["tridiagonal", "parameters"] < table.loc["diagonal", "parameters"]
+    assert chart.stat().st_size > 5000

@@ -1,0 +1,162 @@
+"""The bridge to ArviZ. Every ArviZ call of the package is in this module, so a move from ArviZ
+0.23 (``InferenceData``) to 1.x (``xarray.DataTree``) stays local.
+
+What the diagnostics mean for variational draws
+-----------------------------------------------
+Draws from a fitted guide are independent by construction, so the effective sample size of any
+quantity is about the number of draws ``S`` and autocorrelation is zero. ``r_hat`` needs several
+chains: with one guide it is undefined, and splitting one guide's draws into pseudo-chains makes
+it about 1 by construction, which says nothing. Independent fits from different seeds can serve
+as chains for identifiable quantities (predictions, not raw weights, which hidden-unit
+permutations scramble). ``az.loo`` on BNNs often reports many Pareto ``k > 0.7``: report the
+held-out log predictive density next to it.
+
+Speed: ``az.summary`` with the default ``kind="all"`` computes ESS and r_hat for every weight
+(minutes at 100k weights); pass ``kind="stats"`` and/or ``var_names`` for large models.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz as az
+
+_DIM_SUFFIXES = {1: ("out",), 2: ("out", "in"), 3: ("out", "in", "k"), 4: ("out", "in", "kh", "kw")}
+
+
+def site_dims(name: str, shape: Sequence[int]) -> list[str]:
+    """Named dims of a weight site: ``fc1.weight`` (out, in) -> ``["fc1_out", "fc1_in"]``."""
+    layer = name.rsplit(".", 1)[0].replace(".", "_") if "." in name else name
+    suffixes = _DIM_SUFFIXES.get(len(shape), tuple(f"dim{i}" for i in range(len(shape))))
+    return [f"{layer}_{s}" for s in suffixes]
+
+
+def to_inference_data(
+    fit,
+    data=None,
+    num_samples: int = 200,
+    var_names: Sequence[str] | str | None = None,
+    seed: int | None = 0,
+) -> az.InferenceData:
+    """An ``az.InferenceData`` of a fitted guide.
+
+    Groups: ``posterior`` (``num_samples`` draws of every latent site as one chain, with named
+    dims per layer such as ``fc1_out``, ``fc1_in``); with ``data = (X, y)`` also
+    ``posterior_predictive`` (``obs``: one replicated ``y`` per draw), ``log_likelihood``
+    (``obs``: ``log p(y_n | x_n, w_s)``) and ``observed_data``. ``attrs`` name the guide
+    family, the number of steps and the final ELBO.
+
+    Parameters
+    ----------
+    fit : zoo.FitResult
+    data : (X, y), Dataset or DataLoader, optional
+    num_samples : int
+        Posterior draws ``S``.
+    var_names : str or list of str, optional
+        Sites kept in ``posterior``: names or regular expressions (all by default). Use it to
+        keep files and summaries of large models small; predictions always use every site.
+    seed : int or None
+        Seeds the draws.
+    """
+    from zoo.fit import _gather
+    from zoo.predictive import predict
+
+    if seed is not None:
+        torch.manual_seed(seed)
+    guide, model = fit.guide, fit.model
+    draws = guide.sample_posterior(num_samples)
+    keep = _select(list(draws), var_names)
+    posterior = {name: draws[name].cpu().numpy()[None] for name in keep}
+    dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
+    groups = {"posterior": posterior}
+    if data is not None:
+        x, y = _gather(data)
+        pred = predict(model, guide, x, params=draws)
+        y = y.to(pred.outputs.device)
+        log_lik = pred.log_likelihood(y).cpu().numpy()
+        replicated = pred.likelihood.sample().cpu().numpy()
+        groups["log_likelihood"] = {"obs": log_lik[None]}
+        groups["posterior_predictive"] = {"obs": replicated[None]}
+        groups["observed_data"] = {"obs": y.cpu().numpy()}
+        obs_dims = ["obs_id"] + [f"obs_dim_{i}" for i in range(1, y.dim())]
+        dims["obs"] = obs_dims
+    attrs = {
+        "guide": type(guide).__name__,
+        "steps": fit.steps,
+        "final_elbo": -fit.losses[-1] if fit.losses else float("nan"),
+        "inference_library": "pyro + bnn-zoo",
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return az.from_dict(**groups, dims=dims, attrs=attrs)
+
+
+def summary(idata: az.InferenceData, var_names=None, kind: str = "stats", **kwargs):
+    """``az.summary`` with ``kind="stats"`` by default (fast for large models)."""
+    return az.summary(idata, var_names=var_names, kind=kind, **kwargs)
+
+
+def layer_summary(idata: az.InferenceData):
+    """One row per posterior variable: size, mean of the posterior means, mean posterior sd,
+    mean |mean| / sd (signal to noise). Fast at any size."""
+    import pandas as pd
+
+    rows = []
+    for name, da in idata.posterior.data_vars.items():
+        values = np.asarray(da).reshape(da.shape[0] * da.shape[1], -1)
+        mean, sd = values.mean(0), values.std(0)
+        rows.append(
+            {
+                "variable": name,
+                "size": mean.size,
+                "mean": float(mean.mean()),
+                "sd": float(sd.mean()),
+                "snr": float(np.mean(np.abs(mean) / np.maximum(sd, 1e-12))),
+            }
+        )
+    return pd.DataFrame(rows).set_index("variable")
+
+
+def loo(idata: az.InferenceData, **kwargs):
+    """PSIS-LOO (``reff=1`` for independent variational draws, which also skips an ESS pass
+    over every weight)."""
+    kwargs.setdefault("reff", 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return az.loo(idata, **kwargs)
+
+
+def plot_ppc(idata: az.InferenceData, **kwargs):
+    """``az.plot_ppc`` of the observations; returns the matplotlib Figure."""
+    kwargs.setdefault("num_pp_samples", min(50, idata.posterior_predictive.sizes["draw"]))
+    ax = az.plot_ppc(idata, **kwargs)
+    ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
+    return ax.figure
+
+
+def plot_posterior(idata: az.InferenceData, var_names, coords=None, **kwargs):
+    """``az.plot_posterior`` of chosen weights; returns the Figure."""
+    axes = az.plot_posterior(idata, var_names=var_names, coords=coords, **kwargs)
+    return np.ravel(axes)[0].figure
+
+
+def to_netcdf(idata: az.InferenceData, path) -> str:
+    """Write the InferenceData to a netCDF file."""
+    return idata.to_netcdf(str(path))
+
+
+def _select(names: list[str], var_names) -> list[str]:
+    if var_names is None:
+        return names
+    patterns = [var_names] if isinstance(var_names, str) else list(var_names)
+    keep = [n for n in names if any(n == p or re.fullmatch(p, n) for p in patterns)]
+    if not keep:
+        raise ValueError(f"var_names {patterns} match no site; sites are {names}")
+    return keep

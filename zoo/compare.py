@@ -1,0 +1,79 @@
+"""Fit several posterior families on the same model and data, and tabulate them."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+
+DEFAULT_FAMILIES = ("diagonal", "lowrank", "tridiagonal", "matrix_normal")
+
+
+def compare(
+    model_factory: Callable,
+    guides: Sequence = DEFAULT_FAMILIES,
+    train=None,
+    test=None,
+    *,
+    num_samples: int = 100,
+    chart: str | os.PathLike | None = None,
+    return_fits: bool = False,
+    **fit_options,
+):
+    """Fit each family with the same data, seed and options; one row per family.
+
+    Parameters
+    ----------
+    model_factory : callable
+        ``() -> model``; called once per family so that no fit sees another's state.
+    guides : sequence
+        Family names, or ``(label, family, guide_options)`` triples, e.g.
+        ``("lowrank r=2", "lowrank", {"rank": 2})``.
+    train, test
+        Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
+    num_samples : int
+        Posterior samples per test input.
+    chart : path, optional
+        Where to save a bar chart of the test metrics (PNG, PDF, ...).
+    return_fits : bool
+        Also return ``{label: FitResult}``.
+    **fit_options
+        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, ...).
+
+    Returns
+    -------
+    pandas.DataFrame
+        Indexed by family label: ``parameters`` (variational), ``fit_seconds``,
+        ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last epoch, full-data
+        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`.
+    """
+    from zoo.fit import fit as run_fit
+
+    if train is None or test is None:
+        raise ValueError("compare needs both train and test data")
+    fit_options.setdefault("progress", False)
+    rows, fits = [], {}
+    for spec in guides:
+        label, family, options = (spec, spec, {}) if isinstance(spec, str) else spec
+        result = run_fit(model_factory(), family, train, guide_options=options, **fit_options)
+        metrics = result.evaluate(test, num_samples=num_samples)
+        last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
+        rows.append(
+            {
+                "family": label,
+                "parameters": result.guide.num_variational_parameters(),
+                "fit_seconds": result.wall_time,
+                "steps_per_second": result.steps / max(result.wall_time, 1e-9),
+                "final_elbo": -last,
+                **metrics,
+            }
+        )
+        fits[label] = result
+    table = pd.DataFrame(rows).set_index("family")
+    if chart is not None:
+        from zoo.plots import comparison_chart
+
+        fig = comparison_chart(table)
+        fig.savefig(chart, dpi=120)
+    return (table, fits) if return_fits else table
