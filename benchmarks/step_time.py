@@ -193,7 +193,7 @@ def main() -> None:
         "zoo matrix normal": ZooStep(net, x, y, "matrix_normal", {}, device),
     }
     times = defaultdict(list)
-    for name, (step, _) in methods.items():  # warm-up
+    for step, _ in methods.values():  # warm-up
         for _ in range(3):
             step()
     for _ in range(args.rounds):
@@ -204,7 +204,7 @@ def main() -> None:
                 step()
                 sync(device)
                 times[name].append(time.perf_counter() - t)
-        for name, runner in zoo_steps.items():
+        for runner in zoo_steps.values():
             runner.run(args.steps)
     for name, runner in zoo_steps.items():
         times[name] = runner.times

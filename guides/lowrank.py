@@ -37,6 +37,9 @@ class LowRankNormal(StructuredGaussian):
         n = loc.numel()
         self.diag_scale = diag_scale.expand(n)
         self.cov_factor = cov_factor
+        # (rank, n): elementwise work then runs along the long, contiguous axis
+        self._factor_t = cov_factor.mT
+        self._chol = None
         super().__init__(loc, validate_args=validate_args)
 
     @property
@@ -49,26 +52,30 @@ class LowRankNormal(StructuredGaussian):
 
     def _deviation(self, eps):
         n = self.num_elements
-        return self.diag_scale * eps[..., :n] + eps[..., n:] @ self.cov_factor.mT
+        return self.diag_scale * eps[..., :n] + eps[..., n:] @ self._factor_t
 
     def _capacitance_cholesky(self):
-        wt = self.cov_factor / self.diag_scale.pow(2).unsqueeze(-1)  # D^-2 F
-        cap = self.cov_factor.mT @ wt
-        cap = cap + torch.eye(self.rank, dtype=cap.dtype, device=cap.device)
-        return torch.linalg.cholesky(cap), wt
+        """Cholesky factor of ``C = I + F^T D^-2 F`` (``rank x rank``), computed once."""
+        if self._chol is None:
+            scaled = self._factor_t / self.diag_scale  # (D^-1 F)^T
+            cap = scaled @ scaled.mT
+            cap = cap + torch.eye(self.rank, dtype=cap.dtype, device=cap.device)
+            self._chol = torch.linalg.cholesky(cap)
+        return self._chol
 
     def _mahalanobis(self, diff):
-        chol, wt = self._capacitance_cholesky()
-        proj = diff @ wt  # F^T D^-2 diff
+        chol = self._capacitance_cholesky()
+        inv_var = self.diag_scale.pow(-2)
+        proj = (diff * inv_var) @ self._factor_t.mT  # F^T D^-2 diff
         sol = torch.linalg.solve_triangular(chol, proj.unsqueeze(-1), upper=False).squeeze(-1)
-        return (diff.pow(2) / self.diag_scale.pow(2)).sum(-1) - sol.pow(2).sum(-1)
+        return (diff.pow(2) * inv_var).sum(-1) - sol.pow(2).sum(-1)
 
     def log_det_covariance(self):
-        chol, _ = self._capacitance_cholesky()
+        chol = self._capacitance_cholesky()
         return 2 * chol.diagonal().log().sum() + 2 * self.diag_scale.log().sum()
 
     def _flat_variance(self):
-        return self.diag_scale.pow(2) + self.cov_factor.pow(2).sum(-1)
+        return self.diag_scale.pow(2) + self._factor_t.pow(2).sum(-2)
 
     def _dense_covariance(self):
         return torch.diag_embed(self.diag_scale.pow(2)) + self.cov_factor @ self.cov_factor.mT
@@ -97,11 +104,12 @@ class LowRankSite(SitePosterior):
         self.diag_rho = PyroParam(
             torch.full((size,), float(inverse_softplus(diag_init))).to(init_loc)
         )
-        factor = torch.randn(n, rank, dtype=init_loc.dtype, device=init_loc.device)
-        self.cov_factor = PyroParam(factor * init_scale * (0.1 / rank) ** 0.5)
+        factor = torch.randn(rank, n, dtype=init_loc.dtype, device=init_loc.device)
+        # stored transposed, (rank, n), for speed; the distribution gets F = factor_t^T
+        self.factor_t = PyroParam(factor * init_scale * (0.1 / rank) ** 0.5)
 
     def distribution(self) -> LowRankNormal:
-        return LowRankNormal(self.loc, F.softplus(self.diag_rho), self.cov_factor)
+        return LowRankNormal(self.loc, F.softplus(self.diag_rho), self.factor_t.mT)
 
 
 class AutoLowRank(PerSiteGuide):
