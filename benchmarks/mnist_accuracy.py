@@ -23,7 +23,9 @@ def main() -> None:
 
     train = zoo.data.mnist(args.data)
     test = zoo.data.mnist(args.data, train=False)
-    fit = zoo.fit(zoo.models.LeNet5(), args.guide, train, epochs=args.epochs, seed=args.seed)
+    fit = zoo.fit(
+        zoo.models.LeNet5(), args.guide, train, epochs=args.epochs, seed=args.seed, progress=False
+    )
     start = time.perf_counter()
     metrics = fit.evaluate(test, num_samples=args.samples)
     eval_time = time.perf_counter() - start

@@ -7,6 +7,8 @@ so Pyro's own KL registrations apply and ``TraceMeanField_ELBO`` is exact agains
 
 from __future__ import annotations
 
+import math
+
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,28 @@ class DiagonalNormal(GaussianMixin, dist.Independent):
 
     def log_det_covariance(self) -> torch.Tensor:
         return 2 * self.base_dist.scale.log().sum()
+
+    def rsample(self, sample_shape=()) -> torch.Tensor:
+        base = self.base_dist
+        shape = self._extended_shape(sample_shape)
+        eps = torch.randn(shape, dtype=base.loc.dtype, device=base.loc.device)
+        value = base.loc + eps * base.scale
+        self._cache = (value, eps)
+        return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Exact; for the value just drawn by ``rsample`` it reuses ``eps`` (the same value and
+        total derivative, without a backward pass through ``value``)."""
+        cache = getattr(self, "_cache", None)
+        if cache is None or value is not cache[0]:
+            return super().log_prob(value)
+        k = self.reinterpreted_batch_ndims
+        eps = cache[1]
+        maha = eps.pow(2).reshape(eps.shape[: eps.dim() - k] + (-1,)).sum(-1)
+        scale = self.base_dist.scale
+        log_scale = scale.log().reshape(scale.shape[: scale.dim() - k] + (-1,)).sum(-1)
+        n = self.num_elements
+        return -0.5 * maha - log_scale - 0.5 * n * math.log(2 * math.pi)
 
     def _dense_covariance(self) -> torch.Tensor:
         return torch.diag_embed(self.base_dist.scale.pow(2).reshape(-1))

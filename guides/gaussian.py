@@ -128,8 +128,8 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         return h.expand(self.batch_shape)
 
 
-def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
-    """``KL(q || p)`` for a Gaussian ``q`` and a factorised Normal prior ``p``.
+def gaussian_kl(q, loc_p: torch.Tensor, scale_p: torch.Tensor, p_batch_shape=()) -> torch.Tensor:
+    """``KL(q || N(loc_p, diag(scale_p^2)))`` for a Gaussian ``q`` of this package.
 
     With prior means ``mu`` and standard deviations ``s`` (any shape broadcastable to the site)::
 
@@ -137,20 +137,26 @@ def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
                    - log det Cov_q ]
 
     which needs only the means, the marginal variances and ``log det Cov_q``: O(n) for every
-    family. The result has the broadcast batch shape of ``q`` and ``p``.
+    family. The result has the broadcast batch shape of ``q`` and the prior.
     """
+    k = len(q.event_shape)
+    var_p = scale_p.pow(2)
+    terms = (q.variance + (q.mean - loc_p).pow(2)) / var_p + var_p.log()
+    terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
+    total = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
+    kl = 0.5 * (total - q.num_elements - q.log_det_covariance())
+    return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p_batch_shape))
+
+
+def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
+    """``KL(q || p)`` for ``p = Normal(loc, scale).to_event(k)`` over the same event shape."""
     base = p.base_dist
     k = len(q.event_shape)
     if not isinstance(base, Normal) or p.reinterpreted_batch_ndims != k:
         raise NotImplementedError
     if p.event_shape != q.event_shape:
         raise NotImplementedError
-    var_p = base.scale.pow(2)
-    terms = (q.variance + (q.mean - base.loc).pow(2)) / var_p + var_p.log()
-    terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
-    total = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
-    kl = 0.5 * (total - q.num_elements - q.log_det_covariance())
-    return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p.batch_shape))
+    return gaussian_kl(q, base.loc, base.scale, p.batch_shape)
 
 
 @register_kl(StructuredGaussian, Independent)

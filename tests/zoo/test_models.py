@@ -106,7 +106,7 @@ def test_priors_follow_the_model_dtype_and_device(prior):
 def test_layerwise_prior_scale():
     model = BayesianMLP(100, (10,), 1, prior=LayerwiseNormalPrior(1.0))
     d = model.prior.distribution(model.site_shapes["fc1.bias"], model._fan_in["fc1.bias"])
-    assert torch.allclose(d.base_dist.scale, torch.tensor(0.1))
+    assert torch.allclose(d.scale, torch.tensor(0.1))
 
 
 def test_scale_mixture_log_prob():

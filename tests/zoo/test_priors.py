@@ -1,0 +1,29 @@
+import pyro.distributions as dist
+import pytest
+import torch
+from torch.distributions import kl_divergence
+
+from tests.guides.conftest import FAMILIES, make_site
+from zoo.priors import IsotropicNormal
+
+
+def test_isotropic_normal_is_the_factorised_normal():
+    loc, scale = torch.tensor(0.3, dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64)
+    iso = IsotropicNormal(loc, scale, (4, 3))
+    ref = dist.Normal(loc, scale).expand((4, 3)).to_event(2)
+    w = torch.randn(5, 4, 3, dtype=torch.float64)
+    assert torch.allclose(iso.log_prob(w), ref.log_prob(w))
+    assert iso.expand((5,)).log_prob(w).shape == (5,)
+    draws = iso.sample((20_000,))
+    assert abs(draws.std().item() - 0.7) < 0.01 and abs(draws.mean().item() - 0.3) < 0.01
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_closed_form_kl_to_the_isotropic_prior(family):
+    q = make_site(family, (4, 3)).distribution()
+    loc, scale = torch.tensor(0.1, dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64)
+    iso = IsotropicNormal(loc, scale, (4, 3))
+    ref = dist.Normal(loc, scale).expand((4, 3)).to_event(2)
+    assert torch.allclose(kl_divergence(q, iso), kl_divergence(q, ref), rtol=1e-10)
+    particles = q.expand((3,))
+    assert kl_divergence(particles, iso.expand((3,))).shape == (3,)
