@@ -295,7 +295,10 @@ def fit(
             guide(x0, y0)  # creates the parameters (the prototype trace)
     params = _param_groups(guide, model, lr, lr_multipliers)
     opt_cls = _OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
-    opt = opt_cls(params, lr=lr, **dict(optimizer_options or {}))
+    opt_options = dict(optimizer_options or {})
+    if opt_cls in _OPTIMIZERS.values():
+        opt_options.setdefault("foreach", True)  # one kernel per op for all tensors
+    opt = opt_cls(params, lr=lr, **opt_options)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule) if lr_schedule else None
     all_params = [p for g in params for p in g["params"]]
 
@@ -372,7 +375,6 @@ def fit(
     bar = tqdm(total=total, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
     start = time.perf_counter()
     stop = False
-    max_norm = clip_grad_norm if clip_grad_norm is not None else math.inf
     try:
         while step < total and not stop:
             # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -388,7 +390,11 @@ def fit(
                     warnings.filterwarnings("ignore", message="Encountered NaN")
                     loss = loss_fn(scaled_model, scaled_guide, xb, yb)
                     loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(all_params, max_norm)
+                if clip_grad_norm is not None:
+                    grad_norm = torch.nn.utils.clip_grad_norm_(all_params, clip_grad_norm)
+                else:  # the norm only, to detect a non-finite gradient
+                    grads = [p.grad for p in all_params if p.grad is not None]
+                    grad_norm = torch.nn.utils.get_total_norm(grads)
                 value, finite_grad = torch.stack([loss.detach(), grad_norm]).tolist()
                 finite = math.isfinite(value) and math.isfinite(finite_grad)
                 if not finite and on_divergence == "raise":
