@@ -204,7 +204,9 @@ class AutoTridiagonal(PerSiteGuide):
     and the correlation parameters ``gamma`` learned 50 times faster::
 
         fit = zoo.fit(zoo.models.LeNet5(), "tridiagonal", mnist, kl_weight=0.01,
-                      lr_multipliers={"*.gamma*": 50.0})
+                      lr_multipliers={"*.gamma*": 50.0}, optimizer="sgd", lr=0.01,
+                      optimizer_options={"momentum": 0.9}, batch_size=64, per_example=True,
+                      lr_schedule=lambda i: (1 + 1e-4 * i) ** -0.75)
     """
 
     site_class = PoschSite

@@ -152,6 +152,11 @@ def to_netcdf(idata: az.InferenceData, path) -> str:
     return idata.to_netcdf(str(path))
 
 
+def from_netcdf(path) -> az.InferenceData:
+    """Read an InferenceData written by :func:`to_netcdf`."""
+    return az.from_netcdf(str(path))
+
+
 def _select(names: list[str], var_names) -> list[str]:
     if var_names is None:
         return names

@@ -15,7 +15,7 @@ import pyro
 import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoGuide
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 import guides as guide_registry
 from zoo import persist
@@ -176,6 +176,7 @@ def fit(
     callbacks: Iterable[Callable[[FitState], bool | None]] = (),
     on_divergence: str = "raise",
     clip_grad_norm: float | None = None,
+    per_example: bool = False,
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
@@ -239,6 +240,10 @@ def fit(
         last finite step) or skip that step and go on.
     clip_grad_norm : float, optional
         Clip the global gradient norm to this value.
+    per_example : bool, default False
+        Optimise ``-ELBO / N`` instead of ``-ELBO`` (the same optimum; gradients N times
+        smaller). Use it with SGD learning rates quoted for per-example losses, as in most
+        papers; Adam is insensitive to the scale. Reported losses stay ``-ELBO``.
     checkpoint : path, optional
         Write a checkpoint (guide, optimiser, schedule, RNG states, position in the data) here,
         atomically, every ``checkpoint_every`` steps (default: at the end of every epoch), at
@@ -325,6 +330,7 @@ def fit(
             lr=lr,
             num_particles=num_particles,
             kl_weight=kl_weight if not callable(kl_weight) else "schedule",
+            per_example=per_example,
             elbo=elbo,
             seed=seed,
         ),
@@ -389,7 +395,7 @@ def fit(
                     # Non-finite losses are handled below, with a clearer message.
                     warnings.filterwarnings("ignore", message="Encountered NaN")
                     loss = loss_fn(scaled_model, scaled_guide, xb, yb)
-                    loss.backward()
+                    (loss / len(batches) if per_example else loss).backward()
                 if clip_grad_norm is not None:
                     grad_norm = torch.nn.utils.clip_grad_norm_(all_params, clip_grad_norm)
                 else:  # the norm only, to detect a non-finite gradient
@@ -411,22 +417,21 @@ def fit(
                 if step % 10 == 0 or step == total:
                     bar.set_postfix(epoch=epoch, loss=f"{value:.4g}", refresh=False)
                 epoch_end = done_in_epoch == batches.steps_per_epoch
+                state = FitState(step, epoch, value, epoch_end or step == total, result)
+                if epoch_end:
+                    if epoch_losses:
+                        result.epoch_losses.append(sum(epoch_losses) / len(epoch_losses))
+                    epoch, done_in_epoch, epoch_losses = epoch + 1, 0, []
+                    epoch_start_state = generator.get_state()
                 if checkpoint is not None and (
                     (checkpoint_every is not None and step % checkpoint_every == 0)
                     or (checkpoint_every is None and epoch_end)
                 ):
                     save_checkpoint()
-                state = FitState(step, epoch, value, epoch_end or step == total, result)
                 if any(cb(state) for cb in callbacks):
                     stop = True
                 if stop or step >= total:
                     break
-            else:
-                # the epoch ran to its end
-                if epoch_losses:
-                    result.epoch_losses.append(sum(epoch_losses) / len(epoch_losses))
-                epoch, done_in_epoch, epoch_losses = epoch + 1, 0, []
-                epoch_start_state = generator.get_state()
     except KeyboardInterrupt:
         result.interrupted = True
         if checkpoint is not None:

@@ -166,7 +166,7 @@ def test_dataset_and_dataloader_inputs():
     model = BayesianMLP(3, (4,), 2, task="classification")
     for data in (ds, Plain(), torch.utils.data.DataLoader(Plain(), batch_size=8, shuffle=True)):
         fit = zoo.fit(model, "diagonal", data, epochs=1, batch_size=8, progress=False)
-        assert fit.steps == 5
+        assert fit.steps == 5 and len(fit.epoch_losses) == 1
         assert set(fit.evaluate(data, num_samples=5)) == {"accuracy", "nll", "brier", "ece"}
 
 
