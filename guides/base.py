@@ -57,6 +57,18 @@ def inverse_softplus(x: torch.Tensor | float) -> torch.Tensor:
     return x + torch.log(-torch.expm1(-x))
 
 
+def fan_in(name: str, shapes) -> int:
+    """Fan-in of site ``name``: ``prod(shape[1:])`` for a weight; a bias ``layer.bias`` uses the
+    fan-in of ``layer.weight``; otherwise the number of elements."""
+    shape = shapes[name]
+    if len(shape) >= 2:
+        return math.prod(shape[1:])
+    sibling = shapes.get(name.rsplit(".", 1)[0] + ".weight") if "." in name else None
+    if sibling is not None and len(sibling) >= 2:
+        return math.prod(sibling[1:])
+    return max(math.prod(shape), 1)
+
+
 def kaiming_uniform_like(shape: torch.Size, fan_in: int, like: torch.Tensor) -> torch.Tensor:
     """PyTorch's default layer init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
     bound = 1.0 / math.sqrt(max(fan_in, 1))
@@ -164,16 +176,8 @@ class PerSiteGuide(AutoGuide):
         fn = site["fn"]
         if value.dim() == 0 or not _is_real(fn.support):
             return _prior_median(fn, value)
-        if value.dim() >= 2:
-            fan_in = math.prod(value.shape[1:])
-        else:
-            sibling = name.rsplit(".", 1)[0] + ".weight"
-            weight = self.prototype_trace.nodes.get(sibling) if "." in name else None
-            if weight is not None and weight["value"].dim() >= 2:
-                fan_in = math.prod(weight["value"].shape[1:])
-            else:
-                fan_in = value.numel()
-        return kaiming_uniform_like(value.shape, fan_in, value)
+        shapes = {n: s["value"].shape for n, s in self.prototype_trace.iter_stochastic_nodes()}
+        return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
 
     def _setup_prototype(self, *args, **kwargs):
         super()._setup_prototype(*args, **kwargs)

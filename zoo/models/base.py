@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from guides.base import fan_in
 from zoo.priors import Prior, resolve_prior
 
 TASKS = ("regression", "classification")
@@ -88,7 +89,7 @@ class BayesianModel(nn.Module):
         self.site_shapes = {name: p.shape for name, p in net.named_parameters()}
         if not self.site_shapes:
             raise ValueError("the network has no parameters to place a prior on")
-        self._fan_in = {name: _fan_in(name, self.site_shapes) for name in self.site_shapes}
+        self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
 
     # ---- the Pyro program ----
     def sample_parameters(self) -> dict[str, torch.Tensor]:
@@ -150,13 +151,3 @@ class BayesianModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"task={self.task!r}, sites={len(self.site_shapes)}, noise={self.noise_mode!r}"
-
-
-def _fan_in(name: str, shapes: Mapping[str, torch.Size]) -> int:
-    shape = shapes[name]
-    if len(shape) >= 2:
-        return math.prod(shape[1:])
-    sibling = shapes.get(name.rsplit(".", 1)[0] + ".weight") if "." in name else None
-    if sibling is not None and len(sibling) >= 2:
-        return math.prod(sibling[1:])
-    return max(math.prod(shape), 1)
