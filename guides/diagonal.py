@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
-from guides.gaussian import GaussianMixin
+from guides.gaussian import GaussianMixin, squared_norm
 
 
 class DiagonalNormal(GaussianMixin, dist.Independent):
@@ -28,7 +28,7 @@ class DiagonalNormal(GaussianMixin, dist.Independent):
         base = self.base_dist
         shape = self._extended_shape(sample_shape)
         eps = torch.randn(shape, dtype=base.loc.dtype, device=base.loc.device)
-        value = base.loc + eps * base.scale
+        value = torch.addcmul(base.loc, eps, base.scale)
         self._cache = (value, eps)
         return value
 
@@ -40,7 +40,7 @@ class DiagonalNormal(GaussianMixin, dist.Independent):
             return super().log_prob(value)
         k = self.reinterpreted_batch_ndims
         eps = cache[1]
-        maha = eps.pow(2).reshape(eps.shape[: eps.dim() - k] + (-1,)).sum(-1)
+        maha = squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
         scale = self.base_dist.scale
         log_scale = scale.log().reshape(scale.shape[: scale.dim() - k] + (-1,)).sum(-1)
         n = self.num_elements

@@ -19,6 +19,18 @@ from torch.distributions.kl import register_kl
 _LOG_2PI = math.log(2 * math.pi)
 
 
+def squared_norm(x: torch.Tensor) -> torch.Tensor:
+    """``sum(x^2)`` over the last dimension in one pass (and one pass backward)."""
+    return torch.linalg.vector_norm(x, dim=-1).square()
+
+
+def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
+    """``x`` broadcast against ``batch_shape`` (free when the shapes already agree)."""
+    if x.shape == batch_shape:
+        return x
+    return x.expand(torch.broadcast_shapes(x.shape, batch_shape))
+
+
 class GaussianMixin:
     """Moments shared by every family: flat views and a dense covariance for small sizes."""
 
@@ -47,10 +59,10 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
     ``batch_shape``, so one distribution can serve a plate of vectorised particles.
 
     Samples are ``loc + dev(eps)`` with ``eps`` standard normal of length ``noise_size``.
-    When the noise has the size of the site (``Cov = L L^T`` with a square ``L``), ``log_prob``
-    of the value just drawn by ``rsample`` reuses ``eps = L^{-1} (value - loc)`` (an O(n)
-    shortcut with the same value and the same total derivative as the exact formula); any other
-    value goes through the family's exact Mahalanobis norm.
+    ``log_prob`` of the value just drawn by ``rsample`` computes the Mahalanobis norm from ``eps``
+    (``|eps|^2`` for a square factor ``Cov = L L^T``): the same function of the parameters as the
+    exact formula, hence the same value and total derivative, without solving against ``Cov``.
+    Any other value goes through the family's exact Mahalanobis norm.
     """
 
     arg_constraints: dict = {}
@@ -74,6 +86,14 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
     def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:
         """``diff^T Cov^{-1} diff`` for ``diff`` of shape ``(..., n)``."""
         raise NotImplementedError
+
+    def _noise_mahalanobis(self, eps: torch.Tensor) -> torch.Tensor:
+        """``diff^T Cov^{-1} diff`` for ``diff = _deviation(eps)``, as a function of the noise.
+
+        With a square factor (``Cov = L L^T``, ``diff = L eps``) it is ``|eps|^2``; families whose
+        noise is longer than the site override it.
+        """
+        return squared_norm(eps)
 
     def _flat_variance(self) -> torch.Tensor:
         raise NotImplementedError
@@ -107,20 +127,19 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         shape = torch.Size(sample_shape) + self.batch_shape
         eps = torch.randn(shape + (self.noise_size,), dtype=self.loc.dtype, device=self.loc.device)
         value = (self._flat_loc + self._deviation(eps)).reshape(shape + self.event_shape)
-        if self.noise_size == self.num_elements:  # eps = L^{-1} (value - loc) exactly
-            self._cache = (value, eps)
+        self._cache = (value, eps)
         return value
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         if self._cache is not None and value is self._cache[0]:
-            maha = self._cache[1].pow(2).sum(-1)
+            maha = self._noise_mahalanobis(self._cache[1])
         else:
             k = len(self.event_shape)
             diff = value.reshape(value.shape[: value.dim() - k] + (-1,)) - self._flat_loc
             maha = self._mahalanobis(diff)
         n = self.num_elements
         log_prob = -0.5 * (maha + self.log_det_covariance() + n * _LOG_2PI)
-        return log_prob.expand(torch.broadcast_shapes(log_prob.shape, self.batch_shape))
+        return expand_to(log_prob, self.batch_shape)
 
     def entropy(self) -> torch.Tensor:
         n = self.num_elements

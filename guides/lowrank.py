@@ -1,9 +1,16 @@
 """Diagonal plus low rank Gaussian.
 
 Per site ``Cov = D^2 + F F^T`` with ``D`` diagonal (standard deviations, ``softplus`` of a free
-parameter) and ``F`` of shape ``(n, rank)``. Sampling is ``w = m + D eps1 + F eps2``; ``log_prob``
-uses the Woodbury identity and the matrix determinant lemma through the ``rank x rank``
-capacitance matrix ``C = I + F^T D^{-2} F``: O(n rank^2), never an ``n x n`` matrix.
+parameter) and ``F`` of shape ``(n, rank)``. The factor is learned relative to the diagonal,
+``F = D G^T`` with ``G`` of shape ``(rank, n)``, so that
+
+    Cov = D (I + G^T G) D,    w = m + D (eps1 + G^T eps2),
+    log det Cov = 2 sum log D + log det C,    C = I + G G^T  (rank x rank),
+
+and ``log_prob`` needs no division by ``D`` of an ``n x rank`` array: O(n rank^2), never an
+``n x n`` matrix. For the value just drawn, the Mahalanobis norm follows from the noise alone:
+``|eps|^2 - z^T C^{-1} z`` with ``z = eps2 - G eps1`` (the part of ``eps`` in the null space of
+``[I, G^T]`` is not seen by the density).
 
 ``diagonal="constant"`` learns one diagonal value per site (Tomczak et al. 2020 found low-rank
 terms help mainly on top of a constant diagonal): ``(rank + 1) n + 1`` parameters instead of
@@ -17,7 +24,42 @@ import torch.nn.functional as F
 from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
-from guides.gaussian import StructuredGaussian
+from guides.gaussian import StructuredGaussian, squared_norm
+
+
+class _LowRankNoise(torch.autograd.Function):
+    """``t = eps2 G``, ``z = eps2 - eps1 G^T`` and ``C = I + G G^T`` with a hand-written
+    backward: the three contributions to the gradient of ``G`` are accumulated in place into one
+    ``(rank, n)`` buffer (autograd would run three separate small-``k`` matrix products and two
+    additions over that array, several times slower on the CPU)."""
+
+    @staticmethod
+    def forward(ctx, g, eps1, eps2):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(g, eps1, eps2)
+        t = eps2 @ g
+        z = eps2 - eps1 @ g.mT
+        cap = g @ g.mT
+        cap.diagonal().add_(1.0)
+        return t, z, cap
+
+    @staticmethod
+    def backward(ctx, grad_t, grad_z, grad_cap):
+        g, eps1, eps2 = ctx.saved_tensors
+        out = None
+        if grad_t is not None:  # d/dG of <grad_t, eps2 G>
+            out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
+        if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
+            if out is None:
+                out = -(grad_z.mT @ eps1)
+            elif eps1.shape[0] == 1:
+                out.addcmul_(grad_z.mT, eps1, value=-1.0)
+            else:
+                out.addmm_(grad_z.mT, eps1, alpha=-1.0)
+        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
+            sym = grad_cap + grad_cap.mT
+            out = sym @ g if out is None else out.addmm_(sym, g)
+        return out, None, None
 
 
 class LowRankNormal(StructuredGaussian):
@@ -28,61 +70,95 @@ class LowRankNormal(StructuredGaussian):
     loc : Tensor
         Mean, shaped like the site.
     diag_scale : Tensor
-        ``(n,)`` or ``(1,)``: standard deviations of the diagonal part.
-    cov_factor : Tensor
-        ``(n, rank)`` low-rank factor.
+        ``(n,)`` or ``(1,)``: standard deviations ``D`` of the diagonal part.
+    cov_factor : Tensor, optional
+        ``(n, rank)`` low-rank factor ``F``.
+    scaled_factor : Tensor, optional
+        ``(rank, n)`` factor relative to the diagonal, ``G = (D^{-1} F)^T``; give this or
+        ``cov_factor`` (the guide learns ``G``).
     """
 
-    def __init__(self, loc, diag_scale, cov_factor, validate_args=None):
+    def __init__(self, loc, diag_scale, cov_factor=None, validate_args=None, *, scaled_factor=None):
+        if (cov_factor is None) == (scaled_factor is None):
+            raise ValueError("give exactly one of cov_factor and scaled_factor")
         n = loc.numel()
         self.diag_scale = diag_scale.expand(n)
-        self.cov_factor = cov_factor
-        # (rank, n): elementwise work then runs along the long, contiguous axis
-        self._factor_t = cov_factor.mT
+        if scaled_factor is None:
+            scaled_factor = (cov_factor / self.diag_scale.unsqueeze(-1)).mT
+        self.scaled_factor = scaled_factor
         self._chol = None
+        self._cap = None
         super().__init__(loc, validate_args=validate_args)
 
     @property
+    def cov_factor(self) -> torch.Tensor:
+        """``F = D G^T``, ``(n, rank)``."""
+        return (self.scaled_factor * self.diag_scale).mT
+
+    @property
     def rank(self) -> int:
-        return self.cov_factor.shape[-1]
+        return self.scaled_factor.shape[-2]
 
     @property
     def noise_size(self) -> int:
         return self.num_elements + self.rank
 
+    def rsample(self, sample_shape=()) -> torch.Tensor:
+        shape = torch.Size(sample_shape) + self.batch_shape
+        n, g = self.num_elements, self.scaled_factor
+        eps = torch.randn(shape + (n + self.rank,), dtype=g.dtype, device=g.device)
+        flat = eps.reshape(-1, n + self.rank)
+        t, z, cap = _LowRankNoise.apply(g, flat[:, :n], flat[:, n:])
+        dev = self.diag_scale * (flat[:, :n] + t)
+        value = (self._flat_loc + dev).reshape(shape + self.event_shape)
+        if self._cap is None:
+            self._cap = cap
+        self._cache = (value, eps, z.reshape(shape + (self.rank,)))
+        return value
+
     def _deviation(self, eps):
         n = self.num_elements
-        return self.diag_scale * eps[..., :n] + eps[..., n:] @ self._factor_t
+        return self.diag_scale * (eps[..., :n] + eps[..., n:] @ self.scaled_factor)
 
     def _capacitance_cholesky(self):
-        """Cholesky factor of ``C = I + F^T D^-2 F`` (``rank x rank``), computed once."""
+        """Cholesky factor of ``C = I + G G^T`` (``rank x rank``), computed once."""
         if self._chol is None:
-            scaled = self._factor_t / self.diag_scale  # (D^-1 F)^T
-            cap = scaled @ scaled.mT
-            cap = cap + torch.eye(self.rank, dtype=cap.dtype, device=cap.device)
+            cap = self._cap
+            if cap is None:
+                g = self.scaled_factor
+                cap = g @ g.mT + torch.eye(self.rank, dtype=g.dtype, device=g.device)
             self._chol = torch.linalg.cholesky(cap)
         return self._chol
 
-    def _mahalanobis(self, diff):
+    def _reduced_norm(self, z):
+        """``z^T C^{-1} z`` for ``z`` of shape ``(..., rank)``."""
         chol = self._capacitance_cholesky()
-        inv_var = self.diag_scale.pow(-2)
-        proj = (diff * inv_var) @ self._factor_t.mT  # F^T D^-2 diff
-        sol = torch.linalg.solve_triangular(chol, proj.unsqueeze(-1), upper=False).squeeze(-1)
-        return (diff.pow(2) * inv_var).sum(-1) - sol.pow(2).sum(-1)
+        sol = torch.linalg.solve_triangular(chol, z.unsqueeze(-1), upper=False).squeeze(-1)
+        return sol.pow(2).sum(-1)
+
+    def _noise_mahalanobis(self, eps):
+        z = self._cache[2]  # eps2 - G eps1, from rsample
+        return squared_norm(eps) - self._reduced_norm(z)
+
+    def _mahalanobis(self, diff):
+        u = diff / self.diag_scale  # Cov^{-1} = D^-1 (I - G^T C^-1 G) D^-1 (Woodbury)
+        return squared_norm(u) - self._reduced_norm(u @ self.scaled_factor.mT)
 
     def log_det_covariance(self):
         chol = self._capacitance_cholesky()
         return 2 * chol.diagonal().log().sum() + 2 * self.diag_scale.log().sum()
 
     def _flat_variance(self):
-        return self.diag_scale.pow(2) + self._factor_t.pow(2).sum(-2)
+        return self.diag_scale.pow(2) * (1 + self.scaled_factor.pow(2).sum(-2))
 
     def _dense_covariance(self):
-        return torch.diag_embed(self.diag_scale.pow(2)) + self.cov_factor @ self.cov_factor.mT
+        f = self.cov_factor
+        return torch.diag_embed(self.diag_scale.pow(2)) + f @ f.mT
 
 
 class LowRankSite(SitePosterior):
-    """Parameters ``loc``, ``diag_rho`` (per element or one per site) and ``cov_factor``."""
+    """Parameters ``loc``, ``diag_rho`` (per element or one per site) and ``scaled_factor``
+    (``G``, ``(rank, n)``; the covariance factor is ``F = D G^T``)."""
 
     family = "lowrank"
 
@@ -104,19 +180,30 @@ class LowRankSite(SitePosterior):
         self.diag_rho = PyroParam(
             torch.full((size,), float(inverse_softplus(diag_init))).to(init_loc)
         )
+        # G (rank, n) with F = D G^T: entries of variance 0.1 / (0.9 rank) give
+        # Var[w] = D^2 (1 + 0.1 / 0.9) = init_scale^2 on average.
         factor = torch.randn(rank, n, dtype=init_loc.dtype, device=init_loc.device)
-        # stored transposed, (rank, n), for speed; the distribution gets F = factor_t^T
-        self.factor_t = PyroParam(factor * init_scale * (0.1 / rank) ** 0.5)
+        self.scaled_factor = PyroParam(factor * (0.1 / (0.9 * rank)) ** 0.5)
+
+    def __setstate__(self, state):
+        params = state.get("_parameters", {})
+        if "factor_t_unconstrained" in params:  # files from before F = D G^T: convert F to G
+            factor_t = params.pop("factor_t_unconstrained")
+            scale = F.softplus(params["diag_rho_unconstrained"].detach())
+            params["scaled_factor_unconstrained"] = torch.nn.Parameter(factor_t.detach() / scale)
+            state["_pyro_params"]["scaled_factor"] = state["_pyro_params"].pop("factor_t")
+        super().__setstate__(state)
 
     def distribution(self) -> LowRankNormal:
-        return LowRankNormal(self.loc, F.softplus(self.diag_rho), self.factor_t.mT)
+        scale = F.softplus(self.diag_rho)
+        return LowRankNormal(self.loc, scale, scaled_factor=self.scaled_factor)
 
 
 class AutoLowRank(PerSiteGuide):
     """Per-site diagonal plus low-rank Gaussian guide.
 
-    ``Cov = D^2 + F F^T`` per site, ``F`` of shape ``(n, rank)`` (``n`` = elements of the site,
-    flattened row-major); ``(rank + 2) n`` parameters.
+    ``Cov = D^2 + F F^T`` per site, ``F = D G^T`` of shape ``(n, rank)`` (``n`` = elements of the
+    site, flattened row-major; ``G`` is the learned factor); ``(rank + 2) n`` parameters.
 
     Parameters
     ----------

@@ -300,10 +300,7 @@ def fit(
             guide(x0, y0)  # creates the parameters (the prototype trace)
     params = _param_groups(guide, model, lr, lr_multipliers)
     opt_cls = _OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
-    opt_options = dict(optimizer_options or {})
-    if opt_cls in _OPTIMIZERS.values():
-        opt_options.setdefault("foreach", True)  # one kernel per op for all tensors
-    opt = opt_cls(params, lr=lr, **opt_options)
+    opt = _make_optimizer(opt_cls, params, lr, dict(optimizer_options or {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule) if lr_schedule else None
     all_params = [p for g in params for p in g["params"]]
 
@@ -476,6 +473,18 @@ def _build_guide(guide, guide_cls, model, options) -> AutoGuide:
         f"guide must be a family name {guide_registry.available()}, an AutoGuide class, a "
         f"callable model -> guide, or a guide instance; got {type(guide).__name__}"
     )
+
+
+def _make_optimizer(opt_cls, params, lr, options) -> torch.optim.Optimizer:
+    """The built-in optimisers run fused (one kernel per step for all tensors, on the CPU as on
+    CUDA: several times faster than the per-tensor loop on large models), else ``foreach``.
+    An explicit ``fused`` or ``foreach`` in ``optimizer_options`` wins."""
+    if opt_cls not in _OPTIMIZERS.values() or "fused" in options or "foreach" in options:
+        return opt_cls(params, lr=lr, **options)
+    try:
+        return opt_cls(params, lr=lr, fused=True, **options)
+    except (RuntimeError, ValueError, TypeError):  # a dtype or device without a fused kernel
+        return opt_cls(params, lr=lr, foreach=True, **options)
 
 
 def _param_groups(guide, model, lr, multipliers) -> list[dict]:

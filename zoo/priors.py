@@ -17,7 +17,7 @@ from torch.distributions import constraints
 from torch.distributions.kl import register_kl
 
 from guides.diagonal import DiagonalNormal
-from guides.gaussian import StructuredGaussian, gaussian_kl
+from guides.gaussian import StructuredGaussian, expand_to, gaussian_kl, squared_norm
 
 
 class IsotropicNormal(TorchDistribution):
@@ -28,8 +28,12 @@ class IsotropicNormal(TorchDistribution):
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
     has_rsample = True
 
-    def __init__(self, loc, scale, event_shape, batch_shape=(), validate_args=None):
+    def __init__(
+        self, loc, scale, event_shape, batch_shape=(), validate_args=None, zero_loc: bool = False
+    ):
         self.loc, self.scale = torch.as_tensor(loc), torch.as_tensor(scale)
+        # Known at construction (no device sync): log_prob then skips ``value - loc``.
+        self.zero_loc = bool(zero_loc)
         super().__init__(torch.Size(batch_shape), torch.Size(event_shape), validate_args)
 
     @property
@@ -37,7 +41,9 @@ class IsotropicNormal(TorchDistribution):
         return constraints.independent(constraints.real, len(self.event_shape))
 
     def expand(self, batch_shape, _instance=None):
-        return IsotropicNormal(self.loc, self.scale, self.event_shape, batch_shape)
+        return IsotropicNormal(
+            self.loc, self.scale, self.event_shape, batch_shape, zero_loc=self.zero_loc
+        )
 
     @property
     def mean(self):
@@ -56,10 +62,10 @@ class IsotropicNormal(TorchDistribution):
     def log_prob(self, value):
         k = len(self.event_shape)
         n = math.prod(self.event_shape)
-        diff = (value - self.loc).reshape(value.shape[: value.dim() - k] + (-1,))
-        sq = diff.pow(2).sum(-1)
+        diff = value if self.zero_loc else value - self.loc
+        sq = squared_norm(diff.reshape(value.shape[: value.dim() - k] + (-1,)))
         lp = -0.5 * sq / self.scale.pow(2) - n * (self.scale.log() + 0.5 * math.log(2 * math.pi))
-        return lp.expand(torch.broadcast_shapes(lp.shape, self.batch_shape))
+        return expand_to(lp, self.batch_shape)
 
 
 @register_kl(StructuredGaussian, IsotropicNormal)
@@ -86,9 +92,10 @@ class NormalPrior(Prior):
             raise ValueError(f"prior scale must be positive, got {scale}")
         self.register_buffer("loc", torch.tensor(float(loc)))
         self.register_buffer("scale", torch.tensor(float(scale)))
+        self._zero_loc = float(loc) == 0.0
 
     def distribution(self, shape, fan_in):
-        return IsotropicNormal(self.loc, self.scale, shape)
+        return IsotropicNormal(self.loc, self.scale, shape, zero_loc=self._zero_loc)
 
     def extra_repr(self) -> str:
         return f"loc={self.loc.item():g}, scale={self.scale.item():g}"
@@ -105,7 +112,7 @@ class LayerwiseNormalPrior(Prior):
 
     def distribution(self, shape, fan_in):
         scale = self.gain / math.sqrt(max(fan_in, 1))
-        return IsotropicNormal(torch.zeros_like(self.gain), scale, shape)
+        return IsotropicNormal(torch.zeros_like(self.gain), scale, shape, zero_loc=True)
 
 
 class ScaleMixtureNormal(TorchDistribution):
