@@ -164,6 +164,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="steps per method per round")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument(
+        "--only", nargs="+", default=None, help="time only methods whose name contains one of these"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -192,6 +195,10 @@ def main() -> None:
         "zoo lowrank r=10": ZooStep(net, x, y, "lowrank", {"rank": 10}, device),
         "zoo matrix normal": ZooStep(net, x, y, "matrix_normal", {}, device),
     }
+    if args.only:
+        keep = lambda name: name == "hand-written BBB" or any(k in name for k in args.only)  # noqa: E731
+        methods = {k: v for k, v in methods.items() if keep(k)}
+        zoo_steps = {k: v for k, v in zoo_steps.items() if keep(k) or k == "zoo diagonal"}
     times = defaultdict(list)
     for step, _ in methods.values():  # warm-up
         for _ in range(3):

@@ -93,6 +93,35 @@ class TridiagonalNormal(StructuredGaussian):
         return chol @ chol.mT
 
 
+# r_k -> lambda_+ geometrically (relative gap of order q^k, and q <= 0.9735 under the gamma
+# clamp), so beyond this many elements r_k equals lambda_+ far below float64 precision.
+RATIO_TERMS = 2048
+
+
+def posch_ratios(rho: torch.Tensor, n: int, like: torch.Tensor):
+    """``(r_1 .. r_K, lambda_+)`` with ``K = min(n, RATIO_TERMS)``; ``r_k = lambda_+`` for
+    ``k > K``."""
+    k = torch.arange(1, min(n, RATIO_TERMS) + 1, dtype=like.dtype, device=like.device)
+    s = torch.sqrt(1 - 4 * rho.pow(2))
+    lam_plus = (1 + s) / 2
+    q = 4 * rho.pow(2) / (1 + s).pow(2)  # lambda_- / lambda_+, without cancellation
+    tiny = torch.finfo(like.dtype).tiny
+    t = (-torch.log(q.clamp_min(tiny))).clamp_min(1e-12)
+    return lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t), lam_plus
+
+
+def _sqrt_ratios(rho: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
+    head, lam_plus = posch_ratios(rho, n, like)
+    return _extend(head.sqrt(), lam_plus.sqrt(), n)
+
+
+def _extend(head: torch.Tensor, limit: torch.Tensor, n: int) -> torch.Tensor:
+    """``head`` followed by ``limit`` up to length ``n``."""
+    if n == head.shape[0]:
+        return head
+    return torch.cat([head, limit.expand(n - head.shape[0])])
+
+
 def posch_factors(
     mean: torch.Tensor, tau: torch.Tensor, rho: torch.Tensor, min_abs_mean: float = 1e-3
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,19 +129,69 @@ def posch_factors(
 
     Gives ``Var[w_i] = tau^2 max(|m_i|, min_abs_mean)^2`` and neighbour correlations ``rho``.
     """
-    n = mean.shape[-1]
     m_abs = mean.abs().clamp_min(min_abs_mean)
-    k = torch.arange(1, n + 1, dtype=mean.dtype, device=mean.device)
-    s = torch.sqrt(1 - 4 * rho.pow(2))
-    lam_plus = (1 + s) / 2
-    q = 4 * rho.pow(2) / (1 + s).pow(2)  # lambda_- / lambda_+, without cancellation
-    tiny = torch.finfo(mean.dtype).tiny
-    t = (-torch.log(q.clamp_min(tiny))).clamp_min(1e-12)
-    r = lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t)
-    sqrt_r = r.sqrt()
+    sqrt_r = _sqrt_ratios(rho, mean.shape[-1], mean)
     a = tau * m_abs * sqrt_r
     c = rho * tau * m_abs[1:] / sqrt_r[:-1]
     return a, c
+
+
+class PoschNormal(TridiagonalNormal):
+    """The tridiagonal Gaussian of Posch & Pilz, evaluated without forming ``a`` and ``c``.
+
+    With ``a_i = tau |m_i| sqrt(r_i)`` and ``c_{i-1} = rho tau |m_i| / sqrt(r_{i-1})`` the
+    deviation factors as ``tau |m_i| (sqrt(r_i) eps_i + rho eps_{i-1} / sqrt(r_{i-1}))``, the
+    variance is ``tau^2 m_i^2`` (``r_i + rho^2 / r_{i-1} = 1``) and
+    ``log det Cov = 2 n log tau + 2 sum log |m_i| + sum log r_i``: a few O(n) passes per step.
+    ``diag`` and ``sub`` (for the exact solve and the dense covariance) are built on demand.
+    """
+
+    def __init__(self, loc, tau, rho, min_abs_mean: float = 1e-3, validate_args=None):
+        self.tau, self.rho, self.min_abs_mean = tau, rho, float(min_abs_mean)
+        self._m_abs = self._ratios = self._factors = None
+        StructuredGaussian.__init__(self, loc, validate_args=validate_args)
+
+    @property
+    def m_abs(self) -> torch.Tensor:
+        if self._m_abs is None:
+            self._m_abs = self._flat_loc.abs().clamp_min(self.min_abs_mean)
+        return self._m_abs
+
+    def _ratio_terms(self):
+        if self._ratios is None:
+            self._ratios = posch_ratios(self.rho, self.num_elements, self._flat_loc)
+        return self._ratios
+
+    def _ab(self):
+        if self._factors is None:
+            self._factors = posch_factors(self._flat_loc, self.tau, self.rho, self.min_abs_mean)
+        return self._factors
+
+    @property
+    def diag(self) -> torch.Tensor:
+        return self._ab()[0]
+
+    @property
+    def sub(self) -> torch.Tensor:
+        return self._ab()[1]
+
+    def _deviation(self, eps):
+        n = self.num_elements
+        head, lam_plus = self._ratio_terms()
+        head_sqrt, lam_sqrt = head.sqrt(), lam_plus.sqrt()
+        sqrt_r = _extend(head_sqrt, lam_sqrt, n)
+        coupling = _extend(self.rho / head_sqrt[:-1], self.rho / lam_sqrt, n - 1)
+        u = torch.addcmul(F.pad(coupling * eps[..., :-1], (1, 0)), sqrt_r, eps)
+        return (self.tau * self.m_abs) * u
+
+    def log_det_covariance(self):
+        n = self.num_elements
+        head, lam_plus = self._ratio_terms()
+        log_r = head.log().sum() + (n - head.shape[0]) * lam_plus.log()
+        return 2 * n * self.tau.log() + 2 * self.m_abs.log().sum() + log_r
+
+    def _flat_variance(self):
+        return (self.tau * self.m_abs).pow(2)
 
 
 class PoschSite(SitePosterior):
@@ -146,10 +225,8 @@ class PoschSite(SitePosterior):
     def rho(self) -> torch.Tensor:
         return torch.sigmoid(self.gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
 
-    def distribution(self) -> TridiagonalNormal:
-        loc = self.loc
-        a, c = posch_factors(loc.reshape(-1), self.tau, self.rho, self.min_abs_mean)
-        return TridiagonalNormal(loc, a, c)
+    def distribution(self) -> PoschNormal:
+        return PoschNormal(self.loc, self.tau, self.rho, self.min_abs_mean)
 
 
 class FreeTridiagonalSite(SitePosterior):

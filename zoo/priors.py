@@ -86,6 +86,8 @@ class Prior(nn.Module):
 class NormalPrior(Prior):
     """Isotropic ``N(loc, scale^2)`` on every weight; ``scale`` is a standard deviation."""
 
+    _zero_loc = False  # set per instance; the class default serves priors pickled before it
+
     def __init__(self, scale: float = 1.0, loc: float = 0.0):
         super().__init__()
         if scale <= 0:

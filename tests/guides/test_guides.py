@@ -135,7 +135,7 @@ def test_mixed_guide_assigns_families_by_pattern():
     kinds = {n: type(guide.get_posterior(n)).__name__ for n in guide.site_names}
     assert kinds["fc2.weight"] == "MatrixNormal"
     assert kinds["fc1.weight"] == "LowRankNormal"
-    assert kinds["conv1.weight"] == kinds["conv2.bias"] == "TridiagonalNormal"
+    assert kinds["conv1.weight"] == kinds["conv2.bias"] == "TridiagonalNormal"  # free
     assert kinds["fc1.bias"] == "DiagonalNormal"
     assert guide.get_posterior("fc1.weight").rank == 2
 

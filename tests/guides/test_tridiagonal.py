@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from guides.tridiagonal import (
+    RATIO_TERMS,
     FreeTridiagonalSite,
     PoschSite,
     TridiagonalNormal,
@@ -89,6 +90,33 @@ def test_limit_of_r_at_rho_one_half():
     a, _ = posch_factors(m, torch.tensor(1.0, dtype=torch.float64), torch.tensor(0.5 - 1e-9))
     k = torch.arange(1, 7, dtype=torch.float64)
     assert torch.allclose(a.pow(2), (k + 1) / (2 * k), rtol=1e-4)
+
+
+@pytest.mark.parametrize("gamma", [-10.0, -2.0, 0.5, 10.0])
+def test_long_posch_site_equals_its_explicit_factors(gamma):
+    """Beyond RATIO_TERMS elements r_k is its limit; the factored PoschNormal equals the
+    TridiagonalNormal of the untruncated closed form (every k) in log_prob, entropy, variance."""
+    torch.manual_seed(0)
+    n = RATIO_TERMS + 2952  # 5000
+    loc = torch.randn(n, dtype=torch.float64) * 0.1
+    site = PoschSite(loc.reshape(-1, 50), 0.01, init_tau=0.3)
+    with torch.no_grad():
+        site.gamma.fill_(gamma)
+    d = site.distribution()
+    tau, rho = site.tau, site.rho
+    k = torch.arange(1, n + 1, dtype=torch.float64)
+    s = torch.sqrt(1 - 4 * rho**2)
+    lam_plus, lam_minus = (1 + s) / 2, (1 - s) / 2
+    q = lam_minus / lam_plus
+    r = lam_plus * (1 - q ** (k + 1)) / (1 - q**k)  # every k, no truncation
+    m_abs = loc.abs().clamp_min(1e-3)
+    a, c = tau * m_abs * r.sqrt(), rho * tau * m_abs[1:] / r[:-1].sqrt()
+    ref = TridiagonalNormal(loc.reshape(-1, 50), a, c)
+    assert torch.allclose(d.diag, a, rtol=1e-12) and torch.allclose(d.sub, c, rtol=1e-12)
+    assert torch.allclose(d.variance, ref.variance, rtol=1e-12)
+    assert torch.allclose(d.entropy(), ref.entropy(), rtol=1e-12)
+    w = d.rsample((2,))
+    assert torch.allclose(d.log_prob(w), ref.log_prob(w), rtol=1e-10)
 
 
 def test_bidiagonal_solve_matches_dense():
