@@ -192,10 +192,10 @@ class PerSiteGuide(AutoGuide):
                     f"{type(self).__name__} serves global weights only. Move the site out of "
                     "the plate or use a separate guide for it (pyro.infer.autoguide.AutoGuideList)."
                 )
-            if not fn.has_rsample:
+            if fn.support.is_discrete:
                 raise ValueError(
-                    f"Site {name!r} ({type(fn).__name__}) cannot be reparameterised; "
-                    "the posterior families here are Gaussian and need continuous sites."
+                    f"Site {name!r} ({type(fn).__name__}) is discrete; the posterior families "
+                    "here are Gaussian and need continuous sites (enumerate or marginalise it)."
                 )
             init = self._initial_value(name, site)
             if _is_real(fn.support):

@@ -18,7 +18,7 @@ from pyro.infer.autoguide import AutoGuide
 from tqdm import tqdm
 
 import guides as guide_registry
-from zoo import persist
+from zoo import estimators, persist
 from zoo.data_checks import (
     Batches,
     as_tensors,
@@ -177,6 +177,7 @@ def fit(
     on_divergence: str = "raise",
     clip_grad_norm: float | None = None,
     per_example: bool = False,
+    estimator: str = "reparam",
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
@@ -244,6 +245,12 @@ def fit(
         Optimise ``-ELBO / N`` instead of ``-ELBO`` (the same optimum; gradients N times
         smaller). Use it with SGD learning rates quoted for per-example losses, as in most
         papers; Adam is insensitive to the scale. Reported losses stay ``-ELBO``.
+    estimator : {"reparam", "local", "flipout"}
+        How layers see the weight posterior (see :mod:`zoo.estimators`): one shared weight draw
+        per step; local reparameterisation (pre-activations sampled per example: diagonal and
+        matrix-normal linear layers); or Flipout (sign-decorrelated draws per example: diagonal
+        linear and convolution layers). Sites out of reach keep ``"reparam"``; the served sites
+        are listed in ``result.options["estimator_sites"]``. Needs ``num_particles=1``.
     checkpoint : path, optional
         Write a checkpoint (guide, optimiser, schedule, RNG states, position in the data) here,
         atomically, every ``checkpoint_every`` steps (default: at the end of every epoch), at
@@ -266,6 +273,12 @@ def fit(
         raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
     if on_divergence not in ("raise", "skip"):
         raise ValueError(f"on_divergence must be 'raise' or 'skip', got {on_divergence!r}")
+    estimators.check_estimator(estimator)
+    if estimator != "reparam" and num_particles != 1:
+        raise ValueError(
+            f"estimator={estimator!r} draws independent noise per example already; use "
+            "num_particles=1 (or estimator='reparam' with several particles)"
+        )
     if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {sorted(_OPTIMIZERS)} or a torch optimizer")
     guide_cls = guide_registry.get(guide) if isinstance(guide, str) else None
@@ -298,6 +311,16 @@ def fit(
     if resumed is None:
         with torch.no_grad():
             guide(x0, y0)  # creates the parameters (the prototype trace)
+    served, skip_sampling = frozenset(), frozenset()
+    if estimator != "reparam":
+        served, skip_sampling = estimators.plan(model, guide, estimator, elbo, x0, y0)
+        if not served:
+            raise ValueError(
+                f"estimator={estimator!r} serves no weight of this guide: 'local' needs diagonal "
+                "or matrix-normal posteriors on linear layers, 'flipout' diagonal posteriors on "
+                "linear or convolution layers. Use estimator='reparam', or guides.AutoMixed to "
+                "give those layers such a family."
+            )
     params = _param_groups(guide, model, lr, lr_multipliers)
     opt_cls = _OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
     opt = _make_optimizer(opt_cls, params, lr, dict(optimizer_options or {}))
@@ -312,7 +335,9 @@ def fit(
         max_plate_nesting=max_plate_nesting,
     ).differentiable_loss
     scale = ElboScale()
-    scaled_model, scaled_guide = scale(model), scale(guide)
+    record = estimators.RecordGuideSites(skip_sampling)
+    scaled_model = estimators.with_estimator(scale(model), estimator, record)
+    scaled_guide = record(scale(guide)) if estimator != "reparam" else scale(guide)
 
     total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
     result = FitResult(
@@ -329,6 +354,8 @@ def fit(
             kl_weight=kl_weight if not callable(kl_weight) else "schedule",
             per_example=per_example,
             elbo=elbo,
+            estimator=estimator,
+            estimator_sites=sorted(served),
             seed=seed,
         ),
     )

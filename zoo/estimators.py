@@ -1,0 +1,196 @@
+"""Gradient estimators of the expected log-likelihood: reparameterisation, local
+reparameterisation and Flipout.
+
+``zoo.fit(..., estimator=...)`` chooses how the network's layers see the weight posterior
+during training. All three are unbiased for the ELBO; they differ in gradient variance and cost.
+
+``"reparam"`` (default)
+    One weight draw ``W ~ q`` per step, shared by every example of the minibatch.
+``"local"`` (Kingma et al. 2015; Louizos & Welling 2016 for the matrix normal)
+    A linear layer samples its pre-activations instead of its weights, independently per
+    example, from their exact distribution under ``q``:
+
+    - diagonal ``q``: ``b_n ~ N(M x_n, diag((S^2) (x_n^2)))`` (``S`` standard deviations);
+    - matrix normal ``W = M + A E B^T``: ``b_n = M x_n + |B^T x_n| A eps_n``, i.e.
+      ``b_n ~ N(M x_n, (x_n^T B B^T x_n) A A^T)``.
+
+    Each example's network output then has exactly its distribution under ``q``, so the
+    likelihood term is unbiased, with the noise of the examples decorrelated. Exact for linear
+    layers only: a convolution shares one kernel across positions, so its outputs are
+    correlated within an example, and convolutions keep the shared weight draw. With
+    ``elbo="meanfield"`` the served weights are not even drawn (the KL is in closed form),
+    which is what makes the matrix normal cheap: no ``A E B^T`` per step.
+``"flipout"`` (Wen et al. 2018)
+    The shared draw's deviation ``dW = W - M`` is decorrelated across examples by random signs,
+    ``b_n = M x_n + r_n * (dW (s_n * x_n))`` with ``r_n, s_n`` uniform in ``{-1, +1}``. Exact
+    when ``dW`` and ``dW * (r s^T)`` have the same distribution: the diagonal family, for linear
+    and convolutional layers (signs per input and output channel).
+
+Sites and layers outside an estimator's reach keep plain reparameterisation; ``fit`` refuses an
+estimator that serves no site of the guide. Both need ``num_particles=1`` (they already draw
+independent noise per example).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from pyro.poutine.messenger import Messenger
+from torch.overrides import TorchFunctionMode
+
+from guides.diagonal import DiagonalNormal
+from guides.matrix_normal import MatrixNormal
+
+ESTIMATORS = ("reparam", "local", "flipout")
+_CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
+
+
+def check_estimator(estimator: str) -> None:
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+
+
+def _diagonal_scale(fn) -> torch.Tensor | None:
+    return fn.base_dist.scale if isinstance(fn, DiagonalNormal) else None
+
+
+def serves(estimator: str, fn, layer: str) -> bool:
+    """Whether ``estimator`` is exact for a weight with posterior ``fn`` in a ``layer``
+    (``"linear"`` or ``"conv"``)."""
+    if estimator == "local":
+        return layer == "linear" and isinstance(fn, (DiagonalNormal, MatrixNormal))
+    if estimator == "flipout":
+        return isinstance(fn, DiagonalNormal)
+    return False
+
+
+class RecordGuideSites(Messenger):
+    """Records each latent site's guide distribution and value (``sites[name] = (fn, value)``).
+
+    With ``skip_sampling``, those sites take the posterior mean as their value instead of a
+    draw: for ``estimator="local"`` with a closed-form KL, where served weights are never used.
+    """
+
+    def __init__(self, skip_sampling: frozenset[str] = frozenset()):
+        super().__init__()
+        self.sites: dict[str, tuple] = {}
+        self.skip_sampling = skip_sampling
+
+    def _pyro_sample(self, msg):
+        if msg["name"] in self.skip_sampling and msg["value"] is None:
+            msg["value"] = msg["fn"].mean
+
+    def _pyro_post_sample(self, msg):
+        if not msg["is_observed"]:
+            self.sites[msg["name"]] = (msg["fn"], msg["value"])
+
+
+class LayerNoise(TorchFunctionMode):
+    """While active, linear and convolution calls whose weight is one of the recorded site
+    values are evaluated with ``estimator``; ``served`` collects the names of those sites."""
+
+    def __init__(self, estimator: str, sites: dict[str, tuple]):
+        super().__init__()
+        self.estimator = estimator
+        self.by_id = {id(value): (name, fn, value) for name, (fn, value) in sites.items()}
+        self.served: set[str] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear or func in _CONVS:
+            arguments = _bind(func, args, kwargs)
+            entry = self.by_id.get(id(arguments["weight"]))
+            layer = "linear" if func is F.linear else "conv"
+            if entry is not None and serves(self.estimator, entry[1], layer):
+                self.served.add(entry[0])
+                if self.estimator == "local":
+                    return _local_linear(arguments["input"], entry[1], arguments["bias"])
+                return _flipout(func, arguments, entry[1], entry[2])
+        return func(*args, **kwargs)
+
+
+def _bind(func, args, kwargs) -> dict:
+    names = ("input", "weight", "bias") if func is F.linear else _CONV_ARGS
+    bound = dict(zip(names, args))
+    bound.update(kwargs)
+    bound.setdefault("bias", None)
+    return bound
+
+
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+
+
+def _local_linear(x: torch.Tensor, fn, bias: torch.Tensor | None) -> torch.Tensor:
+    mean = F.linear(x, fn.mean, bias)
+    if isinstance(fn, DiagonalNormal):
+        var = F.linear(x.pow(2), fn.base_dist.scale.pow(2))
+        return torch.addcmul(mean, var.clamp_min(1e-30).sqrt(), torch.randn_like(mean))
+    a, b = fn.row_factor, fn.col_factor
+    xb = x * b if b.dim() == 1 else x @ b  # rows are (B^T x_n)^T
+    eps = torch.randn_like(mean)
+    noise = eps * a if a.dim() == 1 else eps @ a.mT  # rows are (A eps_n)^T
+    norm = torch.linalg.vector_norm(xb, dim=-1, keepdim=True)
+    return torch.addcmul(mean, norm, noise)
+
+
+def _flipout(func, arguments: dict, fn, value: torch.Tensor) -> torch.Tensor:
+    x, mean_w = arguments["input"], fn.mean
+    delta = value - mean_w
+    options = {k: v for k, v in arguments.items() if k not in ("input", "weight", "bias")}
+    out = func(x, mean_w, arguments["bias"], **options)
+    if func is F.linear:
+        s = _signs(x.shape, x)
+        r = _signs(out.shape, out)
+    else:  # one sign per example and channel, broadcast over positions
+        spatial = _CONVS[func]
+        s = _signs(x.shape[: x.dim() - spatial] + (1,) * spatial, x)
+        r = _signs(out.shape[: out.dim() - spatial] + (1,) * spatial, out)
+    return out + func(x * s, delta, None, **options) * r
+
+
+def _signs(shape, like: torch.Tensor) -> torch.Tensor:
+    return torch.randint(0, 2, shape, device=like.device).to(like.dtype).mul_(2).sub_(1)
+
+
+def with_estimator(model: Callable, estimator: str, record: RecordGuideSites) -> Callable:
+    """``model`` run under :class:`LayerNoise` with the guide sites ``record`` just saw."""
+    if estimator == "reparam":
+        return model
+
+    def run(*args, **kwargs):
+        mode = LayerNoise(estimator, record.sites)
+        with mode:
+            out = model(*args, **kwargs)
+        run.served = mode.served
+        return out
+
+    run.served = set()
+    return run
+
+
+def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> tuple:
+    """Which latent sites ``estimator`` serves, found by one traced pass without gradients.
+
+    Returns ``(served, skip_sampling)``: the served site names, and those whose draw is not
+    needed at all (``elbo="meanfield"`` with a closed-form KL against the model's prior).
+    """
+    from pyro import poutine
+    from torch.distributions import kl_divergence
+
+    record = RecordGuideSites()
+    run = with_estimator(model, estimator, record)
+    with torch.no_grad():
+        guide_trace = poutine.trace(record(guide)).get_trace(*args)
+        model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
+    served = frozenset(run.served)
+    skip = set()
+    if elbo == "meanfield":
+        for name in served:
+            try:
+                kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"])
+            except NotImplementedError:
+                continue
+            skip.add(name)
+    return served, frozenset(skip)
