@@ -7,15 +7,19 @@
 All methods run in one process, interleaved in blocks (every method runs a block of steps, then
 the next method, for several rounds), and the table reports the median step time as a ratio to
 the hand-written Bayes-by-Backprop step (diagonal Gaussian, analytic KL, written below as the
-floor to approach). bayesian-torch is timed when it is installed (``pip install bayesian-torch``;
-it is not a dependency of the project).
+floor to approach). The zoo rows use zoo.fit's defaults (plain reparameterisation, Trace_ELBO)
+unless the row names another estimator (see zoo.estimators). bayesian-torch is timed when it
+is installed (``pip install bayesian-torch``; it is not a dependency of the project).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import resource
 import statistics
+import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -124,7 +128,7 @@ def bayesian_torch_step(net, x, y):
 class ZooStep:
     """Runs zoo.fit on one batch repeatedly; step times come from inside its loop."""
 
-    def __init__(self, net, x, y, family, options, device):
+    def __init__(self, net, x, y, family, options, device, **fit_options):
         self.model = zoo.models.BayesianModel(copy.deepcopy(net), task="classification")
         self.data = (x, y)
         self.device = device
@@ -134,6 +138,7 @@ class ZooStep:
         with torch.no_grad():
             self.guide(x, y)
         self.times: list[float] = []
+        self.fit_options = fit_options
 
     def run(self, steps):
         stamps = []
@@ -152,8 +157,55 @@ class ZooStep:
             device=self.device,
             callbacks=[stamp],
             kl_weight=1.0,
+            **self.fit_options,
         )
         self.times += [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+
+
+def build_methods(net, x, y, device) -> dict:
+    """Name -> constructor of a step function ``(step, parameter count)`` or a ZooStep."""
+    methods = {
+        "deterministic": lambda: deterministic_step(net, x, y),
+        "hand-written BBB": lambda: hand_bbb_step(net, x, y),
+        "pyro AutoNormal + SVI": lambda: pyro_autonormal_step(net, x, y),
+    }
+    try:
+        import bayesian_torch  # noqa: F401
+
+        methods["bayesian-torch"] = lambda: bayesian_torch_step(net, x, y)
+    except ImportError:
+        print("bayesian-torch is not installed: its row is left out")
+    zoo_rows = {
+        "zoo diagonal": ("diagonal", {}, {}),
+        "zoo tridiagonal posch": ("tridiagonal", {}, {}),
+        "zoo tridiagonal free": ("tridiagonal", {"parameterization": "free"}, {}),
+        "zoo lowrank r=10": ("lowrank", {"rank": 10}, {}),
+        "zoo matrix normal": ("matrix_normal", {}, {}),
+        "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
+        "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
+        "zoo matrix normal, local reparam., closed-form KL": (
+            "matrix_normal",
+            {},
+            {"estimator": "local", "elbo": "meanfield"},
+        ),
+    }
+    for name, (family, options, fit_options) in zoo_rows.items():
+        methods[name] = lambda f=family, o=options, k=fit_options: ZooStep(
+            net, x, y, f, o, device, **k
+        )
+    return methods
+
+
+def peak_memory_mib(args, name: str, device) -> float:
+    """Peak memory of ``name``'s steps: on CUDA the allocator's peak while it runs here; on the
+    CPU the peak resident size of a fresh process that builds only this method and runs it."""
+    if device.type == "cuda":
+        return float("nan")  # measured in-process, see main
+    command = [sys.executable, __file__, "--net", args.net, "--batch-size", str(args.batch_size)]
+    out = subprocess.run(
+        command + ["--memory-of", name], capture_output=True, text=True, check=True
+    ).stdout
+    return float(out.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -167,6 +219,8 @@ def main() -> None:
     parser.add_argument(
         "--only", nargs="+", default=None, help="time only methods whose name contains one of these"
     )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
+    parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,42 +231,55 @@ def main() -> None:
     x = torch.randn((args.batch_size,) + shape, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
 
-    methods = {
-        "deterministic": deterministic_step(net, x, y),
-        "hand-written BBB": hand_bbb_step(net, x, y),
-        "pyro AutoNormal + SVI": pyro_autonormal_step(net, x, y),
-    }
-    try:
-        methods["bayesian-torch"] = bayesian_torch_step(net, x, y)
-    except ImportError:
-        print("bayesian-torch is not installed: its row is left out")
-    zoo_steps = {
-        "zoo diagonal": ZooStep(net, x, y, "diagonal", {}, device),
-        "zoo tridiagonal posch": ZooStep(net, x, y, "tridiagonal", {}, device),
-        "zoo tridiagonal free": ZooStep(
-            net, x, y, "tridiagonal", {"parameterization": "free"}, device
-        ),
-        "zoo lowrank r=10": ZooStep(net, x, y, "lowrank", {"rank": 10}, device),
-        "zoo matrix normal": ZooStep(net, x, y, "matrix_normal", {}, device),
-    }
+    if args.memory_of:  # child process of peak_memory_mib
+        built = build_methods(net, x, y, device)[args.memory_of]()
+        for _ in range(3):
+            built.run(1) if isinstance(built, ZooStep) else built[0]()
+        print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        return
+    builders = build_methods(net, x, y, device)
     if args.only:
-        keep = lambda name: name == "hand-written BBB" or any(k in name for k in args.only)  # noqa: E731
-        methods = {k: v for k, v in methods.items() if keep(k)}
-        zoo_steps = {k: v for k, v in zoo_steps.items() if keep(k) or k == "zoo diagonal"}
+        builders = {
+            k: v
+            for k, v in builders.items()
+            if k in ("hand-written BBB", "zoo diagonal") or any(s in k for s in args.only)
+        }
+    methods, zoo_steps = {}, {}
+    for name, build in builders.items():
+        built = build()
+        if isinstance(built, ZooStep):
+            zoo_steps[name] = built
+        else:
+            methods[name] = built
     times = defaultdict(list)
     for step, _ in methods.values():  # warm-up
         for _ in range(3):
             step()
+    cuda_peak = defaultdict(float)
+
+    def reset_peak():
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def read_peak(name):
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) / 2**20
+            cuda_peak[name] = max(cuda_peak[name], peak)
+
     for _ in range(args.rounds):
         for name, (step, _) in methods.items():
+            reset_peak()
             for _ in range(args.steps):
                 sync(device)
                 t = time.perf_counter()
                 step()
                 sync(device)
                 times[name].append(time.perf_counter() - t)
-        for runner in zoo_steps.values():
+            read_peak(name)
+        for name, runner in zoo_steps.items():
+            reset_peak()
             runner.run(args.steps)
+            read_peak(name)
     for name, runner in zoo_steps.items():
         times[name] = runner.times
     counts = {name: n for name, (_, n) in methods.items()}
@@ -223,13 +290,23 @@ def main() -> None:
         f"\n{args.net}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads, "
         f"{args.rounds} rounds x {args.steps} steps, medians\n"
     )
-    print("| method | ms / step | x hand-written BBB | x zoo diagonal | parameters |")
-    print("| --- | ---: | ---: | ---: | ---: |")
+    memory = {}
+    if not args.no_memory:
+        for name in times:
+            memory[name] = (
+                cuda_peak[name] if device.type == "cuda" else peak_memory_mib(args, name, device)
+            )
+    where = "allocator peak" if device.type == "cuda" else "peak RSS of a process running it"
+    print(
+        f"| method | ms / step | x hand-written BBB | x zoo diagonal | parameters | MiB ({where}) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for name, values in times.items():
         med = statistics.median(values)
+        mib = f"{memory[name]:.0f}" if name in memory else "-"
         print(
             f"| {name} | {1e3 * med:.2f} | {med / floor:.2f} | {med / diag:.2f} "
-            f"| {counts[name]:,} |"
+            f"| {counts[name]:,} | {mib} |"
         )
 
 

@@ -174,7 +174,8 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     """Which latent sites ``estimator`` serves, found by one traced pass without gradients.
 
     Returns ``(served, skip_sampling)``: the served site names, and those whose draw is not
-    needed at all (``elbo="meanfield"`` with a closed-form KL against the model's prior).
+    needed at all (``"local"`` with ``elbo="meanfield"`` and a closed-form KL against the
+    model's prior; Flipout always needs the shared draw).
     """
     from pyro import poutine
     from torch.distributions import kl_divergence
@@ -186,7 +187,7 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
         model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
     served = frozenset(run.served)
     skip = set()
-    if elbo == "meanfield":
+    if elbo == "meanfield" and estimator == "local":
         for name in served:
             try:
                 kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"])

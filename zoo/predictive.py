@@ -119,15 +119,20 @@ def predict(
     x: torch.Tensor,
     num_samples: int = 100,
     batch_size: int = 512,
-    sample_batch_size: int = 32,
+    sample_batch_size: int | None = None,
     params: dict[str, torch.Tensor] | None = None,
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
     Work is done in blocks of ``sample_batch_size`` networks x ``batch_size`` inputs, each one
-    vectorised pass, so memory stays bounded for large inputs and many samples. The same weight
-    draws are used for every input. ``params`` (``{site: (S, *shape)}``) evaluates given
-    draws instead of new ones.
+    vectorised pass (``torch.func.vmap`` over the draws), so memory stays bounded for large
+    inputs and many samples. The same weight draws are used for every input. ``params``
+    (``{site: (S, *shape)}``) evaluates given draws instead of new ones.
+
+    ``sample_batch_size=None`` picks per device: 32 draws per pass on CUDA, where one pass per
+    draw leaves the GPU idle, and one draw per pass on the CPU, where a single draw over a block
+    of inputs is already compute bound and ``vmap``'s grouped convolutions are slower than a
+    loop (see ``benchmarks/predict_time.py``).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
@@ -136,14 +141,22 @@ def predict(
         params = guide.sample_posterior(num_samples)
     else:
         num_samples = next(iter(params.values())).shape[0]
+    if sample_batch_size is None:
+        sample_batch_size = 32 if device.type == "cuda" else 1
     step = max(1, int(sample_batch_size))
     blocks = []
     for start in range(0, x.shape[0], batch_size):
         chunk = x[start : start + batch_size].to(device)
-        parts = [
-            model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
-            for s in range(0, num_samples, step)
-        ]
+        if step == 1:  # a plain forward per draw, no vmap
+            parts = [
+                model.network(chunk, {k: v[s] for k, v in params.items()}).unsqueeze(0)
+                for s in range(num_samples)
+            ]
+        else:
+            parts = [
+                model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
+                for s in range(0, num_samples, step)
+            ]
         blocks.append(torch.cat(parts, dim=0))
     outputs = torch.cat(blocks, dim=1)
     lik = model.likelihood(outputs, params)
