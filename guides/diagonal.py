@@ -36,15 +36,21 @@ class DiagonalNormal(GaussianMixin, dist.Independent):
         """Exact; for the value just drawn by ``rsample`` it reuses ``eps`` (the same value and
         total derivative, without a backward pass through ``value``)."""
         cache = getattr(self, "_cache", None)
-        if cache is None or value is not cache[0]:
-            return super().log_prob(value)
         k = self.reinterpreted_batch_ndims
-        eps = cache[1]
-        maha = squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
+        if value is self.base_dist.loc:  # the mean: Mahalanobis norm 0
+            maha = torch.zeros((), dtype=value.dtype, device=value.device)
+        elif cache is None or value is not cache[0]:
+            return super().log_prob(value)
+        else:
+            eps = cache[1]
+            maha = squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
         scale = self.base_dist.scale
         log_scale = scale.log().reshape(scale.shape[: scale.dim() - k] + (-1,)).sum(-1)
         n = self.num_elements
         return -0.5 * maha - log_scale - 0.5 * n * math.log(2 * math.pi)
+
+    def mean_value(self) -> torch.Tensor:
+        return self.base_dist.loc
 
     def _dense_covariance(self) -> torch.Tensor:
         return torch.diag_embed(self.base_dist.scale.pow(2).reshape(-1))

@@ -42,6 +42,11 @@ class GaussianMixin:
         """``log det Cov`` of the flattened ``n``-vector (a scalar)."""
         raise NotImplementedError
 
+    def mean_value(self) -> torch.Tensor:
+        """The mean tensor itself; ``log_prob`` of exactly this object skips the solve (its
+        Mahalanobis norm is 0)."""
+        raise NotImplementedError
+
     @property
     def covariance_matrix(self) -> torch.Tensor:
         """Dense ``(n, n)`` covariance in row-major order: for small sites and tests only."""
@@ -130,8 +135,13 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         self._cache = (value, eps)
         return value
 
+    def mean_value(self) -> torch.Tensor:
+        return self.loc
+
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        if self._cache is not None and value is self._cache[0]:
+        if value is self.loc:
+            maha = torch.zeros((), dtype=value.dtype, device=value.device)
+        elif self._cache is not None and value is self._cache[0]:
             maha = self._noise_mahalanobis(self._cache[1])
         else:
             k = len(self.event_shape)

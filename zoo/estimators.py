@@ -80,7 +80,7 @@ class RecordGuideSites(Messenger):
 
     def _pyro_sample(self, msg):
         if msg["name"] in self.skip_sampling and msg["value"] is None:
-            msg["value"] = msg["fn"].mean
+            msg["value"] = msg["fn"].mean_value()  # its log_prob (unused) costs no solve
 
     def _pyro_post_sample(self, msg):
         if not msg["is_observed"]:

@@ -100,3 +100,9 @@ def test_log_prob_of_own_sample_has_the_exact_gradient(family, shape):
     assert torch.allclose(lp_fast, lp_exact, atol=1e-10)
     for a, b in zip(g_fast, g_exact):
         assert torch.allclose(a, b, atol=1e-8)
+
+
+def test_log_prob_at_the_mean_tensor_is_exact(family, shape):
+    d = make_site(family, shape).distribution()
+    m = d.mean_value()
+    assert torch.allclose(d.log_prob(m), dense(d).log_prob(m.reshape(-1)), atol=1e-9)
