@@ -13,6 +13,8 @@ scale, say) get a diagonal Normal in the unconstrained space pushed through
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import math
 from collections.abc import Callable
@@ -28,6 +30,20 @@ from torch import nn
 from torch.distributions import biject_to, constraints
 
 _NAME_COUNTER = itertools.count()
+_DIRECT = contextvars.ContextVar("direct_parameters", default=False)
+
+
+@contextlib.contextmanager
+def direct_parameters():
+    """Within this block, site modules hand out their (unconstrained, real) parameters directly,
+    without a ``pyro.param`` statement per access. ``zoo.fit`` optimises ``guide.parameters()``
+    with a torch optimiser and never reads param sites from the trace, so it saves that Python
+    overhead; Pyro's own ``SVI`` (which collects params from the trace) runs outside it."""
+    token = _DIRECT.set(True)
+    try:
+        yield
+    finally:
+        _DIRECT.reset(token)
 
 
 class SitePosterior(PyroModule):
@@ -47,6 +63,13 @@ class SitePosterior(PyroModule):
     def supports(cls, shape: torch.Size) -> bool:
         """Whether this family can serve a real site of this shape."""
         return True
+
+    def __getattr__(self, name: str):
+        if _DIRECT.get():
+            pyro_params = self.__dict__.get("_pyro_params")
+            if pyro_params is not None and name in pyro_params:
+                return self.__dict__["_parameters"][name + "_unconstrained"]
+        return super().__getattr__(name)
 
     def distribution(self) -> dist.TorchDistribution:
         raise NotImplementedError
@@ -134,6 +157,7 @@ class PerSiteGuide(AutoGuide):
         if callable(state.get("init_loc")):
             state["init_loc"] = "kaiming"  # only used before the parameters exist
         state["_init_values"] = {}
+        state.pop("_site_cache", None)
         return state
 
     def __setstate__(self, state):
@@ -181,6 +205,7 @@ class PerSiteGuide(AutoGuide):
 
     def _setup_prototype(self, *args, **kwargs):
         super()._setup_prototype(*args, **kwargs)
+        self.__dict__.pop("_site_cache", None)
         self.sites = PyroModule()
         self._site_names = []
         for name, site in self.prototype_trace.iter_stochastic_nodes():
@@ -215,7 +240,11 @@ class PerSiteGuide(AutoGuide):
     # ---- sampling ----
     def site_posterior(self, name: str) -> SitePosterior:
         """The :class:`SitePosterior` module holding the parameters of ``name``."""
-        return attrgetter(name)(self.sites)
+        cache = self.__dict__.setdefault("_site_cache", {})
+        module = cache.get(name)
+        if module is None:
+            module = cache[name] = attrgetter(name)(self.sites)
+        return module
 
     def get_posterior(self, name: str) -> dist.TorchDistribution:
         """The variational distribution of site ``name`` (a torch ``Distribution``).

@@ -18,6 +18,7 @@ from pyro.infer.autoguide import AutoGuide
 from tqdm import tqdm
 
 import guides as guide_registry
+from guides.base import direct_parameters
 from zoo import estimators, persist
 from zoo.data_checks import (
     Batches,
@@ -415,7 +416,11 @@ def fit(
                 scale.data_scale = len(batches) / xb.shape[0]
                 scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
                 opt.zero_grad(set_to_none=True)
-                with pyro.validation_enabled(step == 0), warnings.catch_warnings():
+                with (
+                    pyro.validation_enabled(step == 0),
+                    direct_parameters(),
+                    warnings.catch_warnings(),
+                ):
                     # Non-finite losses are handled below, with a clearer message.
                     warnings.filterwarnings("ignore", message="Encountered NaN")
                     loss = loss_fn(scaled_model, scaled_guide, xb, yb)
