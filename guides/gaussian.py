@@ -19,9 +19,23 @@ from torch.distributions.kl import register_kl
 _LOG_2PI = math.log(2 * math.pi)
 
 
+class _SquaredNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.linalg.vector_norm(x, dim=-1).square()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return x * (2 * grad).unsqueeze(-1)
+
+
 def squared_norm(x: torch.Tensor) -> torch.Tensor:
     """``sum(x^2)`` over the last dimension in one pass (and one pass backward)."""
-    return torch.linalg.vector_norm(x, dim=-1).square()
+    if not x.requires_grad:
+        return torch.linalg.vector_norm(x, dim=-1).square()
+    return _SquaredNorm.apply(x)
 
 
 def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:

@@ -106,3 +106,12 @@ def test_log_prob_at_the_mean_tensor_is_exact(family, shape):
     d = make_site(family, shape).distribution()
     m = d.mean_value()
     assert torch.allclose(d.log_prob(m), dense(d).log_prob(m.reshape(-1)), atol=1e-9)
+
+
+def test_squared_norm_value_and_gradients():
+    from guides.gaussian import squared_norm
+
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    assert torch.allclose(squared_norm(x), x.pow(2).sum(-1))
+    assert torch.autograd.gradcheck(squared_norm, (x,))
+    assert torch.autograd.gradgradcheck(squared_norm, (x,))
