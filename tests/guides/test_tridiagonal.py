@@ -119,6 +119,32 @@ def test_long_posch_site_equals_its_explicit_factors(gamma):
     assert torch.allclose(d.log_prob(w), ref.log_prob(w), rtol=1e-10)
 
 
+@pytest.mark.parametrize("gamma", [-10.0, -2.0, 0.5, 10.0])
+@pytest.mark.parametrize("draws", [(), (2,)])
+def test_posch_sampling_gradients_equal_autograd_of_the_explicit_factors(gamma, draws):
+    """The hand-written backward of the Posch sample (head of ratios and the limit beyond it,
+    clamped means) equals autograd through TridiagonalNormal(loc, a, c) with the same noise."""
+    torch.manual_seed(0)
+    loc = torch.randn(RATIO_TERMS + 952, dtype=torch.float64) * 0.1
+    loc[:5] = torch.tensor([0.0, 1e-4, -1e-4, 2e-3, -0.5], dtype=torch.float64)  # some clamped
+    site = PoschSite(loc.reshape(-1, 50), 0.01, init_tau=0.3)
+    with torch.no_grad():
+        site.gamma.fill_(gamma)
+    params = [site.loc, site.delta, site.gamma]
+    weights = torch.randn(draws + (60, 50), dtype=torch.float64)
+
+    def loss(d):
+        torch.manual_seed(1)
+        w = d.rsample(draws)
+        return (d.log_prob(w) + (w * weights).sum((-2, -1))).sum()
+
+    fast = torch.autograd.grad(loss(site.distribution()), params)
+    a, c = posch_factors(site.loc.reshape(-1), site.tau, site.rho, 1e-3)
+    ref = torch.autograd.grad(loss(TridiagonalNormal(site.loc, a, c)), params)
+    for g, g_ref in zip(fast, ref):
+        assert torch.allclose(g, g_ref, rtol=1e-8, atol=1e-8)
+
+
 def test_bidiagonal_solve_matches_dense():
     torch.manual_seed(0)
     n = 37
