@@ -86,7 +86,7 @@ class FitResult:
     def family(self) -> str:
         return getattr(type(self.guide), "__name__", "guide")
 
-    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int = 512):
+    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int | None = None):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
         vectorised blocks (see :func:`zoo.predictive.predict`)."""
         from zoo.predictive import predict
@@ -122,7 +122,7 @@ class FitResult:
         )
 
     def evaluate(
-        self, data, num_samples: int = 100, batch_size: int = 512, seed: int | None = 0
+        self, data, num_samples: int = 100, batch_size: int | None = None, seed: int | None = 0
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``).
 

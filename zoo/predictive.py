@@ -118,7 +118,7 @@ def predict(
     guide,
     x: torch.Tensor,
     num_samples: int = 100,
-    batch_size: int = 512,
+    batch_size: int | None = None,
     sample_batch_size: int | None = None,
     params: dict[str, torch.Tensor] | None = None,
 ) -> Prediction:
@@ -129,10 +129,11 @@ def predict(
     inputs and many samples. The same weight draws are used for every input. ``params``
     (``{site: (S, *shape)}``) evaluates given draws instead of new ones.
 
-    ``sample_batch_size=None`` picks per device: 32 draws per pass on CUDA, where one pass per
-    draw leaves the GPU idle, and one draw per pass on the CPU, where a single draw over a block
-    of inputs is already compute bound and ``vmap``'s grouped convolutions are slower than a
-    loop (see ``benchmarks/predict_time.py``).
+    Defaults, from ``benchmarks/predict_time.py``: ``sample_batch_size=None`` evaluates one draw
+    per pass (a plain forward), which was as fast or faster than ``vmap`` over draws on the CPU
+    and on an H100 (``vmap`` turns convolutions into slower grouped ones); ``batch_size=None``
+    takes 512 inputs per pass on the CPU and 8192 on CUDA, where small passes leave the GPU
+    waiting on kernel launches. Pass ``sample_batch_size > 1`` to vectorise over draws.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
@@ -142,7 +143,9 @@ def predict(
     else:
         num_samples = next(iter(params.values())).shape[0]
     if sample_batch_size is None:
-        sample_batch_size = 32 if device.type == "cuda" else 1
+        sample_batch_size = 1
+    if batch_size is None:
+        batch_size = 8192 if device.type == "cuda" else 512
     step = max(1, int(sample_batch_size))
     blocks = []
     for start in range(0, x.shape[0], batch_size):

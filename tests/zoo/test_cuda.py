@@ -1,0 +1,73 @@
+"""The CUDA path of zoo.fit, predict, the estimators and persistence (skipped without a GPU)."""
+
+import math
+
+import pytest
+import torch
+
+import zoo
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+FAMILIES = [
+    ("diagonal", {}),
+    ("lowrank", {"rank": 4}),
+    ("tridiagonal", {}),
+    ("tridiagonal", {"parameterization": "free"}),
+    ("matrix_normal", {}),
+]
+
+
+def data(n=256):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 1, 28, 28, generator=g)
+    return x, torch.randint(0, 10, (n,), generator=g)
+
+
+@pytest.mark.parametrize("family,options", FAMILIES)
+def test_fit_and_predict_stay_on_the_gpu(family, options):
+    model = zoo.models.LeNet5(hidden=32)
+    fit = zoo.fit(
+        model, family, data(), num_steps=20, batch_size=64, progress=False, guide_options=options
+    )
+    assert fit.device.type == "cuda"
+    assert all(p.is_cuda for p in fit.guide.parameters())
+    assert all(b.is_cuda for b in model.buffers())  # priors too
+    assert all(math.isfinite(v) for v in fit.losses)
+    assert fit.losses[-1] < fit.losses[0]
+    pred = fit.predict(data(64)[0], num_samples=40)
+    assert pred.outputs.is_cuda and pred.probs.shape == (64, 10)
+    assert torch.allclose(pred.probs.sum(-1), torch.ones(64, device="cuda"), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "estimator,elbo", [("local", "trace"), ("local", "meanfield"), ("flipout", "trace")]
+)
+def test_estimators_on_the_gpu(estimator, elbo):
+    model = zoo.models.LeNet5(hidden=32)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        data(),
+        num_steps=20,
+        batch_size=64,
+        progress=False,
+        estimator=estimator,
+        elbo=elbo,
+    )
+    assert fit.options["estimator_sites"]
+    assert all(math.isfinite(v) for v in fit.losses)
+
+
+def test_saved_on_gpu_loads_on_cpu(tmp_path):
+    model = zoo.models.LeNet5(hidden=32)
+    fit = zoo.fit(model, "matrix_normal", data(), num_steps=5, progress=False)
+    path = fit.save(tmp_path / "fit.pt")
+    loaded = zoo.load(path)  # map_location="cpu" by default
+    assert all(not p.is_cuda for p in loaded.guide.parameters())
+    for name in fit.guide.site_names:
+        a = fit.guide.get_posterior(name)
+        b = loaded.guide.get_posterior(name)
+        assert torch.allclose(a.mean.cpu(), b.mean)
+        assert torch.allclose(a.variance.cpu(), b.variance)
+    assert loaded.predict(data(8)[0], num_samples=5).probs.shape == (8, 10)
