@@ -15,6 +15,19 @@ def _fresh_rng():
     yield
 
 
+@pytest.fixture(autouse=True)
+def _cpu_by_default(request, monkeypatch):
+    """The suite checks CPU semantics (references are CPU tensors) on GPU machines too:
+    zoo.fit's default device is pinned to the CPU, except in tests/zoo/test_cuda.py."""
+    if request.module.__name__.endswith("test_cuda"):
+        yield
+        return
+    from zoo.fit import fit
+
+    monkeypatch.setitem(fit.__kwdefaults__, "device", "cpu")
+    yield
+
+
 @pytest.fixture(scope="session")
 def mnist_root() -> Path:
     """The MNIST root: $ZOO_DATA, else the shared copy beside the checkout."""

@@ -302,7 +302,8 @@ def fit(
         check_labels(y0, model.out_features)
     check_input_shape(model, x0, y0)
 
-    resumed = persist.read(resume, "checkpoint", map_location=dev) if resume else None
+    # Read on the CPU: RNG states must stay CPU tensors (guide.to and the optimiser move the rest)
+    resumed = persist.read(resume, "checkpoint", map_location="cpu") if resume else None
     if resumed is not None:
         guide = resumed["guide"]
         persist.attach(guide, model)

@@ -45,12 +45,13 @@ def log_evidence(x, y):
 
 
 def guide_gaussian(guide):
-    """Mean and dense covariance of the guide over (w_1..w_d, b) (sites are independent)."""
+    """Mean and dense covariance of the guide over (w_1..w_d, b) (sites are independent), on the
+    CPU like the data (a fit on a GPU machine runs on CUDA)."""
     w = guide.get_posterior("fc1.weight")
     b = guide.get_posterior("fc1.bias")
     mean = torch.cat([w.mean.reshape(-1), b.mean.reshape(-1)]).detach()
     cov = torch.block_diag(w.covariance_matrix, b.covariance_matrix).detach()
-    return mean, cov
+    return mean.cpu(), cov.cpu()
 
 
 def exact_elbo(x, y, mean, cov):

@@ -71,3 +71,24 @@ def test_saved_on_gpu_loads_on_cpu(tmp_path):
         assert torch.allclose(a.mean.cpu(), b.mean)
         assert torch.allclose(a.variance.cpu(), b.variance)
     assert loaded.predict(data(8)[0], num_samples=5).probs.shape == (8, 10)
+
+
+def test_interrupted_gpu_fit_resumes_from_its_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    options = dict(num_steps=12, batch_size=64, progress=False, seed=3)
+    stop_at_5 = [lambda state: state.step == 5]
+    part = zoo.fit(
+        zoo.models.LeNet5(hidden=32),
+        "diagonal",
+        data(),
+        checkpoint=ckpt,
+        callbacks=stop_at_5,
+        **options,
+    )
+    assert part.steps == 5
+    resumed = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), resume=ckpt, **options)
+    full = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), **options)
+    assert resumed.steps == 12 and resumed.device.type == "cuda"
+    # cuDNN's convolution kernels are not bitwise deterministic: equal up to float noise
+    for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)

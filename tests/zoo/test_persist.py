@@ -110,7 +110,7 @@ CHILD = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import zoo
     from test_persist import OPTIONS, data, model
-    zoo.fit(model(), "diagonal", data(), num_steps=400, checkpoint={ckpt!r},
+    zoo.fit(model(), "diagonal", data(), num_steps=400, checkpoint={ckpt!r}, device="cpu",
             checkpoint_every=3, callbacks=[lambda s: time.sleep(0.005)], **OPTIONS)
     """
 )
