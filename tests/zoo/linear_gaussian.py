@@ -55,7 +55,12 @@ def guide_gaussian(guide):
 
 
 def exact_elbo(x, y, mean, cov):
-    """ELBO of q = N(mean, cov) for the linear-Gaussian model, in closed form."""
+    """ELBO of q = N(mean, cov) for the linear-Gaussian model, in closed form (a float)."""
+    return exact_elbo_tensor(x, y, mean, cov).item()
+
+
+def exact_elbo_tensor(x, y, mean, cov):
+    """The closed-form ELBO as a differentiable function of ``mean`` and ``cov``."""
     phi = design(x)
     k, n = len(mean), len(y)
     resid = y - phi @ mean
@@ -68,7 +73,7 @@ def exact_elbo(x, y, mean, cov):
         - 0.5 * (mean.pow(2).sum() + torch.trace(cov)) / PRIOR**2
     )
     entropy = 0.5 * (k * (1 + math.log(2 * math.pi)) + torch.logdet(cov))
-    return (loglik + logprior + entropy).item()
+    return loglik + logprior + entropy
 
 
 def decaying(step, rate=0.998):
