@@ -23,7 +23,7 @@ import torch
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import zoo
-from zoo.estimators import RecordGuideSites, plan, with_estimator
+from zoo.estimators import plan, wire
 
 
 def main() -> None:
@@ -54,9 +54,7 @@ def main() -> None:
         skip = frozenset()
         if estimator != "reparam":
             _, skip = plan(model, guide, estimator, args.elbo, x, y)
-        record = RecordGuideSites(skip)
-        run_model = with_estimator(scale(model), estimator, record)
-        run_guide = record(scale(guide))
+        run_model, run_guide = wire(scale(model), scale(guide), estimator, skip)
         pyro.set_rng_seed(1)
         grads, times = [], []
         for _ in range(args.draws):

@@ -202,12 +202,10 @@ def _rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def peak_memory_mib(args, name: str, device) -> float:
-    """Peak memory of ``name``: on CUDA the allocator's peak while its steps run here; on the
-    CPU the peak resident memory that building it and running 3 steps adds to a fresh process
-    (polled every 0.5 ms)."""
-    if device.type == "cuda":
-        return float("nan")  # measured in-process, see main
+def peak_memory_mib(args, name: str) -> float:
+    """CPU peak memory of ``name``: the peak resident memory that building it and running 3
+    steps adds to a fresh process (polled every 0.5 ms). On CUDA, main reads the allocator's
+    peak in-process instead."""
     command = [sys.executable, __file__, "--net", args.net, "--batch-size", str(args.batch_size)]
     out = subprocess.run(
         command + ["--memory-of", name], capture_output=True, text=True, check=True
@@ -313,9 +311,7 @@ def main() -> None:
     memory = {}
     if not args.no_memory:
         for name in times:
-            memory[name] = (
-                cuda_peak[name] if device.type == "cuda" else peak_memory_mib(args, name, device)
-            )
+            memory[name] = cuda_peak[name] if device.type == "cuda" else peak_memory_mib(args, name)
     where = "allocator peak" if device.type == "cuda" else "peak RSS added by building and stepping"
     print(
         f"| method | ms / step | x hand-written BBB | x zoo diagonal | parameters | MiB ({where}) |"

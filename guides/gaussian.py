@@ -99,7 +99,8 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         return self.num_elements
 
     def _deviation(self, eps: torch.Tensor) -> torch.Tensor:
-        """Map noise ``(..., noise_size)`` to a deviation ``(..., n)`` with covariance ``Cov``."""
+        """Map noise ``(..., noise_size)`` to a deviation ``(..., n)`` with covariance ``Cov``
+        (used by :meth:`rsample`; a family that overrides ``rsample`` need not define it)."""
         raise NotImplementedError
 
     def _mahalanobis(self, diff: torch.Tensor) -> torch.Tensor:

@@ -116,10 +116,6 @@ class LowRankNormal(StructuredGaussian):
         self._cache = (value, eps, z.reshape(shape + (self.rank,)))
         return value
 
-    def _deviation(self, eps):
-        n = self.num_elements
-        return self.diag_scale * (eps[..., :n] + eps[..., n:] @ self.scaled_factor)
-
     def _capacitance_cholesky(self):
         """Cholesky factor of ``C = I + G G^T`` (``rank x rank``), computed once."""
         if self._chol is None:

@@ -199,11 +199,6 @@ class PoschNormal(TridiagonalNormal):
         self._m_abs = self._ratios = self._factors = self._log_m_sum = None
         StructuredGaussian.__init__(self, loc, validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
-        new = super().expand(batch_shape, _instance)
-        new._log_m_sum = None
-        return new
-
     def rsample(self, sample_shape=()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
         n = self.num_elements
@@ -248,15 +243,6 @@ class PoschNormal(TridiagonalNormal):
     @property
     def sub(self) -> torch.Tensor:
         return self._ab()[1]
-
-    def _deviation(self, eps):
-        n = self.num_elements
-        head, lam_plus = self._ratio_terms()
-        head_sqrt, lam_sqrt = head.sqrt(), lam_plus.sqrt()
-        sqrt_r = _extend(head_sqrt, lam_sqrt, n)
-        coupling = _extend(self.rho / head_sqrt[:-1], self.rho / lam_sqrt, n - 1)
-        u = torch.addcmul(F.pad(coupling * eps[..., :-1], (1, 0)), sqrt_r, eps)
-        return (self.tau * self.m_abs) * u
 
     def log_det_covariance(self):
         n = self.num_elements

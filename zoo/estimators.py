@@ -45,15 +45,12 @@ from guides.matrix_normal import MatrixNormal
 
 ESTIMATORS = ("reparam", "local", "flipout")
 _CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
 
 def check_estimator(estimator: str) -> None:
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
-
-
-def _diagonal_scale(fn) -> torch.Tensor | None:
-    return fn.base_dist.scale if isinstance(fn, DiagonalNormal) else None
 
 
 def serves(estimator: str, fn, layer: str) -> bool:
@@ -119,9 +116,6 @@ def _bind(func, args, kwargs) -> dict:
     return bound
 
 
-_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
-
-
 def _local_linear(x: torch.Tensor, fn, bias: torch.Tensor | None) -> torch.Tensor:
     mean = F.linear(x, fn.mean, bias)
     if isinstance(fn, DiagonalNormal):
@@ -154,11 +148,20 @@ def _signs(shape, like: torch.Tensor) -> torch.Tensor:
     return torch.randint(0, 2, shape, device=like.device).to(like.dtype).mul_(2).sub_(1)
 
 
-def with_estimator(model: Callable, estimator: str, record: RecordGuideSites) -> Callable:
-    """``model`` run under :class:`LayerNoise` with the guide sites ``record`` just saw."""
+def wire(
+    model: Callable, guide: Callable, estimator: str, skip_sampling: frozenset[str] = frozenset()
+) -> tuple[Callable, Callable]:
+    """The model and guide an ELBO should run for ``estimator``: for ``"reparam"`` the two
+    unchanged; otherwise the guide records its sites (see :class:`RecordGuideSites`) and the
+    model runs under :class:`LayerNoise` with them. The model callable's ``served`` attribute
+    holds the sites the last call served."""
     if estimator == "reparam":
-        return model
+        return model, guide
+    record = RecordGuideSites(skip_sampling)
+    return _with_estimator(model, estimator, record), record(guide)
 
+
+def _with_estimator(model: Callable, estimator: str, record: RecordGuideSites) -> Callable:
     def run(*args, **kwargs):
         mode = LayerNoise(estimator, record.sites)
         with mode:
@@ -180,10 +183,9 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     from pyro import poutine
     from torch.distributions import kl_divergence
 
-    record = RecordGuideSites()
-    run = with_estimator(model, estimator, record)
+    run, recording_guide = wire(model, guide, estimator)
     with torch.no_grad():
-        guide_trace = poutine.trace(record(guide)).get_trace(*args)
+        guide_trace = poutine.trace(recording_guide).get_trace(*args)
         model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
     served = frozenset(run.served)
     skip = set()

@@ -337,9 +337,9 @@ def fit(
         max_plate_nesting=max_plate_nesting,
     ).differentiable_loss
     scale = ElboScale()
-    record = estimators.RecordGuideSites(skip_sampling)
-    scaled_model = estimators.with_estimator(scale(model), estimator, record)
-    scaled_guide = record(scale(guide)) if estimator != "reparam" else scale(guide)
+    scaled_model, scaled_guide = estimators.wire(
+        scale(model), scale(guide), estimator, skip_sampling
+    )
 
     total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
     result = FitResult(

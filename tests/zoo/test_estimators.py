@@ -20,7 +20,7 @@ from tests.zoo.linear_gaussian import (
     guide_gaussian,
     model_for,
 )
-from zoo.estimators import LayerNoise, RecordGuideSites, plan, with_estimator
+from zoo.estimators import LayerNoise, plan, wire
 from zoo.priors import ScaleMixturePrior
 
 CASES = [
@@ -67,9 +67,7 @@ def test_elbo_and_gradient_are_unbiased(family, estimator, elbo):
     assert math.isclose(-target.item(), exact_elbo(x, y, mean, cov), rel_tol=1e-10)
 
     skip = plan(model, guide, estimator, elbo, x, y)[1] if estimator != "reparam" else set()
-    record = RecordGuideSites(frozenset(skip))
-    run_model = with_estimator(model, estimator, record)
-    run_guide = record(guide) if estimator != "reparam" else guide
+    run_model, run_guide = wire(model, guide, estimator, frozenset(skip))
     loss_fn = (Trace_ELBO() if elbo == "trace" else TraceMeanField_ELBO()).differentiable_loss
     pyro.set_rng_seed(1)
     losses, grads = [], []
