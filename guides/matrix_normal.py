@@ -27,6 +27,116 @@ from guides.diagonal import DiagonalSite
 from guides.gaussian import StructuredGaussian
 
 
+def _bounds(n: int, blocks: int) -> list[int]:
+    return [n * i // blocks for i in range(blocks + 1)]
+
+
+def _lower_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``L X`` for lower triangular ``L`` (``n x n``), skipping its zero blocks."""
+    out = x.new_empty(low.shape[0], x.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(low[i:j, :j], x[:j], out=out[i:j])
+    return out
+
+
+def _right_lower_t(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``X L^T`` for lower triangular ``L``."""
+    out = x.new_empty(x.shape[0], low.shape[0])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(x[:, :j], low[i:j, :j].mT, out=out[:, i:j])
+    return out
+
+
+def _lower_t_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``L^T X`` for lower triangular ``L``."""
+    out = x.new_empty(low.shape[1], x.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(low[i:, i:j].mT, x[i:], out=out[i:j])
+    return out
+
+
+def _right_lower(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``X L`` for lower triangular ``L``."""
+    out = x.new_empty(x.shape[0], low.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(x[:, i:], low[i:, i:j], out=out[:, i:j])
+    return out
+
+
+def _tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``tril(X Y)`` (square), computing only the blocks on and below the diagonal."""
+    out = x.new_zeros(x.shape[0], y.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(x[i:j], y[:, :j], out=out[i:j, :j])
+    return out.tril_()
+
+
+def _effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """The triangular factor of ``raw`` as the block products read it: strictly lower entries
+    of ``raw``, ``softplus`` of its diagonal, zeros above the diagonal inside the diagonal
+    blocks; the blocks above those are never read and keep whatever ``raw`` holds."""
+    a = raw.detach().clone()
+    for i, j in zip(q[:-1], q[1:]):
+        block = a[i:j, i:j]
+        block.copy_(block.tril())
+    a.diagonal().copy_(F.softplus(raw.detach().diagonal()))
+    return a
+
+
+class _KroneckerFactorProduct(torch.autograd.Function):
+    """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
+    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) + diag(softplus(diag r))``.
+
+    The products run over the blocks on and below the diagonal of each triangular factor
+    (``k`` blocks do ``(k + 1) / 2k`` of a dense product's work), forward and backward, and the
+    factors are never formed as separate masked copies: on the CPU the ``tril``/``diag_embed``
+    passes and fresh ``p x p`` buffers cost as much as the skipped work saves.
+    """
+
+    @staticmethod
+    def forward(ctx, raw_a, raw_b, e, blocks_a, blocks_b):
+        qa, qb = _bounds(raw_a.shape[0], blocks_a), _bounds(raw_b.shape[0], blocks_b)
+        a, b = _effective_factor(raw_a, qa), _effective_factor(raw_b, qb)
+        c = _right_lower_t(e, b, qb)  # E B^T
+        ctx.save_for_backward(raw_a, raw_b, a, b, e, c)
+        ctx.bounds = qa, qb
+        return _lower_left(a, c, qa)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw_a, raw_b, a, b, e, c = ctx.saved_tensors
+        qa, qb = ctx.bounds
+        grad_a = grad_b = grad_e = None
+        if ctx.needs_input_grad[0]:
+            grad_a = _tril_product(grad, c.mT, qa)
+            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()))
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_c = _lower_t_left(a, grad, qa)  # A^T dD
+            if ctx.needs_input_grad[1]:
+                grad_b = _tril_product(grad_c.mT, e, qb)
+                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()))
+            if ctx.needs_input_grad[2]:
+                grad_e = _right_lower(grad_c, b, qb)
+        return grad_a, grad_b, grad_e, None, None
+
+
+def _blocks(n: int, device: torch.device) -> int:
+    """Diagonal blocks to split a factor of size ``n`` into: on the CPU the skipped zero blocks
+    pay for the extra calls from a few hundred rows on; CUDA kernels are launch bound here."""
+    if device.type != "cpu" or n < 256:
+        return 1
+    return 2 if n < 512 else 4
+
+
+def _triangular(raw: torch.Tensor) -> torch.Tensor:
+    """Lower triangular matrix with ``softplus`` of ``raw``'s diagonal on its diagonal."""
+    return raw.tril(-1) + torch.diag_embed(F.softplus(raw.diagonal()))
+
+
+def _factor_from_raw(raw: torch.Tensor) -> torch.Tensor:
+    return F.softplus(raw) if raw.dim() == 1 else _triangular(raw)
+
+
 class MatrixNormal(StructuredGaussian):
     """``MN(M, A A^T, B B^T)`` over a tensor whose first dimension indexes rows.
 
@@ -34,24 +144,63 @@ class MatrixNormal(StructuredGaussian):
     ----------
     loc : Tensor
         Mean ``M``, shape ``(out, ...)``; trailing dimensions are flattened into ``p`` columns.
-    row_factor : Tensor
+    row_factor : Tensor, optional
         ``(out, out)`` lower triangular with positive diagonal, or ``(out,)`` for a diagonal ``A``.
-    col_factor : Tensor
+    col_factor : Tensor, optional
         ``(p, p)`` lower triangular with positive diagonal, or ``(p,)`` for a diagonal ``B``.
+    row_raw, col_raw : Tensor, optional
+        Unconstrained parameters instead of a factor (what the guide learns):
+        ``A = tril(row_raw, -1) + diag(softplus(diag row_raw))``, or ``softplus(row_raw)`` when
+        1-D. Give each factor or its raw parameter.
     """
 
-    def __init__(self, loc, row_factor, col_factor, validate_args=None):
-        self.row_factor = row_factor
-        self.col_factor = col_factor
+    def __init__(
+        self,
+        loc,
+        row_factor=None,
+        col_factor=None,
+        validate_args=None,
+        *,
+        row_raw=None,
+        col_raw=None,
+    ):
+        if (row_factor is None) == (row_raw is None) or (col_factor is None) == (col_raw is None):
+            raise ValueError("give row_factor or row_raw, and col_factor or col_raw")
+        self._row_factor, self._row_raw = row_factor, row_raw
+        self._col_factor, self._col_raw = col_factor, col_raw
         self.rows = loc.shape[0]
         self.cols = math.prod(loc.shape[1:])
         super().__init__(loc, validate_args=validate_args)
+
+    @property
+    def row_factor(self) -> torch.Tensor:
+        """``A``: ``(out, out)`` lower triangular, or ``(out,)`` when diagonal."""
+        if self._row_factor is None:
+            self._row_factor = _factor_from_raw(self._row_raw)
+        return self._row_factor
+
+    @property
+    def col_factor(self) -> torch.Tensor:
+        """``B``: ``(p, p)`` lower triangular, or ``(p,)`` when diagonal."""
+        if self._col_factor is None:
+            self._col_factor = _factor_from_raw(self._col_raw)
+        return self._col_factor
 
     def _as_matrix(self, flat):
         return flat.reshape(flat.shape[:-1] + (self.rows, self.cols))
 
     def _deviation(self, eps):
         e = self._as_matrix(eps)
+        raw_a, raw_b = self._row_raw, self._col_raw
+        if (
+            e.dim() == 2
+            and raw_a is not None
+            and raw_b is not None
+            and raw_a.dim() == raw_b.dim() == 2
+        ):
+            blocks_a, blocks_b = _blocks(self.rows, e.device), _blocks(self.cols, e.device)
+            dev = _KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
+            return dev.reshape(eps.shape)
         a, b = self.row_factor, self.col_factor
         e = a.unsqueeze(-1) * e if a.dim() == 1 else a @ e
         e = e * b if b.dim() == 1 else e @ b.mT
@@ -71,12 +220,14 @@ class MatrixNormal(StructuredGaussian):
         return z.pow(2).sum((-2, -1))
 
     @staticmethod
-    def _diag(factor):
+    def _diag(factor, raw):
+        if factor is None:  # softplus of the raw diagonal, without forming the factor
+            return F.softplus(raw if raw.dim() == 1 else raw.diagonal())
         return factor if factor.dim() == 1 else factor.diagonal()
 
     def log_det_covariance(self):
-        log_a = self._diag(self.row_factor).log().sum()
-        log_b = self._diag(self.col_factor).log().sum()
+        log_a = self._diag(self._row_factor, self._row_raw).log().sum()
+        log_b = self._diag(self._col_factor, self._col_raw).log().sum()
         return 2 * self.cols * log_a + 2 * self.rows * log_b
 
     @staticmethod
@@ -103,11 +254,6 @@ class MatrixNormal(StructuredGaussian):
     def col_covariance(self) -> torch.Tensor:
         """``B B^T`` (``p x p``)."""
         return self._gram(self.col_factor)
-
-
-def _triangular(raw: torch.Tensor) -> torch.Tensor:
-    """Lower triangular matrix with ``softplus`` of ``raw``'s diagonal on its diagonal."""
-    return raw.tril(-1) + torch.diag_embed(F.softplus(raw.diagonal()))
 
 
 class MatrixNormalSite(SitePosterior):
@@ -140,10 +286,7 @@ class MatrixNormalSite(SitePosterior):
         return len(shape) >= 2
 
     def distribution(self) -> MatrixNormal:
-        row, col = self.row_raw, self.col_raw
-        row = F.softplus(row) if row.dim() == 1 else _triangular(row)
-        col = F.softplus(col) if col.dim() == 1 else _triangular(col)
-        return MatrixNormal(self.loc, row, col)
+        return MatrixNormal(self.loc, row_raw=self.row_raw, col_raw=self.col_raw)
 
 
 class AutoMatrixNormal(PerSiteGuide):
