@@ -27,6 +27,45 @@ from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
 from guides.gaussian import StructuredGaussian, squared_norm
 
 
+def _column_chunks(g: torch.Tensor) -> int:
+    """How many column blocks to split a long ``(rank, n)`` product into: MKL runs these
+    small-output products on one thread, a batched product over blocks runs on all of them."""
+    if g.device.type != "cpu" or g.shape[-1] < 65536:
+        return 1
+    return max(1, min(torch.get_num_threads(), 8))
+
+
+def _blocked(g: torch.Tensor, k: int) -> torch.Tensor:
+    """The first ``k * (n // k)`` columns of ``g`` as ``k`` blocks, ``(k, rank, n // k)``."""
+    m = g.shape[-1] // k
+    return g[:, : k * m].unflatten(1, (k, m)).transpose(0, 1)
+
+
+def _gram(g: torch.Tensor) -> torch.Tensor:
+    """``G G^T`` (``rank x rank``)."""
+    k = _column_chunks(g)
+    if k == 1:
+        return g @ g.mT
+    blocks = _blocked(g, k)
+    out = torch.bmm(blocks, blocks.mT).sum(0)
+    tail = g[:, blocks.shape[0] * blocks.shape[-1] :]
+    return out.addmm_(tail, tail.mT) if tail.shape[-1] else out
+
+
+def _left_product(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """``A G`` for a small square ``A`` and a long ``G``, written column block by block."""
+    k = _column_chunks(g)
+    if k == 1:
+        return a @ g
+    out = torch.empty_like(g)
+    blocks = _blocked(g, k)
+    torch.bmm(a.expand(k, *a.shape), blocks, out=_blocked(out, k))
+    done = blocks.shape[0] * blocks.shape[-1]
+    if done < g.shape[-1]:
+        torch.mm(a, g[:, done:], out=out[:, done:])
+    return out
+
+
 class _LowRankNoise(torch.autograd.Function):
     """``t = eps2 G``, ``z = eps2 - eps1 G^T`` and ``C = I + G G^T`` with a hand-written
     backward: the three contributions to the gradient of ``G`` are accumulated in place into one
@@ -39,7 +78,7 @@ class _LowRankNoise(torch.autograd.Function):
         ctx.save_for_backward(g, eps1, eps2)
         t = eps2 @ g
         z = eps2 - eps1 @ g.mT
-        cap = g @ g.mT
+        cap = _gram(g)
         cap.diagonal().add_(1.0)
         return t, z, cap
 
@@ -47,8 +86,15 @@ class _LowRankNoise(torch.autograd.Function):
     def backward(ctx, grad_t, grad_z, grad_cap):
         g, eps1, eps2 = ctx.saved_tensors
         out = None
+        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
+            out = _left_product(grad_cap + grad_cap.mT, g)
         if grad_t is not None:  # d/dG of <grad_t, eps2 G>
-            out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
+            if out is None:
+                out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
+            elif eps2.shape[0] == 1:
+                out.addcmul_(eps2.mT, grad_t)
+            else:
+                out.addmm_(eps2.mT, grad_t)
         if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
             if out is None:
                 out = -(grad_z.mT @ eps1)
@@ -56,9 +102,6 @@ class _LowRankNoise(torch.autograd.Function):
                 out.addcmul_(grad_z.mT, eps1, value=-1.0)
             else:
                 out.addmm_(grad_z.mT, eps1, alpha=-1.0)
-        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
-            sym = grad_cap + grad_cap.mT
-            out = sym @ g if out is None else out.addmm_(sym, g)
         return out, None, None
 
 
@@ -122,7 +165,7 @@ class LowRankNormal(StructuredGaussian):
             cap = self._cap
             if cap is None:
                 g = self.scaled_factor
-                cap = g @ g.mT + torch.eye(self.rank, dtype=g.dtype, device=g.device)
+                cap = _gram(g) + torch.eye(self.rank, dtype=g.dtype, device=g.device)
             self._chol = torch.linalg.cholesky(cap)
         return self._chol
 

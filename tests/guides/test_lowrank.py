@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from guides.lowrank import LowRankSite
+import guides.lowrank
+from guides.lowrank import LowRankSite, _LowRankNoise
 from tests.guides.conftest import make_site
 
 
@@ -31,3 +32,28 @@ def test_bad_options_are_rejected():
         LowRankSite(torch.zeros(3), 0.1, diagonal="free")
     with pytest.raises(ValueError, match="rank"):
         LowRankSite(torch.zeros(3), 0.1, rank=0)
+
+
+@pytest.mark.parametrize("chunks", [1, 2, 3])
+@pytest.mark.parametrize("draws", [1, 4])
+def test_noise_products_over_column_blocks(monkeypatch, chunks, draws):
+    """t = eps2 G, z = eps2 - eps1 G^T, C = I + G G^T and the hand-written backward, computed
+    over column blocks (as on a multi-core CPU, with a remainder block), against autograd."""
+    monkeypatch.setattr(guides.lowrank, "_column_chunks", lambda g: chunks)
+    gen = torch.Generator().manual_seed(chunks * 10 + draws)
+    n, rank = 1001, 4
+    g = torch.randn(rank, n, generator=gen, dtype=torch.float64, requires_grad=True)
+    eps1 = torch.randn(draws, n, generator=gen, dtype=torch.float64)
+    eps2 = torch.randn(draws, rank, generator=gen, dtype=torch.float64)
+    got = _LowRankNoise.apply(g, eps1, eps2)
+    want = (eps2 @ g, eps2 - eps1 @ g.mT, g @ g.mT + torch.eye(rank, dtype=torch.float64))
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in want]
+    for k in range(4):  # each output alone, then all three
+        picked = range(3) if k == 3 else [k]
+        loss_got = sum((got[i] * weights[i]).sum() for i in picked)
+        loss_want = sum((want[i] * weights[i]).sum() for i in picked)
+        (grad_got,) = torch.autograd.grad(loss_got, g, retain_graph=True)
+        (grad_want,) = torch.autograd.grad(loss_want, g, retain_graph=True)
+        torch.testing.assert_close(grad_got, grad_want, rtol=1e-12, atol=1e-12)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
