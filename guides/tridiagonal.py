@@ -162,13 +162,13 @@ class _PoschSample(torch.autograd.Function):
         loc, m_abs, tau, rho, head, lam, eps, u = ctx.saved_tensors
         k = head.shape[0]
         g_tau = g_rho = g_head = g_lam = None
-        g_m = g_log / m_abs if g_log is not None else None  # d/d|m|
-        g_loc = None
+        g_m = g_loc = None  # d/d|m|, d/dloc
         if g_value is not None:
-            g_loc = g_value.sum(0)
-            g_vu = (g_value * u).sum(0)
-            g_m = g_vu * tau if g_m is None else g_m.add_(g_vu * tau)
+            one = g_value.shape[0] == 1  # one draw: rows are views, no sums over draws
+            g_loc = g_value[0] if one else g_value.sum(0)  # read-only here
+            g_vu = g_value[0] * u[0] if one else (g_value * u).sum(0)
             g_tau = torch.dot(g_vu, m_abs)
+            g_m = g_vu.mul_(tau)
             # d/du = tau |m| g_value; contract with the noise each coefficient multiplies
             g_vm = g_value * m_abs
             g_sr_tail = tau * torch.dot(g_vm[:, k:].reshape(-1), eps[:, k:].reshape(-1))
@@ -178,9 +178,14 @@ class _PoschSample(torch.autograd.Function):
             g_head[:-1] -= g_prev * rho / head[:-1].pow(2)
             g_rho = (g_prev / head[:-1]).sum() + g_cp_tail / lam
             g_lam = g_sr_tail - g_cp_tail * rho / lam.pow(2)
+        if g_log is not None:
+            if g_m is None:
+                g_m = g_log / m_abs
+            else:
+                g_m.addcdiv_(g_log.expand_as(m_abs), m_abs)
         # d|m|/dm = sign(m), and 0 where |m| is clamped
         g_m.mul_(torch.sign(loc)).masked_fill_(m_abs <= ctx.c, 0.0)
-        g_loc = g_m if g_loc is None else g_loc.add_(g_m)
+        g_loc = g_m if g_loc is None else g_m.add_(g_loc)
         return g_loc, g_tau, g_rho, g_head, g_lam, None, None
 
 

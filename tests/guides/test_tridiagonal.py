@@ -121,9 +121,11 @@ def test_long_posch_site_equals_its_explicit_factors(gamma):
 
 @pytest.mark.parametrize("gamma", [-10.0, -2.0, 0.5, 10.0])
 @pytest.mark.parametrize("draws", [(), (2,)])
-def test_posch_sampling_gradients_equal_autograd_of_the_explicit_factors(gamma, draws):
+@pytest.mark.parametrize("terms", ["both", "value", "log_prob"])
+def test_posch_sampling_gradients_equal_autograd_of_the_explicit_factors(gamma, draws, terms):
     """The hand-written backward of the Posch sample (head of ratios and the limit beyond it,
-    clamped means) equals autograd through TridiagonalNormal(loc, a, c) with the same noise."""
+    clamped means) equals autograd through TridiagonalNormal(loc, a, c) with the same noise,
+    whether the loss uses the draw, its log-density or both."""
     torch.manual_seed(0)
     loc = torch.randn(RATIO_TERMS + 952, dtype=torch.float64) * 0.1
     loc[:5] = torch.tensor([0.0, 1e-4, -1e-4, 2e-3, -0.5], dtype=torch.float64)  # some clamped
@@ -136,7 +138,9 @@ def test_posch_sampling_gradients_equal_autograd_of_the_explicit_factors(gamma, 
     def loss(d):
         torch.manual_seed(1)
         w = d.rsample(draws)
-        return (d.log_prob(w) + (w * weights).sum((-2, -1))).sum()
+        log_prob = d.log_prob(w) if terms != "value" else 0.0
+        linear = (w * weights).sum((-2, -1)) if terms != "log_prob" else 0.0
+        return (log_prob + linear).sum()
 
     fast = torch.autograd.grad(loss(site.distribution()), params)
     a, c = posch_factors(site.loc.reshape(-1), site.tau, site.rho, 1e-3)
