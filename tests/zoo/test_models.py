@@ -129,3 +129,28 @@ def test_learned_noise_site_and_prediction():
     assert pred.sample_scales.shape == (9, 30) and (pred.sample_scales > 0).all()
     assert torch.allclose(pred.variance, pred.epistemic_variance + pred.aleatoric_variance)
     pyro.clear_param_store()
+
+
+@pytest.mark.parametrize("shape", [(4, 3, 24, 24), (2, 5, 3, 8, 8), (3, 2, 7, 9)])
+def test_lenet_pooling_equals_max_pool2d(shape):
+    """MaxPool2x2's strided-view path (no autograd, CPU) equals nn.MaxPool2d(2), odd sizes and
+    leading dimensions included, NaN propagated; with autograd it is max_pool2d itself."""
+    from zoo.models.lenet import MaxPool2x2
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x[(0,) * (len(shape) - 2) + (1, 2)] = float("nan")
+    flat = x.reshape(-1, *shape[-3:])
+    pooled_hw = (shape[-2] // 2, shape[-1] // 2)
+    expected = nn.functional.max_pool2d(flat, 2).reshape(*shape[:-2], *pooled_hw)
+    with torch.no_grad():
+        got = MaxPool2x2()(x)
+    torch.testing.assert_close(got, expected, equal_nan=True, rtol=0, atol=0)
+    batched = torch.func.vmap(MaxPool2x2())(x.reshape(-1, *shape[-3:])[None])
+    torch.testing.assert_close(batched[0].reshape(got.shape), got, equal_nan=True)
+
+    y = torch.randn(flat.shape, generator=g, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(nn.functional.max_pool2d(y, 2).shape, generator=g, dtype=torch.float64)
+    (grad,) = torch.autograd.grad(MaxPool2x2()(y), y, upstream)
+    (want,) = torch.autograd.grad(nn.functional.max_pool2d(y, 2), y, upstream)
+    torch.testing.assert_close(grad, want)

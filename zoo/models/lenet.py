@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.priors import Prior
+
+
+class MaxPool2x2(nn.Module):
+    """2 x 2 max pooling with stride 2, as ``nn.MaxPool2d(2)`` (odd last rows and columns are
+    dropped), over any leading dimensions.
+
+    Without autograd on the CPU it takes the maximum of the four strided views, about 5x faster
+    than ``max_pool2d`` on NCHW tensors there (prediction); training and CUDA use
+    ``max_pool2d``, whose backward is the faster one.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or (torch.is_grad_enabled() and x.requires_grad):
+            return F.max_pool2d(x, 2)
+        x = x[..., : x.shape[-2] // 2 * 2, : x.shape[-1] // 2 * 2]
+        rows = torch.maximum(x[..., 0::2, :], x[..., 1::2, :])
+        return torch.maximum(rows[..., 0::2], rows[..., 1::2])
 
 
 class LeNet5Network(nn.Module):
@@ -22,7 +40,7 @@ class LeNet5Network(nn.Module):
         self.conv2 = nn.Conv2d(20, 50, 5)
         self.fc1 = nn.Linear(50 * 4 * 4, hidden)
         self.fc2 = nn.Linear(hidden, num_classes)
-        self.pool = nn.MaxPool2d(2)
+        self.pool = MaxPool2x2()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.pool(self.conv1(x))
