@@ -110,11 +110,6 @@ def posch_ratios(rho: torch.Tensor, n: int, like: torch.Tensor):
     return lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t), lam_plus
 
 
-def _sqrt_ratios(rho: torch.Tensor, n: int, like: torch.Tensor) -> torch.Tensor:
-    head, lam_plus = posch_ratios(rho, n, like)
-    return _extend(head.sqrt(), lam_plus.sqrt(), n)
-
-
 def _extend(head: torch.Tensor, limit: torch.Tensor, n: int) -> torch.Tensor:
     """``head`` followed by ``limit`` up to length ``n``."""
     if n == head.shape[0]:
@@ -123,14 +118,21 @@ def _extend(head: torch.Tensor, limit: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def posch_factors(
-    mean: torch.Tensor, tau: torch.Tensor, rho: torch.Tensor, min_abs_mean: float = 1e-3
+    mean: torch.Tensor,
+    tau: torch.Tensor,
+    rho: torch.Tensor,
+    min_abs_mean: float = 1e-3,
+    ratios: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Closed-form ``(a, c)`` of Posch & Pilz for a flat mean ``(n,)``, scalar ``tau`` and ``rho``.
 
     Gives ``Var[w_i] = tau^2 max(|m_i|, min_abs_mean)^2`` and neighbour correlations ``rho``.
+    ``ratios`` is ``posch_ratios(rho, n, mean)`` when the caller already has it.
     """
+    n = mean.shape[-1]
     m_abs = mean.abs().clamp_min(min_abs_mean)
-    sqrt_r = _sqrt_ratios(rho, mean.shape[-1], mean)
+    head, lam_plus = ratios if ratios is not None else posch_ratios(rho, n, mean)
+    sqrt_r = _extend(head.sqrt(), lam_plus.sqrt(), n)
     a = tau * m_abs * sqrt_r
     c = rho * tau * m_abs[1:] / sqrt_r[:-1]
     return a, c
@@ -238,7 +240,9 @@ class PoschNormal(TridiagonalNormal):
 
     def _ab(self):
         if self._factors is None:
-            self._factors = posch_factors(self._flat_loc, self.tau, self.rho, self.min_abs_mean)
+            self._factors = posch_factors(
+                self._flat_loc, self.tau, self.rho, self.min_abs_mean, self._ratio_terms()
+            )
         return self._factors
 
     @property
