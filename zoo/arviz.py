@@ -65,7 +65,7 @@ def to_inference_data(
     seed : int or None
         Seeds the draws.
     """
-    from zoo.fit import _gather
+    from zoo.data_checks import gather_tensors
     from zoo.predictive import predict
 
     if seed is not None:
@@ -77,7 +77,7 @@ def to_inference_data(
     dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
     groups = {"posterior": posterior}
     if data is not None:
-        x, y = _gather(data)
+        x, y = gather_tensors(data)
         pred = predict(model, guide, x, params=draws)
         y = y.to(pred.outputs.device)
         log_lik = pred.log_likelihood(y).cpu().numpy()

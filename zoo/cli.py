@@ -133,7 +133,7 @@ def fit_command(args: argparse.Namespace) -> int:
     """Fit one model and family, print test metrics, save the fit and an ArviZ netCDF."""
     import zoo
     from zoo.arviz import to_netcdf
-    from zoo.fit import _gather
+    from zoo.data_checks import gather_tensors
 
     train, test = _load_data(args)
     model = _model_factory(args, train)()
@@ -149,7 +149,7 @@ def fit_command(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.model}-{args.guide}-{args.data}"
     saved = fit.save(out / f"{stem}.pt")
-    x, y = _gather(test)  # any data form, as tensors
+    x, y = gather_tensors(test)  # any data form, as tensors
     n = min(len(x), args.arviz_points)
     idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples)
     netcdf = to_netcdf(idata, out / f"{stem}.nc")

@@ -104,6 +104,22 @@ def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor] | None:
     )
 
 
+def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of ``data`` as two tensors ``(X, y)``, whatever its form: ``(X, y)`` and a two-tensor
+    ``TensorDataset`` as they are, any other ``Dataset`` or a ``DataLoader`` read in order
+    (batches of ``batch_size`` for a ``Dataset``) and concatenated. For evaluation and ArviZ
+    groups, which need every example at once."""
+    tensors = as_tensors(data)
+    if tensors is not None:
+        return tensors
+    loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
+    pairs = [_split_batch(batch) for batch in loader]
+    if not pairs:
+        raise ValueError("the data set is empty: it has no examples to gather")
+    xs, ys = zip(*pairs)
+    return torch.cat(xs), torch.cat(ys)
+
+
 def check_finite(t: torch.Tensor, label: str, where: str = "the data") -> None:
     if t.is_floating_point() or t.is_complex():
         bad = ~torch.isfinite(t)

@@ -26,6 +26,7 @@ from zoo.data_checks import (
     check_data,
     check_input_shape,
     check_labels,
+    gather_tensors,
 )
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
@@ -132,7 +133,7 @@ class FitResult:
         """
         from zoo import metrics
 
-        x, y = _gather(data)
+        x, y = gather_tensors(data)
         if seed is not None:
             pyro.set_rng_seed(seed)
         pred = self.predict(x, num_samples=num_samples, batch_size=batch_size)
@@ -561,16 +562,6 @@ def _divergence_message(step: int, epoch: int, value: float, guide) -> str:
         "keeps the parameters of the last finite step. Try a smaller lr, clip_grad_norm, a "
         "smaller init_scale, or on_divergence='skip'."
     )
-
-
-def _gather(data) -> tuple[torch.Tensor, torch.Tensor]:
-    tensors = as_tensors(data)
-    if tensors is not None:
-        return tensors
-    loader = data if isinstance(data, torch.utils.data.DataLoader) else None
-    loader = loader or torch.utils.data.DataLoader(data, batch_size=1024)
-    xs, ys = zip(*[(b[0], b[1]) for b in loader])
-    return torch.cat(xs), torch.cat(ys)
 
 
 def load(
