@@ -170,22 +170,35 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor) -> None:
     expected = model.input_shape
     if expected is not None and tuple(x.shape[1:]) != expected:
         raise ValueError(
-            f"the model expects inputs of shape (N, {', '.join(map(str, expected))}), got "
-            f"{tuple(x.shape)}; reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
+            f"the model expects inputs of shape {_shape_n(expected)}, got {_shape_n(x.shape[1:])}; "
+            f"reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
         )
     try:
         with torch.no_grad():
             params = {name: p for name, p in model.net.named_parameters()}
             out = model.network(x, params)
     except RuntimeError as err:
-        raise ValueError(f"the model cannot take inputs of shape {tuple(x.shape)}: {err}") from None
+        raise ValueError(
+            f"the model cannot take inputs of shape {_shape_n(x.shape[1:])}: {err}"
+        ) from None
     if model.task == "regression" and model.noise_mode != "heteroscedastic":
-        want = out.shape[1:] if out.shape[-1] > 1 else ()
-        if tuple(y.shape[1:]) != tuple(want):
+        want = tuple(out.shape[1:]) if out.shape[-1] > 1 else ()
+        if tuple(y.shape[1:]) != want:
+            hint = ""
+            if not want and tuple(y.shape[1:]) == (1,):
+                hint = "; pass y.squeeze(-1)"
+            elif y.shape[1:].numel() == math.prod(want):
+                hint = f"; pass y.reshape(-1{''.join(', ' + str(s) for s in want)})"
             raise ValueError(
-                f"regression targets must have shape (N{''.join(', ' + str(s) for s in want)}) "
-                f"for this model, got {tuple(y.shape)}"
+                f"regression targets must have shape {_shape_n(want)} for this model, got y of "
+                f"shape {_shape_n(tuple(y.shape[1:]))}{hint}"
             )
+
+
+def _shape_n(tail) -> str:
+    """A shape with ``N`` for the data dimension, e.g. ``(N, 1, 28, 28)`` or ``(N,)``."""
+    dims = ["N", *map(str, tail)]
+    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
 
 
 def _dataset_length(dataset) -> int:

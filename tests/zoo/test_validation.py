@@ -71,7 +71,14 @@ CASES = {
         (X, torch.randn(20, 2)),
         {},
         ValueError,
-        "regression targets must have shape",
+        r"regression targets must have shape \(N,\) for this model, got y of shape \(N, 2\)",
+    ),
+    "regression_column_target": (
+        lambda: BayesianMLP(3, (4,), 1),
+        (X, torch.randn(20, 1)),
+        {},
+        ValueError,
+        r"got y of shape \(N, 1\); pass y.squeeze\(-1\)",
     ),
 }
 
