@@ -34,9 +34,16 @@ from zoo.models.base import BayesianModel
 _OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
 
+#: With ``on_divergence="skip"``, this many non-finite steps in a row stop the fit.
+MAX_CONSECUTIVE_SKIPS = 100
+#: Steps between the in-memory copies of the parameters that a diverged fit goes back to.
+LAST_GOOD_EVERY = 10
+
+
 class FitDivergedError(FloatingPointError):
     """The loss or a gradient became NaN or infinite. ``result`` holds the fit up to the last
-    finite step (its guide keeps the parameters of that step)."""
+    finite step: its guide is back at the parameters that gave the last finite loss and
+    gradients at one of the last ``LAST_GOOD_EVERY`` finite steps (the message says which)."""
 
     def __init__(self, message: str, result: FitResult):
         super().__init__(message)
@@ -68,6 +75,8 @@ class FitResult:
         Mean of ``losses`` over each completed epoch.
     wall_time : float
         Seconds spent in the training loop.
+    skipped_steps : list of int
+        Steps skipped for a non-finite loss or gradient (``on_divergence="skip"``).
     """
 
     model: Callable
@@ -78,6 +87,7 @@ class FitResult:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     options: dict = field(default_factory=dict)
     interrupted: bool = False
+    skipped_steps: list[int] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -110,6 +120,7 @@ class FitResult:
                 "epoch_losses": self.epoch_losses,
                 "wall_time": self.wall_time,
                 "options": self.options,
+                "skipped_steps": self.skipped_steps,
             },
             path,
         )
@@ -239,8 +250,11 @@ def fit(
     callbacks : iterable of callables
         Called as ``cb(FitState)`` after every step; a truthy return stops the fit.
     on_divergence : {"raise", "skip"}
-        On a NaN/inf loss or gradient: raise :class:`FitDivergedError` (parameters stay at the
-        last finite step) or skip that step and go on.
+        On a NaN/inf loss or gradient the guide goes back to parameters whose loss and
+        gradients were finite (an in-memory copy taken every ``LAST_GOOD_EVERY`` = 10 steps;
+        the message names the step), then: raise
+        :class:`FitDivergedError`, or skip the step and go on from there (a warning at the end
+        counts the skipped steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise).
     clip_grad_norm : float, optional
         Clip the global gradient norm to this value.
     per_example : bool, default False
@@ -329,6 +343,8 @@ def fit(
     opt = _make_optimizer(opt_cls, params, lr, dict(optimizer_options or {}))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_schedule) if lr_schedule else None
     all_params = [p for g in params for p in g["params"]]
+    _check_finite_parameters(guide, model)
+    last_good = _LastGood(all_params, LAST_GOOD_EVERY)
 
     max_plate_nesting = 1 if isinstance(model, BayesianModel) else float("inf")
     elbo_cls = Trace_ELBO if elbo == "trace" else TraceMeanField_ELBO
@@ -373,6 +389,7 @@ def fit(
             sched.load_state_dict(resumed["scheduler"])
         result.losses = list(resumed["losses"])
         result.epoch_losses = list(resumed["epoch_losses"])
+        result.skipped_steps = list(resumed.get("skipped_steps", []))
         step, epoch = resumed["step"], resumed["epoch"]
         done_in_epoch, epoch_losses = resumed["done_in_epoch"], list(resumed["epoch_partial"])
         epoch_start_state = resumed["epoch_start_state"]
@@ -398,6 +415,7 @@ def fit(
                 "epoch_partial": list(epoch_losses),
                 "losses": list(result.losses),
                 "epoch_losses": list(result.epoch_losses),
+                "skipped_steps": list(result.skipped_steps),
                 "wall_time": elapsed + time.perf_counter() - start,
                 "options": result.options,
             },
@@ -408,6 +426,7 @@ def fit(
     bar = tqdm(total=total, initial=step, disable=not progress, unit="step", dynamic_ncols=True)
     start = time.perf_counter()
     stop = False
+    skips_in_a_row = 0
     try:
         while step < total and not stop:
             # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -434,9 +453,22 @@ def fit(
                     grad_norm = torch.nn.utils.get_total_norm(grads)
                 value, finite_grad = torch.stack([loss.detach(), grad_norm]).tolist()
                 finite = math.isfinite(value) and math.isfinite(finite_grad)
-                if not finite and on_divergence == "raise":
-                    raise FitDivergedError(_divergence_message(step, epoch, value, guide), result)
-                if finite:
+                if not finite:
+                    message = _divergence_message(step, epoch, value, guide, last_good.step)
+                    last_good.restore()
+                    if on_divergence == "raise":
+                        raise FitDivergedError(message, result)
+                    result.skipped_steps.append(step)
+                    skips_in_a_row += 1
+                    if skips_in_a_row >= MAX_CONSECUTIVE_SKIPS:
+                        raise FitDivergedError(
+                            f"{skips_in_a_row} steps in a row had a non-finite loss or gradient "
+                            f"(on_divergence='skip' gives up); the last: {message}",
+                            result,
+                        )
+                else:
+                    skips_in_a_row = 0
+                    last_good.offer(step)
                     opt.step()
                     if sched is not None:
                         sched.step()
@@ -472,7 +504,44 @@ def fit(
         result.wall_time = elapsed + time.perf_counter() - start
     if checkpoint is not None and not result.interrupted:
         save_checkpoint()
+    if result.skipped_steps:
+        warnings.warn(
+            f"{len(result.skipped_steps)} of {step} steps were skipped for a non-finite loss or "
+            f"gradient (the first at step {result.skipped_steps[0]}; all in "
+            "result.skipped_steps). Consider a smaller lr or clip_grad_norm.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return result
+
+
+class _LastGood:
+    """A copy of the parameters whose loss and gradients were finite, taken before the update
+    of every ``every``-th finite step and restored when a step is not finite, so that a diverged
+    fit never leaves the guide at parameters that give a non-finite loss (an update can leave
+    finite parameters whose next loss is NaN). Copying every step would cost a read and a write
+    of all parameters per step (0.2 ms of a 12 ms diagonal MLP step on the CPU, 1.3 ms of the
+    low-rank one); every tenth costs a tenth of that."""
+
+    def __init__(self, params: list[torch.Tensor], every: int):
+        self.params = params
+        self.every = every
+        self.copies = [torch.empty_like(p) for p in params]
+        self.step: int | None = None
+        self.offers = 0
+
+    @torch.no_grad()
+    def offer(self, step: int) -> None:
+        """Called with the parameters of a finite step, before its update."""
+        if self.offers % self.every == 0:
+            torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
+            self.step = step
+        self.offers += 1
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        if self.step is not None:
+            torch._foreach_copy_([p.detach() for p in self.params], self.copies)
 
 
 def _check_positive(**values) -> None:
@@ -548,7 +617,20 @@ def _param_groups(guide, model, lr, multipliers) -> list[dict]:
     return [{"params": ps, "lr": lr * f} for f, ps in groups.items()]
 
 
-def _divergence_message(step: int, epoch: int, value: float, guide) -> str:
+def _check_finite_parameters(guide, model) -> None:
+    named = list(guide.named_parameters())
+    if isinstance(model, torch.nn.Module):
+        named += [(f"model.{n}", p) for n, p in model.named_parameters()]
+    bad = [n.removesuffix("_unconstrained") for n, p in named if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(
+            f"the parameters {bad} hold NaN or infinite values before training; a guide from a "
+            "diverged fit or a bad initialisation cannot be fitted further: build a new guide "
+            "(or load an earlier checkpoint)"
+        )
+
+
+def _divergence_message(step: int, epoch: int, value: float, guide, good: int | None) -> str:
     bad = sorted(
         {
             name.rsplit(".", 1)[0].removeprefix("sites.")
@@ -557,11 +639,19 @@ def _divergence_message(step: int, epoch: int, value: float, guide) -> str:
         }
     )
     where = f"; non-finite gradients at sites {bad}" if bad else ""
-    return (
-        f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. The guide "
-        "keeps the parameters of the last finite step. Try a smaller lr, clip_grad_norm, a "
-        "smaller init_scale, or on_divergence='skip'."
-    )
+    if good is None:
+        kept = (
+            "The parameters the fit started from already give it (no finite step yet); check "
+            "the data, the priors and init_scale."
+        )
+    else:
+        kept = (
+            f"The guide is back at the parameters of step {good}, which gave a finite loss and "
+            f"gradients (a copy is kept every {LAST_GOOD_EVERY} steps). Try a smaller lr, "
+            "clip_grad_norm, a smaller init_scale, or "
+            "on_divergence='skip'."
+        )
+    return f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. {kept}"
 
 
 def load(
@@ -591,6 +681,7 @@ def load(
         guide=guide,
         losses=list(payload["losses"]),
         epoch_losses=list(payload["epoch_losses"]),
+        skipped_steps=list(payload.get("skipped_steps", [])),
         wall_time=payload["wall_time"],
         device=torch.device(map_location),
         options=dict(payload["options"]),

@@ -1,7 +1,11 @@
+import math
+import sys
+
 import pyro
 import pytest
 import torch
 
+import guides
 import zoo
 from tests.zoo.linear_gaussian import (
     correlated_data,
@@ -181,7 +185,8 @@ def test_evaluate_regression_metrics():
     assert metrics["nll"] < 1.7
 
 
-def test_divergence_stops_and_keeps_the_last_finite_parameters():
+def test_divergence_stops_and_keeps_the_last_finite_parameters(monkeypatch):
+    monkeypatch.setattr(sys.modules["zoo.fit"], "LAST_GOOD_EVERY", 1)
     x, y = torch.randn(20, 2), torch.randn(20)
     model = BayesianMLP(2, (3,), 1)
     snapshots = []
@@ -206,7 +211,92 @@ def test_divergence_stops_and_keeps_the_last_finite_parameters():
         )
     result = err.value.result
     assert result.steps == 3
+    assert "back at the parameters of step 2" in str(err.value)
+    # snapshots[i] holds the parameters after i + 1 updates; the loss at those of step 2 (the
+    # last finite one) was computed after two updates.
     final = result.guide.state_dict()
-    for k, v in snapshots[-1].items():
+    for k, v in snapshots[1].items():
         assert torch.equal(final[k], v)
     assert all(torch.isfinite(p).all() for p in result.guide.parameters())
+
+
+def test_divergence_caused_by_the_parameters_restores_usable_ones():
+    """A huge SGD step leaves finite parameters whose loss is NaN (scales underflow to zero):
+    the guide must come back to the parameters of the last finite loss, which still predict."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 3)
+    y = x.sum(1) + 0.1 * torch.randn(64)
+    model = BayesianMLP(3, (16,), 1)
+    guide = guides.AutoDiagonal(model)
+    with torch.no_grad():
+        guide(x, y)
+    initial = {k: v.detach().clone() for k, v in guide.state_dict().items()}
+    with pytest.raises(zoo.FitDivergedError, match="diverged at step 1") as err:
+        zoo.fit(model, guide, (x, y), num_steps=20, optimizer="sgd", lr=1e3, progress=False)
+    result = err.value.result
+    for k, v in result.guide.state_dict().items():
+        assert torch.equal(v, initial[k]), k  # step 0's parameters: the last finite loss
+    pred = result.predict(x, num_samples=5)
+    assert torch.isfinite(pred.mean).all()
+
+
+def test_non_finite_parameters_are_refused_before_training():
+    x, y = torch.randn(20, 2), torch.randn(20)
+    model = BayesianMLP(2, (3,), 1)
+    guide = guides.AutoDiagonal(model)
+    with torch.no_grad():
+        guide(x, y)
+        guide.site_posterior("fc1.weight").loc[0, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"\['sites.fc1.weight.loc'\] hold NaN or infinite"):
+        zoo.fit(model, guide, (x, y), num_steps=5, progress=False)
+
+
+def test_skip_goes_on_from_the_last_finite_parameters_and_reports_the_skipped_steps():
+    x, y = torch.randn(20, 2), torch.randn(20)
+    clean = x.clone()
+    seen = []
+
+    def poison(state):
+        seen.append(state.loss)
+        with torch.no_grad():
+            x.copy_(clean)
+            if state.step in (3, 4):
+                x[0, 0] = float("nan")
+
+    with pytest.warns(RuntimeWarning, match="2 of 10 steps were skipped"):
+        result = zoo.fit(
+            BayesianMLP(2, (3,), 1),
+            "diagonal",
+            (x, y),
+            num_steps=10,
+            batch_size=20,
+            progress=False,
+            on_divergence="skip",
+            callbacks=[poison],
+        )
+    assert result.skipped_steps == [3, 4]  # and the guide went back to step 0's parameters
+    assert result.steps == 8 and all(math.isfinite(v) for v in result.losses)
+    assert sum(not math.isfinite(v) for v in seen) == 2
+    assert all(torch.isfinite(p).all() for p in result.guide.parameters())
+
+
+def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
+    monkeypatch.setattr(sys.modules["zoo.fit"], "MAX_CONSECUTIVE_SKIPS", 4)
+    x, y = torch.randn(20, 2), torch.randn(20)
+
+    def poison(state):
+        if state.step == 2:
+            with torch.no_grad():
+                x[0, 0] = float("nan")
+
+    with pytest.raises(zoo.FitDivergedError, match="4 steps in a row"):
+        zoo.fit(
+            BayesianMLP(2, (3,), 1),
+            "diagonal",
+            (x, y),
+            num_steps=50,
+            batch_size=20,
+            progress=False,
+            on_divergence="skip",
+            callbacks=[poison],
+        )
