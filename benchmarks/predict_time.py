@@ -108,15 +108,17 @@ def main() -> None:
         with torch.no_grad():
             guide(x[:2], torch.zeros(2, dtype=torch.long, device=device))
             draws = guide.sample_posterior(args.samples)
-            zoo.predict(model, guide, x[:64], params={k: v[:4] for k, v in draws.items()})
+            zoo.predict(
+                model, guide, x[:64], params={k: v[:4] for k, v in draws.items()}, progress=False
+            )
             start = time.perf_counter()
             batched = zoo.predict(
-                model, guide, x, params=draws, sample_batch_size=32, batch_size=512
+                model, guide, x, params=draws, sample_batch_size=32, batch_size=512, progress=False
             ).probs
             sync(device)
             t_batched = time.perf_counter() - start
             start = time.perf_counter()
-            default = zoo.predict(model, guide, x, params=draws).probs
+            default = zoo.predict(model, guide, x, params=draws, progress=False).probs
             sync(device)
             t_default = time.perf_counter() - start
             start = time.perf_counter()

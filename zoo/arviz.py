@@ -44,6 +44,7 @@ def to_inference_data(
     num_samples: int = 200,
     var_names: Sequence[str] | str | None = None,
     seed: int | None = 0,
+    progress: bool = True,
 ) -> az.InferenceData:
     """An ``az.InferenceData`` of a fitted guide.
 
@@ -64,6 +65,8 @@ def to_inference_data(
         keep files and summaries of large models small; predictions always use every site.
     seed : int or None
         Seeds the draws.
+    progress : bool
+        Progress bar of the predictions (shown after two seconds).
     """
     from zoo.data_checks import gather_tensors
     from zoo.predictive import predict
@@ -78,7 +81,7 @@ def to_inference_data(
     groups = {"posterior": posterior}
     if data is not None:
         x, y = gather_tensors(data)
-        pred = predict(model, guide, x, params=draws)
+        pred = predict(model, guide, x, params=draws, progress=progress)
         y = y.to(pred.outputs.device)
         log_lik = pred.log_likelihood(y).cpu().numpy()
         replicated = pred.likelihood.sample().cpu().numpy()

@@ -28,9 +28,9 @@ def demo(args: argparse.Namespace) -> int:
         progress=not args.quiet,
     )
     x_test, y_test = zoo.data.toy_regression(n=500, seed=args.seed + 1)
-    metrics = fit.evaluate((x_test, y_test), num_samples=200)
+    metrics = fit.evaluate((x_test, y_test), num_samples=200, progress=not args.quiet)
     grid = torch.linspace(-5, 5, 400).unsqueeze(-1)
-    pred = fit.predict(grid, num_samples=200)
+    pred = fit.predict(grid, num_samples=200, progress=not args.quiet)
     gap = pred.epistemic_variance[(grid.squeeze(-1).abs() < 0.3)].mean().sqrt().item()
     seen = pred.epistemic_variance[((grid.squeeze(-1).abs() - 2).abs() < 0.5)].mean().sqrt().item()
     print(f"guide: {args.guide}   steps: {fit.steps}   time: {fit.wall_time:.1f} s")
@@ -144,14 +144,14 @@ def fit_command(args: argparse.Namespace) -> int:
         guide_options=_guide_options(args.guide_option),
         **_fit_options(args),
     )
-    metrics = fit.evaluate(test, num_samples=args.samples)
+    metrics = fit.evaluate(test, num_samples=args.samples, progress=not args.quiet)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.model}-{args.guide}-{args.data}"
     saved = fit.save(out / f"{stem}.pt")
     x, y = gather_tensors(test)  # any data form, as tensors
     n = min(len(x), args.arviz_points)
-    idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples)
+    idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples, progress=not args.quiet)
     netcdf = to_netcdf(idata, out / f"{stem}.nc")
     print(f"| metric | {args.guide} |\n| --- | --- |")
     print(f"| steps | {fit.steps} |\n| fit seconds | {fit.wall_time:.1f} |")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Sequence
 
 import pandas as pd
+from tqdm import tqdm
 
 DEFAULT_FAMILIES = ("diagonal", "lowrank", "tridiagonal", "matrix_normal")
 
@@ -19,6 +21,7 @@ def compare(
     num_samples: int = 100,
     chart: str | os.PathLike | None = None,
     return_fits: bool = False,
+    progress: bool = True,
     **fit_options,
 ):
     """Fit each family with the same data, seed and options; one row per family.
@@ -38,6 +41,8 @@ def compare(
         Where to save a bar chart of the test metrics (PNG, PDF, ...).
     return_fits : bool
         Also return ``{label: FitResult}``.
+    progress : bool
+        A line per family as its fit starts, and the fit's and evaluation's progress bars.
     **fit_options
         Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, ...).
 
@@ -52,12 +57,20 @@ def compare(
 
     if train is None or test is None:
         raise ValueError("compare needs both train and test data")
-    fit_options.setdefault("progress", False)
     rows, fits = [], {}
-    for spec in guides:
+    for i, spec in enumerate(guides):
         label, family, options = (spec, spec, {}) if isinstance(spec, str) else spec
-        result = run_fit(model_factory(), family, train, guide_options=options, **fit_options)
-        metrics = result.evaluate(test, num_samples=num_samples)
+        if progress:
+            tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
+        result = run_fit(
+            model_factory(),
+            family,
+            train,
+            guide_options=options,
+            progress=progress,
+            **fit_options,
+        )
+        metrics = result.evaluate(test, num_samples=num_samples, progress=progress)
         last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
         rows.append(
             {

@@ -97,12 +97,26 @@ class FitResult:
     def family(self) -> str:
         return getattr(type(self.guide), "__name__", "guide")
 
-    def predict(self, x: torch.Tensor, num_samples: int = 100, batch_size: int | None = None):
+    def predict(
+        self,
+        x: torch.Tensor,
+        num_samples: int = 100,
+        batch_size: int | None = None,
+        progress: bool = True,
+    ):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
-        vectorised blocks (see :func:`zoo.predictive.predict`)."""
+        blocks of inputs (see :func:`zoo.predictive.predict`; its progress bar appears after
+        two seconds)."""
         from zoo.predictive import predict
 
-        return predict(self.model, self.guide, x, num_samples=num_samples, batch_size=batch_size)
+        return predict(
+            self.model,
+            self.guide,
+            x,
+            num_samples=num_samples,
+            batch_size=batch_size,
+            progress=progress,
+        )
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
         """Write the model, the fitted guide and the history to ``path`` (atomically).
@@ -125,16 +139,28 @@ class FitResult:
             path,
         )
 
-    def to_arviz(self, data=None, num_samples: int = 200, var_names=None, seed: int | None = 0):
+    def to_arviz(
+        self,
+        data=None,
+        num_samples: int = 200,
+        var_names=None,
+        seed: int | None = 0,
+        progress: bool = True,
+    ):
         """ArviZ ``InferenceData`` of this fit; see :func:`zoo.arviz.to_inference_data`."""
         from zoo.arviz import to_inference_data
 
         return to_inference_data(
-            self, data, num_samples=num_samples, var_names=var_names, seed=seed
+            self, data, num_samples=num_samples, var_names=var_names, seed=seed, progress=progress
         )
 
     def evaluate(
-        self, data, num_samples: int = 100, batch_size: int | None = None, seed: int | None = 0
+        self,
+        data,
+        num_samples: int = 100,
+        batch_size: int | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``).
 
@@ -147,7 +173,7 @@ class FitResult:
         x, y = gather_tensors(data)
         if seed is not None:
             pyro.set_rng_seed(seed)
-        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size)
+        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, progress=progress)
         y = y.to(pred.outputs.device)
         if self.model.task == "classification":
             probs = pred.probs

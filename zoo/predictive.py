@@ -6,8 +6,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+from tqdm import tqdm
 
 from zoo.models.base import BayesianModel
+
+#: Seconds before the prediction progress bar appears: short predictions print nothing.
+PROGRESS_DELAY = 2.0
 
 
 @dataclass
@@ -121,6 +125,7 @@ def predict(
     batch_size: int | None = None,
     sample_batch_size: int | None = None,
     params: dict[str, torch.Tensor] | None = None,
+    progress: bool = True,
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
@@ -134,6 +139,9 @@ def predict(
     and on an H100 (``vmap`` turns convolutions into slower grouped ones); ``batch_size=None``
     takes 512 inputs per pass on the CPU and 8192 on CUDA, where small passes leave the GPU
     waiting on kernel launches. Pass ``sample_batch_size > 1`` to vectorise over draws.
+
+    ``progress`` shows a tqdm bar over the passes once a prediction has run for
+    ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
@@ -147,20 +155,31 @@ def predict(
     if batch_size is None:
         batch_size = 8192 if device.type == "cuda" else 512
     step = max(1, int(sample_batch_size))
+    starts = range(0, x.shape[0], batch_size)
+    draws = range(0, num_samples, step)
+    bar = tqdm(
+        total=len(starts) * len(draws),
+        desc="predict",
+        unit="pass",
+        disable=not progress,
+        delay=PROGRESS_DELAY,
+        leave=False,
+    )
     blocks = []
-    for start in range(0, x.shape[0], batch_size):
-        chunk = x[start : start + batch_size].to(device)
-        if step == 1:  # a plain forward per draw, no vmap
-            parts = [
-                model.network(chunk, {k: v[s] for k, v in params.items()}).unsqueeze(0)
-                for s in range(num_samples)
-            ]
-        else:
-            parts = [
-                model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
-                for s in range(0, num_samples, step)
-            ]
-        blocks.append(torch.cat(parts, dim=0))
+    with bar:
+        for start in starts:
+            chunk = x[start : start + batch_size].to(device)
+            parts = []
+            for s in draws:
+                if step == 1:  # a plain forward per draw, no vmap
+                    out = model.network(chunk, {k: v[s] for k, v in params.items()})
+                    parts.append(out.unsqueeze(0))
+                else:
+                    parts.append(
+                        model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
+                    )
+                bar.update(1)
+            blocks.append(torch.cat(parts, dim=0))
     outputs = torch.cat(blocks, dim=1)
     lik = model.likelihood(outputs, params)
     if model.task == "classification":

@@ -23,3 +23,25 @@ def test_regression_moments():
     assert pred.epistemic_variance.item() == 1.0 and pred.aleatoric_variance.item() == 1.0
     lo, hi = pred.interval(0.95)
     assert torch.allclose(hi - lo, torch.tensor([2 * 1.959964 * 2**0.5]), rtol=1e-5)
+
+
+def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, capsys):
+    import guides
+    import zoo.predictive
+    from zoo.models import BayesianMLP
+    from zoo.predictive import predict
+
+    model = BayesianMLP(2, (3,), 1)
+    guide = guides.AutoDiagonal(model)
+    x = torch.randn(10, 2)
+    with torch.no_grad():
+        guide(x, torch.randn(10))
+    predict(model, guide, x, num_samples=4, batch_size=5)  # faster than the 2 s delay
+    predict(model, guide, x, num_samples=4, batch_size=5, progress=False)
+    assert "predict" not in capsys.readouterr().err
+    monkeypatch.setattr(zoo.predictive, "PROGRESS_DELAY", 0.0)
+    pred = predict(model, guide, x, num_samples=4, batch_size=5)
+    assert "predict" in capsys.readouterr().err  # 2 input blocks x 4 draws = 8 passes
+    assert pred.outputs.shape[:2] == (4, 10)
+    predict(model, guide, x, num_samples=4, batch_size=5, progress=False)
+    assert capsys.readouterr().err == ""
