@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import itertools
 import math
 from collections.abc import Callable
@@ -98,6 +99,24 @@ def kaiming_uniform_like(shape: torch.Size, fan_in: int, like: torch.Tensor) -> 
     return torch.empty(shape, dtype=like.dtype, device=like.device).uniform_(-bound, bound)
 
 
+def check_family_options(guide_cls: type, site_cls: type, options: dict) -> None:
+    """Refuse options that the family's site class does not take, naming those it does."""
+    params = inspect.signature(site_cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    known = [n for n in params if n not in ("self", "init_loc", "init_scale")]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        spec = inspect.signature(guide_cls.site_spec).parameters
+        named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        listed = sorted({*known, *(n for n, p in spec.items() if p.kind in named)})
+        own = f"its options are {listed}" if listed else "it has no options of its own"
+        raise TypeError(
+            f"{guide_cls.__name__} got unknown option(s) {unknown}; {own}, and every family "
+            "takes init_scale, init_loc and init_module"
+        )
+
+
 class PerSiteGuide(AutoGuide):
     """Base class of the posterior families: one :class:`SitePosterior` per latent site.
 
@@ -147,6 +166,7 @@ class PerSiteGuide(AutoGuide):
             {} if init_module is None else dict(init_module.state_dict(keep_vars=False))
         )
         self.site_class, self.family_options = self.site_spec(**family_options)
+        check_family_options(type(self), self.site_class, self.family_options)
         self._transforms: dict[str, constraints.Constraint] = {}
         self._site_names: list[str] = []
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping
 
-from guides.base import PerSiteGuide, SitePosterior
+from guides.base import PerSiteGuide, SitePosterior, check_family_options
 from guides.registry import get
 
 
@@ -38,6 +38,7 @@ class AutoMixed(PerSiteGuide):
             family, options = spec if isinstance(spec, tuple) else (spec, {})
             guide_cls = get(family) if isinstance(family, str) else family
             site_cls, site_options = guide_cls.site_spec(**options)
+            check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))
 
     def site_class_for(self, name, shape) -> type[SitePosterior]:

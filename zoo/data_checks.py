@@ -134,7 +134,7 @@ def check_finite(t: torch.Tensor, label: str, where: str = "the data") -> None:
 def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
     """Every check that can run on in-memory data before training."""
     if x.shape[0] == 0:
-        raise ValueError("the data set is empty: fit needs at least one example")
+        raise ValueError("the data set is empty: it has no examples")
     check_finite(x, "X")
     check_finite(y, "y")
     if isinstance(model, BayesianModel) and model.task == "classification":
@@ -163,10 +163,31 @@ def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
         )
 
 
-def check_input_shape(model, x: torch.Tensor, y: torch.Tensor) -> None:
-    """Run the model's network once on two examples; turn a shape error into a clear message."""
+def check_inputs(model, x: torch.Tensor, device: torch.device | None = None) -> None:
+    """Inputs to predict from: a non-empty floating-point tensor of finite values that the
+    model's network takes (run once on two examples, on ``device``)."""
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a torch tensor, got {type(x).__name__}; use torch.as_tensor")
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(f"x has no examples (shape {tuple(x.shape)})")
+    check_finite(x, "x")
+    probe = x[:2] if device is None else x[:2].to(device)
+    check_input_shape(model, probe)
+
+
+def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    """Run the model's network once on two examples; turn a shape error into a clear message.
+    With ``y``, also check the shape of regression targets against the network's output."""
     if not isinstance(model, BayesianModel):
         return
+    weight = next(model.net.parameters(), None)
+    if not x.is_floating_point():
+        raise TypeError(f"X must be a floating-point tensor, got {x.dtype}; use X.float()")
+    if weight is not None and x.dtype != weight.dtype:
+        raise TypeError(
+            f"X is {x.dtype} but the model's weights are {weight.dtype}; convert one of them "
+            f"(X.to({weight.dtype}) or model.to({x.dtype}))"
+        )
     expected = model.input_shape
     if expected is not None and tuple(x.shape[1:]) != expected:
         raise ValueError(
@@ -181,7 +202,7 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError(
             f"the model cannot take inputs of shape {_shape_n(x.shape[1:])}: {err}"
         ) from None
-    if model.task == "regression" and model.noise_mode != "heteroscedastic":
+    if y is not None and model.task == "regression" and model.noise_mode != "heteroscedastic":
         want = tuple(out.shape[1:]) if out.shape[-1] > 1 else ()
         if tuple(y.shape[1:]) != want:
             hint = ""

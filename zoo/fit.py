@@ -171,6 +171,8 @@ class FitResult:
         from zoo import metrics
 
         x, y = gather_tensors(data)
+        check_data(self.model, x, y)
+        check_input_shape(self.model, x[:2].to(self.device), y[:2].to(self.device))
         if seed is not None:
             pyro.set_rng_seed(seed)
         pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, progress=progress)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from zoo.data_checks import check_inputs
 from zoo.models.base import BayesianModel
 
 #: Seconds before the prediction progress bar appears: short predictions print nothing.
@@ -146,6 +147,7 @@ def predict(
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     device = next(iter(guide.parameters())).device
+    check_inputs(model, x, device)
     if params is None:
         params = guide.sample_posterior(num_samples)
     else:

@@ -149,6 +149,25 @@ def test_mixed_guide_errors_name_the_site():
         guides.AutoMixed(model, {"fc*": "diagonal"})(x, y)
 
 
+@pytest.mark.parametrize(
+    "family, options",
+    [
+        ("diagonal", ["init_scale", "init_loc"]),
+        ("lowrank", ["rank", "diagonal"]),
+        ("tridiagonal", ["init_rho", "init_tau", "min_abs_mean", "parameterization"]),
+        ("matrix_normal", ["col", "row"]),
+    ],
+)
+def test_a_misspelt_option_is_refused_with_the_family_options(family, options):
+    model = BayesianMLP(3, (8,), 1)
+    with pytest.raises(TypeError, match="got unknown option\\(s\\) \\['rnak'\\]") as err:
+        guides.get(family)(model, rnak=2)
+    for name in options:
+        assert name in str(err.value)
+    with pytest.raises(TypeError, match="AutoLowRank got unknown option"):
+        guides.AutoMixed(model, {"*": ("lowrank", {"rnak": 2})})
+
+
 def test_registry():
     assert guides.available() == ["diagonal", "lowrank", "matrix_normal", "tridiagonal"]
     assert guides.get("tridiagonal") is guides.AutoTridiagonal

@@ -73,6 +73,8 @@ CASES = {
         ValueError,
         r"regression targets must have shape \(N,\) for this model, got y of shape \(N, 2\)",
     ),
+    "integer_inputs": (classifier, (X.long(), Y), {}, TypeError, r"floating-point.*X.float\(\)"),
+    "float64_inputs": (classifier, (X.double(), Y), {}, TypeError, "torch.float64 but the model"),
     "regression_column_target": (
         lambda: BayesianMLP(3, (4,), 1),
         (X, torch.randn(20, 1)),
@@ -92,3 +94,30 @@ def test_bad_input_is_rejected_before_training(case):
     with pytest.raises(exc, match=phrase):
         zoo.fit(make_model(), guide, data, progress=False, callbacks=[steps.append], **options)
     assert steps == []
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    return zoo.fit(classifier(), "diagonal", (X, Y), num_steps=2, progress=False)
+
+
+NAN_X = X.clone().index_fill_(0, torch.tensor([4]), float("nan"))
+PREDICT_CASES = {
+    "evaluate_lengths": (lambda f: f.evaluate((X, Y[:5])), ValueError, "different lengths"),
+    "evaluate_label_range": (lambda f: f.evaluate((X, Y + 5)), ValueError, r"lie in \[0, 3\)"),
+    "evaluate_nan": (lambda f: f.evaluate((NAN_X, Y)), ValueError, "first at row 4"),
+    "evaluate_shape": (lambda f: f.evaluate((X[:, :2], Y)), ValueError, "shape"),
+    "arviz_label_range": (lambda f: f.to_arviz((X, Y + 5)), ValueError, r"lie in \[0, 3\)"),
+    "predict_shape": (lambda f: f.predict(torch.randn(5, 2)), ValueError, r"\(N, 2\)"),
+    "predict_nan": (lambda f: f.predict(NAN_X), ValueError, "NaN or infinite"),
+    "predict_integer": (lambda f: f.predict(X.long()), TypeError, "floating-point"),
+    "predict_empty": (lambda f: f.predict(X[:0]), ValueError, "no examples"),
+    "predict_not_a_tensor": (lambda f: f.predict(X.numpy()), TypeError, "torch tensor"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREDICT_CASES))
+def test_bad_input_to_prediction_and_evaluation_gets_a_clear_error(fitted, case):
+    call, exc, phrase = PREDICT_CASES[case]
+    with pytest.raises(exc, match=phrase):
+        call(fitted)
