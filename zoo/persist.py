@@ -32,6 +32,8 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     torch.save(obj, buffer)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file private (0600); give it the mode a plain open() would.
+        os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "wb") as f:
             f.write(buffer.getbuffer())
             f.flush()
@@ -41,7 +43,32 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_dir(path.parent)
     return path
+
+
+def _file_mode(path: Path) -> int:
+    """The mode of the file being replaced, else ``0o666`` less the process umask."""
+    try:
+        return path.stat().st_mode & 0o777
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _fsync_dir(folder: Path) -> None:
+    """Make the rename itself durable (POSIX); a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def read(path: str | os.PathLike, kind: str, map_location=None) -> dict:

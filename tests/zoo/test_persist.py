@@ -85,6 +85,21 @@ def test_not_a_zoo_file(tmp_path):
         zoo.load(tmp_path / "missing.pt")
 
 
+@pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
+def test_atomic_save_gives_the_mode_of_a_plain_open_and_keeps_a_replaced_files_mode(tmp_path):
+    with open(tmp_path / "plain", "wb"):
+        pass
+    persist.atomic_save({"a": 1}, tmp_path / "new.pt")
+    assert (tmp_path / "new.pt").stat().st_mode & 0o777 == (
+        tmp_path / "plain"
+    ).stat().st_mode & 0o777
+    os.chmod(tmp_path / "new.pt", 0o640)
+    persist.atomic_save({"a": 2}, tmp_path / "new.pt")
+    assert (tmp_path / "new.pt").stat().st_mode & 0o777 == 0o640
+    assert torch.load(tmp_path / "new.pt")["a"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "plain"]  # no temporaries
+
+
 def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
     full = zoo.fit(model(), "tridiagonal", data(), num_steps=30, **OPTIONS)
 
