@@ -20,7 +20,16 @@ def test_demo_writes_its_plot(tmp_path):
 
 def test_demo_help_names_every_option():
     text = build_parser()._subparsers._group_actions[0].choices["demo"].format_help()
-    for option in ("--guide", "--steps", "--lr", "--points", "--seed", "--out", "--quiet"):
+    for option in (
+        "--guide",
+        "--steps",
+        "--lr",
+        "--points",
+        "--noise",
+        "--seed",
+        "--out",
+        "--quiet",
+    ):
         assert option in text
 
 
