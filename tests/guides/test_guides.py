@@ -208,3 +208,26 @@ def test_guide_works_with_pyro_svi():
         last = svi.step(x, y)
     assert not torch.equal(before, guide.median()["fc1.weight"])
     assert last < first
+
+
+@pytest.mark.parametrize("guide_name", list(GUIDES))
+@pytest.mark.parametrize("parallel", [False, True], ids=["loop", "vectorised"])
+def test_pyro_predictive_draws_from_the_guide(guide_name, parallel):
+    """Pyro's own Predictive (what a Pyro user reaches for) samples every site from the guide:
+    the draws' mean and spread match the guide's mean and marginal standard deviation."""
+    pyro.set_rng_seed(0)
+    model = BayesianMLP(3, (4,), 2, task="classification")
+    x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
+    guide = GUIDES[guide_name](model)
+    with torch.no_grad():
+        guide(x, y)
+    n = 1000
+    draws = pyro.infer.Predictive(model, guide=guide, num_samples=n, parallel=parallel)(x)
+    assert draws["obs"].shape == (n, 5)
+    with torch.no_grad():
+        for name in ("fc1.weight", "fc2.bias"):
+            posterior = guide.get_posterior(name)
+            w = draws[name].reshape(n, -1)
+            sd = posterior.variance.reshape(-1).sqrt()
+            assert torch.allclose(w.mean(0), posterior.mean.reshape(-1), atol=4 * sd.max() / n**0.5)
+            assert torch.allclose(w.std(0), sd, rtol=0.1)
