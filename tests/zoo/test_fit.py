@@ -251,38 +251,53 @@ def test_non_finite_parameters_are_refused_before_training():
         zoo.fit(model, guide, (x, y), num_steps=5, progress=False)
 
 
+def fit_skipping(x, y, guide, poison, num_steps):
+    return zoo.fit(
+        guide.model,
+        guide,
+        (x, y),
+        num_steps=num_steps,
+        batch_size=len(x),
+        progress=False,
+        on_divergence="skip",
+        callbacks=[poison],
+    )
+
+
 def test_skip_goes_on_from_the_last_finite_parameters_and_reports_the_skipped_steps():
     x, y = torch.randn(20, 2), torch.randn(20)
     clean = x.clone()
-    seen = []
+    guide = guides.AutoDiagonal(BayesianMLP(2, (3,), 1))
+    with torch.no_grad():
+        guide(x, y)
+    initial = {k: v.clone() for k, v in guide.state_dict().items()}
+    seen, after_skips = [], []
 
     def poison(state):
         seen.append(state.loss)
+        if not math.isfinite(state.loss):
+            after_skips.append({k: v.clone() for k, v in guide.state_dict().items()})
         with torch.no_grad():
             x.copy_(clean)
             if state.step in (3, 4):
                 x[0, 0] = float("nan")
 
     with pytest.warns(RuntimeWarning, match="2 of 10 steps were skipped"):
-        result = zoo.fit(
-            BayesianMLP(2, (3,), 1),
-            "diagonal",
-            (x, y),
-            num_steps=10,
-            batch_size=20,
-            progress=False,
-            on_divergence="skip",
-            callbacks=[poison],
-        )
-    assert result.skipped_steps == [3, 4]  # and the guide went back to step 0's parameters
+        result = fit_skipping(x, y, guide, poison, num_steps=10)
+    assert result.skipped_steps == [3, 4]
     assert result.steps == 8 and all(math.isfinite(v) for v in result.losses)
     assert sum(not math.isfinite(v) for v in seen) == 2
+    # The copy is taken every LAST_GOOD_EVERY (10) finite steps: both skips go back to step 0's.
+    assert len(after_skips) == 2
+    for state in after_skips:
+        assert all(torch.equal(state[k], initial[k]) for k in initial)
     assert all(torch.isfinite(p).all() for p in result.guide.parameters())
 
 
 def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
     monkeypatch.setattr(sys.modules["zoo.fit"], "MAX_CONSECUTIVE_SKIPS", 4)
     x, y = torch.randn(20, 2), torch.randn(20)
+    guide = guides.AutoDiagonal(BayesianMLP(2, (3,), 1))
 
     def poison(state):
         if state.step == 2:
@@ -290,13 +305,4 @@ def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
                 x[0, 0] = float("nan")
 
     with pytest.raises(zoo.FitDivergedError, match="4 steps in a row"):
-        zoo.fit(
-            BayesianMLP(2, (3,), 1),
-            "diagonal",
-            (x, y),
-            num_steps=50,
-            batch_size=20,
-            progress=False,
-            on_divergence="skip",
-            callbacks=[poison],
-        )
+        fit_skipping(x, y, guide, poison, num_steps=50)
