@@ -282,7 +282,9 @@ def fit(
         gradients were finite (an in-memory copy taken every ``LAST_GOOD_EVERY`` = 10 steps;
         the message names the step), then: raise
         :class:`FitDivergedError`, or skip the step and go on from there (a warning at the end
-        counts the skipped steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise).
+        counts the skipped steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise). The last update,
+        which no step evaluates, is checked by one more loss evaluation after the loop (its
+        random draws do not change the RNG state a checkpoint or the caller sees).
     clip_grad_norm : float, optional
         Clip the global gradient norm to this value.
     per_example : bool, default False
@@ -455,6 +457,7 @@ def fit(
     start = time.perf_counter()
     stop = False
     skips_in_a_row = 0
+    last_batch = None
     try:
         while step < total and not stop:
             # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -462,6 +465,7 @@ def fit(
             for index, (xb, yb) in enumerate(batches.epoch()):
                 if index < done_in_epoch:
                     continue
+                last_batch = (xb, yb)
                 scale.data_scale = len(batches) / xb.shape[0]
                 scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
                 opt.zero_grad(set_to_none=True)
@@ -530,6 +534,30 @@ def fit(
     finally:
         bar.close()
         result.wall_time = elapsed + time.perf_counter() - start
+    if last_batch is not None and not result.interrupted and last_good.step is not None:
+        # The last update is not checked by any step: check it here, invisibly to the RNG.
+        rng = persist.rng_state(generator)
+        with (
+            torch.no_grad(),
+            pyro.validation_enabled(False),
+            direct_parameters(),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", message="Encountered NaN")
+            final = float(loss_fn(scaled_model, scaled_guide, *last_batch))
+        persist.set_rng_state(rng, generator)
+        if not math.isfinite(final):
+            message = (
+                f"the parameters after the last update (step {step - 1}) give a non-finite "
+                f"loss ({final}); the guide is back at the parameters of step {last_good.step}, "
+                "which gave a finite loss and gradients"
+            )
+            last_good.restore()
+            if on_divergence == "raise":
+                raise FitDivergedError(
+                    f"{message}. Try a smaller lr, clip_grad_norm or a smaller init_scale.", result
+                )
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
     if checkpoint is not None and not result.interrupted:
         save_checkpoint()
     if result.skipped_steps:

@@ -220,9 +220,15 @@ def test_divergence_stops_and_keeps_the_last_finite_parameters(monkeypatch):
     assert all(torch.isfinite(p).all() for p in result.guide.parameters())
 
 
-def test_divergence_caused_by_the_parameters_restores_usable_ones():
+@pytest.mark.parametrize(
+    "num_steps, phrase",
+    [(20, "diverged at step 1"), (1, r"after the last update \(step 0\) give a non-finite")],
+    ids=["next_step", "last_update"],
+)
+def test_divergence_caused_by_the_parameters_restores_usable_ones(num_steps, phrase):
     """A huge SGD step leaves finite parameters whose loss is NaN (scales underflow to zero):
-    the guide must come back to the parameters of the last finite loss, which still predict."""
+    the guide must come back to the parameters of the last finite loss, which still predict.
+    When that update is the fit's last, the check after the loop catches it."""
     torch.manual_seed(0)
     x = torch.randn(64, 3)
     y = x.sum(1) + 0.1 * torch.randn(64)
@@ -231,8 +237,8 @@ def test_divergence_caused_by_the_parameters_restores_usable_ones():
     with torch.no_grad():
         guide(x, y)
     initial = {k: v.detach().clone() for k, v in guide.state_dict().items()}
-    with pytest.raises(zoo.FitDivergedError, match="diverged at step 1") as err:
-        zoo.fit(model, guide, (x, y), num_steps=20, optimizer="sgd", lr=1e3, progress=False)
+    with pytest.raises(zoo.FitDivergedError, match=phrase) as err:
+        zoo.fit(model, guide, (x, y), num_steps=num_steps, optimizer="sgd", lr=1e3, progress=False)
     result = err.value.result
     for k, v in result.guide.state_dict().items():
         assert torch.equal(v, initial[k]), k  # step 0's parameters: the last finite loss
