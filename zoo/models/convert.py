@@ -36,7 +36,8 @@ def from_module(
     module : nn.Module
         The network; site names are its parameter names (``features.0.weight``, ...).
     task, prior, noise, input_shape
-        See :class:`BayesianModel`.
+        See :class:`BayesianModel`. ``noise`` defaults to a fixed standard deviation of 0.1 in
+        the units of ``y``: standardise regression targets of another scale or set it.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_module needs an nn.Module, got {type(module).__name__}")

@@ -45,7 +45,8 @@ class BayesianMLP(BayesianModel):
     prior : Prior or float, optional
         Weight prior; default ``NormalPrior(1.0)``.
     noise : float or {"learned", "heteroscedastic"}, default 0.1
-        Regression observation noise (a standard deviation), see :class:`BayesianModel`.
+        Regression observation noise (a standard deviation, in the units of ``y``: standardise
+        targets of another scale or set it), see :class:`BayesianModel`.
     activation : {"relu", "tanh", "gelu", "silu"}
     """
 
