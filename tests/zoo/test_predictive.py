@@ -45,3 +45,36 @@ def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, c
     assert pred.outputs.shape[:2] == (4, 10)
     predict(model, guide, x, num_samples=4, batch_size=5, progress=False)
     assert capsys.readouterr().err == ""
+
+
+def test_cpu_batch_size_keeps_the_largest_activation_within_a_third_of_the_cache(monkeypatch):
+    import guides
+    import zoo.predictive
+    from zoo.models import BayesianMLP, LeNet5
+    from zoo.predictive import cpu_batch_size, predict
+
+    lenet = LeNet5()
+    guide = guides.AutoDiagonal(lenet)
+    x = torch.randn(7, 1, 28, 28)
+    with torch.no_grad():
+        guide(x[:2], torch.zeros(2, dtype=torch.long))
+    draws = guide.sample_posterior(3)
+    assert zoo.predictive._last_level_cache_bytes() >= 1 << 20  # read from sysfs, or 32 MiB
+    per_image = 20 * 24 * 24 * 4  # LeNet-5's largest activation: conv1's output, float32
+    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 3 * 100 * per_image)
+    assert cpu_batch_size(lenet, x, draws) == 100
+    assert cpu_batch_size(lenet, x[:1], draws) == 100  # one input is enough to measure
+    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 1)
+    assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_BATCH_RANGE[0]
+    # Weights do not count: a wide MLP with tiny activations gets the upper bound.
+    mlp = BayesianMLP(784, (400, 400), 10, task="classification")
+    mlp_guide = guides.AutoDiagonal(mlp)
+    with torch.no_grad():
+        mlp_guide(torch.randn(2, 784), torch.zeros(2, dtype=torch.long))
+    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 32 << 20)
+    mlp_draws = mlp_guide.sample_posterior(2)
+    assert cpu_batch_size(mlp, torch.randn(5, 784), mlp_draws) == 4096
+    # The batch size changes only how the work is split, not the result.
+    auto = predict(lenet, guide, x, params=draws, progress=False).outputs
+    split = predict(lenet, guide, x, params=draws, batch_size=2, progress=False).outputs
+    torch.testing.assert_close(auto, split)
