@@ -18,6 +18,8 @@ from zoo.models.base import BayesianModel
 PROGRESS_DELAY = 2.0
 #: Bounds of the CPU inputs per pass that :func:`cpu_batch_size` picks.
 CPU_BATCH_RANGE = (16, 4096)
+#: The most bytes :func:`cpu_batch_size` lets a pass's largest activation take on the CPU.
+CPU_ACTIVATION_CAP = 16 << 20
 
 
 @dataclass
@@ -153,14 +155,16 @@ def _last_level_cache_bytes() -> int:
 
 def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> int:
     """Inputs per CPU pass: as many as keep the largest activation of one pass within a third of
-    the last-level cache, within ``CPU_BATCH_RANGE``, found by running the network on three
-    inputs.
+    the last-level cache and ``CPU_ACTIVATION_CAP`` (16 MiB), within ``CPU_BATCH_RANGE``, found
+    by running the network on three inputs.
 
-    Measured on a 2-core CPU with a 32 MiB cache (``benchmarks/README.md``): LeNet-5, whose
-    first convolution writes 46 KB per image, predicted 1.5x faster with 128-384 images per pass
-    than with 512 (the cut lies between 384 and 512; this rule picks 243); the CIFAR net was
-    best at 64-256 (it picks 85); the MLP, whose activations are small, was 5-7% faster at
-    1,024-4,096 than at 512 (it picks 4,096).
+    Measured on a 2-core CPU with a 32 MiB cache (``benchmarks/predict_batch.py``): LeNet-5,
+    whose first convolution writes 46 KB per image, predicted 1.35-1.5x faster with 242 images
+    per pass than with 512. The cut lies between 448 and 512 images, and it is the allocator's:
+    at 512 a prediction took 387,375 minor page faults and 0.85 s of system time against
+    24,000-52,000 and 0.05-0.11 s at 242-448 (glibc maps large blocks afresh for every pass;
+    ``MALLOC_MMAP_THRESHOLD_`` set high removes the difference). The CIFAR net was 1.2x faster
+    at 85; the MLP, whose activations are small, 1.04x at 4,096.
     """
     with torch.no_grad():
         # Three rows (repeated if x has fewer): a leading size that weights are unlikely to share.
@@ -170,7 +174,8 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
             model.network(probe, {k: v[0] for k, v in params.items()})
         per_example = max(sizes.largest / probe.shape[0], 1.0)
         low, high = CPU_BATCH_RANGE
-        return int(min(max(_last_level_cache_bytes() // 3 // per_example, low), high))
+        budget = min(_last_level_cache_bytes() // 3, CPU_ACTIVATION_CAP)
+        return int(min(max(budget // per_example, low), high))
 
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -200,8 +205,8 @@ def predict(
     and on an H100 (``vmap`` turns convolutions into slower grouped ones); ``batch_size=None``
     takes 8192 inputs per pass on CUDA, where small passes leave the GPU waiting on kernel
     launches, and on the CPU as many as keep a pass's largest activation within a third of
-    the last-level cache (:func:`cpu_batch_size`: 243 for LeNet-5 with a 32 MiB cache, 4096
-    for the MLP). Pass ``sample_batch_size > 1`` to vectorise over draws.
+    the last-level cache and 16 MiB (:func:`cpu_batch_size`: 242 for LeNet-5 with a 32 MiB
+    cache, 4096 for the MLP). Pass ``sample_batch_size > 1`` to vectorise over draws.
 
     ``progress`` shows a tqdm bar over the passes once a prediction has run for
     ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one.

@@ -47,7 +47,7 @@ def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, c
     assert capsys.readouterr().err == ""
 
 
-def test_cpu_batch_size_keeps_the_largest_activation_within_a_third_of_the_cache(monkeypatch):
+def test_cpu_batch_size_bounds_the_largest_activation_of_a_pass(monkeypatch):
     import guides
     import zoo.predictive
     from zoo.models import BayesianMLP, LeNet5
@@ -66,6 +66,8 @@ def test_cpu_batch_size_keeps_the_largest_activation_within_a_third_of_the_cache
     assert cpu_batch_size(lenet, x[:1], draws) == 100  # one input is enough to measure
     monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 1)
     assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_BATCH_RANGE[0]
+    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 1 << 40)
+    assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_ACTIVATION_CAP // per_image
     # Weights do not count: a wide MLP with tiny activations gets the upper bound.
     mlp = BayesianMLP(784, (400, 400), 10, task="classification")
     mlp_guide = guides.AutoDiagonal(mlp)
