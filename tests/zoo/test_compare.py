@@ -38,3 +38,19 @@ def test_compare_on_a_small_mnist_subset(mnist_small, tmp_path):
         assert all(math.isfinite(v) for v in table[column]), column
     assert table.loc["tridiagonal", "parameters"] < table.loc["diagonal", "parameters"]
     assert chart.stat().st_size > 5000
+
+
+def test_compare_reports_progress_per_family_only_when_asked(capsys):
+    import torch
+
+    x, y = torch.randn(40, 3), torch.randint(0, 3, (40,))
+
+    def factory():
+        return zoo.models.BayesianMLP(3, (4,), 3, task="classification")
+
+    families = ["diagonal", ("lowrank r=2", "lowrank", {"rank": 2})]
+    zoo.compare(factory, families, (x, y), (x, y), num_samples=2, num_steps=2, progress=False)
+    assert capsys.readouterr().err == ""
+    zoo.compare(factory, families, (x, y), (x, y), num_samples=2, num_steps=2)
+    err = capsys.readouterr().err
+    assert "[1/2] diagonal" in err and "[2/2] lowrank r=2" in err
