@@ -68,7 +68,7 @@ def to_inference_data(
     progress : bool
         Progress bar of the predictions (shown after two seconds).
     """
-    from zoo.data_checks import check_data, check_input_shape, gather_tensors
+    from zoo.data_checks import check_labelled_data, gather_tensors
     from zoo.predictive import predict
 
     if seed is not None:
@@ -81,8 +81,7 @@ def to_inference_data(
     groups = {"posterior": posterior}
     if data is not None:
         x, y = gather_tensors(data)
-        check_data(model, x, y)
-        check_input_shape(model, x[:2].to(fit.device), y[:2].to(fit.device))
+        check_labelled_data(model, x, y, fit.device)
         pred = predict(model, guide, x, params=draws, progress=progress)
         y = y.to(pred.outputs.device)
         log_lik = pred.log_likelihood(y).cpu().numpy()

@@ -163,6 +163,13 @@ def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
         )
 
 
+def check_labelled_data(model, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:
+    """Held-out ``(x, y)`` for evaluation: the checks fit runs on its data (values, labels) and
+    the input and target shapes, probed on two examples on ``device``."""
+    check_data(model, x, y)
+    check_input_shape(model, x[:2].to(device), y[:2].to(device))
+
+
 def check_inputs(model, x: torch.Tensor, device: torch.device | None = None) -> None:
     """Inputs to predict from: a non-empty floating-point tensor of finite values that the
     model's network takes (run once on two examples, on ``device``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import inspect
 import math
@@ -25,6 +26,7 @@ from zoo.data_checks import (
     as_tensors,
     check_data,
     check_input_shape,
+    check_labelled_data,
     check_labels,
     gather_tensors,
 )
@@ -171,8 +173,7 @@ class FitResult:
         from zoo import metrics
 
         x, y = gather_tensors(data)
-        check_data(self.model, x, y)
-        check_input_shape(self.model, x[:2].to(self.device), y[:2].to(self.device))
+        check_labelled_data(self.model, x, y, self.device)
         if seed is not None:
             pyro.set_rng_seed(seed)
         pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, progress=progress)
@@ -469,13 +470,7 @@ def fit(
                 scale.data_scale = len(batches) / xb.shape[0]
                 scale.kl_weight = kl_weight(step) if callable(kl_weight) else kl_weight
                 opt.zero_grad(set_to_none=True)
-                with (
-                    pyro.validation_enabled(step == 0),
-                    direct_parameters(),
-                    warnings.catch_warnings(),
-                ):
-                    # Non-finite losses are handled below, with a clearer message.
-                    warnings.filterwarnings("ignore", message="Encountered NaN")
+                with _loss_context(validate=step == 0):
                     loss = loss_fn(scaled_model, scaled_guide, xb, yb)
                     (loss / len(batches) if per_example else loss).backward()
                 if clip_grad_norm is not None:
@@ -537,26 +532,17 @@ def fit(
     if last_batch is not None and not result.interrupted and last_good.step is not None:
         # The last update is not checked by any step: check it here, invisibly to the RNG.
         rng = persist.rng_state(generator)
-        with (
-            torch.no_grad(),
-            pyro.validation_enabled(False),
-            direct_parameters(),
-            warnings.catch_warnings(),
-        ):
-            warnings.filterwarnings("ignore", message="Encountered NaN")
+        with torch.no_grad(), _loss_context(validate=False):
             final = float(loss_fn(scaled_model, scaled_guide, *last_batch))
         persist.set_rng_state(rng, generator)
         if not math.isfinite(final):
             message = (
                 f"the parameters after the last update (step {step - 1}) give a non-finite "
-                f"loss ({final}); the guide is back at the parameters of step {last_good.step}, "
-                "which gave a finite loss and gradients"
+                f"loss ({final}). {_restored(last_good.step)}"
             )
             last_good.restore()
             if on_divergence == "raise":
-                raise FitDivergedError(
-                    f"{message}. Try a smaller lr, clip_grad_norm or a smaller init_scale.", result
-                )
+                raise FitDivergedError(message, result)
             warnings.warn(message, RuntimeWarning, stacklevel=2)
     if checkpoint is not None and not result.interrupted:
         save_checkpoint()
@@ -580,7 +566,7 @@ class _LastGood:
     low-rank one); every tenth costs a tenth of that."""
 
     def __init__(self, params: list[torch.Tensor], every: int):
-        self.params = params
+        self.params = [p.detach() for p in params]  # views: optimisers update in place
         self.every = every
         self.copies = [torch.empty_like(p) for p in params]
         self.step: int | None = None
@@ -590,14 +576,14 @@ class _LastGood:
     def offer(self, step: int) -> None:
         """Called with the parameters of a finite step, before its update."""
         if self.offers % self.every == 0:
-            torch._foreach_copy_(self.copies, [p.detach() for p in self.params])
+            torch._foreach_copy_(self.copies, self.params)
             self.step = step
         self.offers += 1
 
     @torch.no_grad()
     def restore(self) -> None:
         if self.step is not None:
-            torch._foreach_copy_([p.detach() for p in self.params], self.copies)
+            torch._foreach_copy_(self.params, self.copies)
 
 
 def _check_positive(**values) -> None:
@@ -646,10 +632,16 @@ def _make_optimizer(opt_cls, params, lr, options) -> torch.optim.Optimizer:
         return opt_cls(params, lr=lr, foreach=True, **options)
 
 
-def _param_groups(guide, model, lr, multipliers) -> list[dict]:
+def _named_parameters(guide, model) -> list[tuple[str, torch.Tensor]]:
+    """The guide's parameters and the model's own (``model.``-prefixed), as fit sees them."""
     named = list(guide.named_parameters())
     if isinstance(model, torch.nn.Module):
-        named += [(f"model.{n}", p) for n, p in model.named_parameters() if p.requires_grad]
+        named += [(f"model.{n}", p) for n, p in model.named_parameters()]
+    return named
+
+
+def _param_groups(guide, model, lr, multipliers) -> list[dict]:
+    named = [(n, p) for n, p in _named_parameters(guide, model) if p.requires_grad]
     if not named:
         raise ValueError("the guide has no parameters to optimise")
     multipliers = dict(multipliers or {})
@@ -674,9 +666,7 @@ def _param_groups(guide, model, lr, multipliers) -> list[dict]:
 
 
 def _check_finite_parameters(guide, model) -> None:
-    named = list(guide.named_parameters())
-    if isinstance(model, torch.nn.Module):
-        named += [(f"model.{n}", p) for n, p in model.named_parameters()]
+    named = _named_parameters(guide, model)
     bad = [n.removesuffix("_unconstrained") for n, p in named if not torch.isfinite(p).all()]
     if bad:
         raise ValueError(
@@ -695,19 +685,32 @@ def _divergence_message(step: int, epoch: int, value: float, guide, good: int | 
         }
     )
     where = f"; non-finite gradients at sites {bad}" if bad else ""
+    return (
+        f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. {_restored(good)}"
+    )
+
+
+def _restored(good: int | None) -> str:
+    """Where a diverged fit leaves the guide, and what to try."""
     if good is None:
-        kept = (
+        return (
             "The parameters the fit started from already give it (no finite step yet); check "
             "the data, the priors and init_scale."
         )
-    else:
-        kept = (
-            f"The guide is back at the parameters of step {good}, which gave a finite loss and "
-            f"gradients (a copy is kept every {LAST_GOOD_EVERY} steps). Try a smaller lr, "
-            "clip_grad_norm, a smaller init_scale, or "
-            "on_divergence='skip'."
-        )
-    return f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. {kept}"
+    return (
+        f"The guide is back at the parameters of step {good}, which gave a finite loss and "
+        f"gradients (a copy is kept every {LAST_GOOD_EVERY} steps). Try a smaller lr, "
+        "clip_grad_norm, a smaller init_scale, or on_divergence='skip'."
+    )
+
+
+@contextlib.contextmanager
+def _loss_context(validate: bool):
+    """How zoo.fit evaluates a loss: Pyro's validation only when asked (the first step), site
+    parameters read directly, and no NaN warnings (non-finite losses get a clearer error)."""
+    with pyro.validation_enabled(validate), direct_parameters(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Encountered NaN")
+        yield
 
 
 def load(
