@@ -15,8 +15,7 @@ def demo(args: argparse.Namespace) -> int:
     from zoo import plots
 
     x, y = zoo.data.toy_regression(n=args.points, seed=args.seed)
-    noise = args.noise if args.noise in ("learned", "heteroscedastic") else float(args.noise)
-    model = zoo.models.BayesianMLP(1, hidden=(50, 50), task="regression", noise=noise)
+    model = zoo.models.BayesianMLP(1, hidden=(50, 50), task="regression", noise=args.noise)
     fit = zoo.fit(
         model,
         args.guide,
@@ -55,6 +54,22 @@ def demo(args: argparse.Namespace) -> int:
 
 _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
 _MODELS = ("mlp", "lenet5", "cifarnet")
+
+
+def _noise(text: str) -> float | str:
+    """``--noise``: a positive standard deviation, ``learned`` or ``heteroscedastic``."""
+    if text in ("learned", "heteroscedastic"):
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(
+            "expected a positive number (the noise standard deviation), 'learned' or "
+            f"'heteroscedastic', got {text!r}"
+        )
+    return value
 
 
 def _parse_value(text: str):
@@ -246,9 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--points", type=int, default=160, help="training points")
     p.add_argument(
         "--noise",
-        default="0.1",
-        help="observation noise sd: a number (default 0.1, the toy's own) or 'learned' (a "
-        "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve)",
+        type=_noise,
+        default=0.1,
+        help="observation noise sd: a number (default 0.1, the toy's own), 'learned' (a "
+        "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve) or "
+        "'heteroscedastic' (the network predicts it per input)",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out", default="zoo-demo.png", help="where to write the PNG")

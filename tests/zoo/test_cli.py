@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from zoo.cli import build_parser
 
 
@@ -95,3 +97,19 @@ def test_every_command_explains_its_options():
             if action.option_strings and action.dest != "help":
                 assert action.help, f"{name} {action.option_strings} has no help"
         assert "usage" in text
+
+
+@pytest.mark.parametrize("text", ["abc", "-1", "0", "inf", "nan"])
+def test_demo_refuses_a_bad_noise_before_fitting(text, capsys):
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(["demo", "--noise", text])
+    assert err.value.code == 2
+    message = capsys.readouterr().err
+    assert "--noise" in message and "positive number" in message and repr(text) in message
+
+
+@pytest.mark.parametrize(
+    "text, value", [("0.25", 0.25), ("learned", "learned"), ("heteroscedastic", "heteroscedastic")]
+)
+def test_demo_noise_values(text, value):
+    assert build_parser().parse_args(["demo", "--noise", text]).noise == value
