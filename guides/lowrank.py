@@ -28,8 +28,10 @@ from guides.gaussian import StructuredGaussian, squared_norm
 
 
 def _column_chunks(g: torch.Tensor) -> int:
-    """How many column blocks to split a long ``(rank, n)`` product into: MKL runs these
-    small-output products on one thread, a batched product over blocks runs on all of them."""
+    """How many column blocks to split the long ``(rank, n)`` Gram product into: MKL runs this
+    small-output product on one thread, a batched product over blocks runs on all of them. (The
+    backward's ``A G`` has a large output and runs faster as one product:
+    benchmarks/lowrank_products.py.)"""
     if g.device.type != "cpu" or g.shape[-1] < 65536:
         return 1
     return max(1, min(torch.get_num_threads(), 8))
@@ -50,20 +52,6 @@ def _gram(g: torch.Tensor) -> torch.Tensor:
     out = torch.bmm(blocks, blocks.mT).sum(0)
     tail = g[:, blocks.shape[0] * blocks.shape[-1] :]
     return out.addmm_(tail, tail.mT) if tail.shape[-1] else out
-
-
-def _left_product(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """``A G`` for a small square ``A`` and a long ``G``, written column block by block."""
-    k = _column_chunks(g)
-    if k == 1:
-        return a @ g
-    out = torch.empty_like(g)
-    blocks = _blocked(g, k)
-    torch.bmm(a.expand(k, *a.shape), blocks, out=_blocked(out, k))
-    done = blocks.shape[0] * blocks.shape[-1]
-    if done < g.shape[-1]:
-        torch.mm(a, g[:, done:], out=out[:, done:])
-    return out
 
 
 class _LowRankNoise(torch.autograd.Function):
@@ -87,7 +75,7 @@ class _LowRankNoise(torch.autograd.Function):
         g, eps1, eps2 = ctx.saved_tensors
         out = None
         if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
-            out = _left_product(grad_cap + grad_cap.mT, g)
+            out = (grad_cap + grad_cap.mT) @ g
         if grad_t is not None:  # d/dG of <grad_t, eps2 G>
             if out is None:
                 out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
