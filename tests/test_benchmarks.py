@@ -1,0 +1,72 @@
+"""The benchmark scripts still run and print their tables (tiny sizes; no timing is checked).
+
+Timings are never asserted: they are the scripts' job, read from one run on a quiet machine
+(benchmarks/README.md). ``predict_batch.py`` (fixed sizes) and ``mnist_accuracy.py`` (whole
+epochs of MNIST) take minutes and are not run here.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+def _run(*args: str, timeout: int = 300) -> str:
+    proc = subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_step_time_prints_a_row_per_method():
+    out = _run("benchmarks/step_time.py", "--rounds", "1", "--steps", "2", "--no-memory")
+    for name in ("hand-written BBB", "pyro AutoNormal + SVI", "zoo diagonal", "zoo lowrank r=10"):
+        assert f"| {name} |" in out
+
+
+def test_lowrank_products_prints_its_floors_and_products():
+    out = _run(
+        "benchmarks/lowrank_products.py", "--sizes", "70000", "--rounds", "1", "--calls", "1"
+    )
+    assert "| 70,000 | floor: read G (sum) |" in out
+    assert "| 70,000 | forward: t, u, Gram (guide) |" in out
+    assert "| 70,000 | backward: A G + 2 rank-one (guide) |" in out
+
+
+def test_predict_time_prints_a_row_per_family(mnist_root):
+    out = _run(
+        "benchmarks/predict_time.py",
+        "--net",
+        "mlp",
+        "--images",
+        "64",
+        "--samples",
+        "4",
+        "--data",
+        str(mnist_root),
+    )
+    for family in ("diagonal", "lowrank", "matrix_normal", "tridiagonal"):
+        assert f"| {family} |" in out
+
+
+@pytest.mark.parametrize("family", ["diagonal", "matrix_normal"])
+def test_gradient_variance_prints_each_estimator(mnist_root, family):
+    out = _run(
+        "benchmarks/gradient_variance.py",
+        "--family",
+        family,
+        "--warmup",
+        "2",
+        "--draws",
+        "3",
+        "--data",
+        str(mnist_root),
+    )
+    assert "| reparam | 1.000 | 1.000 |" in out and "| local |" in out
