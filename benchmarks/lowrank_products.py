@@ -66,6 +66,16 @@ def _candidates(n: int, rank: int) -> tuple[dict, dict]:
         "forward: t, u, Gram (guide)": (forward_as_guide, "read"),
         "backward: A G + 2 rank-one (guide)": (backward_as_guide, "copy"),
     }
+    linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    if linear is not None and torch.backends.mkldnn.is_available():  # private; may change
+        rows["Gram, oneDNN linear (private op)"] = (
+            lambda: linear(g, g, None, "none", [], ""),
+            "read",
+        )
+        rows["A G, oneDNN linear (private op)"] = (
+            lambda: linear(g.mT, a, None, "none", [], ""),
+            "copy",
+        )
     try:
         from scipy.linalg import blas
 
