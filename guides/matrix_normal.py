@@ -4,6 +4,17 @@ with matrix Gaussian posteriors").
 A weight of shape ``(out, in)`` (a conv kernel ``(out, in, kh, kw)`` is read as
 ``(out, in * kh * kw)``, ``p`` columns) is ``W = M + A E B^T`` with ``E`` standard normal and
 ``A`` (``out x out``), ``B`` (``p x p``) lower triangular with a positive (softplus) diagonal.
+The guide learns each factor of size ``n`` through a raw ``n x n`` parameter ``R``:
+
+    A = tril(R, -1) / sqrt(n) + diag(softplus(diag R)).
+
+The ``1 / sqrt(n)`` keeps the factor's rows at a width-independent size while Adam moves every
+raw entry by about the learning rate per step: without it the ``n - 1`` off-diagonal entries of
+a wide factor's rows wander by ``lr`` each, inflate every weight's variance and slow the fit
+(LeNet-5 on MNIST, one epoch: test accuracy 0.9708 -> 0.9812, NLL 0.1017 -> 0.0608;
+benchmarks/README.md). The family is the same; only its coordinates change, and guides saved
+before the change load with the same factors.
+
 In the row-major vec order used everywhere in this package,
 
     Cov[vec W] = (A A^T) kron (B B^T),    Var[W_ij] = (A A^T)_ii (B B^T)_jj,
@@ -63,19 +74,24 @@ def _right_lower(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tens
     return out
 
 
-def _tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """``tril(X Y)`` (square), computing only the blocks on and below the diagonal."""
+def _tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int], alpha: float) -> torch.Tensor:
+    """``tril(alpha X Y)`` (square), computing only the blocks on and below the diagonal."""
     out = x.new_zeros(x.shape[0], y.shape[1])
     for i, j in zip(q[:-1], q[1:]):
-        torch.mm(x[i:j], y[:, :j], out=out[i:j, :j])
+        out[i:j, :j].addmm_(x[i:j], y[:, :j], beta=0, alpha=alpha)
     return out.tril_()
+
+
+def _offdiag_scale(n: int) -> float:
+    """Factor of the strictly lower raw entries in a triangular factor of size ``n``."""
+    return 1.0 / math.sqrt(n)
 
 
 def _effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
     """The triangular factor of ``raw`` as the block products read it: strictly lower entries
-    of ``raw``, ``softplus`` of its diagonal, zeros above the diagonal inside the diagonal
-    blocks; the blocks above those are never read and keep whatever ``raw`` holds."""
-    a = raw.detach().clone()
+    of ``raw`` over ``sqrt(n)``, ``softplus`` of its diagonal, zeros above the diagonal inside
+    the diagonal blocks; the blocks above those are never read and hold scaled ``raw``."""
+    a = raw.detach() * _offdiag_scale(raw.shape[0])
     for i, j in zip(q[:-1], q[1:]):
         block = a[i:j, i:j]
         block.copy_(block.tril())
@@ -85,7 +101,7 @@ def _effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
 
 class _KroneckerFactorProduct(torch.autograd.Function):
     """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
-    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) + diag(softplus(diag r))``.
+    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``.
 
     The products run over the blocks on and below the diagonal of each triangular factor
     (``k`` blocks do ``(k + 1) / 2k`` of a dense product's work), forward and backward, and the
@@ -109,13 +125,15 @@ class _KroneckerFactorProduct(torch.autograd.Function):
         qa, qb = ctx.bounds
         grad_a = grad_b = grad_e = None
         if ctx.needs_input_grad[0]:
-            grad_a = _tril_product(grad, c.mT, qa)
-            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()))
+            scale = _offdiag_scale(raw_a.shape[0])
+            grad_a = _tril_product(grad, c.mT, qa, scale)
+            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()) / scale)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_c = _lower_t_left(a, grad, qa)  # A^T dD
             if ctx.needs_input_grad[1]:
-                grad_b = _tril_product(grad_c.mT, e, qb)
-                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()))
+                scale = _offdiag_scale(raw_b.shape[0])
+                grad_b = _tril_product(grad_c.mT, e, qb, scale)
+                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()) / scale)
             if ctx.needs_input_grad[2]:
                 grad_e = _right_lower(grad_c, b, qb)
         return grad_a, grad_b, grad_e, None, None
@@ -130,8 +148,9 @@ def _blocks(n: int, device: torch.device) -> int:
 
 
 def _triangular(raw: torch.Tensor) -> torch.Tensor:
-    """Lower triangular matrix with ``softplus`` of ``raw``'s diagonal on its diagonal."""
-    return raw.tril(-1) + torch.diag_embed(F.softplus(raw.diagonal()))
+    """``tril(raw, -1) / sqrt(n) + diag(softplus(diag raw))`` for an ``n x n`` ``raw``."""
+    scale = _offdiag_scale(raw.shape[-1])
+    return raw.tril(-1) * scale + torch.diag_embed(F.softplus(raw.diagonal()))
 
 
 def _factor_from_raw(raw: torch.Tensor) -> torch.Tensor:
@@ -151,8 +170,9 @@ class MatrixNormal(StructuredGaussian):
         ``(p, p)`` lower triangular with positive diagonal, or ``(p,)`` for a diagonal ``B``.
     row_raw, col_raw : Tensor, optional
         Unconstrained parameters instead of a factor (what the guide learns):
-        ``A = tril(row_raw, -1) + diag(softplus(diag row_raw))``, or ``softplus(row_raw)`` when
-        1-D. Give each factor or its raw parameter.
+        ``A = tril(row_raw, -1) / sqrt(out) + diag(softplus(diag row_raw))`` (likewise ``B``
+        with ``sqrt(p)``), or ``softplus(row_raw)`` when 1-D. Give each factor or its raw
+        parameter.
     """
 
     def __init__(
@@ -261,6 +281,8 @@ class MatrixNormalSite(SitePosterior):
     """Parameters ``loc``, ``row_raw`` and ``col_raw`` (triangular factors, or their diagonals)."""
 
     family = "matrix_normal"
+    #: Version of the raw -> factor map: 2 divides the strictly lower raw entries by ``sqrt(n)``.
+    RAW_MAP = 2
 
     def __init__(
         self, init_loc: torch.Tensor, init_scale: float, row: str = "full", col: str = "full"
@@ -275,6 +297,19 @@ class MatrixNormalSite(SitePosterior):
         self.loc = PyroParam(init_loc.detach().clone())
         self.row_raw = PyroParam(self._init_factor(rows, row, d, init_loc))
         self.col_raw = PyroParam(self._init_factor(cols, col, d, init_loc))
+        self.raw_map = self.RAW_MAP
+
+    def __setstate__(self, state):
+        if "raw_map" not in state:  # saved before the 1 / sqrt(n): same factors, new raw values
+            params = state.get("_parameters", {})
+            for key in ("row_raw_unconstrained", "col_raw_unconstrained"):
+                raw = params.get(key)
+                if raw is not None and raw.dim() == 2:
+                    old = raw.detach()
+                    new = old.tril(-1) / _offdiag_scale(old.shape[0]) + old.triu()
+                    params[key] = torch.nn.Parameter(new, requires_grad=raw.requires_grad)
+            state["raw_map"] = self.RAW_MAP
+        super().__setstate__(state)
 
     @staticmethod
     def _init_factor(size, kind, d, like):

@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 import torch
 
@@ -86,3 +88,45 @@ def test_raw_and_explicit_factors_give_the_same_distribution():
     torch.testing.assert_close(fast.row_factor, slow.row_factor)
     with pytest.raises(ValueError, match="row_factor or row_raw"):
         MatrixNormal(loc, _triangular(raw_a), _triangular(raw_b), row_raw=raw_a)
+
+
+@pytest.mark.parametrize("n", [16, 1024])
+def test_a_step_on_every_raw_entry_moves_a_factor_row_by_a_width_independent_amount(n):
+    """Adam moves every raw entry by about the learning rate: the strictly lower entries are
+    divided by sqrt(n), so the last row of the factor moves by about lr, not lr sqrt(n - 1)."""
+    lr = 1e-3
+    raw = torch.zeros(n, n, dtype=torch.float64)
+    step = torch.full((n, n), lr, dtype=torch.float64)
+    moved = _triangular(raw + step) - _triangular(raw)
+    off = moved.tril(-1)[-1].norm()
+    assert off == pytest.approx(lr * ((n - 1) / n) ** 0.5, rel=1e-12)
+    torch.testing.assert_close(
+        _triangular(raw).diagonal(), torch.nn.functional.softplus(raw.diagonal())
+    )
+
+
+def test_sites_saved_before_the_scaled_map_load_with_the_same_factors():
+    g = torch.Generator().manual_seed(3)
+    site = MatrixNormalSite(torch.randn(6, 9, generator=g, dtype=torch.float64), 0.1)
+    with torch.no_grad():
+        for raw in (site.row_raw_unconstrained, site.col_raw_unconstrained):
+            raw.add_(0.1 * torch.randn(raw.shape, generator=g, dtype=torch.float64))
+    want = site.distribution()
+    want_a, want_b = want.row_factor.detach(), want.col_factor.detach()
+
+    same = pickle.loads(pickle.dumps(site)).distribution()
+    torch.testing.assert_close(same.row_factor, want_a, rtol=0, atol=0)
+
+    with torch.no_grad():  # the raw values an older version stored: the factor's entries
+        for raw, factor in (
+            (site.row_raw_unconstrained, want_a),
+            (site.col_raw_unconstrained, want_b),
+        ):
+            raw.copy_(raw.triu() + factor.tril(-1))
+    del site.raw_map
+    old = pickle.loads(pickle.dumps(site))
+    assert old.raw_map == MatrixNormalSite.RAW_MAP
+    got = old.distribution()
+    torch.testing.assert_close(got.row_factor, want_a, rtol=1e-12, atol=1e-15)
+    torch.testing.assert_close(got.col_factor, want_b, rtol=1e-12, atol=1e-15)
+    assert isinstance(old.row_raw_unconstrained, torch.nn.Parameter)
