@@ -282,7 +282,9 @@ class MatrixNormalSite(SitePosterior):
 
     family = "matrix_normal"
     #: Version of the raw -> factor map: 2 divides the strictly lower raw entries by ``sqrt(n)``.
+    #: Pickled sites carry it as ``raw_map``; state dicts as the module version (``_version``).
     RAW_MAP = 2
+    _version = RAW_MAP
 
     def __init__(
         self, init_loc: torch.Tensor, init_scale: float, row: str = "full", col: str = "full"
@@ -299,17 +301,33 @@ class MatrixNormalSite(SitePosterior):
         self.col_raw = PyroParam(self._init_factor(cols, col, d, init_loc))
         self.raw_map = self.RAW_MAP
 
+    @staticmethod
+    def _from_unscaled(raw: torch.Tensor) -> torch.Tensor:
+        """Raw values of the current map for a raw factor saved under map 1 (no ``1/sqrt(n)``):
+        the same factor."""
+        if raw.dim() != 2:
+            return raw
+        old = raw.detach()
+        return old.tril(-1) / _offdiag_scale(old.shape[0]) + old.triu()
+
     def __setstate__(self, state):
-        if "raw_map" not in state:  # saved before the 1 / sqrt(n): same factors, new raw values
+        if "raw_map" not in state:  # pickled before the 1 / sqrt(n)
             params = state.get("_parameters", {})
             for key in ("row_raw_unconstrained", "col_raw_unconstrained"):
                 raw = params.get(key)
-                if raw is not None and raw.dim() == 2:
-                    old = raw.detach()
-                    new = old.tril(-1) / _offdiag_scale(old.shape[0]) + old.triu()
-                    params[key] = torch.nn.Parameter(new, requires_grad=raw.requires_grad)
+                if raw is not None:
+                    params[key] = torch.nn.Parameter(
+                        self._from_unscaled(raw), requires_grad=raw.requires_grad
+                    )
             state["raw_map"] = self.RAW_MAP
         super().__setstate__(state)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        if local_metadata.get("version", 1) < self.RAW_MAP:  # a state dict from before
+            for key in ("row_raw_unconstrained", "col_raw_unconstrained"):
+                if prefix + key in state_dict:
+                    state_dict[prefix + key] = self._from_unscaled(state_dict[prefix + key])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     @staticmethod
     def _init_factor(size, kind, d, like):

@@ -105,7 +105,8 @@ def test_a_step_on_every_raw_entry_moves_a_factor_row_by_a_width_independent_amo
     )
 
 
-def test_sites_saved_before_the_scaled_map_load_with_the_same_factors():
+@pytest.mark.parametrize("route", ["pickle", "state_dict"])
+def test_sites_saved_before_the_scaled_map_load_with_the_same_factors(route):
     g = torch.Generator().manual_seed(3)
     site = MatrixNormalSite(torch.randn(6, 9, generator=g, dtype=torch.float64), 0.1)
     with torch.no_grad():
@@ -114,8 +115,19 @@ def test_sites_saved_before_the_scaled_map_load_with_the_same_factors():
     want = site.distribution()
     want_a, want_b = want.row_factor.detach(), want.col_factor.detach()
 
-    same = pickle.loads(pickle.dumps(site)).distribution()
+    def reload(saved_site, version=None):
+        if route == "pickle":
+            return pickle.loads(pickle.dumps(saved_site))
+        state = saved_site.state_dict()
+        if version is not None:
+            state._metadata[""]["version"] = version
+        fresh = MatrixNormalSite(torch.zeros(6, 9, dtype=torch.float64), 0.5)
+        fresh.load_state_dict(state)
+        return fresh
+
+    same = reload(site).distribution()
     torch.testing.assert_close(same.row_factor, want_a, rtol=0, atol=0)
+    torch.testing.assert_close(same.col_factor, want_b, rtol=0, atol=0)
 
     with torch.no_grad():  # the raw values an older version stored: the factor's entries
         for raw, factor in (
@@ -124,7 +136,7 @@ def test_sites_saved_before_the_scaled_map_load_with_the_same_factors():
         ):
             raw.copy_(raw.triu() + factor.tril(-1))
     del site.raw_map
-    old = pickle.loads(pickle.dumps(site))
+    old = reload(site, version=1)
     assert old.raw_map == MatrixNormalSite.RAW_MAP
     got = old.distribution()
     torch.testing.assert_close(got.row_factor, want_a, rtol=1e-12, atol=1e-15)
