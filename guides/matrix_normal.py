@@ -127,6 +127,7 @@ class _KroneckerFactorProduct(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             scale = _offdiag_scale(raw_a.shape[0])
             grad_a = _tril_product(grad, c.mT, qa, scale)
+            # The diagonal is softplus(raw), not scale * raw: undo the scale, apply softplus'.
             grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()) / scale)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_c = _lower_t_left(a, grad, qa)  # A^T dD

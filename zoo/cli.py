@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -63,8 +64,8 @@ def _noise(text: str) -> float | str:
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
+        value = math.nan
+    if not 0 < value < math.inf:
         raise argparse.ArgumentTypeError(
             "expected a positive number (the noise standard deviation), 'learned' or "
             f"'heteroscedastic', got {text!r}"
@@ -122,8 +123,6 @@ def _model_factory(args, train):
         if tuple(x.shape[1:]) != (3, 32, 32):
             raise SystemExit("--model cifarnet needs 3x32x32 images (cifar10)")
         return zoo.models.CifarNet
-    import math
-
     from torch import nn
 
     features = math.prod(x.shape[1:])
