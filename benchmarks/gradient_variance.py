@@ -20,10 +20,8 @@ import time
 
 import pyro
 import torch
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import zoo
-from zoo.estimators import plan, wire
 
 
 def main() -> None:
@@ -43,23 +41,18 @@ def main() -> None:
     fit = zoo.fit(model, args.family, (x_all, y_all), num_steps=args.warmup, progress=False, seed=0)
     guide = fit.guide
     x, y = x_all[: args.batch_size], y_all[: args.batch_size]
-    scale = zoo.ElboScale(data_scale=len(x_all) / len(x))
-    elbo_cls = Trace_ELBO if args.elbo == "trace" else TraceMeanField_ELBO
-    loss_fn = elbo_cls(max_plate_nesting=1).differentiable_loss
     names = [n for n, _ in guide.named_parameters()]
     params = [p for _, p in guide.named_parameters()]
     estimators = ["reparam", "local"] + (["flipout"] if args.family == "diagonal" else [])
     stats = {}
     for estimator in estimators:
-        skip = frozenset()
-        if estimator != "reparam":
-            _, skip = plan(model, guide, estimator, args.elbo, x, y)
-        run_model, run_guide = wire(scale(model), scale(guide), estimator, skip)
+        objective = zoo.Objective(model, guide, elbo=args.elbo, estimator=estimator)
+        objective.setup(x, y)
         pyro.set_rng_seed(1)
         grads, times = [], []
         for _ in range(args.draws):
             start = time.perf_counter()
-            loss = loss_fn(run_model, run_guide, x, y)
+            loss = objective.loss(x, y, num_data=len(x_all))
             grads.append([g.detach() for g in torch.autograd.grad(loss, params)])
             times.append(time.perf_counter() - start)
         variance = {}

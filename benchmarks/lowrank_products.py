@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from guides.lowrank import _blocked, _column_chunks, _gram
+from guides.kernels import blocked, column_chunks, gram
 
 
 def _candidates(n: int, rank: int) -> tuple[dict, dict]:
@@ -36,9 +36,9 @@ def _candidates(n: int, rank: int) -> tuple[dict, dict]:
 
     def blocked_left_product():
         res = torch.empty_like(g)
-        k = _column_chunks(g)
-        blocks = _blocked(g, k)
-        torch.bmm(a.expand(k, *a.shape), blocks, out=_blocked(res, k))
+        k = column_chunks(g)
+        blocks = blocked(g, k)
+        torch.bmm(a.expand(k, *a.shape), blocks, out=blocked(res, k))
         done = blocks.shape[0] * blocks.shape[-1]
         if done < n:
             torch.mm(a, g[:, done:], out=res[:, done:])
@@ -50,14 +50,14 @@ def _candidates(n: int, rank: int) -> tuple[dict, dict]:
         return res.addcmul_(grad_z.mT, eps1, value=-1.0)
 
     def forward_as_guide():
-        return eps2 @ g, eps1 @ g.mT, _gram(g)
+        return eps2 @ g, eps1 @ g.mT, gram(g)
 
     rows = {
         "floor: read G (sum)": (lambda: g.sum(), None),
         "floor: read + write G (copy)": (lambda: out.copy_(g), None),
         "t = eps2 G": (lambda: eps2 @ g, "read"),
         "u = eps1 G^T": (lambda: eps1 @ g.mT, "read"),
-        "Gram G G^T (guide: column blocks)": (lambda: _gram(g), "read"),
+        "Gram G G^T (guide: column blocks)": (lambda: gram(g), "read"),
         "Gram G G^T (one mm)": (lambda: g @ g.mT, "read"),
         "Gram, factor stored (n, rank)": (lambda: g_t.mT @ g_t, "read"),
         "A G (guide: one mm)": (lambda: a @ g, "copy"),

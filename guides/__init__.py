@@ -12,16 +12,23 @@ name                class                                    covariance per site
 ``matrix_normal``   :class:`AutoMatrixNormal`                ``(A A^T) kron (B B^T)``
 ==================  =======================================  ===================================
 
-:class:`AutoMixed` picks a family per site by name pattern.
+:class:`AutoMixed` picks a family per site by name pattern. A family registers itself by its
+class statement, ``class AutoX(PerSiteGuide, family="x")`` (see :mod:`guides.registry`);
+:func:`available` lists the registered names.
+
+Modules, each importing only those above it: ``kernels`` (custom autograd kernels) ->
+``gaussian`` (the emitted distributions, closed-form KL) -> ``site`` (one site's parameters)
+-> ``base`` (the per-site guide) -> one module per family -> ``mixed``.
 """
 
-from guides.base import PerSiteGuide, SitePosterior
-from guides.diagonal import AutoDiagonal, DiagonalNormal
-from guides.gaussian import StructuredGaussian, gaussian_kl_to_normal
+from guides.base import PerSiteGuide
+from guides.diagonal import AutoDiagonal
+from guides.gaussian import DiagonalNormal, StructuredGaussian, gaussian_kl_to_normal
 from guides.lowrank import AutoLowRank, LowRankNormal
 from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mixed import AutoMixed
-from guides.registry import available, get
+from guides.registry import available, build, families, get
+from guides.site import SitePosterior
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 
 __all__ = [
@@ -38,6 +45,8 @@ __all__ = [
     "StructuredGaussian",
     "TridiagonalNormal",
     "available",
+    "build",
+    "families",
     "gaussian_kl_to_normal",
     "get",
 ]

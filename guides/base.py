@@ -1,23 +1,35 @@
-"""The per-site machinery that every posterior family shares.
+"""The per-site guide that every posterior family shares.
 
 A guide built on :class:`PerSiteGuide` follows Pyro's ``AutoNormal`` pattern: on its first call it
-traces the model once (the *prototype trace*), then creates one :class:`SitePosterior` module per
-latent sample site, holding that site's variational parameters as ``PyroParam``s. Every later call
-samples each site from the distribution its module emits. Run the guide once (``zoo.fit`` does)
-before building an optimiser or loading a state dict: the parameters do not exist before that.
+traces the model once (the *prototype trace*), then creates one :class:`~guides.site.SitePosterior`
+module per latent sample site, holding that site's variational parameters as ``PyroParam``s.
+Every later call samples each site from the distribution its module emits. Run the guide once
+(``zoo.fit`` does) before building an optimiser or loading a state dict: the parameters do not
+exist before that.
 
 Real-valued sites get the guide's family. Sites with a constrained support (a positive noise
 scale, say) get a diagonal Normal in the unconstrained space pushed through
 ``biject_to(support)``.
+
+A family is one subclass that names itself: ``class AutoX(PerSiteGuide, family="x")`` registers
+``"x"`` (see :mod:`guides.registry`). The base knows no concrete family.
+
+Pyro's param store
+------------------
+Parameter names are ``<ClassName>.sites.<site>.<param>``, as ``AutoNormal``'s are, so Pyro's
+workflow (``pyro.get_param_store().save(path)``; in a new session a guide of the same model,
+``load(path)``, then the guide's first call) restores them. Unlike ``AutoNormal``, two guides
+of one class alive at once never share parameters: a second live one is named
+``<ClassName>_1`` (the first free suffix), so it neither takes nor overwrites the first one's
+values. ``zoo``'s own functions (``fit``, ``predict``, ``load``) never read or write the
+global store.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
+import gc
 import inspect
-import itertools
-import math
+import weakref
 from collections.abc import Callable
 from operator import attrgetter
 
@@ -28,79 +40,26 @@ from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule
 from torch import nn
-from torch.distributions import biject_to, constraints
+from torch.distributions import biject_to
 
-_NAME_COUNTER = itertools.count()
-_DIRECT = contextvars.ContextVar("direct_parameters", default=False)
+from guides import registry
+from guides.site import (
+    DiagonalSite,
+    SitePosterior,
+    fan_in,
+    is_real,
+    kaiming_uniform_like,
+)
 
-
-@contextlib.contextmanager
-def direct_parameters():
-    """Within this block, site modules hand out their (unconstrained, real) parameters directly,
-    without a ``pyro.param`` statement per access. ``zoo.fit`` optimises ``guide.parameters()``
-    with a torch optimiser and never reads param sites from the trace, so it saves that Python
-    overhead; Pyro's own ``SVI`` (which collects params from the trace) runs outside it."""
-    token = _DIRECT.set(True)
-    try:
-        yield
-    finally:
-        _DIRECT.reset(token)
+_LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
+#: Options every family takes (the rest are the family's own).
+COMMON_OPTIONS = ("init_scale", "init_loc_fn", "init_module", "create_plates")
 
 
-class SitePosterior(PyroModule):
-    """Variational parameters of one sample site and the distribution they define.
-
-    Subclasses take ``init_loc`` (the initial mean, shaped like the site) and ``init_scale`` (the
-    initial marginal standard deviation) plus family options, create ``PyroParam``s, and return
-    their distribution from :meth:`distribution`.
-    """
-
-    family: str = ""
-
-    def __init__(self, init_loc: torch.Tensor, init_scale: float):
-        super().__init__()
-
-    @classmethod
-    def supports(cls, shape: torch.Size) -> bool:
-        """Whether this family can serve a real site of this shape."""
-        return True
-
-    def __getattr__(self, name: str):
-        if _DIRECT.get():
-            pyro_params = self.__dict__.get("_pyro_params")
-            if pyro_params is not None and name in pyro_params:
-                return self.__dict__["_parameters"][name + "_unconstrained"]
-        return super().__getattr__(name)
-
-    def distribution(self) -> dist.TorchDistribution:
-        raise NotImplementedError
-
-
-def inverse_softplus(x: torch.Tensor | float) -> torch.Tensor:
-    x = torch.as_tensor(x)
-    return x + torch.log(-torch.expm1(-x))
-
-
-def fan_in(name: str, shapes) -> int:
-    """Fan-in of site ``name``: ``prod(shape[1:])`` for a weight; a bias ``layer.bias`` uses the
-    fan-in of ``layer.weight``; otherwise the number of elements."""
-    shape = shapes[name]
-    if len(shape) >= 2:
-        return math.prod(shape[1:])
-    sibling = shapes.get(name.rsplit(".", 1)[0] + ".weight") if "." in name else None
-    if sibling is not None and len(sibling) >= 2:
-        return math.prod(sibling[1:])
-    return max(math.prod(shape), 1)
-
-
-def kaiming_uniform_like(shape: torch.Size, fan_in: int, like: torch.Tensor) -> torch.Tensor:
-    """PyTorch's default layer init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
-    bound = 1.0 / math.sqrt(max(fan_in, 1))
-    return torch.empty(shape, dtype=like.dtype, device=like.device).uniform_(-bound, bound)
-
-
-def check_family_options(guide_cls: type, site_cls: type, options: dict) -> None:
+def check_family_options(guide_cls: type, site_cls: type | None, options: dict) -> None:
     """Refuse options that the family's site class does not take, naming those it does."""
+    if site_cls is None:
+        return
     params = inspect.signature(site_cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
@@ -111,14 +70,15 @@ def check_family_options(guide_cls: type, site_cls: type, options: dict) -> None
         named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         listed = sorted({*known, *(n for n, p in spec.items() if p.kind in named)})
         own = f"its options are {listed}" if listed else "it has no options of its own"
+        hint = "; Pyro's name for init_loc is init_loc_fn" if "init_loc" in unknown else ""
         raise TypeError(
             f"{guide_cls.__name__} got unknown option(s) {unknown}; {own}, and every family "
-            "takes init_scale, init_loc and init_module"
+            f"takes {', '.join(COMMON_OPTIONS[:3])}{hint}"
         )
 
 
 class PerSiteGuide(AutoGuide):
-    """Base class of the posterior families: one :class:`SitePosterior` per latent site.
+    """Base class of the posterior families: one site module per latent site.
 
     Parameters
     ----------
@@ -126,11 +86,12 @@ class PerSiteGuide(AutoGuide):
         A Pyro model, e.g. a ``zoo.models`` network called as ``model(x, y=None)``.
     init_scale : float
         Initial marginal standard deviation of every weight (not a variance).
-    init_loc : {"kaiming"} or callable
-        Initial means. ``"kaiming"`` draws PyTorch's default layer init
-        ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for tensors (a bias uses the fan-in of the
-        weight of the same layer) and the prior median for scalars and constrained sites.
-        A callable gets the prototype-trace site dict and returns the initial value.
+    init_loc_fn : {"kaiming"} or callable
+        Initial means, as Pyro's ``init_loc_fn``: a callable gets the prototype-trace site dict
+        and returns the initial value (``pyro.infer.autoguide.init_to_median`` and the other
+        Pyro init strategies work). ``"kaiming"`` draws PyTorch's default layer init
+        ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for tensors (a bias uses the fan-in of the weight
+        of the same layer) and the prior median for scalars and constrained sites.
     init_module : torch.nn.Module, optional
         A plain network whose parameters (``fc1.weight``, ...) give the initial means of the
         sites of the same names, e.g. a pretrained deterministic net.
@@ -138,56 +99,86 @@ class PerSiteGuide(AutoGuide):
         As in :class:`pyro.infer.autoguide.AutoGuide`.
     **family_options
         Options of the family (see each subclass).
+
+    Subclassing
+    -----------
+    ``class AutoX(PerSiteGuide, family="x")`` registers the family ``"x"``. Set ``site_class``
+    (a :class:`~guides.site.SitePosterior`), or override :meth:`site_spec` to choose the site
+    class from the options, and list notable configurations in ``variants`` (the test suite
+    runs each).
     """
 
-    site_class: type[SitePosterior]
+    site_class: type[SitePosterior] | None = None
+    #: The registered name, set by ``family=`` in the class statement.
+    family: str | None = None
+    #: Named configurations of the family (label suffix -> options): its documented variants.
+    variants: dict[str, dict] = {"": {}}
+
+    def __init_subclass__(cls, family: str | None = None, composite: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.family = family
+        if family is not None:
+            registry.register(family, cls, composite=composite)
 
     def __init__(
         self,
         model: Callable,
         *,
         init_scale: float = 0.01,
-        init_loc: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "kaiming",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
         **family_options,
     ):
         super().__init__(model, create_plates=create_plates)
-        # A unique name keeps the parameters of two guides of one family apart in Pyro's
-        # global param store (two AutoNormals would silently share them).
-        self._pyro_name = f"{type(self).__name__}_{next(_NAME_COUNTER)}"
-        if init_scale <= 0:
+        if not init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
-        if not (callable(init_loc) or init_loc == "kaiming"):
-            raise ValueError(f"init_loc must be 'kaiming' or a callable, got {init_loc!r}")
+        if not (callable(init_loc_fn) or init_loc_fn == "kaiming"):
+            raise ValueError(f"init_loc_fn must be 'kaiming' or a callable, got {init_loc_fn!r}")
         self.init_scale = float(init_scale)
-        self.init_loc = init_loc
+        self.init_loc_fn = init_loc_fn
         self._init_values = (
             {} if init_module is None else dict(init_module.state_dict(keep_vars=False))
         )
+        self.options = dict(family_options)
         self.site_class, self.family_options = self.site_spec(**family_options)
         check_family_options(type(self), self.site_class, self.family_options)
-        self._transforms: dict[str, constraints.Constraint] = {}
+        self._transforms: dict[str, object] = {}
         self._site_names: list[str] = []
+        self._pyro_name = _free_name(type(self).__name__)
+        _LIVE_GUIDES.add(self)
 
-    # ---- pickling (zoo.persist saves guides whole) ----
-    def __getstate__(self):
-        state = super().__getstate__()
-        state = dict(state)
-        if callable(state.get("init_loc")):
-            state["init_loc"] = "kaiming"  # only used before the parameters exist
-        state["_init_values"] = {}
-        state.pop("_site_cache", None)
-        return state
-
+    # ---- pickling (files of earlier versions, opened with allow_pickle=True) ----
     def __setstate__(self, state):
+        state = dict(state)
+        if "init_loc" in state:  # the name before init_loc_fn
+            state["init_loc_fn"] = state.pop("init_loc")
+        state.setdefault("options", dict(state.get("family_options", {})))
         super().__setstate__(state)
-        # A fresh name, so a loaded guide never shares Pyro param-store entries with another.
-        _rename(self, f"{type(self).__name__}_{next(_NAME_COUNTER)}")
+        _rename(self, _free_name(type(self).__name__))
+        if self.prototype_trace is not None:
+            self.prototype_trace = _slim(self.prototype_trace)
+        _LIVE_GUIDES.add(self)
+
+    # ---- saving as plain data ----
+    def spec(self) -> dict:
+        """Plain data (names, numbers, strings) that rebuilds this guide, without parameter
+        values, through :func:`guides.registry.build`."""
+        if self.family is None or registry.get(self.family) is not type(self):
+            raise TypeError(
+                f"{type(self).__name__} is not a registered family, so it cannot be saved as "
+                "plain data: declare it as class X(PerSiteGuide, family='name')"
+            )
+        return {"family": self.family, "options": dict(self.options), "init_scale": self.init_scale}
+
+    @classmethod
+    def from_spec(cls, model: Callable, spec: dict) -> PerSiteGuide:
+        """The guide of ``model`` that :meth:`spec` describes (parameters not yet created)."""
+        return cls(model, init_scale=spec["init_scale"], **spec["options"])
 
     # ---- which family serves which site ----
     @classmethod
-    def site_spec(cls, **options) -> tuple[type[SitePosterior], dict]:
+    def site_spec(cls, **options) -> tuple[type[SitePosterior] | None, dict]:
         """The site class and its options for this family given the guide's family options."""
         return cls.site_class, options
 
@@ -195,13 +186,14 @@ class PerSiteGuide(AutoGuide):
         """The :class:`SitePosterior` class for a real site; subclasses may override."""
         if not self.site_class.supports(shape):
             raise ValueError(
-                f"The {self.site_class.family!r} family cannot serve site {name!r} of shape "
+                f"The {self.family!r} family cannot serve site {name!r} of shape "
                 f"{tuple(shape)}. Use guides.AutoMixed to give that site another family, "
-                f"e.g. {{'{name}': 'diagonal', '*': '{self.site_class.family}'}}."
+                f"e.g. {{'{name}': 'diagonal', '*': '{self.family}'}}."
             )
         return self.site_class
 
     def site_options_for(self, name: str, cls: type[SitePosterior]) -> dict:
+        """Options for the site module of ``name`` of class ``cls``."""
         return self.family_options if cls is self.site_class else {}
 
     # ---- prototype ----
@@ -215,10 +207,10 @@ class PerSiteGuide(AutoGuide):
                     f"site has shape {tuple(value.shape)}"
                 )
             return init.clone()
-        if callable(self.init_loc):
-            return torch.as_tensor(self.init_loc(site)).to(value).detach().clone()
+        if callable(self.init_loc_fn):
+            return torch.as_tensor(self.init_loc_fn(site)).to(value).detach().clone()
         fn = site["fn"]
-        if value.dim() == 0 or not _is_real(fn.support):
+        if value.dim() == 0 or not is_real(fn.support):
             return _prior_median(fn, value)
         shapes = {n: s["value"].shape for n, s in self.prototype_trace.iter_stochastic_nodes()}
         return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
@@ -229,33 +221,20 @@ class PerSiteGuide(AutoGuide):
         self.sites = PyroModule()
         self._site_names = []
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            fn = site["fn"]
-            if site["cond_indep_stack"]:
-                plate = site["cond_indep_stack"][0].name
-                raise ValueError(
-                    f"Site {name!r} is a local latent variable inside plate {plate!r}; "
-                    f"{type(self).__name__} serves global weights only. Move the site out of "
-                    "the plate or use a separate guide for it (pyro.infer.autoguide.AutoGuideList)."
-                )
-            if fn.support.is_discrete:
-                raise ValueError(
-                    f"Site {name!r} ({type(fn).__name__}) is discrete; the posterior families "
-                    "here are Gaussian and need continuous sites (enumerate or marginalise it)."
-                )
+            _check_global_continuous(type(self).__name__, name, site)
             init = self._initial_value(name, site)
-            if _is_real(fn.support):
+            if is_real(site["fn"].support):
                 self._transforms[name] = None
                 cls = self.site_class_for(name, init.shape)
                 options = self.site_options_for(name, cls)
             else:
-                transform = biject_to(fn.support)
+                transform = biject_to(site["fn"].support)
                 self._transforms[name] = transform
                 init = transform.inv(init)
-                from guides.diagonal import DiagonalSite
-
                 cls, options = DiagonalSite, {}
             deep_setattr(self.sites, name, cls(init, self.init_scale, **options))
             self._site_names.append(name)
+        self.prototype_trace = _slim(self.prototype_trace)
 
     # ---- sampling ----
     def site_posterior(self, name: str) -> SitePosterior:
@@ -273,8 +252,7 @@ class PerSiteGuide(AutoGuide):
         ``log_prob``, ``entropy``, ``covariance_matrix``); constrained sites a transformed
         diagonal Normal.
         """
-        if self.prototype_trace is None:
-            raise RuntimeError("Run the guide once (e.g. guide(x, y)) before asking for its sites")
+        self._require_setup()
         if name not in self._transforms:
             raise KeyError(f"No latent site {name!r}; sites are {self._site_names}")
         d = self.site_posterior(name).distribution()
@@ -293,15 +271,16 @@ class PerSiteGuide(AutoGuide):
     @torch.no_grad()
     def sample_posterior(self, num_samples: int) -> dict[str, torch.Tensor]:
         """``num_samples`` joint draws of every site, stacked as ``(num_samples, *site_shape)``."""
+        self._require_setup()
         return {name: self.get_posterior(name).sample((num_samples,)) for name in self._site_names}
 
     @torch.no_grad()
     def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Posterior median of every site (the mean of a Gaussian site)."""
+        self._require_setup()
         out = {}
         for name in self._site_names:
-            d = self.site_posterior(name).distribution()
-            m = d.mean.clone()
+            m = self.site_posterior(name).distribution().mean.clone()
             transform = self._transforms[name]
             out[name] = m if transform is None else transform(m)
         return out
@@ -309,6 +288,7 @@ class PerSiteGuide(AutoGuide):
     @torch.no_grad()
     def quantiles(self, quantiles, *args, **kwargs) -> dict[str, torch.Tensor]:
         """Marginal quantiles of every site, shaped ``(len(quantiles), *site_shape)``."""
+        self._require_setup()
         out = {}
         for name in self._site_names:
             d = self.site_posterior(name).distribution()
@@ -321,11 +301,68 @@ class PerSiteGuide(AutoGuide):
 
     @property
     def site_names(self) -> list[str]:
+        """Names of the latent sites, in the model's order (empty before the first call)."""
         return list(self._site_names)
+
+    def site_shapes(self) -> dict[str, tuple[int, ...]]:
+        """``{site: shape}`` of every latent site."""
+        self._require_setup()
+        return {n: tuple(self.prototype_trace.nodes[n]["value"].shape) for n in self._site_names}
 
     def num_variational_parameters(self) -> int:
         """Number of scalar variational parameters (all sites)."""
         return sum(p.numel() for p in self.parameters())
+
+    def _require_setup(self) -> None:
+        if self.prototype_trace is None:
+            raise RuntimeError(
+                f"this {type(self).__name__} has not been run yet, so it has no parameters: call "
+                "it once on example inputs (guide(x, y)) or fit it with zoo.fit first"
+            )
+
+
+def _check_global_continuous(guide: str, name: str, site: dict) -> None:
+    if site["cond_indep_stack"]:
+        plate = site["cond_indep_stack"][0].name
+        raise ValueError(
+            f"Site {name!r} is a local latent variable inside plate {plate!r}; {guide} serves "
+            "global weights only. Move the site out of the plate or use a separate guide for it "
+            "(pyro.infer.autoguide.AutoGuideList)."
+        )
+    if site["fn"].support.is_discrete:
+        raise ValueError(
+            f"Site {name!r} ({type(site['fn']).__name__}) is discrete; the posterior families "
+            "here are Gaussian and need continuous sites (enumerate or marginalise it)."
+        )
+
+
+def _slim(trace):
+    """The prototype trace without data: each sample site's value becomes a ``meta`` tensor of
+    its shape and dtype (later calls read shapes only), and the example inputs are replaced by
+    ``meta`` tensors, so a guide holds no copy of sampled weights or training data."""
+    for site in trace.nodes.values():
+        if site["type"] == "sample" and torch.is_tensor(site.get("value")):
+            site["value"] = torch.empty_like(site["value"], device="meta")
+        if site["type"] == "args":
+            site["args"] = tuple(_meta(a) for a in site["args"])
+            site["kwargs"] = {k: _meta(v) for k, v in site["kwargs"].items()}
+    return trace
+
+
+def _meta(value):
+    return torch.empty_like(value, device="meta") if torch.is_tensor(value) else value
+
+
+def _free_name(base: str) -> str:
+    """``base`` if no live guide is named so, else ``base_1``, ``base_2``, ...: the first free."""
+    taken = {g._pyro_name for g in list(_LIVE_GUIDES)}
+    if base in taken:
+        gc.collect()  # a guide the caller dropped may await the cycle collector
+        taken = {g._pyro_name for g in list(_LIVE_GUIDES)}
+    k = 0
+    while (name := base if k == 0 else f"{base}_{k}") in taken:
+        k += 1
+    return name
 
 
 def _rename(module: nn.Module, name: str) -> None:
@@ -333,12 +370,6 @@ def _rename(module: nn.Module, name: str) -> None:
     for key, child in module._modules.items():
         if isinstance(child, PyroModule):
             _rename(child, f"{name}.{key}")
-
-
-def _is_real(support) -> bool:
-    while isinstance(support, constraints.independent):
-        support = support.base_constraint
-    return support is constraints.real
 
 
 def _prior_median(fn, value: torch.Tensor) -> torch.Tensor:

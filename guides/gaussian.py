@@ -1,4 +1,4 @@
-"""The Gaussian base distribution that every posterior family emits, and its closed-form KL.
+"""The Gaussian distributions that the posterior families emit, and their closed-form KL.
 
 A weight tensor of shape ``event_shape`` (for example ``(out, in)`` or ``(out, in, kh, kw)``) is
 flattened in row-major (C) order into a vector of length ``n``; every covariance in this package
@@ -11,31 +11,15 @@ from __future__ import annotations
 
 import math
 
+import pyro.distributions as dist
 import torch
 from pyro.distributions import TorchDistribution
 from torch.distributions import Independent, Normal, constraints
 from torch.distributions.kl import register_kl
 
+from guides.kernels import squared_norm
+
 _LOG_2PI = math.log(2 * math.pi)
-
-
-class _SquaredNorm(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        ctx.save_for_backward(x)
-        return torch.linalg.vector_norm(x, dim=-1).square()
-
-    @staticmethod
-    def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
-        return x * (2 * grad).unsqueeze(-1)
-
-
-def squared_norm(x: torch.Tensor) -> torch.Tensor:
-    """``sum(x^2)`` over the last dimension in one pass (and one pass backward)."""
-    if not x.requires_grad:
-        return torch.linalg.vector_norm(x, dim=-1).square()
-    return _SquaredNorm.apply(x)
 
 
 def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
@@ -46,7 +30,25 @@ def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
 
 
 class GaussianMixin:
-    """Moments shared by every family: flat views and a dense covariance for small sizes."""
+    """Moments shared by every family: flat views and a dense covariance for small sizes.
+
+    Capabilities that ``zoo.estimators`` asks of a site's distribution (a family states them
+    here, nothing outside the family tests its type):
+
+    ``supports_local_reparameterization``
+        :meth:`local_linear` samples ``x W^T + bias`` per example from its exact distribution.
+    ``supports_flipout``
+        ``W - mean`` and ``(W - mean) * (r s^T)`` have the same distribution for random signs
+        ``r, s``, so Flipout is exact.
+    A closed-form KL is stated the torch way, by ``register_kl`` (see :func:`has_closed_form_kl`).
+    """
+
+    supports_local_reparameterization: bool = False
+    supports_flipout: bool = False
+
+    def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """A draw of ``x W^T + bias`` with independent noise per row of ``x``, ``W ~ self``."""
+        raise NotImplementedError(f"{type(self).__name__} has no local reparameterisation")
 
     @property
     def num_elements(self) -> int:
@@ -172,6 +174,54 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         return h.expand(self.batch_shape)
 
 
+class DiagonalNormal(GaussianMixin, dist.Independent):
+    """``Normal(loc, scale).to_event(k)`` with the moments every family exposes (``scale`` is a
+    standard deviation). Pyro's own KL registrations for ``Independent(Normal)`` apply."""
+
+    supports_local_reparameterization = True
+    supports_flipout = True
+
+    def log_det_covariance(self) -> torch.Tensor:
+        return 2 * self.base_dist.scale.log().sum()
+
+    def rsample(self, sample_shape=()) -> torch.Tensor:
+        base = self.base_dist
+        shape = self._extended_shape(sample_shape)
+        eps = torch.randn(shape, dtype=base.loc.dtype, device=base.loc.device)
+        value = torch.addcmul(base.loc, eps, base.scale)
+        self._cache = (value, eps)
+        return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Exact; for the value just drawn by ``rsample`` it reuses ``eps`` (the same value and
+        total derivative, without a backward pass through ``value``)."""
+        cache = getattr(self, "_cache", None)
+        k = self.reinterpreted_batch_ndims
+        if value is self.base_dist.loc:  # the mean: Mahalanobis norm 0
+            maha = torch.zeros((), dtype=value.dtype, device=value.device)
+        elif cache is None or value is not cache[0]:
+            return super().log_prob(value)
+        else:
+            eps = cache[1]
+            maha = squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
+        scale = self.base_dist.scale
+        log_scale = scale.log().reshape(scale.shape[: scale.dim() - k] + (-1,)).sum(-1)
+        n = self.num_elements
+        return -0.5 * maha - log_scale - 0.5 * n * math.log(2 * math.pi)
+
+    def mean_value(self) -> torch.Tensor:
+        return self.base_dist.loc
+
+    def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``b_n ~ N(M x_n + bias, diag(S^2 x_n^2))`` with ``S`` the standard deviations."""
+        mean = torch.nn.functional.linear(x, self.base_dist.loc, bias)
+        var = torch.nn.functional.linear(x.pow(2), self.base_dist.scale.pow(2))
+        return torch.addcmul(mean, var.clamp_min(1e-30).sqrt(), torch.randn_like(mean))
+
+    def _dense_covariance(self) -> torch.Tensor:
+        return torch.diag_embed(self.base_dist.scale.pow(2).reshape(-1))
+
+
 def gaussian_kl(q, loc_p: torch.Tensor, scale_p: torch.Tensor, p_batch_shape=()) -> torch.Tensor:
     """``KL(q || N(loc_p, diag(scale_p^2)))`` for a Gaussian ``q`` of this package.
 
@@ -206,3 +256,12 @@ def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
 @register_kl(StructuredGaussian, Independent)
 def _kl_structured_independent(q, p):
     return gaussian_kl_to_normal(q, p)
+
+
+def has_closed_form_kl(q, p) -> bool:
+    """Whether ``KL(q || p)`` has a registered closed form for these two distributions."""
+    try:
+        torch.distributions.kl_divergence(q, p)
+    except NotImplementedError:
+        return False
+    return True

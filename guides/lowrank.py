@@ -23,74 +23,10 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
 
-from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
-from guides.gaussian import StructuredGaussian, squared_norm
-
-
-def _column_chunks(g: torch.Tensor) -> int:
-    """How many column blocks to split the long ``(rank, n)`` Gram product into: MKL runs this
-    small-output product on one thread, a batched product over blocks runs on all of them. (The
-    backward's ``A G`` has a large output and runs faster as one product:
-    benchmarks/lowrank_products.py.)"""
-    if g.device.type != "cpu" or g.shape[-1] < 65536:
-        return 1
-    return max(1, min(torch.get_num_threads(), 8))
-
-
-def _blocked(g: torch.Tensor, k: int) -> torch.Tensor:
-    """The first ``k * (n // k)`` columns of ``g`` as ``k`` blocks, ``(k, rank, n // k)``."""
-    m = g.shape[-1] // k
-    return g[:, : k * m].unflatten(1, (k, m)).transpose(0, 1)
-
-
-def _gram(g: torch.Tensor) -> torch.Tensor:
-    """``G G^T`` (``rank x rank``)."""
-    k = _column_chunks(g)
-    if k == 1:
-        return g @ g.mT
-    blocks = _blocked(g, k)
-    out = torch.bmm(blocks, blocks.mT).sum(0)
-    tail = g[:, blocks.shape[0] * blocks.shape[-1] :]
-    return out.addmm_(tail, tail.mT) if tail.shape[-1] else out
-
-
-class _LowRankNoise(torch.autograd.Function):
-    """``t = eps2 G``, ``z = eps2 - eps1 G^T`` and ``C = I + G G^T`` with a hand-written
-    backward: the three contributions to the gradient of ``G`` are accumulated in place into one
-    ``(rank, n)`` buffer (autograd would run three separate small-``k`` matrix products and two
-    additions over that array, several times slower on the CPU)."""
-
-    @staticmethod
-    def forward(ctx, g, eps1, eps2):
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(g, eps1, eps2)
-        t = eps2 @ g
-        z = eps2 - eps1 @ g.mT
-        cap = _gram(g)
-        cap.diagonal().add_(1.0)
-        return t, z, cap
-
-    @staticmethod
-    def backward(ctx, grad_t, grad_z, grad_cap):
-        g, eps1, eps2 = ctx.saved_tensors
-        out = None
-        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
-            out = (grad_cap + grad_cap.mT) @ g
-        if grad_t is not None:  # d/dG of <grad_t, eps2 G>
-            if out is None:
-                out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
-            elif eps2.shape[0] == 1:
-                out.addcmul_(eps2.mT, grad_t)
-            else:
-                out.addmm_(eps2.mT, grad_t)
-        if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
-            if out is None:
-                out = -(grad_z.mT @ eps1)
-            elif eps1.shape[0] == 1:
-                out.addcmul_(grad_z.mT, eps1, value=-1.0)
-            else:
-                out.addmm_(grad_z.mT, eps1, alpha=-1.0)
-        return out, None, None
+from guides.base import PerSiteGuide
+from guides.gaussian import StructuredGaussian
+from guides.kernels import LowRankNoise, gram, squared_norm
+from guides.site import SitePosterior, inverse_softplus
 
 
 class LowRankNormal(StructuredGaussian):
@@ -139,7 +75,7 @@ class LowRankNormal(StructuredGaussian):
         n, g = self.num_elements, self.scaled_factor
         eps = torch.randn(shape + (n + self.rank,), dtype=g.dtype, device=g.device)
         flat = eps.reshape(-1, n + self.rank)
-        t, z, cap = _LowRankNoise.apply(g, flat[:, :n], flat[:, n:])
+        t, z, cap = LowRankNoise.apply(g, flat[:, :n], flat[:, n:])
         dev = self.diag_scale * (flat[:, :n] + t)
         value = (self._flat_loc + dev).reshape(shape + self.event_shape)
         if self._cap is None:
@@ -153,7 +89,7 @@ class LowRankNormal(StructuredGaussian):
             cap = self._cap
             if cap is None:
                 g = self.scaled_factor
-                cap = _gram(g) + torch.eye(self.rank, dtype=g.dtype, device=g.device)
+                cap = gram(g) + torch.eye(self.rank, dtype=g.dtype, device=g.device)
             self._chol = torch.linalg.cholesky(cap)
         return self._chol
 
@@ -226,7 +162,7 @@ class LowRankSite(SitePosterior):
         return LowRankNormal(self.loc, scale, scaled_factor=self.scaled_factor)
 
 
-class AutoLowRank(PerSiteGuide):
+class AutoLowRank(PerSiteGuide, family="lowrank"):
     """Per-site diagonal plus low-rank Gaussian guide.
 
     ``Cov = D^2 + F F^T`` per site, ``F = D G^T`` of shape ``(n, rank)`` (``n`` = elements of the
@@ -245,6 +181,7 @@ class AutoLowRank(PerSiteGuide):
     """
 
     site_class = LowRankSite
+    variants = {"": {}, "constant": {"diagonal": "constant"}}
 
     def __init__(self, model, *, rank: int = 10, diagonal: str = "learned", **kwargs):
         super().__init__(model, rank=rank, diagonal=diagonal, **kwargs)

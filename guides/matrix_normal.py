@@ -33,129 +33,20 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
 
-from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
-from guides.diagonal import DiagonalSite
+from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
+from guides.kernels import KroneckerFactorProduct, diagonal_blocks, offdiag_scale
+from guides.site import DiagonalSite, SitePosterior, inverse_softplus
 
 
-def _bounds(n: int, blocks: int) -> list[int]:
-    return [n * i // blocks for i in range(blocks + 1)]
-
-
-def _lower_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """``L X`` for lower triangular ``L`` (``n x n``), skipping its zero blocks."""
-    out = x.new_empty(low.shape[0], x.shape[1])
-    for i, j in zip(q[:-1], q[1:]):
-        torch.mm(low[i:j, :j], x[:j], out=out[i:j])
-    return out
-
-
-def _right_lower_t(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """``X L^T`` for lower triangular ``L``."""
-    out = x.new_empty(x.shape[0], low.shape[0])
-    for i, j in zip(q[:-1], q[1:]):
-        torch.mm(x[:, :j], low[i:j, :j].mT, out=out[:, i:j])
-    return out
-
-
-def _lower_t_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """``L^T X`` for lower triangular ``L``."""
-    out = x.new_empty(low.shape[1], x.shape[1])
-    for i, j in zip(q[:-1], q[1:]):
-        torch.mm(low[i:, i:j].mT, x[i:], out=out[i:j])
-    return out
-
-
-def _right_lower(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """``X L`` for lower triangular ``L``."""
-    out = x.new_empty(x.shape[0], low.shape[1])
-    for i, j in zip(q[:-1], q[1:]):
-        torch.mm(x[:, i:], low[i:, i:j], out=out[:, i:j])
-    return out
-
-
-def _tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int], alpha: float) -> torch.Tensor:
-    """``tril(alpha X Y)`` (square), computing only the blocks on and below the diagonal."""
-    out = x.new_zeros(x.shape[0], y.shape[1])
-    for i, j in zip(q[:-1], q[1:]):
-        out[i:j, :j].addmm_(x[i:j], y[:, :j], beta=0, alpha=alpha)
-    return out.tril_()
-
-
-def _offdiag_scale(n: int) -> float:
-    """Factor of the strictly lower raw entries in a triangular factor of size ``n``."""
-    return 1.0 / math.sqrt(n)
-
-
-def _effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """The triangular factor of ``raw`` as the block products read it: strictly lower entries
-    of ``raw`` over ``sqrt(n)``, ``softplus`` of its diagonal, zeros above the diagonal inside
-    the diagonal blocks; the blocks above those are never read and hold scaled ``raw``."""
-    a = raw.detach() * _offdiag_scale(raw.shape[0])
-    for i, j in zip(q[:-1], q[1:]):
-        block = a[i:j, i:j]
-        block.copy_(block.tril())
-    a.diagonal().copy_(F.softplus(raw.detach().diagonal()))
-    return a
-
-
-class _KroneckerFactorProduct(torch.autograd.Function):
-    """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
-    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``.
-
-    The products run over the blocks on and below the diagonal of each triangular factor
-    (``k`` blocks do ``(k + 1) / 2k`` of a dense product's work), forward and backward, and the
-    factors are never formed as separate masked copies (``tril`` + ``diag_embed`` of a
-    ``784 x 784`` factor, forward and backward, cost several milliseconds per CPU step).
-    Not twice differentiable.
-    """
-
-    @staticmethod
-    def forward(ctx, raw_a, raw_b, e, blocks_a, blocks_b):
-        qa, qb = _bounds(raw_a.shape[0], blocks_a), _bounds(raw_b.shape[0], blocks_b)
-        a, b = _effective_factor(raw_a, qa), _effective_factor(raw_b, qb)
-        c = _right_lower_t(e, b, qb)  # E B^T
-        ctx.save_for_backward(raw_a, raw_b, a, b, e, c)
-        ctx.bounds = qa, qb
-        return _lower_left(a, c, qa)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raw_a, raw_b, a, b, e, c = ctx.saved_tensors
-        qa, qb = ctx.bounds
-        grad_a = grad_b = grad_e = None
-        if ctx.needs_input_grad[0]:
-            scale = _offdiag_scale(raw_a.shape[0])
-            grad_a = _tril_product(grad, c.mT, qa, scale)
-            # The diagonal is softplus(raw), not scale * raw: undo the scale, apply softplus'.
-            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()) / scale)
-        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_c = _lower_t_left(a, grad, qa)  # A^T dD
-            if ctx.needs_input_grad[1]:
-                scale = _offdiag_scale(raw_b.shape[0])
-                grad_b = _tril_product(grad_c.mT, e, qb, scale)
-                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()) / scale)
-            if ctx.needs_input_grad[2]:
-                grad_e = _right_lower(grad_c, b, qb)
-        return grad_a, grad_b, grad_e, None, None
-
-
-def _blocks(n: int, device: torch.device) -> int:
-    """Diagonal blocks to split a factor of size ``n`` into: on the CPU the skipped zero blocks
-    pay for the extra calls from a few hundred rows on; CUDA kernels are launch bound here."""
-    if device.type != "cpu" or n < 256:
-        return 1
-    return 2 if n < 512 else 4
-
-
-def _triangular(raw: torch.Tensor) -> torch.Tensor:
+def triangular_factor(raw: torch.Tensor) -> torch.Tensor:
     """``tril(raw, -1) / sqrt(n) + diag(softplus(diag raw))`` for an ``n x n`` ``raw``."""
-    scale = _offdiag_scale(raw.shape[-1])
+    scale = offdiag_scale(raw.shape[-1])
     return raw.tril(-1) * scale + torch.diag_embed(F.softplus(raw.diagonal()))
 
 
 def _factor_from_raw(raw: torch.Tensor) -> torch.Tensor:
-    return F.softplus(raw) if raw.dim() == 1 else _triangular(raw)
+    return F.softplus(raw) if raw.dim() == 1 else triangular_factor(raw)
 
 
 class MatrixNormal(StructuredGaussian):
@@ -220,8 +111,11 @@ class MatrixNormal(StructuredGaussian):
             and raw_b is not None
             and raw_a.dim() == raw_b.dim() == 2
         ):
-            blocks_a, blocks_b = _blocks(self.rows, e.device), _blocks(self.cols, e.device)
-            dev = _KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
+            blocks_a, blocks_b = (
+                diagonal_blocks(self.rows, e.device),
+                diagonal_blocks(self.cols, e.device),
+            )
+            dev = KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
             return dev.reshape(eps.shape)
         a, b = self.row_factor, self.col_factor
         e = a.unsqueeze(-1) * e if a.dim() == 1 else a @ e
@@ -261,21 +155,34 @@ class MatrixNormal(StructuredGaussian):
         return var.reshape(-1)
 
     @staticmethod
-    def _gram(factor):
+    def gram(factor):
         return torch.diag_embed(factor.pow(2)) if factor.dim() == 1 else factor @ factor.mT
 
     def _dense_covariance(self):
-        return torch.kron(self._gram(self.row_factor), self._gram(self.col_factor))
+        return torch.kron(self.gram(self.row_factor), self.gram(self.col_factor))
+
+    supports_local_reparameterization = True
+
+    def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``b_n = M x_n + bias + |B^T x_n| A eps_n``, i.e.
+        ``b_n ~ N(M x_n + bias, (x_n^T B B^T x_n) A A^T)`` (Louizos & Welling 2016)."""
+        mean = F.linear(x, self.mean, bias)
+        a, b = self.row_factor, self.col_factor
+        xb = x * b if b.dim() == 1 else x @ b  # rows are (B^T x_n)^T
+        eps = torch.randn_like(mean)
+        noise = eps * a if a.dim() == 1 else eps @ a.mT  # rows are (A eps_n)^T
+        norm = torch.linalg.vector_norm(xb, dim=-1, keepdim=True)
+        return torch.addcmul(mean, norm, noise)
 
     @property
     def row_covariance(self) -> torch.Tensor:
         """``A A^T`` (``out x out``)."""
-        return self._gram(self.row_factor)
+        return self.gram(self.row_factor)
 
     @property
     def col_covariance(self) -> torch.Tensor:
         """``B B^T`` (``p x p``)."""
-        return self._gram(self.col_factor)
+        return self.gram(self.col_factor)
 
 
 class MatrixNormalSite(SitePosterior):
@@ -309,7 +216,7 @@ class MatrixNormalSite(SitePosterior):
         if raw.dim() != 2:
             return raw
         old = raw.detach()
-        return old.tril(-1) / _offdiag_scale(old.shape[0]) + old.triu()
+        return old.tril(-1) / offdiag_scale(old.shape[0]) + old.triu()
 
     def __setstate__(self, state):
         if "raw_map" not in state:  # pickled before the 1 / sqrt(n)
@@ -344,7 +251,7 @@ class MatrixNormalSite(SitePosterior):
         return MatrixNormal(self.loc, row_raw=self.row_raw, col_raw=self.col_raw)
 
 
-class AutoMatrixNormal(PerSiteGuide):
+class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):
     """Matrix-normal guide for every weight with two or more dimensions; diagonal elsewhere.
 
     Parameters
@@ -359,6 +266,7 @@ class AutoMatrixNormal(PerSiteGuide):
     """
 
     site_class = MatrixNormalSite
+    variants = {"": {}, "diag_rows": {"row": "diagonal"}, "diag_cols": {"col": "diagonal"}}
 
     def __init__(self, model, *, row: str = "full", col: str = "full", **kwargs):
         super().__init__(model, row=row, col=col, **kwargs)

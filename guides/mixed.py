@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from guides.base import PerSiteGuide, SitePosterior, check_family_options
-from guides.registry import get
+from torch import nn
+
+from guides.base import PerSiteGuide, check_family_options
+from guides.registry import available, get
+from guides.site import SitePosterior
 
 
-class AutoMixed(PerSiteGuide):
-    site_class = None
-
+class AutoMixed(PerSiteGuide, family="mixed", composite=True):
     """Per-site mixture of families, e.g. a structured last layer and diagonal elsewhere::
 
         guide = guides.AutoMixed(model, {"fc2.weight": "matrix_normal", "*": "diagonal"})
@@ -22,24 +23,65 @@ class AutoMixed(PerSiteGuide):
     model : callable
         The Pyro model.
     families : mapping
-        ``fnmatch`` pattern over site names -> a family name, a guide class, or
-        ``(family, options)``. The first matching pattern wins (mapping order); every site must
-        match one, so end with ``"*"``.
-    init_scale, init_loc, init_module, create_plates
+        ``fnmatch`` pattern over site names -> a family name (any of
+        ``guides.available()``), a registered guide class, or ``(family, options)``. The first
+        matching pattern wins (mapping order); every site must match one, so end with ``"*"``,
+        and every pattern must match some site (a misspelt name is an error, not ignored).
+    init_scale, init_loc_fn, init_module, create_plates
         See :class:`guides.base.PerSiteGuide`, shared by all families.
     """
 
-    def __init__(self, model, families: Mapping, **kwargs):
-        super().__init__(model, **kwargs)
-        if not families:
+    def __init__(
+        self,
+        model: Callable,
+        families: Mapping,
+        *,
+        init_scale: float = 0.01,
+        init_loc_fn: str | Callable = "kaiming",
+        init_module: nn.Module | None = None,
+        create_plates: Callable | None = None,
+    ):
+        super().__init__(
+            model,
+            init_scale=init_scale,
+            init_loc_fn=init_loc_fn,
+            init_module=init_module,
+            create_plates=create_plates,
+        )
+        if not isinstance(families, Mapping) or not families:
             raise ValueError("families must map at least one site pattern to a family")
         self._rules = []
         for pattern, spec in families.items():
             family, options = spec if isinstance(spec, tuple) else (spec, {})
             guide_cls = get(family) if isinstance(family, str) else family
+            if not (isinstance(guide_cls, type) and issubclass(guide_cls, PerSiteGuide)):
+                raise TypeError(
+                    f"pattern {pattern!r} maps to {family!r}; use a family name "
+                    f"{available()} or a PerSiteGuide subclass"
+                )
             site_cls, site_options = guide_cls.site_spec(**options)
             check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))
+
+    def spec(self) -> dict:
+        """Plain data that rebuilds this guide: its rules as ``[pattern, family, options]``."""
+        rules = [[p, *cls.guide_options(options)] for p, cls, options in self._rules]
+        return {"family": "mixed", "rules": rules, "init_scale": self.init_scale}
+
+    @classmethod
+    def from_spec(cls, model: Callable, spec: dict) -> AutoMixed:
+        """The guide that :meth:`spec` describes."""
+        rules = {pattern: (family, dict(options)) for pattern, family, options in spec["rules"]}
+        return cls(model, rules, init_scale=spec["init_scale"])
+
+    def _setup_prototype(self, *args, **kwargs):
+        super()._setup_prototype(*args, **kwargs)
+        unused = [p for p, _, _ in self._rules if not fnmatch.filter(self._site_names, p)]
+        if unused:
+            raise ValueError(
+                f"AutoMixed patterns {unused} match no site of the model (a misspelt name?); "
+                f"its sites are {self._site_names}"
+            )
 
     def site_class_for(self, name, shape) -> type[SitePosterior]:
         for pattern, site_cls, _ in self._rules:
@@ -47,8 +89,8 @@ class AutoMixed(PerSiteGuide):
                 if not site_cls.supports(shape):
                     raise ValueError(
                         f"Pattern {pattern!r} gives site {name!r} (shape {tuple(shape)}) the "
-                        f"{site_cls.family!r} family, which cannot serve it; map it to "
-                        "'diagonal', 'lowrank' or 'tridiagonal' with an earlier pattern."
+                        f"{site_cls.family!r} family, which cannot serve it; map it to another "
+                        f"family (one of {available()}) with an earlier pattern."
                     )
                 return site_cls
         raise ValueError(

@@ -1,25 +1,71 @@
-"""Names of the posterior families. A new family is one module in ``guides/`` and one line here."""
+"""The registry of posterior families: a family registers itself by defining its class.
+
+::
+
+    class AutoMyFamily(guides.PerSiteGuide, family="my_family"):
+        site_class = MySite
+
+makes ``"my_family"`` a name that ``zoo.fit``, ``guides.AutoMixed``, ``zoo.compare`` (whose
+default is every registered family), the CLI and ``zoo.load`` accept. Composite guides (such as
+:class:`guides.AutoMixed`) register with ``composite=True``: they can be rebuilt from a saved
+spec, but they are not families of their own and are not listed by :func:`available`.
+"""
 
 from __future__ import annotations
 
-import importlib
+_FAMILIES: dict[str, type] = {}
+_COMPOSITES: set[str] = set()
 
-_FAMILIES = {
-    "diagonal": "guides.diagonal:AutoDiagonal",
-    "lowrank": "guides.lowrank:AutoLowRank",
-    "tridiagonal": "guides.tridiagonal:AutoTridiagonal",
-    "matrix_normal": "guides.matrix_normal:AutoMatrixNormal",
-}
+
+def register(name: str, cls: type, composite: bool = False) -> None:
+    """Register ``cls`` under ``name`` (done by ``class X(PerSiteGuide, family=name)``)."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"a family name must be a Python identifier, got {name!r}")
+    held = _FAMILIES.get(name)
+    if held is not None and _qualified(held) != _qualified(cls):
+        raise ValueError(
+            f"family name {name!r} is already registered by {_qualified(held)}; choose another "
+            f"name for {_qualified(cls)} (or unregister the first)"
+        )
+    _FAMILIES[name] = cls
+    if composite:
+        _COMPOSITES.add(name)
+    else:
+        _COMPOSITES.discard(name)
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` from the registry (for families defined for a while, e.g. in a test)."""
+    _FAMILIES.pop(name, None)
+    _COMPOSITES.discard(name)
 
 
 def available() -> list[str]:
-    """Names accepted by :func:`get` (and by ``zoo.fit(model, "<name>", data)``)."""
-    return sorted(_FAMILIES)
+    """Names of the posterior families, accepted by :func:`get` and by ``zoo.fit(model, name,
+    data)``; the default of ``zoo.compare``."""
+    return sorted(n for n in _FAMILIES if n not in _COMPOSITES)
+
+
+def families() -> dict[str, type]:
+    """``{name: guide class}`` of every family, in :func:`available` order."""
+    return {name: _FAMILIES[name] for name in available()}
 
 
 def get(name: str) -> type:
     """The guide class registered under ``name``, e.g. ``get("tridiagonal")``."""
     if not isinstance(name, str) or name not in _FAMILIES:
         raise ValueError(f"Unknown guide family {name!r}; known families are {available()}")
-    module, attr = _FAMILIES[name].split(":")
-    return getattr(importlib.import_module(module), attr)
+    return _FAMILIES[name]
+
+
+def build(model, spec: dict):
+    """A new guide of ``model`` from a spec written by ``guide.spec()`` (plain data): the
+    family's class found by name, built with the saved options; its parameters are created on
+    its first call and then loaded from a state dict by the caller."""
+    if not isinstance(spec, dict) or "family" not in spec:
+        raise ValueError(f"a guide spec is a dict with a 'family' key, got {spec!r}")
+    return get(spec["family"]).from_spec(model, spec)
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -34,28 +34,12 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
 
-from guides.base import PerSiteGuide, SitePosterior, inverse_softplus
+from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
+from guides.kernels import PoschSample, bidiagonal_solve
+from guides.site import SitePosterior, inverse_softplus
 
 GAMMA_LIMIT = 10.0
-
-
-def bidiagonal_solve(diag: torch.Tensor, sub: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
-    """Solve ``L z = rhs`` for lower-bidiagonal ``L`` (``diag`` (n,), ``sub`` (n-1,)).
-
-    The recurrence ``z_i = (rhs_i - sub_{i-1} z_{i-1}) / diag_i`` is an affine scan; it is
-    evaluated as a parallel prefix (Hillis-Steele) in ``ceil(log2 n)`` vectorised steps.
-    """
-    u = rhs / diag
-    b = F.pad(-sub / diag[1:], (1, 0))  # z_i = u_i + b_i z_{i-1}, b_0 = 0
-    b = b.expand_as(u)
-    n = u.shape[-1]
-    shift = 1
-    while shift < n:
-        u = torch.cat([u[..., :shift], u[..., shift:] + b[..., shift:] * u[..., :-shift]], -1)
-        b = torch.cat([b[..., :shift], b[..., shift:] * b[..., :-shift]], -1)
-        shift *= 2
-    return u
 
 
 class TridiagonalNormal(StructuredGaussian):
@@ -138,59 +122,6 @@ def posch_factors(
     return a, c
 
 
-class _PoschSample(torch.autograd.Function):
-    """``value = loc + tau |m| u`` and ``sum log |m|`` (``|m|`` clamped below by ``c``) for noise
-    ``eps`` of shape ``(P, n)``, with ``u_j = sr_j eps_j + cp_j eps_{j-1}``, ``sr_j = sqrt(r_j)``,
-    ``cp_j = rho / sqrt(r_{j-1})``; ``sr``, ``cp`` are ``head`` values for ``j < K`` and the
-    limit ``lam`` (``sqrt(lambda_+)``) beyond. A hand-written backward: autograd would keep a
-    dozen ``n``-sized intermediates per step."""
-
-    @staticmethod
-    def forward(ctx, loc, tau, rho, head, lam, eps, c):
-        ctx.set_materialize_grads(False)
-        k = head.shape[0]
-        m_abs = loc.abs().clamp_min_(c)
-        u = eps * lam
-        u[:, 1:].addcmul_(eps[:, :-1], rho / lam)
-        u[:, :k] = head * eps[:, :k]
-        u[:, 1:k].addcmul_(eps[:, : k - 1], rho / head[:-1])
-        value = torch.addcmul(loc, m_abs * u, tau)
-        ctx.save_for_backward(loc, m_abs, tau, rho, head, lam, eps, u)
-        ctx.c = c
-        return value, m_abs.log().sum()
-
-    @staticmethod
-    def backward(ctx, g_value, g_log):
-        loc, m_abs, tau, rho, head, lam, eps, u = ctx.saved_tensors
-        k = head.shape[0]
-        g_tau = g_rho = g_head = g_lam = None
-        g_m = g_loc = None  # d/d|m|, d/dloc
-        if g_value is not None:
-            one = g_value.shape[0] == 1  # one draw: rows are views, no sums over draws
-            g_loc = g_value[0] if one else g_value.sum(0)  # read-only here
-            g_vu = g_value[0] * u[0] if one else (g_value * u).sum(0)
-            g_tau = torch.dot(g_vu, m_abs)
-            g_m = g_vu.mul_(tau)
-            # d/du = tau |m| g_value; contract with the noise each coefficient multiplies
-            g_vm = g_value * m_abs
-            g_sr_tail = tau * torch.dot(g_vm[:, k:].reshape(-1), eps[:, k:].reshape(-1))
-            g_cp_tail = tau * torch.dot(g_vm[:, k:].reshape(-1), eps[:, k - 1 : -1].reshape(-1))
-            g_head = tau * (g_vm[:, :k] * eps[:, :k]).sum(0)
-            g_prev = tau * (g_vm[:, 1:k] * eps[:, : k - 1]).sum(0)
-            g_head[:-1] -= g_prev * rho / head[:-1].pow(2)
-            g_rho = (g_prev / head[:-1]).sum() + g_cp_tail / lam
-            g_lam = g_sr_tail - g_cp_tail * rho / lam.pow(2)
-        if g_log is not None:
-            if g_m is None:
-                g_m = g_log / m_abs
-            else:
-                g_m.addcdiv_(g_log.expand_as(m_abs), m_abs)
-        # d|m|/dm = sign(m), and 0 where |m| is clamped
-        g_m.mul_(torch.sign(loc)).masked_fill_(m_abs <= ctx.c, 0.0)
-        g_loc = g_m if g_loc is None else g_m.add_(g_loc)
-        return g_loc, g_tau, g_rho, g_head, g_lam, None, None
-
-
 class PoschNormal(TridiagonalNormal):
     """The tridiagonal Gaussian of Posch & Pilz, evaluated without forming ``a`` and ``c``.
 
@@ -212,7 +143,7 @@ class PoschNormal(TridiagonalNormal):
         loc = self._flat_loc
         eps = torch.randn(shape + (n,), dtype=loc.dtype, device=loc.device)
         head, lam_plus = self._ratio_terms()
-        value, log_m_sum = _PoschSample.apply(
+        value, log_m_sum = PoschSample.apply(
             loc,
             self.tau,
             self.rho,
@@ -313,11 +244,15 @@ class FreeTridiagonalSite(SitePosterior):
         )
         self.sub = PyroParam(torch.zeros(max(n - 1, 0)).to(init_loc))
 
+    @classmethod
+    def guide_options(cls, options: dict) -> tuple[str, dict]:
+        return cls.family, {"parameterization": "free", **options}
+
     def distribution(self) -> TridiagonalNormal:
         return TridiagonalNormal(self.loc, F.softplus(self.diag_rho), self.sub)
 
 
-class AutoTridiagonal(PerSiteGuide):
+class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     """Per-site tridiagonal Gaussian guide (Posch & Pilz), weights flattened row-major.
 
     Parameters
@@ -357,10 +292,20 @@ class AutoTridiagonal(PerSiteGuide):
     """
 
     site_class = PoschSite
+    variants = {"": {}, "free": {"parameterization": "free"}}
 
     def __init__(self, model, *, parameterization: str = "posch", **kwargs):
         super().__init__(model, parameterization=parameterization, **kwargs)
         self.parameterization = parameterization
+
+    def __setstate__(self, state):
+        state = dict(state)
+        if "options" not in state:  # pickled by an earlier version
+            state["options"] = {
+                "parameterization": state.get("parameterization", "posch"),
+                **state.get("family_options", {}),
+            }
+        super().__setstate__(state)
 
     @classmethod
     def site_spec(cls, parameterization: str = "posch", **options):

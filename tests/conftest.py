@@ -22,7 +22,7 @@ def _cpu_by_default(request, monkeypatch):
     if request.module.__name__.endswith("test_cuda"):
         yield
         return
-    from zoo.fit import fit
+    from zoo.training import fit
 
     monkeypatch.setitem(fit.__kwdefaults__, "device", "cpu")
     yield

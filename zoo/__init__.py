@@ -6,25 +6,33 @@ fit = zoo.fit(model, "tridiagonal", zoo.data.mnist(), epochs=2)
 fit.evaluate(zoo.data.mnist(train=False))
 """
 
-from zoo import data, metrics, models, priors
-from zoo.compare import compare
+from zoo import data, likelihoods, metrics, models, priors
+from zoo.comparison import compare
+from zoo.divergence import FitDivergedError
 from zoo.elbo import ElboScale
-from zoo.fit import FitDivergedError, FitResult, FitState, fit, load
-from zoo.predictive import Prediction, predict
+from zoo.objective import Objective
+from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.predictive import predict
+from zoo.result import FitResult, FitState, load
+from zoo.training import fit
 
 __all__ = [
+    "ClassificationPrediction",
     "ElboScale",
-    "compare",
     "FitDivergedError",
     "FitResult",
     "FitState",
+    "Objective",
     "Prediction",
+    "RegressionPrediction",
+    "compare",
     "data",
     "fit",
+    "likelihoods",
     "load",
     "metrics",
     "models",
     "predict",
     "priors",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -108,7 +108,6 @@ def _load_data(args):
 def _model_factory(args, train):
     import zoo
     from zoo.data_checks import as_tensors
-    from zoo.models.mlp import mlp_network
 
     x, _ = as_tensors(train)
     if args.data == "toy":
@@ -123,13 +122,12 @@ def _model_factory(args, train):
         if tuple(x.shape[1:]) != (3, 32, 32):
             raise SystemExit("--model cifarnet needs 3x32x32 images (cifar10)")
         return zoo.models.CifarNet
-    from torch import nn
-
     features = math.prod(x.shape[1:])
 
     def make():
-        net = nn.Sequential(nn.Flatten(), *mlp_network(features, args.hidden, 10))
-        return zoo.models.BayesianModel(net, task="classification", input_shape=tuple(x.shape[1:]))
+        return zoo.models.BayesianMLP(
+            features, args.hidden, 10, task="classification", input_shape=tuple(x.shape[1:])
+        )
 
     return make
 

@@ -9,7 +9,21 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from zoo.likelihoods import check_labels, shape_n
 from zoo.models.base import BayesianModel
+
+__all__ = [
+    "Batches",
+    "as_tensors",
+    "check_data",
+    "check_finite",
+    "check_input_shape",
+    "check_inputs",
+    "check_labelled_data",
+    "check_labels",
+    "check_targets",
+    "gather_tensors",
+]
 
 
 class Batches:
@@ -137,30 +151,13 @@ def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
         raise ValueError("the data set is empty: it has no examples")
     check_finite(x, "X")
     check_finite(y, "y")
-    if isinstance(model, BayesianModel) and model.task == "classification":
-        check_labels(y, model.out_features)
+    check_targets(model, y)
 
 
-def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
-    if y.is_floating_point():
-        if not torch.equal(y, y.round()):
-            raise ValueError(
-                "classification labels must be integer class indices; got non-integer values "
-                "(for one-hot labels use y.argmax(-1))"
-            )
-        raise TypeError(
-            f"classification labels must be an integer tensor, got {y.dtype}; use y.long()"
-        )
-    if y.dim() != 1:
-        raise ValueError(
-            f"classification labels must have shape (N,), got {tuple(y.shape)}"
-            + ("; for one-hot labels use y.argmax(-1)" if y.dim() == 2 else "")
-        )
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or (num_classes is not None and hi >= num_classes):
-        raise ValueError(
-            f"labels must lie in [0, {num_classes}) for this model, got values in [{lo}, {hi}]"
-        )
+def check_targets(model, y: torch.Tensor) -> None:
+    """The target values, as the model's likelihood wants them (labels in range, ...)."""
+    if isinstance(model, BayesianModel):
+        model.likelihood.check_targets(y, model.out_features)
 
 
 def check_labelled_data(model, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:
@@ -198,7 +195,7 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
     expected = model.input_shape
     if expected is not None and tuple(x.shape[1:]) != expected:
         raise ValueError(
-            f"the model expects inputs of shape {_shape_n(expected)}, got {_shape_n(x.shape[1:])}; "
+            f"the model expects inputs of shape {shape_n(expected)}, got {shape_n(x.shape[1:])}; "
             f"reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
         )
     try:
@@ -207,26 +204,10 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
             out = model.network(x, params)
     except RuntimeError as err:
         raise ValueError(
-            f"the model cannot take inputs of shape {_shape_n(x.shape[1:])}: {err}"
+            f"the model cannot take inputs of shape {shape_n(x.shape[1:])}: {err}"
         ) from None
-    if y is not None and model.task == "regression" and model.noise_mode != "heteroscedastic":
-        want = tuple(out.shape[1:]) if out.shape[-1] > 1 else ()
-        if tuple(y.shape[1:]) != want:
-            hint = ""
-            if not want and tuple(y.shape[1:]) == (1,):
-                hint = "; pass y.squeeze(-1)"
-            elif y.shape[1:].numel() == math.prod(want):
-                hint = f"; pass y.reshape(-1{''.join(', ' + str(s) for s in want)})"
-            raise ValueError(
-                f"regression targets must have shape {_shape_n(want)} for this model, got y of "
-                f"shape {_shape_n(tuple(y.shape[1:]))}{hint}"
-            )
-
-
-def _shape_n(tail) -> str:
-    """A shape with ``N`` for the data dimension, e.g. ``(N, 1, 28, 28)`` or ``(N,)``."""
-    dims = ["N", *map(str, tail)]
-    return "(" + ", ".join(dims) + ("," if len(dims) == 1 else "") + ")"
+    if y is not None:
+        model.likelihood.check_target_shape(y, out)
 
 
 def _dataset_length(dataset) -> int:

@@ -40,8 +40,7 @@ import torch.nn.functional as F
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
-from guides.diagonal import DiagonalNormal
-from guides.matrix_normal import MatrixNormal
+from guides.gaussian import has_closed_form_kl
 
 ESTIMATORS = ("reparam", "local", "flipout")
 _CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
@@ -55,11 +54,12 @@ def check_estimator(estimator: str) -> None:
 
 def serves(estimator: str, fn, layer: str) -> bool:
     """Whether ``estimator`` is exact for a weight with posterior ``fn`` in a ``layer``
-    (``"linear"`` or ``"conv"``)."""
+    (``"linear"`` or ``"conv"``), as the distribution states it (see
+    :class:`guides.gaussian.GaussianMixin`)."""
     if estimator == "local":
-        return layer == "linear" and isinstance(fn, (DiagonalNormal, MatrixNormal))
+        return layer == "linear" and getattr(fn, "supports_local_reparameterization", False)
     if estimator == "flipout":
-        return isinstance(fn, DiagonalNormal)
+        return getattr(fn, "supports_flipout", False)
     return False
 
 
@@ -103,7 +103,7 @@ class LayerNoise(TorchFunctionMode):
             if entry is not None and serves(self.estimator, entry[1], layer):
                 self.served.add(entry[0])
                 if self.estimator == "local":
-                    return _local_linear(arguments["input"], entry[1], arguments["bias"])
+                    return entry[1].local_linear(arguments["input"], arguments["bias"])
                 return _flipout(func, arguments, entry[1], entry[2])
         return func(*args, **kwargs)
 
@@ -114,19 +114,6 @@ def _bind(func, args, kwargs) -> dict:
     bound.update(kwargs)
     bound.setdefault("bias", None)
     return bound
-
-
-def _local_linear(x: torch.Tensor, fn, bias: torch.Tensor | None) -> torch.Tensor:
-    mean = F.linear(x, fn.mean, bias)
-    if isinstance(fn, DiagonalNormal):
-        var = F.linear(x.pow(2), fn.base_dist.scale.pow(2))
-        return torch.addcmul(mean, var.clamp_min(1e-30).sqrt(), torch.randn_like(mean))
-    a, b = fn.row_factor, fn.col_factor
-    xb = x * b if b.dim() == 1 else x @ b  # rows are (B^T x_n)^T
-    eps = torch.randn_like(mean)
-    noise = eps * a if a.dim() == 1 else eps @ a.mT  # rows are (A eps_n)^T
-    norm = torch.linalg.vector_norm(xb, dim=-1, keepdim=True)
-    return torch.addcmul(mean, norm, noise)
 
 
 def _flipout(func, arguments: dict, fn, value: torch.Tensor) -> torch.Tensor:
@@ -181,7 +168,6 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     model's prior; Flipout always needs the shared draw).
     """
     from pyro import poutine
-    from torch.distributions import kl_divergence
 
     run, recording_guide = wire(model, guide, estimator)
     with torch.no_grad():
@@ -191,9 +177,6 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     skip = set()
     if elbo == "meanfield" and estimator == "local":
         for name in served:
-            try:
-                kl_divergence(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"])
-            except NotImplementedError:
-                continue
-            skip.add(name)
+            if has_closed_form_kl(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"]):
+                skip.add(name)
     return served, frozenset(skip)

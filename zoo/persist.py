@@ -1,18 +1,26 @@
-"""Saving fitted guides, checkpoints and resuming.
+"""Files: atomic writes, plain-data payloads read without unpickling code, and the guide and
+model they rebuild.
 
-Files are written atomically: to a temporary file in the same folder, flushed to disk, then
+Every file is written atomically: to a temporary file in the same folder, flushed to disk, then
 renamed over the target, so a reader (or a fit killed mid-write) never sees half a file.
 
-A saved fit holds the model (pickled: its class must be importable when loading) and the guide
-(its class, parameters and prototype trace). ``zoo.load(path)`` restores both on the CPU unless
-told otherwise; ``zoo.load(path, model=...)`` attaches the guide to a model you built yourself,
-after checking that its sample sites have the same names and shapes.
+A file holds plain data only (tensors, numbers, strings, lists, dicts), read back with
+``torch.load(weights_only=True)``: opening it runs no code from it. A guide is saved as its spec
+(family name and options, :meth:`guides.PerSiteGuide.spec`), the example input's shape, the site
+names and shapes, and its state dict; it is rebuilt through the family registry and its
+parameters loaded. A model of ``zoo.models`` is saved as its spec (class, arguments, prior,
+likelihood) and its buffers; a network of the user's is passed again as ``model=``.
+
+Files of version 1 were pickled objects. :func:`read` opens them only with
+``allow_pickle=True``, which runs code from the file: use it for files you trust, then save
+again to rewrite them in this format.
 """
 
 from __future__ import annotations
 
 import io
 import os
+import pickle
 import random
 import tempfile
 from pathlib import Path
@@ -20,8 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import guides
+from guides.site import direct_parameters
+
 FORMAT = "bnn-zoo"
-VERSION = 1
+VERSION = 2
 
 
 def atomic_save(obj, path: str | os.PathLike) -> Path:
@@ -47,6 +58,213 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     return path
 
 
+def read(path: str | os.PathLike, kind: str, map_location=None, allow_pickle: bool = False):
+    """The payload dict of a ``kind`` file (``"fit"`` or ``"checkpoint"``).
+
+    Files of this version are read with ``weights_only=True``. A version-1 file (pickled
+    objects) needs ``allow_pickle=True``, which unpickles it and so runs code from the file.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"no {kind} file at {path}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        if not allow_pickle:
+            raise ValueError(
+                f"{path} holds pickled Python objects (a {kind} file of bnn-zoo before version "
+                f"{VERSION}, or not a bnn-zoo file). Opening it runs code from the file: if you "
+                f"trust it, pass allow_pickle=True, then save it again to rewrite it as plain "
+                "data"
+            ) from None
+        payload = torch.load(path, map_location=map_location, weights_only=False)
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a bnn-zoo {kind} file")
+    if payload.get("kind") != kind:
+        raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {kind} file")
+    if payload.get("version", 0) > VERSION:
+        raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
+    return payload
+
+
+# ---- guides and models as plain data ----------------------------------------------------------
+def guide_payload(guide) -> dict:
+    """The guide as plain data: spec, example input, site shapes and state dict."""
+    if not hasattr(guide, "spec"):
+        raise TypeError(
+            f"{type(guide).__name__} cannot be saved as plain data; use a guides family "
+            "(guides.available()) or guides.AutoMixed"
+        )
+    guide._require_setup()
+    args = guide.prototype_trace.nodes["_INPUT"]["args"]
+    return {
+        "spec": guide.spec(),
+        "input": [[list(a.shape), str(a.dtype).removeprefix("torch.")] for a in args],
+        "sites": {name: list(shape) for name, shape in guide.site_shapes().items()},
+        "state": guide.state_dict(),  # keeps each module's version (_metadata)
+    }
+
+
+def build_guide(model, payload: dict):
+    """A guide of ``model`` rebuilt from :func:`guide_payload`, on the CPU: the registry builds
+    it from its spec, one call on zeros of the example input's shape creates its parameters
+    (the global RNG state is left as it was), and the saved values are loaded."""
+    guide = guides.build(model, payload["spec"])
+    device = _device_of(model)
+    example = [
+        torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
+        for shape, dtype in payload["input"]
+    ]
+    try:
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), direct_parameters():
+            guide(*example)
+    except (RuntimeError, ValueError) as err:
+        raise ValueError(
+            "the saved guide was fitted to a different model: this model cannot take the "
+            f"guide's example input of shape {tuple(payload['input'][0][0])} ({err})"
+        ) from None
+    found = {name: list(shape) for name, shape in guide.site_shapes().items()}
+    if found != payload["sites"]:
+        raise ValueError(_sites_differ(payload["sites"], found))
+    guide.load_state_dict(payload["state"])
+    return guide
+
+
+def model_payload(model) -> dict:
+    """The model as plain data: its spec (``None`` for a user's network) and its state, less
+    the network's own weights (placeholders the model never uses: every weight is a site)."""
+    if not isinstance(model, torch.nn.Module):
+        return {"spec": None, "state": {}}
+    frozen = {f"net.{n}" for n, _ in getattr(model, "net", torch.nn.Module()).named_parameters()}
+    state = model.state_dict()
+    for key in frozen:
+        del state[key]
+    spec = model.spec() if hasattr(model, "spec") else None
+    return {"spec": spec, "state": state, "class": type(model).__name__}
+
+
+def restore_model(payload: dict, model=None):
+    """The saved model, or ``model`` (checked against the saved sites by the caller), with the
+    saved state loaded."""
+    if model is None:
+        if payload["spec"] is None:
+            raise ValueError(
+                f"this fit's model ({payload.get('class')}) is not a zoo.models class, so it "
+                "cannot be rebuilt from plain data: pass the model again, "
+                "zoo.load(path, model=...)"
+            )
+        from zoo.models import build
+
+        model = build(payload["spec"])
+    if isinstance(model, torch.nn.Module) and payload["state"]:
+        missing, unexpected = model.load_state_dict(payload["state"], strict=False)
+        if unexpected:
+            raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
+    return model
+
+
+def site_signature(guide) -> dict[str, tuple[int, ...]]:
+    """``{site: shape}`` of the guide's latent sites."""
+    return {name: tuple(shape) for name, shape in guide.site_shapes().items()}
+
+
+def model_signature(model, guide) -> dict[str, tuple[int, ...]]:
+    """Shapes of the model's latent sites, traced on zeros shaped like the guide's example."""
+    from pyro import poutine
+    from pyro.poutine.util import site_is_subsample
+
+    args = guide.prototype_trace.nodes["_INPUT"]["args"]
+    device = _device_of(model)
+    args = tuple(torch.zeros_like(a, device=device) if torch.is_tensor(a) else a for a in args)
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            trace = poutine.block(poutine.trace(model).get_trace)(*args)
+    except (RuntimeError, ValueError) as err:
+        raise ValueError(
+            f"the saved guide was fitted to a different model: this model cannot take the "
+            f"guide's example input ({err})"
+        ) from None
+    return {
+        name: tuple(site["value"].shape)
+        for name, site in trace.iter_stochastic_nodes()
+        if not site_is_subsample(site) and not site["is_observed"]
+    }
+
+
+def attach(guide, model) -> None:
+    """Attach a guide to ``model``, checking that the two have the same sites."""
+    expected = site_signature(guide)
+    found = model_signature(model, guide)
+    if expected != found:
+        raise ValueError(_sites_differ(expected, found))
+    guide._model = (model,)
+
+
+def _sites_differ(expected: dict, found: dict) -> str:
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    shapes = sorted(
+        f"{n}: {tuple(expected[n])} vs {tuple(found[n])}"
+        for n in set(expected) & set(found)
+        if tuple(expected[n]) != tuple(found[n])
+    )
+    parts = (
+        f"sites missing from this model {missing}" if missing else "",
+        f"sites the guide does not know {extra}" if extra else "",
+        f"shapes differ ({', '.join(shapes)})" if shapes else "",
+    )
+    return "the saved guide was fitted to a different model: " + "; ".join(p for p in parts if p)
+
+
+def plain_data(value):
+    """``value`` with anything that is not plain data (a callable, say) as its ``repr``."""
+    if isinstance(value, dict):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.device):
+        return str(value)
+    return repr(value)
+
+
+# ---- random number generators as plain data -------------------------------------------------
+def rng_state(generator: torch.Generator) -> dict:
+    """The states of torch's, Python's and NumPy's global generators and of ``generator``."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next],
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "generator": generator.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict, generator: torch.Generator) -> None:
+    """Restore what :func:`rng_state` recorded."""
+    torch.set_rng_state(state["torch"].cpu())
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss_next))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    keys = keys.cpu().numpy().astype(np.uint32)
+    np.random.set_state((kind, keys, pos, has_gauss, cached))  # noqa: NPY002
+    generator.set_state(state["generator"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
+def _device_of(model):
+    if isinstance(model, torch.nn.Module):
+        for t in list(model.parameters()) + list(model.buffers()):
+            return t.device
+    return None
+
+
 def _file_mode(path: Path) -> int:
     """The mode of the file being replaced, else ``0o666`` less the process umask."""
     try:
@@ -69,97 +287,3 @@ def _fsync_dir(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
-
-
-def read(path: str | os.PathLike, kind: str, map_location=None) -> dict:
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"no {kind} file at {path}")
-    payload = torch.load(path, map_location=map_location, weights_only=False)
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a bnn-zoo {kind} file")
-    if payload.get("kind") != kind:
-        raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {kind} file")
-    if payload.get("version", 0) > VERSION:
-        raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
-    return payload
-
-
-def site_signature(guide) -> dict[str, tuple[int, ...]]:
-    return {
-        name: tuple(guide.prototype_trace.nodes[name]["value"].shape) for name in guide.site_names
-    }
-
-
-def model_signature(model, guide) -> dict[str, tuple[int, ...]]:
-    """Shapes of the model's latent sites, traced with the guide's own example input."""
-    from pyro import poutine
-    from pyro.poutine.util import site_is_subsample
-
-    args = guide.prototype_trace.nodes["_INPUT"]["args"]
-    kwargs = guide.prototype_trace.nodes["_INPUT"]["kwargs"]
-    device = _device_of(model)
-    if device is not None:
-        args = tuple(a.to(device) if torch.is_tensor(a) else a for a in args)
-    with torch.no_grad():
-        trace = poutine.block(poutine.trace(model).get_trace)(*args, **kwargs)
-    return {
-        name: tuple(site["value"].shape)
-        for name, site in trace.iter_stochastic_nodes()
-        if not site_is_subsample(site) and not site["is_observed"]
-    }
-
-
-def attach(guide, model) -> None:
-    """Attach a loaded guide to ``model``, checking that the two have the same sites."""
-    expected = site_signature(guide)
-    found = model_signature(model, guide)
-    if expected != found:
-        missing = sorted(set(expected) - set(found))
-        extra = sorted(set(found) - set(expected))
-        shapes = sorted(
-            f"{n}: {expected[n]} vs {found[n]}"
-            for n in set(expected) & set(found)
-            if expected[n] != found[n]
-        )
-        raise ValueError(
-            "the saved guide was fitted to a different model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"sites missing from this model {missing}" if missing else "",
-                    f"sites the guide does not know {extra}" if extra else "",
-                    f"shapes differ ({', '.join(shapes)})" if shapes else "",
-                )
-                if part
-            )
-        )
-    guide._model = (model,)
-
-
-def rng_state(generator: torch.Generator) -> dict:
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),  # noqa: NPY002 (pyro.set_rng_seed seeds it)
-        "generator": generator.get_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
-    torch.set_rng_state(state["torch"].cpu())
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])  # noqa: NPY002
-    generator.set_state(state["generator"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-
-
-def _device_of(model):
-    if isinstance(model, torch.nn.Module):
-        for t in list(model.parameters()) + list(model.buffers()):
-            return t.device
-    return None

@@ -10,14 +10,14 @@ from collections.abc import Sequence  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from zoo.predictive import Prediction  # noqa: E402
+from zoo.prediction import RegressionPrediction  # noqa: E402
 
 
 def regression_band(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
     x_grid: torch.Tensor,
-    prediction: Prediction,
+    prediction: RegressionPrediction,
     truth: torch.Tensor | None = None,
     level: float = 0.95,
     title: str | None = None,

@@ -1,10 +1,8 @@
-"""Posterior predictive from ``S`` sampled networks, computed in one batched pass per chunk."""
+"""Posterior predictive from ``S`` sampled networks, evaluated in blocks of draws and inputs."""
 
 from __future__ import annotations
 
 import functools
-import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,6 +11,7 @@ from tqdm import tqdm
 
 from zoo.data_checks import check_inputs
 from zoo.models.base import BayesianModel
+from zoo.prediction import Prediction
 
 #: Seconds before the prediction progress bar appears: short predictions print nothing.
 PROGRESS_DELAY = 2.0
@@ -20,104 +19,6 @@ PROGRESS_DELAY = 2.0
 CPU_BATCH_RANGE = (16, 4096)
 #: The most bytes :func:`cpu_batch_size` lets a pass's largest activation take on the CPU.
 CPU_ACTIVATION_CAP = 16 << 20
-
-
-@dataclass
-class Prediction:
-    """Outputs of ``S`` sampled networks on ``N`` inputs.
-
-    Attributes
-    ----------
-    task : str
-        ``"classification"`` or ``"regression"``.
-    outputs : Tensor ``(S, N, ...)``
-        Raw network outputs (logits for classification).
-    sample_probs : Tensor ``(S, N, C)`` or None
-        Classification: class probabilities of each sampled network.
-    sample_means, sample_scales : Tensor ``(S, N[, D])`` or None
-        Regression: mean and observation-noise standard deviation of each sampled network.
-    """
-
-    task: str
-    outputs: torch.Tensor
-    sample_probs: torch.Tensor | None = None
-    sample_means: torch.Tensor | None = None
-    sample_scales: torch.Tensor | None = None
-    likelihood: torch.distributions.Distribution | None = None
-
-    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
-        """``log p(y_n | x_n, w_s)`` of each sampled network, ``(S, N)``."""
-        return self.likelihood.log_prob(y.to(self.outputs.device))
-
-    @property
-    def num_samples(self) -> int:
-        return self.outputs.shape[0]
-
-    # ---- classification ----
-    @property
-    def probs(self) -> torch.Tensor:
-        """Predictive probabilities ``1/S sum_s p(y | x, w_s)``, ``(N, C)``."""
-        self._need("classification")
-        return self.sample_probs.mean(0)
-
-    @property
-    def entropy(self) -> torch.Tensor:
-        """Predictive entropy ``H[mean_s p_s]`` (total uncertainty), ``(N,)``."""
-        return _entropy(self.probs)
-
-    @property
-    def expected_entropy(self) -> torch.Tensor:
-        """``mean_s H[p_s]`` (aleatoric part), ``(N,)``."""
-        self._need("classification")
-        return _entropy(self.sample_probs).mean(0)
-
-    @property
-    def mutual_information(self) -> torch.Tensor:
-        """``H[mean p] - mean H[p]`` (epistemic part, BALD), ``(N,)``; 0 when samples agree."""
-        return (self.entropy - self.expected_entropy).clamp_min(0)
-
-    def class_intervals(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-        """Central ``level`` credible interval of each class probability over the ``S``
-        sampled networks: ``(lower, upper)``, each ``(N, C)``."""
-        self._need("classification")
-        alpha = (1 - level) / 2
-        q = torch.tensor([alpha, 1 - alpha], dtype=self.sample_probs.dtype)
-        lower, upper = torch.quantile(self.sample_probs, q.to(self.sample_probs.device), dim=0)
-        return lower, upper
-
-    # ---- regression ----
-    @property
-    def mean(self) -> torch.Tensor:
-        """Predictive mean, ``(N[, D])``."""
-        self._need("regression")
-        return self.sample_means.mean(0)
-
-    @property
-    def epistemic_variance(self) -> torch.Tensor:
-        """Variance of the sampled means across networks."""
-        self._need("regression")
-        return self.sample_means.var(0, unbiased=False)
-
-    @property
-    def aleatoric_variance(self) -> torch.Tensor:
-        """Mean observation-noise variance across networks."""
-        self._need("regression")
-        return self.sample_scales.pow(2).mean(0)
-
-    @property
-    def variance(self) -> torch.Tensor:
-        """Total predictive variance (law of total variance)."""
-        return self.epistemic_variance + self.aleatoric_variance
-
-    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-        """Central ``level`` interval of the predictive, by a moment-matched Normal."""
-        z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
-        sd = self.variance.sqrt()
-        return self.mean - z * sd, self.mean + z * sd
-
-    def _need(self, task: str) -> None:
-        if self.task != task:
-            raise AttributeError(f"only defined for {task}; this prediction is {self.task}")
 
 
 class _LargestActivation(TorchFunctionMode):
@@ -176,10 +77,6 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
         low, high = CPU_BATCH_RANGE
         budget = min(_last_level_cache_bytes() // 3, CPU_ACTIVATION_CAP)
         return int(min(max(budget // per_example, low), high))
-
-
-def _entropy(probs: torch.Tensor) -> torch.Tensor:
-    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
 @torch.no_grad()
@@ -249,10 +146,4 @@ def predict(
                     )
                 bar.update(1)
             blocks.append(torch.cat(parts, dim=0))
-    outputs = torch.cat(blocks, dim=1)
-    lik = model.likelihood(outputs, params)
-    if model.task == "classification":
-        return Prediction(model.task, outputs, sample_probs=outputs.softmax(-1), likelihood=lik)
-    return Prediction(
-        model.task, outputs, sample_means=lik.mean, sample_scales=lik.stddev, likelihood=lik
-    )
+    return model.likelihood.predict(torch.cat(blocks, dim=1), params)

@@ -16,8 +16,8 @@ from torch import nn
 from torch.distributions import constraints
 from torch.distributions.kl import register_kl
 
-from guides.diagonal import DiagonalNormal
-from guides.gaussian import StructuredGaussian, expand_to, gaussian_kl, squared_norm
+from guides.gaussian import DiagonalNormal, StructuredGaussian, expand_to, gaussian_kl
+from guides.kernels import squared_norm
 
 
 class IsotropicNormal(TorchDistribution):
@@ -80,7 +80,14 @@ class Prior(nn.Module):
     """Base class: ``distribution(shape, fan_in)`` -> a distribution with event shape ``shape``."""
 
     def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
+        """The prior of a site of this ``shape`` whose layer has this ``fan_in``."""
         raise NotImplementedError
+
+    def spec(self) -> dict | None:
+        """Plain data that rebuilds this prior (:func:`from_spec`), or ``None`` for a prior
+        class of the user's."""
+        args = {name: float(buffer) for name, buffer in self.named_buffers()}
+        return {"class": type(self).__name__, "args": args} if type(self) in _BUILT_IN else None
 
 
 class NormalPrior(Prior):
@@ -181,6 +188,17 @@ class ScaleMixturePrior(Prior):
     def distribution(self, shape, fan_in):
         base = ScaleMixtureNormal(self.pi, self.sigma1, self.sigma2)
         return base.expand(shape).to_event(len(shape))
+
+
+_BUILT_IN = (NormalPrior, LayerwiseNormalPrior, ScaleMixturePrior)
+
+
+def from_spec(spec: dict) -> Prior:
+    """The prior that :meth:`Prior.spec` describes."""
+    classes = {cls.__name__: cls for cls in _BUILT_IN}
+    if spec.get("class") not in classes:
+        raise ValueError(f"unknown prior {spec.get('class')!r}; known: {sorted(classes)}")
+    return classes[spec["class"]](**spec["args"])
 
 
 def resolve_prior(prior: Prior | float | None) -> Prior:

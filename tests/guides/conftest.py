@@ -1,34 +1,26 @@
 """Small sites of every family with random (not initial) parameters, in float64."""
 
+import functools
+
 import pytest
 import torch
 
-from guides.diagonal import DiagonalSite
-from guides.lowrank import LowRankSite
-from guides.matrix_normal import MatrixNormalSite
-from guides.tridiagonal import FreeTridiagonalSite, PoschSite
+from tests.families import CASES, site_case
 
-FAMILIES = {
-    "diagonal": (DiagonalSite, {}),
-    "lowrank": (LowRankSite, {"rank": 2}),
-    "lowrank_constant": (LowRankSite, {"rank": 2, "diagonal": "constant"}),
-    "tridiagonal_free": (FreeTridiagonalSite, {}),
-    "tridiagonal_posch": (PoschSite, {"init_tau": 0.6, "init_rho": 0.3}),
-    "matrix_normal": (MatrixNormalSite, {}),
-    "matrix_normal_diag_rows": (MatrixNormalSite, {"row": "diagonal"}),
-    "matrix_normal_diag_cols": (MatrixNormalSite, {"col": "diagonal"}),
-}
+FAMILIES = list(CASES)
 SHAPES = [(4, 3), (6, 5)]
 
 
-def make_site(family: str, shape, seed: int = 0):
-    """A site module of ``family`` with every parameter moved to a random value."""
+def make_site(family: str, shape, seed: int = 0, site_cls=None, options=None):
+    """A site module of case ``family`` (or of ``site_cls`` with ``options``) with every
+    parameter moved to a random value."""
     torch.manual_seed(seed)
-    cls, options = FAMILIES[family]
+    if site_cls is None:
+        site_cls, options = site_case(family)
     init = (0.5 + torch.rand(shape, dtype=torch.float64)) * torch.where(
         torch.rand(shape) < 0.5, -1.0, 1.0
     ).double()
-    site = cls(init, 0.3, **options)
+    site = site_cls(init, 0.3, **(options or {}))
     with torch.no_grad():
         for name, p in site.named_parameters():
             if "loc" in name:
@@ -37,9 +29,16 @@ def make_site(family: str, shape, seed: int = 0):
     return site
 
 
-@pytest.fixture(params=list(FAMILIES))
+@pytest.fixture(params=FAMILIES)
 def family(request):
     return request.param
+
+
+@pytest.fixture
+def make(family):
+    """``make(shape, seed=0)``: a random site of the case under test. The shared distribution
+    tests take this, so a module can run them on another family by overriding it."""
+    return functools.partial(make_site, family)
 
 
 @pytest.fixture(params=SHAPES, ids=lambda s: "x".join(map(str, s)))

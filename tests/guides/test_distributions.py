@@ -1,4 +1,8 @@
-"""Properties every family's distribution shares, checked against a dense MultivariateNormal."""
+"""Properties every family's distribution shares, checked against a dense MultivariateNormal.
+
+Every test takes ``make`` (``make(shape)`` -> a site with random parameters) from
+``tests/guides/conftest.py``, one case per registered family and variant; a module that defines
+a family of its own imports these tests and overrides ``make``."""
 
 import math
 
@@ -6,15 +10,13 @@ import pyro.distributions as dist
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
-from tests.guides.conftest import make_site
-
 
 def dense(d):
     return MultivariateNormal(d.mean.reshape(-1), covariance_matrix=d.covariance_matrix)
 
 
-def test_log_prob_matches_dense_mvn(family, shape):
-    d = make_site(family, shape).distribution()
+def test_log_prob_matches_dense_mvn(make, shape):
+    d = make(shape).distribution()
     ref = dense(d)
     torch.manual_seed(1)
     points = d.mean + 0.7 * torch.randn((7,) + tuple(shape), dtype=torch.float64)
@@ -24,8 +26,8 @@ def test_log_prob_matches_dense_mvn(family, shape):
     assert torch.allclose(d.log_prob(drawn), ref.log_prob(drawn.reshape(5, -1)), atol=1e-9)
 
 
-def test_moments_and_entropy_match_dense(family, shape):
-    d = make_site(family, shape).distribution()
+def test_moments_and_entropy_match_dense(make, shape):
+    d = make(shape).distribution()
     cov = d.covariance_matrix
     assert torch.allclose(d.variance.reshape(-1), cov.diagonal(), rtol=1e-12)
     assert torch.allclose(cov, cov.mT)
@@ -33,8 +35,8 @@ def test_moments_and_entropy_match_dense(family, shape):
     assert torch.allclose(d.entropy(), dense(d).entropy(), rtol=1e-10)
 
 
-def test_empirical_covariance_of_samples(family, shape):
-    d = make_site(family, shape).distribution()
+def test_empirical_covariance_of_samples(make, shape):
+    d = make(shape).distribution()
     torch.manual_seed(2)
     samples = d.rsample((50_000,)).reshape(50_000, -1)
     emp = torch.cov(samples.T)
@@ -44,8 +46,8 @@ def test_empirical_covariance_of_samples(family, shape):
     assert (samples.mean(0) - d.mean.reshape(-1)).abs().max() < 0.03 * cov.diagonal().max().sqrt()
 
 
-def test_closed_form_kl_matches_monte_carlo(family, shape):
-    d = make_site(family, shape).distribution()
+def test_closed_form_kl_matches_monte_carlo(make, shape):
+    d = make(shape).distribution()
     prior = dist.Normal(torch.tensor(0.1, dtype=torch.float64), 0.7).expand(shape).to_event(2)
     kl = kl_divergence(d, prior)
     torch.manual_seed(3)
@@ -61,8 +63,8 @@ def test_closed_form_kl_matches_monte_carlo(family, shape):
     assert torch.allclose(kl, kl_divergence(dense(d), ref), rtol=1e-9)
 
 
-def test_kl_broadcasts_over_particles(family):
-    d = make_site(family, (4, 3)).distribution().expand((5,))
+def test_kl_broadcasts_over_particles(make):
+    d = make((4, 3)).distribution().expand((5,))
     prior = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0).expand((5, 4, 3)).to_event(2)
     kl = kl_divergence(d, prior)
     assert kl.shape == (5,)
@@ -71,8 +73,8 @@ def test_kl_broadcasts_over_particles(family):
     assert d.log_prob(d.rsample()).shape == (5,)
 
 
-def test_gradients_reach_every_parameter(family, shape):
-    site = make_site(family, shape)
+def test_gradients_reach_every_parameter(make, shape):
+    site = make(shape)
     d = site.distribution()
     w = d.rsample((3,))
     torch.manual_seed(4)
@@ -82,10 +84,10 @@ def test_gradients_reach_every_parameter(family, shape):
         assert p.grad.abs().sum() > 0, name
 
 
-def test_log_prob_of_own_sample_has_the_exact_gradient(family, shape):
+def test_log_prob_of_own_sample_has_the_exact_gradient(make, shape):
     """The noise-based log_prob of a value just drawn is the same function of the parameters
     as the exact formula: equal values and equal total derivatives."""
-    site = make_site(family, shape)
+    site = make(shape)
     params = [p for _, p in site.named_parameters()]
 
     def grads(shortcut: bool):
@@ -102,14 +104,14 @@ def test_log_prob_of_own_sample_has_the_exact_gradient(family, shape):
         assert torch.allclose(a, b, atol=1e-8)
 
 
-def test_log_prob_at_the_mean_tensor_is_exact(family, shape):
-    d = make_site(family, shape).distribution()
+def test_log_prob_at_the_mean_tensor_is_exact(make, shape):
+    d = make(shape).distribution()
     m = d.mean_value()
     assert torch.allclose(d.log_prob(m), dense(d).log_prob(m.reshape(-1)), atol=1e-9)
 
 
 def test_squared_norm_value_and_gradients():
-    from guides.gaussian import squared_norm
+    from guides.kernels import squared_norm
 
     x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
     assert torch.allclose(squared_norm(x), x.pow(2).sum(-1))

@@ -1,14 +1,16 @@
 import pytest
 import torch
 
-import guides.lowrank
-from guides.lowrank import LowRankSite, _LowRankNoise
+import guides.kernels
+from guides.kernels import LowRankNoise
+from guides.lowrank import LowRankSite
 from tests.guides.conftest import make_site
 
 
 @pytest.mark.parametrize("family", ["lowrank", "lowrank_constant"])
 def test_off_diagonal_part_has_low_rank(family, shape):
-    site = make_site(family, shape)
+    diagonal = "constant" if family.endswith("constant") else "learned"
+    site = make_site(family, shape, site_cls=LowRankSite, options={"rank": 2, "diagonal": diagonal})
     d = site.distribution()
     low = d.covariance_matrix - torch.diag_embed(d.diag_scale.pow(2))
     assert torch.linalg.matrix_rank(low) <= 2
@@ -39,13 +41,13 @@ def test_bad_options_are_rejected():
 def test_noise_products_over_column_blocks(monkeypatch, chunks, draws):
     """t = eps2 G, z = eps2 - eps1 G^T, C = I + G G^T and the hand-written backward, computed
     over column blocks (as on a multi-core CPU, with a remainder block), against autograd."""
-    monkeypatch.setattr(guides.lowrank, "_column_chunks", lambda g: chunks)
+    monkeypatch.setattr(guides.kernels, "column_chunks", lambda g: chunks)
     gen = torch.Generator().manual_seed(chunks * 10 + draws)
     n, rank = 1001, 4
     g = torch.randn(rank, n, generator=gen, dtype=torch.float64, requires_grad=True)
     eps1 = torch.randn(draws, n, generator=gen, dtype=torch.float64)
     eps2 = torch.randn(draws, rank, generator=gen, dtype=torch.float64)
-    got = _LowRankNoise.apply(g, eps1, eps2)
+    got = LowRankNoise.apply(g, eps1, eps2)
     want = (eps2 @ g, eps2 - eps1 @ g.mT, g @ g.mT + torch.eye(rank, dtype=torch.float64))
     weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in want]
     for k in range(4):  # each output alone, then all three

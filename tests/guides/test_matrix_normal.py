@@ -3,12 +3,8 @@ import pickle
 import pytest
 import torch
 
-from guides.matrix_normal import (
-    MatrixNormal,
-    MatrixNormalSite,
-    _KroneckerFactorProduct,
-    _triangular,
-)
+from guides.kernels import KroneckerFactorProduct
+from guides.matrix_normal import MatrixNormal, MatrixNormalSite, triangular_factor
 from tests.guides.conftest import make_site
 
 
@@ -53,8 +49,8 @@ def test_block_triangular_product_matches_dense_autograd(rows, cols, blocks_a, b
     raw_b = torch.randn(cols, cols, generator=g, dtype=torch.float64, requires_grad=True)
     e = torch.randn(rows, cols, generator=g, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    out = _KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
-    ref = _triangular(raw_a) @ e @ _triangular(raw_b).mT
+    out = KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
+    ref = triangular_factor(raw_a) @ e @ triangular_factor(raw_b).mT
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     grads = torch.autograd.grad(out, (raw_a, raw_b, e), upstream)
     expected = torch.autograd.grad(ref, (raw_a, raw_b, e), upstream)
@@ -68,7 +64,7 @@ def test_block_triangular_product_gradcheck():
     for a in args:
         a.requires_grad_()
     assert torch.autograd.gradcheck(
-        lambda a, b, e: _KroneckerFactorProduct.apply(a, b, e, 2, 3), args
+        lambda a, b, e: KroneckerFactorProduct.apply(a, b, e, 2, 3), args
     )
 
 
@@ -78,7 +74,7 @@ def test_raw_and_explicit_factors_give_the_same_distribution():
     raw_a = torch.randn(300, 300, generator=g, dtype=torch.float64) * 0.1
     raw_b = torch.randn(260, 260, generator=g, dtype=torch.float64) * 0.1
     fast = MatrixNormal(loc, row_raw=raw_a, col_raw=raw_b)
-    slow = MatrixNormal(loc, _triangular(raw_a), _triangular(raw_b))
+    slow = MatrixNormal(loc, triangular_factor(raw_a), triangular_factor(raw_b))
     torch.manual_seed(2)
     w_fast = fast.rsample()
     torch.manual_seed(2)
@@ -87,7 +83,7 @@ def test_raw_and_explicit_factors_give_the_same_distribution():
     torch.testing.assert_close(fast.log_prob(w_fast), slow.log_prob(w_fast.clone()))
     torch.testing.assert_close(fast.row_factor, slow.row_factor)
     with pytest.raises(ValueError, match="row_factor or row_raw"):
-        MatrixNormal(loc, _triangular(raw_a), _triangular(raw_b), row_raw=raw_a)
+        MatrixNormal(loc, triangular_factor(raw_a), triangular_factor(raw_b), row_raw=raw_a)
 
 
 @pytest.mark.parametrize("n", [16, 1024])
@@ -97,11 +93,11 @@ def test_a_step_on_every_raw_entry_moves_a_factor_row_by_a_width_independent_amo
     lr = 1e-3
     raw = torch.zeros(n, n, dtype=torch.float64)
     step = torch.full((n, n), lr, dtype=torch.float64)
-    moved = _triangular(raw + step) - _triangular(raw)
+    moved = triangular_factor(raw + step) - triangular_factor(raw)
     off = moved.tril(-1)[-1].norm()
     assert off == pytest.approx(lr * ((n - 1) / n) ** 0.5, rel=1e-12)
     torch.testing.assert_close(
-        _triangular(raw).diagonal(), torch.nn.functional.softplus(raw.diagonal())
+        triangular_factor(raw).diagonal(), torch.nn.functional.softplus(raw.diagonal())
     )
 
 

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
+from guides.kernels import bidiagonal_solve
 from guides.tridiagonal import (
     RATIO_TERMS,
     FreeTridiagonalSite,
     PoschSite,
     TridiagonalNormal,
-    bidiagonal_solve,
     posch_factors,
 )
 from tests.guides.conftest import make_site
@@ -42,7 +42,7 @@ def test_closed_form_equals_paper_recursion(rho):
 
 
 def test_covariance_is_tridiagonal_in_row_major_order(shape):
-    for family in ("tridiagonal_free", "tridiagonal_posch"):
+    for family in ("tridiagonal_free", "tridiagonal"):
         cov = make_site(family, shape).distribution().covariance_matrix
         n = cov.shape[0]
         far = torch.ones(n, n, dtype=torch.bool).triu(2) | torch.ones(n, n, dtype=torch.bool).tril(
@@ -53,7 +53,7 @@ def test_covariance_is_tridiagonal_in_row_major_order(shape):
 
 
 def test_posch_variances_and_correlations(shape):
-    site = make_site("tridiagonal_posch", shape)
+    site = make_site("tridiagonal", shape)
     d = site.distribution()
     cov = d.covariance_matrix
     m = site.loc.reshape(-1)

@@ -6,16 +6,11 @@ import pytest
 import torch
 
 import zoo
+from tests.families import CASES
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-FAMILIES = [
-    ("diagonal", {}),
-    ("lowrank", {"rank": 4}),
-    ("tridiagonal", {}),
-    ("tridiagonal", {"parameterization": "free"}),
-    ("matrix_normal", {}),
-]
+FAMILIES = list(CASES.values())
 
 
 def data(n=256):

@@ -1,5 +1,4 @@
 import math
-import sys
 
 import pyro
 import pytest
@@ -7,6 +6,7 @@ import torch
 
 import guides
 import zoo
+import zoo.divergence
 from tests.zoo.linear_gaussian import (
     correlated_data,
     decaying,
@@ -186,7 +186,7 @@ def test_evaluate_regression_metrics():
 
 
 def test_divergence_stops_and_keeps_the_last_finite_parameters(monkeypatch):
-    monkeypatch.setattr(sys.modules["zoo.fit"], "LAST_GOOD_EVERY", 1)
+    monkeypatch.setattr(zoo.divergence, "LAST_GOOD_EVERY", 1)
     x, y = torch.randn(20, 2), torch.randn(20)
     model = BayesianMLP(2, (3,), 1)
     snapshots = []
@@ -301,7 +301,7 @@ def test_skip_goes_on_from_the_last_finite_parameters_and_reports_the_skipped_st
 
 
 def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
-    monkeypatch.setattr(sys.modules["zoo.fit"], "MAX_CONSECUTIVE_SKIPS", 4)
+    monkeypatch.setattr(zoo.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
     x, y = torch.randn(20, 2), torch.randn(20)
     guide = guides.AutoDiagonal(BayesianMLP(2, (3,), 1))
 

@@ -6,22 +6,19 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pyro
 import pytest
 import torch
 
 import zoo
+from tests.families import CASES
 from zoo import persist
 from zoo.models import BayesianMLP
 
-FAMILIES = {
-    "diagonal": ("diagonal", {}),
-    "lowrank": ("lowrank", {"rank": 2}),
-    "tridiagonal": ("tridiagonal", {}),
-    "tridiagonal_free": ("tridiagonal", {"parameterization": "free"}),
-    "matrix_normal": ("matrix_normal", {}),
-}
+FAMILIES = CASES
+LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_v1"
 
 
 def data(n=64):
@@ -153,10 +150,103 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
         if child.poll() is None:
             child.kill()
     assert reads > 0
-    stopped_at = persist.read(ckpt, "checkpoint")["step"]
+    stopped_at = persist.read(ckpt, "checkpoint")["state"]["step"]
     assert 0 < stopped_at < 400
     resumed = zoo.fit(model(), "diagonal", data(), num_steps=400, resume=ckpt, **OPTIONS)
     full = zoo.fit(model(), "diagonal", data(), num_steps=400, **OPTIONS)
     assert resumed.steps == 400
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_saved_files_are_plain_data_and_small(family, tmp_path):
+    """Read with weights_only=True (no code runs); parameters plus history, nothing else."""
+    name, options = FAMILIES[family]
+    fit = zoo.fit(model(), name, data(), num_steps=10, guide_options=options, **OPTIONS)
+    path = fit.save(tmp_path / "fit.pt")
+    payload = torch.load(path, weights_only=True)
+    assert payload["guide"]["spec"]["family"] == name
+    assert payload["model"]["spec"]["class"] == "BayesianMLP"
+    params = sum(p.numel() * p.element_size() for p in fit.guide.parameters())
+    history = 8 * (len(fit.losses) + len(fit.epoch_losses))
+    assert path.stat().st_size <= 1.2 * (params + history) + 8192  # + the file's fixed overhead
+
+
+def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    fit = zoo.fit(zoo.models.LeNet5(), "tridiagonal", (x, y), num_steps=2, progress=False)
+    path = fit.save(tmp_path / "lenet.pt")
+    params = sum(p.numel() * p.element_size() for p in fit.guide.parameters())
+    assert path.stat().st_size <= 1.2 * params + 8 * 4
+    checkpoint = tmp_path / "ckpt.pt"
+    zoo.fit(
+        zoo.models.LeNet5(),
+        "tridiagonal",
+        (x, y),
+        num_steps=1,
+        progress=False,
+        checkpoint=checkpoint,
+    )
+    torch.load(checkpoint, weights_only=True)  # checkpoints are plain data too
+
+
+def test_a_user_network_is_passed_again_on_load(tmp_path):
+    net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
+    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **OPTIONS)
+    path = fit.save(tmp_path / "fit.pt")
+    with pytest.raises(ValueError, match="not a zoo.models class.*model="):
+        zoo.load(path)
+    loaded = zoo.load(path, model=zoo.models.from_module(net))
+    x = data()[0][:4]
+    torch.testing.assert_close(loaded.guide.median()["0.weight"], fit.guide.median()["0.weight"])
+    assert loaded.predict(x, num_samples=3, progress=False).probs.shape == (4, 3)
+
+
+def test_a_model_of_another_architecture_is_refused_with_the_sites_that_differ(tmp_path):
+    fit = zoo.fit(
+        zoo.models.LeNet5(hidden=20),
+        "diagonal",
+        (torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
+        num_steps=1,
+        progress=False,
+    )
+    path = fit.save(tmp_path / "fit.pt")
+    with pytest.raises(ValueError, match="different model"):
+        zoo.load(path, model=model())  # an MLP of 3 inputs cannot take 28 x 28 images
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "diagonal",
+        "lowrank",
+        "tridiagonal",
+        "tridiagonal_free",
+        "matrix_normal",
+        "mixed",
+        "regression_learned",
+    ],
+)
+def test_files_of_version_1_load_only_when_unpickling_is_allowed(label, tmp_path):
+    """Written by the previous version (tests/data/legacy_v1/make_legacy.py): pickled objects.
+    They open only with allow_pickle=True, with the posterior they had; saved again they are
+    plain data and give the same posterior."""
+    path = LEGACY / f"{label}.pt"
+    with pytest.raises(ValueError, match="pickled Python objects.*allow_pickle=True"):
+        zoo.load(path)
+    reference = torch.load(LEGACY / "reference.pt", weights_only=True)[label]
+    old = zoo.load(path, allow_pickle=True)
+    again = zoo.load(old.save(tmp_path / "new.pt"))
+    for fit in (old, again):
+        medians = fit.guide.median()
+        for key, value in reference.items():
+            name, kind = key.rsplit(":", 1) if ":" in key else (key, None)
+            if kind == "median":
+                torch.testing.assert_close(medians[name], value)
+            elif kind == "variance":
+                torch.testing.assert_close(fit.guide.get_posterior(name).variance, value)
+        x = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))[:5]
+        params = {k: v.unsqueeze(0).expand(3, *v.shape) for k, v in medians.items()}
+        outputs = zoo.predict(fit.model, fit.guide, x, params=params, progress=False).outputs
+        torch.testing.assert_close(outputs, reference["probs"])

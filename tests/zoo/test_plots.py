@@ -1,7 +1,7 @@
 import torch
 
 from zoo import plots
-from zoo.predictive import Prediction
+from zoo.prediction import RegressionPrediction
 
 
 def written(fig, tmp_path, name):
@@ -30,8 +30,8 @@ def test_every_plot_writes_a_png(tmp_path):
     assert written(plots.comparison_chart(table), tmp_path, "cmp")
     x = torch.linspace(-3, 3, 50)
     means = torch.sin(x)[None] + 0.1 * torch.randn(20, 50)
-    pred = Prediction(
-        "regression", means, sample_means=means, sample_scales=torch.full_like(means, 0.1)
+    pred = RegressionPrediction(
+        means, sample_means=means, sample_scales=torch.full_like(means, 0.1)
     )
     assert written(
         plots.regression_band(x, torch.sin(x), x, pred, truth=torch.sin(x)), tmp_path, "band"

@@ -21,16 +21,13 @@ import math
 from collections.abc import Mapping
 
 import pyro
-import pyro.distributions as dist
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-from guides.base import fan_in
+from guides.site import fan_in
+from zoo.likelihoods import Likelihood, from_task
 from zoo.priors import Prior, resolve_prior
-
-TASKS = ("regression", "classification")
 
 
 class BayesianModel(nn.Module):
@@ -41,17 +38,20 @@ class BayesianModel(nn.Module):
     net : nn.Module
         The architecture. Its own parameter values are never used by the model (they are
         frozen); a guide may use them as initial means (``init_module=model.net``).
-    task : {"regression", "classification"}
-        ``classification``: ``y`` holds class indices, likelihood ``Categorical(logits=out)``.
-        ``regression``: Gaussian likelihood around ``out`` (shape ``(B,)`` for one output,
-        ``(B, D)`` for ``D`` outputs).
+    likelihood : zoo.likelihoods.Likelihood, optional
+        How the output explains ``y``: :class:`~zoo.likelihoods.Categorical` (class indices),
+        :class:`~zoo.likelihoods.Gaussian` (fixed or learned noise) or
+        :class:`~zoo.likelihoods.HeteroscedasticGaussian` (``net`` outputs ``2 D`` values).
+    task : {"classification", "regression"}, optional
+        Shortcut for ``likelihood`` (:func:`zoo.likelihoods.from_task`): ``"classification"``
+        (the default) is ``Categorical()``; ``"regression"`` is ``Gaussian(noise)``, or
+        ``HeteroscedasticGaussian()`` with ``noise="heteroscedastic"``.
     prior : Prior or float, optional
         Weight prior (default ``NormalPrior(1.0)``; a number is a Normal prior's scale).
-    noise : float or {"learned", "heteroscedastic"}
-        Regression only. A float is a fixed observation noise standard deviation;
-        ``"learned"`` adds a latent site ``noise`` (a standard deviation) with a
-        ``HalfNormal(noise_prior_scale)`` prior; ``"heteroscedastic"`` makes the network predict
-        its own noise: ``net`` must output ``2 D`` values, the mean and ``softplus`` of the rest.
+    noise : float or {"learned", "heteroscedastic"}, default 0.1
+        With ``task="regression"``: a fixed observation noise standard deviation (units of
+        ``y``), ``"learned"`` (a latent site ``noise`` with a ``HalfNormal(noise_prior_scale)``
+        prior) or ``"heteroscedastic"``.
     input_shape : tuple, optional
         Shape of one input, used in error messages and checks.
     """
@@ -60,53 +60,72 @@ class BayesianModel(nn.Module):
         self,
         net: nn.Module,
         *,
-        task: str = "classification",
+        likelihood: Likelihood | None = None,
+        task: str | None = None,
         prior: Prior | float | None = None,
         noise: float | str = 0.1,
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
     ):
         super().__init__()
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        if likelihood is None:
+            likelihood = from_task(task or "classification", noise, noise_prior_scale)
+        elif not isinstance(likelihood, Likelihood):
+            raise TypeError(
+                f"likelihood must be a zoo.likelihoods.Likelihood, got {type(likelihood).__name__}"
+            )
+        elif task is not None and task != likelihood.task:
+            raise ValueError(
+                f"task={task!r} contradicts the {type(likelihood).__name__} likelihood"
+            )
         self.net = net
         self.net.requires_grad_(False)
-        self.task = task
+        self.likelihood = likelihood
         self.prior = resolve_prior(prior)
         self.input_shape = tuple(input_shape) if input_shape is not None else None
-        if isinstance(noise, str):
-            if noise not in ("learned", "heteroscedastic"):
-                raise ValueError(
-                    f"noise must be a positive float, 'learned' or 'heteroscedastic', got {noise!r}"
-                )
-            self.noise_mode = noise
-            self.register_buffer("noise_prior_scale", torch.tensor(float(noise_prior_scale)))
-        else:
-            if not noise > 0:
-                raise ValueError(f"noise must be positive, got {noise}")
-            self.noise_mode = "fixed"
-            self.register_buffer("noise", torch.tensor(float(noise)))
         self.site_shapes = {name: p.shape for name, p in net.named_parameters()}
         if not self.site_shapes:
             raise ValueError("the network has no parameters to place a prior on")
         self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
 
+    def __setstate__(self, state):
+        if "likelihood" not in state.get("_modules", {}):  # pickled before likelihood objects
+            _likelihood_from_v1(state)
+        super().__setstate__(state)
+
+    @property
+    def task(self) -> str:
+        """The likelihood's label: ``"classification"`` or ``"regression"``."""
+        return self.likelihood.task
+
+    def spec(self) -> dict | None:
+        """Plain data that rebuilds this model (``zoo.models.build``), for ``zoo``'s own model
+        classes; ``None`` for a network of the user's, which ``zoo.load`` needs as ``model=``."""
+        return None
+
+    def _class_spec(self, **args) -> dict | None:
+        """``spec()`` of a ``zoo.models`` class built from ``args`` and the prior (``None`` when
+        the class or the prior is the user's own)."""
+        prior = self.prior.spec()
+        if prior is None or not type(self).__module__.startswith("zoo.models."):
+            return None
+        return {"class": type(self).__name__, "args": {**args, "prior": prior}}
+
     # ---- the Pyro program ----
     def sample_parameters(self) -> dict[str, torch.Tensor]:
-        """``pyro.sample`` every weight (and the noise scale when it is learned)."""
+        """``pyro.sample`` every weight, then the likelihood's own latent sites (a noise)."""
         params = {
             name: pyro.sample(name, self.prior.distribution(shape, self._fan_in[name]))
             for name, shape in self.site_shapes.items()
         }
-        if self.task == "regression" and self.noise_mode == "learned":
-            params["noise"] = pyro.sample("noise", dist.HalfNormal(self.noise_prior_scale))
+        params.update(self.likelihood.sample_latent())
         return params
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         params = self.sample_parameters()
         out = self.network(x, params)
         with pyro.plate("data", x.shape[0], dim=-1):
-            pyro.sample("obs", self.likelihood(out, params), obs=y)
+            pyro.sample("obs", self.likelihood.distribution(out, params), obs=y)
         return out
 
     # ---- batched evaluation ----
@@ -126,23 +145,6 @@ class BayesianModel(nn.Module):
         out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
         return out.reshape(lead + out.shape[1:])
 
-    def likelihood(
-        self, out: torch.Tensor, params: Mapping[str, torch.Tensor]
-    ) -> dist.TorchDistribution:
-        """The observation distribution given network output ``out`` (batch ``(*S, B)``)."""
-        if self.task == "classification":
-            return dist.Categorical(logits=out)
-        if self.noise_mode == "heteroscedastic":
-            half = out.shape[-1] // 2
-            loc, scale = out[..., :half], F.softplus(out[..., half:]) + 1e-6
-        else:
-            loc = out
-            scale = params["noise"] if self.noise_mode == "learned" else self.noise
-            scale = scale.reshape(scale.shape + (1, 1))
-        if loc.shape[-1] == 1:
-            return dist.Normal(loc.squeeze(-1), scale.squeeze(-1))
-        return dist.Normal(loc, scale).to_event(1)
-
     @property
     def out_features(self) -> int | None:
         """Number of network outputs (classes for classification), when it can be read."""
@@ -150,4 +152,22 @@ class BayesianModel(nn.Module):
         return int(last[0])
 
     def extra_repr(self) -> str:
-        return f"task={self.task!r}, sites={len(self.site_shapes)}, noise={self.noise_mode!r}"
+        return f"sites={len(self.site_shapes)}"
+
+
+def _likelihood_from_v1(state: dict) -> None:
+    """Give a model pickled by version 1 (``task`` and ``noise_mode`` attributes, noise
+    buffers) the likelihood object that means the same."""
+    buffers = state.get("_buffers", {})
+    task, mode = state.pop("task", "classification"), state.pop("noise_mode", "fixed")
+    noise_prior = buffers.pop("noise_prior_scale", None)
+    noise = buffers.pop("noise", None)
+    if task == "classification":
+        likelihood = from_task(task)
+    elif mode == "heteroscedastic":
+        likelihood = from_task(task, "heteroscedastic")
+    elif mode == "learned":
+        likelihood = from_task(task, "learned", float(noise_prior))
+    else:
+        likelihood = from_task(task, float(noise))
+    state.setdefault("_modules", {})["likelihood"] = likelihood

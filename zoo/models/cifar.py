@@ -55,6 +55,8 @@ class CifarNet(BayesianModel):
     ----------
     prior : Prior or float, optional
         Weight prior; default ``NormalPrior(1.0)``.
+    num_classes : int, default 10
+        Outputs of the last layer.
     """
 
     def __init__(self, prior: Prior | float | None = None, num_classes: int = 10):
@@ -64,3 +66,7 @@ class CifarNet(BayesianModel):
             prior=prior,
             input_shape=(3, 32, 32),
         )
+
+    def spec(self) -> dict | None:
+        # read off the network: models pickled by version 1 have no record of their arguments
+        return self._class_spec(**{"num_classes": self.net.fc1.out_features})

@@ -6,6 +6,7 @@ import copy
 
 from torch import nn
 
+from zoo.likelihoods import Likelihood, from_task
 from zoo.models.base import BayesianModel
 from zoo.priors import Prior
 
@@ -18,6 +19,7 @@ def from_module(
     prior: Prior | float | None = None,
     noise: float | str = 0.1,
     input_shape: tuple[int, ...] | None = None,
+    likelihood: Likelihood | None = None,
 ) -> BayesianModel:
     """A :class:`BayesianModel` with a sample site over every parameter of ``module``.
 
@@ -35,9 +37,10 @@ def from_module(
     ----------
     module : nn.Module
         The network; site names are its parameter names (``features.0.weight``, ...).
-    task, prior, noise, input_shape
-        See :class:`BayesianModel`. ``noise`` defaults to a fixed standard deviation of 0.1 in
-        the units of ``y``: standardise regression targets of another scale or set it.
+    task, prior, noise, input_shape, likelihood
+        See :class:`BayesianModel` (``likelihood`` replaces ``task`` and ``noise``). ``noise``
+        defaults to a fixed standard deviation of 0.1 in the units of ``y``: standardise
+        regression targets of another scale or set it.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_module needs an nn.Module, got {type(module).__name__}")
@@ -55,4 +58,6 @@ def from_module(
                 f"{name} is a Dropout layer in training mode; call module.eval() or remove it"
             )
     net = copy.deepcopy(module)
-    return BayesianModel(net, task=task, prior=prior, noise=noise, input_shape=input_shape)
+    if likelihood is None:
+        likelihood = from_task(task, noise)
+    return BayesianModel(net, likelihood=likelihood, prior=prior, input_shape=input_shape)

@@ -59,6 +59,8 @@ class LeNet5(BayesianModel):
         Width of the first fully connected layer (the paper uses 100 and 250).
     prior : Prior or float, optional
         Weight prior; default ``NormalPrior(1.0)`` (the paper's choice).
+    num_classes : int, default 10
+        Outputs of the last layer.
     """
 
     def __init__(self, hidden: int = 100, prior: Prior | float | None = None, num_classes=10):
@@ -67,4 +69,10 @@ class LeNet5(BayesianModel):
             task="classification",
             prior=prior,
             input_shape=(1, 28, 28),
+        )
+
+    def spec(self) -> dict | None:
+        # read off the network: models pickled by version 1 have no record of their arguments
+        return self._class_spec(
+            **{"hidden": self.net.fc1.out_features, "num_classes": self.net.fc2.out_features}
         )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from torch import nn
 
+from zoo.likelihoods import Likelihood, from_task
 from zoo.models.base import BayesianModel
 from zoo.priors import Prior
 
@@ -42,12 +44,20 @@ class BayesianMLP(BayesianModel):
     out_features : int, default 1
         Outputs: regression targets, or the number of classes for classification.
     task : {"regression", "classification"}
+        Shortcut for the likelihood (see :class:`BayesianModel`).
     prior : Prior or float, optional
         Weight prior; default ``NormalPrior(1.0)``.
     noise : float or {"learned", "heteroscedastic"}, default 0.1
         Regression observation noise (a standard deviation, in the units of ``y``: standardise
         targets of another scale or set it), see :class:`BayesianModel`.
     activation : {"relu", "tanh", "gelu", "silu"}
+    noise_prior_scale : float, default 1.0
+        Scale of the ``HalfNormal`` prior of a learned noise.
+    likelihood : zoo.likelihoods.Likelihood, optional
+        Instead of ``task`` and ``noise``; a heteroscedastic one doubles the last layer.
+    input_shape : tuple of int, optional
+        Shape of one input when it is not ``(in_features,)`` (e.g. ``(1, 28, 28)`` images):
+        inputs are flattened first. Its product must be ``in_features``.
     """
 
     def __init__(
@@ -60,13 +70,43 @@ class BayesianMLP(BayesianModel):
         noise: float | str = 0.1,
         activation: str = "relu",
         noise_prior_scale: float = 1.0,
+        likelihood: Likelihood | None = None,
+        input_shape: Sequence[int] | None = None,
     ):
-        width = out_features * (2 if noise == "heteroscedastic" else 1)
-        super().__init__(
-            mlp_network(in_features, hidden, width, activation),
-            task=task,
-            prior=prior,
-            noise=noise,
-            noise_prior_scale=noise_prior_scale,
-            input_shape=(int(in_features),),
-        )
+        if likelihood is None:
+            likelihood = from_task(task, noise, noise_prior_scale)
+        width = out_features * likelihood.outputs_per_target
+        net = mlp_network(in_features, hidden, width, activation)
+        shape = (int(in_features),) if input_shape is None else tuple(int(s) for s in input_shape)
+        if shape != (int(in_features),):
+            if math.prod(shape) != int(in_features):
+                raise ValueError(
+                    f"input_shape {shape} has {math.prod(shape)} elements, not in_features="
+                    f"{in_features}"
+                )
+            net = nn.Sequential(OrderedDict([("flatten", nn.Flatten()), *net.named_children()]))
+        super().__init__(net, likelihood=likelihood, prior=prior, input_shape=shape)
+        self._args = {
+            "in_features": int(in_features),
+            "hidden": [int(h) for h in hidden],
+            "out_features": int(out_features),
+            "activation": activation,
+            "input_shape": list(shape),
+        }
+
+    def spec(self) -> dict | None:
+        spec = self._class_spec(**(self.__dict__.get("_args") or self._args_from_net()))
+        if spec is not None:
+            spec["args"]["likelihood"] = self.likelihood.spec()
+        return spec
+
+    def _args_from_net(self) -> dict:
+        """The constructor's arguments read off the network (a model pickled by version 1)."""
+        layers = [m for m in self.net if isinstance(m, nn.Linear)]
+        acts = [n for n, cls in _ACTIVATIONS.items() for m in self.net if type(m) is cls]
+        return {
+            "in_features": layers[0].in_features,
+            "hidden": [m.out_features for m in layers[:-1]],
+            "out_features": layers[-1].out_features // self.likelihood.outputs_per_target,
+            "activation": acts[0] if acts else "relu",
+        }

@@ -9,12 +9,10 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 from tqdm import tqdm
 
-DEFAULT_FAMILIES = ("diagonal", "lowrank", "tridiagonal", "matrix_normal")
-
 
 def compare(
     model_factory: Callable,
-    guides: Sequence = DEFAULT_FAMILIES,
+    guides: Sequence | None = None,
     train=None,
     test=None,
     *,
@@ -30,9 +28,10 @@ def compare(
     ----------
     model_factory : callable
         ``() -> model``; called once per family so that no fit sees another's state.
-    guides : sequence
+    guides : sequence, optional
         Family names, or ``(label, family, guide_options)`` triples, e.g.
-        ``("lowrank r=2", "lowrank", {"rank": 2})``.
+        ``("lowrank r=2", "lowrank", {"rank": 2})``. Default: every registered family
+        (``guides.available()``).
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
     num_samples : int
@@ -53,10 +52,14 @@ def compare(
         ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last epoch, full-data
         scale), then the test metrics of :meth:`zoo.FitResult.evaluate`.
     """
-    from zoo.fit import fit as run_fit
+    from zoo.training import fit as run_fit
 
     if train is None or test is None:
         raise ValueError("compare needs both train and test data")
+    if guides is None:
+        from guides import available
+
+        guides = available()
     rows, fits = [], {}
     for i, spec in enumerate(guides):
         label, family, options = (spec, spec, {}) if isinstance(spec, str) else spec

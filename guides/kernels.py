@@ -1,0 +1,291 @@
+"""Custom autograd kernels and blocked products behind the posterior families.
+
+Each family's distribution calls these; benchmarks and tests import them by these public names.
+They are written for speed on the CPU and CUDA alike: in-place accumulation in hand-written
+backward passes, and block products that skip the zero half of a triangular factor. None is
+twice differentiable.
+
+- :func:`squared_norm` (:class:`SquaredNorm`): ``sum(x^2)`` over the last dimension.
+- Low rank: :func:`gram` (``G G^T`` in column blocks), :class:`LowRankNoise`.
+- Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
+  block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
+  :func:`right_lower`, :func:`tril_product`, :func:`effective_factor`).
+- Tridiagonal: :func:`bidiagonal_solve` (a parallel prefix scan), :class:`PoschSample`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+# ---- shared ----------------------------------------------------------------------------------
+class SquaredNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.linalg.vector_norm(x, dim=-1).square()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return x * (2 * grad).unsqueeze(-1)
+
+
+def squared_norm(x: torch.Tensor) -> torch.Tensor:
+    """``sum(x^2)`` over the last dimension in one pass (and one pass backward)."""
+    if not x.requires_grad:
+        return torch.linalg.vector_norm(x, dim=-1).square()
+    return SquaredNorm.apply(x)
+
+
+# ---- low rank ------------------------------------------------------------------------------
+def column_chunks(g: torch.Tensor) -> int:
+    """How many column blocks to split the long ``(rank, n)`` Gram product into: MKL runs this
+    small-output product on one thread, a batched product over blocks runs on all of them. (The
+    backward's ``A G`` has a large output and runs faster as one product:
+    benchmarks/lowrank_products.py.)"""
+    if g.device.type != "cpu" or g.shape[-1] < 65536:
+        return 1
+    return max(1, min(torch.get_num_threads(), 8))
+
+
+def blocked(g: torch.Tensor, k: int) -> torch.Tensor:
+    """The first ``k * (n // k)`` columns of ``g`` as ``k`` blocks, ``(k, rank, n // k)``."""
+    m = g.shape[-1] // k
+    return g[:, : k * m].unflatten(1, (k, m)).transpose(0, 1)
+
+
+def gram(g: torch.Tensor) -> torch.Tensor:
+    """``G G^T`` (``rank x rank``)."""
+    k = column_chunks(g)
+    if k == 1:
+        return g @ g.mT
+    blocks = blocked(g, k)
+    out = torch.bmm(blocks, blocks.mT).sum(0)
+    tail = g[:, blocks.shape[0] * blocks.shape[-1] :]
+    return out.addmm_(tail, tail.mT) if tail.shape[-1] else out
+
+
+class LowRankNoise(torch.autograd.Function):
+    """``t = eps2 G``, ``z = eps2 - eps1 G^T`` and ``C = I + G G^T`` with a hand-written
+    backward: the three contributions to the gradient of ``G`` are accumulated in place into one
+    ``(rank, n)`` buffer (autograd would run three separate small-``k`` matrix products and two
+    additions over that array, several times slower on the CPU)."""
+
+    @staticmethod
+    def forward(ctx, g, eps1, eps2):
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(g, eps1, eps2)
+        t = eps2 @ g
+        z = eps2 - eps1 @ g.mT
+        cap = gram(g)
+        cap.diagonal().add_(1.0)
+        return t, z, cap
+
+    @staticmethod
+    def backward(ctx, grad_t, grad_z, grad_cap):
+        g, eps1, eps2 = ctx.saved_tensors
+        out = None
+        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
+            out = (grad_cap + grad_cap.mT) @ g
+        if grad_t is not None:  # d/dG of <grad_t, eps2 G>
+            if out is None:
+                out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
+            elif eps2.shape[0] == 1:
+                out.addcmul_(eps2.mT, grad_t)
+            else:
+                out.addmm_(eps2.mT, grad_t)
+        if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
+            if out is None:
+                out = -(grad_z.mT @ eps1)
+            elif eps1.shape[0] == 1:
+                out.addcmul_(grad_z.mT, eps1, value=-1.0)
+            else:
+                out.addmm_(grad_z.mT, eps1, alpha=-1.0)
+        return out, None, None
+
+
+# ---- matrix normal -------------------------------------------------------------------------
+def block_bounds(n: int, blocks: int) -> list[int]:
+    return [n * i // blocks for i in range(blocks + 1)]
+
+
+def lower_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``L X`` for lower triangular ``L`` (``n x n``), skipping its zero blocks."""
+    out = x.new_empty(low.shape[0], x.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(low[i:j, :j], x[:j], out=out[i:j])
+    return out
+
+
+def right_lower_t(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``X L^T`` for lower triangular ``L``."""
+    out = x.new_empty(x.shape[0], low.shape[0])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(x[:, :j], low[i:j, :j].mT, out=out[:, i:j])
+    return out
+
+
+def lower_t_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``L^T X`` for lower triangular ``L``."""
+    out = x.new_empty(low.shape[1], x.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(low[i:, i:j].mT, x[i:], out=out[i:j])
+    return out
+
+
+def right_lower(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """``X L`` for lower triangular ``L``."""
+    out = x.new_empty(x.shape[0], low.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        torch.mm(x[:, i:], low[i:, i:j], out=out[:, i:j])
+    return out
+
+
+def tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int], alpha: float) -> torch.Tensor:
+    """``tril(alpha X Y)`` (square), computing only the blocks on and below the diagonal."""
+    out = x.new_zeros(x.shape[0], y.shape[1])
+    for i, j in zip(q[:-1], q[1:]):
+        out[i:j, :j].addmm_(x[i:j], y[:, :j], beta=0, alpha=alpha)
+    return out.tril_()
+
+
+def offdiag_scale(n: int) -> float:
+    """Factor of the strictly lower raw entries in a triangular factor of size ``n``."""
+    return 1.0 / math.sqrt(n)
+
+
+def effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
+    """The triangular factor of ``raw`` as the block products read it: strictly lower entries
+    of ``raw`` over ``sqrt(n)``, ``softplus`` of its diagonal, zeros above the diagonal inside
+    the diagonal blocks; the blocks above those are never read and hold scaled ``raw``."""
+    a = raw.detach() * offdiag_scale(raw.shape[0])
+    for i, j in zip(q[:-1], q[1:]):
+        block = a[i:j, i:j]
+        block.copy_(block.tril())
+    a.diagonal().copy_(F.softplus(raw.detach().diagonal()))
+    return a
+
+
+class KroneckerFactorProduct(torch.autograd.Function):
+    """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
+    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``.
+
+    The products run over the blocks on and below the diagonal of each triangular factor
+    (``k`` blocks do ``(k + 1) / 2k`` of a dense product's work), forward and backward, and the
+    factors are never formed as separate masked copies (``tril`` + ``diag_embed`` of a
+    ``784 x 784`` factor, forward and backward, cost several milliseconds per CPU step).
+    Not twice differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, raw_a, raw_b, e, blocks_a, blocks_b):
+        qa, qb = block_bounds(raw_a.shape[0], blocks_a), block_bounds(raw_b.shape[0], blocks_b)
+        a, b = effective_factor(raw_a, qa), effective_factor(raw_b, qb)
+        c = right_lower_t(e, b, qb)  # E B^T
+        ctx.save_for_backward(raw_a, raw_b, a, b, e, c)
+        ctx.bounds = qa, qb
+        return lower_left(a, c, qa)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw_a, raw_b, a, b, e, c = ctx.saved_tensors
+        qa, qb = ctx.bounds
+        grad_a = grad_b = grad_e = None
+        if ctx.needs_input_grad[0]:
+            scale = offdiag_scale(raw_a.shape[0])
+            grad_a = tril_product(grad, c.mT, qa, scale)
+            # The diagonal is softplus(raw), not scale * raw: undo the scale, apply softplus'.
+            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()) / scale)
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_c = lower_t_left(a, grad, qa)  # A^T dD
+            if ctx.needs_input_grad[1]:
+                scale = offdiag_scale(raw_b.shape[0])
+                grad_b = tril_product(grad_c.mT, e, qb, scale)
+                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()) / scale)
+            if ctx.needs_input_grad[2]:
+                grad_e = right_lower(grad_c, b, qb)
+        return grad_a, grad_b, grad_e, None, None
+
+
+def diagonal_blocks(n: int, device: torch.device) -> int:
+    """Diagonal blocks to split a factor of size ``n`` into: on the CPU the skipped zero blocks
+    pay for the extra calls from a few hundred rows on; CUDA kernels are launch bound here."""
+    if device.type != "cpu" or n < 256:
+        return 1
+    return 2 if n < 512 else 4
+
+
+# ---- tridiagonal ---------------------------------------------------------------------------
+def bidiagonal_solve(diag: torch.Tensor, sub: torch.Tensor, rhs: torch.Tensor) -> torch.Tensor:
+    """Solve ``L z = rhs`` for lower-bidiagonal ``L`` (``diag`` (n,), ``sub`` (n-1,)).
+
+    The recurrence ``z_i = (rhs_i - sub_{i-1} z_{i-1}) / diag_i`` is an affine scan; it is
+    evaluated as a parallel prefix (Hillis-Steele) in ``ceil(log2 n)`` vectorised steps.
+    """
+    u = rhs / diag
+    b = F.pad(-sub / diag[1:], (1, 0))  # z_i = u_i + b_i z_{i-1}, b_0 = 0
+    b = b.expand_as(u)
+    n = u.shape[-1]
+    shift = 1
+    while shift < n:
+        u = torch.cat([u[..., :shift], u[..., shift:] + b[..., shift:] * u[..., :-shift]], -1)
+        b = torch.cat([b[..., :shift], b[..., shift:] * b[..., :-shift]], -1)
+        shift *= 2
+    return u
+
+
+class PoschSample(torch.autograd.Function):
+    """``value = loc + tau |m| u`` and ``sum log |m|`` (``|m|`` clamped below by ``c``) for noise
+    ``eps`` of shape ``(P, n)``, with ``u_j = sr_j eps_j + cp_j eps_{j-1}``, ``sr_j = sqrt(r_j)``,
+    ``cp_j = rho / sqrt(r_{j-1})``; ``sr``, ``cp`` are ``head`` values for ``j < K`` and the
+    limit ``lam`` (``sqrt(lambda_+)``) beyond. A hand-written backward: autograd would keep a
+    dozen ``n``-sized intermediates per step."""
+
+    @staticmethod
+    def forward(ctx, loc, tau, rho, head, lam, eps, c):
+        ctx.set_materialize_grads(False)
+        k = head.shape[0]
+        m_abs = loc.abs().clamp_min_(c)
+        u = eps * lam
+        u[:, 1:].addcmul_(eps[:, :-1], rho / lam)
+        u[:, :k] = head * eps[:, :k]
+        u[:, 1:k].addcmul_(eps[:, : k - 1], rho / head[:-1])
+        value = torch.addcmul(loc, m_abs * u, tau)
+        ctx.save_for_backward(loc, m_abs, tau, rho, head, lam, eps, u)
+        ctx.c = c
+        return value, m_abs.log().sum()
+
+    @staticmethod
+    def backward(ctx, g_value, g_log):
+        loc, m_abs, tau, rho, head, lam, eps, u = ctx.saved_tensors
+        k = head.shape[0]
+        g_tau = g_rho = g_head = g_lam = None
+        g_m = g_loc = None  # d/d|m|, d/dloc
+        if g_value is not None:
+            one = g_value.shape[0] == 1  # one draw: rows are views, no sums over draws
+            g_loc = g_value[0] if one else g_value.sum(0)  # read-only here
+            g_vu = g_value[0] * u[0] if one else (g_value * u).sum(0)
+            g_tau = torch.dot(g_vu, m_abs)
+            g_m = g_vu.mul_(tau)
+            # d/du = tau |m| g_value; contract with the noise each coefficient multiplies
+            g_vm = g_value * m_abs
+            g_sr_tail = tau * torch.dot(g_vm[:, k:].reshape(-1), eps[:, k:].reshape(-1))
+            g_cp_tail = tau * torch.dot(g_vm[:, k:].reshape(-1), eps[:, k - 1 : -1].reshape(-1))
+            g_head = tau * (g_vm[:, :k] * eps[:, :k]).sum(0)
+            g_prev = tau * (g_vm[:, 1:k] * eps[:, : k - 1]).sum(0)
+            g_head[:-1] -= g_prev * rho / head[:-1].pow(2)
+            g_rho = (g_prev / head[:-1]).sum() + g_cp_tail / lam
+            g_lam = g_sr_tail - g_cp_tail * rho / lam.pow(2)
+        if g_log is not None:
+            if g_m is None:
+                g_m = g_log / m_abs
+            else:
+                g_m.addcdiv_(g_log.expand_as(m_abs), m_abs)
+        # d|m|/dm = sign(m), and 0 where |m| is clamped
+        g_m.mul_(torch.sign(loc)).masked_fill_(m_abs <= ctx.c, 0.0)
+        g_loc = g_m if g_loc is None else g_m.add_(g_loc)
+        return g_loc, g_tau, g_rho, g_head, g_lam, None, None

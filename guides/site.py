@@ -1,0 +1,131 @@
+"""One site's variational parameters: the :class:`SitePosterior` base class, the diagonal
+Normal site that every family uses for constrained sites, and the initialisation helpers.
+
+A :class:`SitePosterior` holds its parameters as ``PyroParam``s (a constrained parameter is
+stored unconstrained, as Pyro does) and returns its distribution from :meth:`distribution`.
+Reading a parameter attribute gives its constrained value on every route: inside Pyro's
+``SVI`` through ``pyro.param``, and inside ``zoo``'s own loops (:func:`direct_parameters`)
+without a ``pyro.param`` statement per access.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroModule, PyroParam
+from torch.distributions import constraints, transform_to
+
+from guides.gaussian import DiagonalNormal
+
+_DIRECT = contextvars.ContextVar("direct_parameters", default=False)
+
+
+@contextlib.contextmanager
+def direct_parameters():
+    """Within this block, site modules hand out their parameters without a ``pyro.param``
+    statement per access: the unconstrained tensor itself for a real parameter, its transform
+    (``transform_to(constraint)``) for a constrained one, so every value equals what Pyro's
+    ``SVI`` reads. Pyro's global param store is neither read nor written. ``zoo.fit`` optimises
+    ``guide.parameters()`` with a torch optimiser and never reads param sites from a trace, so
+    it saves that per-access overhead; Pyro's own ``SVI`` runs outside this block."""
+    token = _DIRECT.set(True)
+    try:
+        yield
+    finally:
+        _DIRECT.reset(token)
+
+
+def direct_mode() -> bool:
+    """Whether the caller is inside :func:`direct_parameters`."""
+    return _DIRECT.get()
+
+
+class SitePosterior(PyroModule):
+    """Variational parameters of one sample site and the distribution they define.
+
+    Subclasses take ``init_loc`` (the initial mean, shaped like the site) and ``init_scale`` (the
+    initial marginal standard deviation) plus family options, create ``PyroParam``s, and return
+    their distribution from :meth:`distribution`.
+    """
+
+    family: str = ""
+
+    def __init__(self, init_loc: torch.Tensor, init_scale: float):
+        super().__init__()
+
+    @classmethod
+    def supports(cls, shape: torch.Size) -> bool:
+        """Whether this family can serve a real site of this shape."""
+        return True
+
+    @classmethod
+    def guide_options(cls, options: dict) -> tuple[str, dict]:
+        """The family name and guide options that give a site of this class with ``options``
+        (how ``guides.AutoMixed`` saves its rules as plain data)."""
+        return cls.family, dict(options)
+
+    def __getattr__(self, name: str):
+        if _DIRECT.get():
+            pyro_params = self.__dict__.get("_pyro_params")
+            if pyro_params is not None and name in pyro_params:
+                value = self.__dict__["_parameters"][name + "_unconstrained"]
+                constraint = pyro_params[name][0]
+                if constraint is constraints.real:
+                    return value
+                return transform_to(constraint)(value)
+        return super().__getattr__(name)
+
+    def distribution(self) -> dist.TorchDistribution:
+        """The variational distribution of the site (event shape = the site's shape)."""
+        raise NotImplementedError
+
+
+class DiagonalSite(SitePosterior):
+    """Parameters ``loc`` and ``rho`` (``softplus(rho)`` is the standard deviation)."""
+
+    family = "diagonal"
+
+    def __init__(self, init_loc: torch.Tensor, init_scale: float):
+        super().__init__(init_loc, init_scale)
+        self.loc = PyroParam(init_loc.detach().clone())
+        self.rho = PyroParam(torch.full_like(init_loc, float(inverse_softplus(init_scale))))
+
+    def distribution(self) -> DiagonalNormal:
+        base = dist.Normal(self.loc, F.softplus(self.rho))
+        return DiagonalNormal(base, self.loc.dim())
+
+
+def inverse_softplus(x: torch.Tensor | float) -> torch.Tensor:
+    """``softplus^{-1}(x) = x + log(1 - exp(-x))`` for ``x > 0``."""
+    x = torch.as_tensor(x)
+    return x + torch.log(-torch.expm1(-x))
+
+
+def fan_in(name: str, shapes) -> int:
+    """Fan-in of site ``name``: ``prod(shape[1:])`` for a weight; a bias ``layer.bias`` uses the
+    fan-in of ``layer.weight``; otherwise the number of elements."""
+    shape = shapes[name]
+    if len(shape) >= 2:
+        return math.prod(shape[1:])
+    sibling = shapes.get(name.rsplit(".", 1)[0] + ".weight") if "." in name else None
+    if sibling is not None and len(sibling) >= 2:
+        return math.prod(sibling[1:])
+    return max(math.prod(shape), 1)
+
+
+def kaiming_uniform_like(shape: torch.Size, fan_in: int, like: torch.Tensor) -> torch.Tensor:
+    """PyTorch's default layer init: ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+    bound = 1.0 / math.sqrt(max(fan_in, 1))
+    return torch.empty(shape, dtype=like.dtype, device=like.device).uniform_(-bound, bound)
+
+
+def is_real(support) -> bool:
+    """Whether a support is (an ``independent`` of) the real line."""
+    while isinstance(support, constraints.independent):
+        support = support.base_constraint
+    return support is constraints.real

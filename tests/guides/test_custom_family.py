@@ -1,0 +1,169 @@
+"""A family defined here, in a few dozen lines, runs through the shared tests with no other edit.
+
+The isotropic Gaussian ``q(w) = N(m, s^2 I)`` per site has one scale per site, declared as a
+*constrained* ``PyroParam`` (``constraints.positive``): the route ``zoo.fit`` uses must read it
+exactly as Pyro's ``SVI`` does. The family registers itself by its class statement (inside a
+fixture, so that it is unregistered afterwards and the rest of the suite sees only the built-in
+families); the shared distribution and guide-contract tests are imported and run on it through
+the ``make`` and ``make_guide`` fixtures.
+"""
+
+import functools
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO
+from pyro.nn import PyroParam
+from torch.distributions import constraints
+
+import guides
+import zoo
+from guides.gaussian import DiagonalNormal
+from tests.guides.conftest import make_site
+from tests.guides.test_distributions import (  # noqa: F401  (collected and run here)
+    test_closed_form_kl_matches_monte_carlo,
+    test_empirical_covariance_of_samples,
+    test_gradients_reach_every_parameter,
+    test_kl_broadcasts_over_particles,
+    test_log_prob_at_the_mean_tensor_is_exact,
+    test_log_prob_matches_dense_mvn,
+    test_log_prob_of_own_sample_has_the_exact_gradient,
+    test_moments_and_entropy_match_dense,
+)
+from tests.guides.test_guides import (  # noqa: F401
+    test_fit_predict_for_every_family,
+    test_guide_contract,
+    test_pyro_predictive_draws_from_the_guide,
+)
+from zoo.models import BayesianMLP
+
+
+def define_isotropic_family():
+    """The whole family: a site class and a guide class that names itself."""
+
+    class IsotropicSite(guides.SitePosterior):
+        family = "isotropic"
+
+        def __init__(self, init_loc, init_scale):
+            super().__init__(init_loc, init_scale)
+            self.loc = PyroParam(init_loc.detach().clone())
+            self.scale = PyroParam(
+                torch.tensor(float(init_scale)).to(init_loc), constraint=constraints.positive
+            )
+
+        def distribution(self):
+            base = dist.Normal(self.loc, self.scale.expand(self.loc.shape))
+            return DiagonalNormal(base, self.loc.dim())
+
+    class AutoIsotropic(guides.PerSiteGuide, family="isotropic"):
+        """``N(m, s^2 I)`` per site: one standard deviation ``s`` per site."""
+
+        site_class = IsotropicSite
+
+    return AutoIsotropic
+
+
+@pytest.fixture(scope="module")
+def isotropic():
+    cls = define_isotropic_family()
+    yield cls
+    guides.registry.unregister("isotropic")
+
+
+@pytest.fixture
+def make(isotropic):
+    return functools.partial(make_site, None, site_cls=isotropic.site_class)
+
+
+@pytest.fixture
+def make_guide(isotropic):
+    return isotropic
+
+
+def test_the_family_is_registered_by_its_class_statement(isotropic):
+    assert guides.get("isotropic") is isotropic
+    assert "isotropic" in guides.available()
+
+
+def data(n=48):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def test_fit_by_name_mixed_and_save_load(isotropic, tmp_path):
+    model = BayesianMLP(3, (6,), 2, task="classification")
+    fit = zoo.fit(model, "isotropic", data(), num_steps=20, lr=0.05, progress=False)
+    loaded = zoo.load(fit.save(tmp_path / "fit.pt"))
+    assert type(loaded.guide) is isotropic
+    for name, value in fit.guide.median().items():
+        assert torch.equal(loaded.guide.median()[name], value)
+    scale = loaded.guide.site_posterior("fc1.weight").scale
+    assert scale.shape == () and scale > 0
+    mixed = guides.AutoMixed(model, {"fc2.*": "isotropic", "*": "diagonal"})
+    fit = zoo.fit(model, mixed, data(), num_steps=5, progress=False)
+    kinds = {n: type(fit.guide.site_posterior(n)).__name__ for n in fit.guide.site_names}
+    assert kinds["fc2.weight"] == "IsotropicSite" and kinds["fc1.weight"] == "DiagonalSite"
+    reloaded = zoo.load(fit.save(tmp_path / "mixed.pt"))
+    assert type(reloaded.guide.site_posterior("fc2.bias")).__name__ == "IsotropicSite"
+
+
+def test_zoo_route_and_pyro_svi_read_constrained_parameters_alike(isotropic):
+    """The loss and gradients of zoo.Objective (parameters read directly) equal Pyro's
+    Trace_ELBO under its usual param statements, for a fixed seed; the scale is its
+    constrained value on both routes (a direct read of the unconstrained tensor would differ)."""
+    model = BayesianMLP(3, (6,), 2, task="classification")
+    x, y = data()
+    guide = isotropic(model, init_scale=0.5)
+    objective = zoo.Objective(model, guide)
+    objective.setup(x, y)
+    params = list(guide.parameters())
+    for seed in range(3):
+        pyro.set_rng_seed(seed)
+        ours = objective.loss(x, y, num_data=len(x))
+        ours_grads = torch.autograd.grad(ours, params)
+        pyro.set_rng_seed(seed)
+        pyro.clear_param_store()
+        theirs = Trace_ELBO(max_plate_nesting=1).differentiable_loss(model, guide, x, y)
+        theirs_grads = torch.autograd.grad(theirs, params)
+        torch.testing.assert_close(ours, theirs)
+        for a, b in zip(ours_grads, theirs_grads):
+            torch.testing.assert_close(a, b)
+
+
+def test_zoo_fit_and_pyro_svi_reach_the_same_posterior(isotropic):
+    """Plain SGD from the same start on the same draws: zoo.fit's loop and Pyro's SVI take the
+    same steps, so both end at the same posterior (constrained scale included)."""
+    model = BayesianMLP(3, (6,), 2, task="classification")
+    x, y = data()
+    pyro.set_rng_seed(3)
+    ours, theirs = isotropic(model, init_scale=0.3), isotropic(model, init_scale=0.3)
+    with torch.no_grad():
+        ours(x, y)
+        theirs(x, y)
+        for (_, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+            b.copy_(a)
+    pyro.set_rng_seed(4)
+    zoo.fit(
+        model,
+        ours,
+        (x, y),
+        num_steps=15,
+        batch_size=len(x),
+        optimizer="sgd",
+        lr=1e-3,
+        optimizer_options={"foreach": False},
+        seed=None,
+        progress=False,
+    )
+    pyro.set_rng_seed(4)
+    torch.randint(2**31, ())  # fit with seed=None draws its shuffling seed first
+    svi = SVI(model, theirs, pyro.optim.SGD({"lr": 1e-3}), Trace_ELBO(max_plate_nesting=1))
+    for _ in range(15):
+        svi.step(x, y)
+    for (name, a), (_, b) in zip(ours.named_parameters(), theirs.named_parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    scale = ours.site_posterior("fc1.weight").scale
+    assert scale != 0.3 and torch.allclose(scale, theirs.site_posterior("fc1.weight").scale)

@@ -1,0 +1,82 @@
+"""The shape of the code: a one-way import graph in guides/, small modules, documented API."""
+
+import ast
+import inspect
+from pathlib import Path
+
+import pytest
+
+import guides
+import zoo
+
+REPO = Path(__file__).resolve().parents[1]
+#: guides/ modules in import order: each may import only those before it.
+GUIDES_LAYERS = ["registry", "kernels", "gaussian", "site", "base"]
+
+
+def imported_guides_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "guides":
+            names.update(a.name for a in node.names)  # from guides import registry
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("guides"):
+            names.add(node.module.removeprefix("guides."))
+        elif isinstance(node, ast.Import):
+            names.update(a.name.removeprefix("guides.") for a in node.names if "guides" in a.name)
+    return names
+
+
+def test_guides_is_a_one_way_graph():
+    families = {p.stem for p in (REPO / "guides").glob("*.py")} - {
+        *GUIDES_LAYERS,
+        "__init__",
+        "mixed",
+    }
+    for i, layer in enumerate(GUIDES_LAYERS):
+        imported = imported_guides_modules(REPO / "guides" / f"{layer}.py")
+        assert imported <= set(GUIDES_LAYERS[:i]), (layer, imported)
+    for family in families:  # a family knows the layers, never another family
+        imported = imported_guides_modules(REPO / "guides" / f"{family}.py")
+        assert imported <= set(GUIDES_LAYERS), (family, imported)
+
+
+@pytest.mark.parametrize("package", ["zoo", "guides"])
+def test_no_module_over_400_lines(package):
+    for path in (REPO / package).rglob("*.py"):
+        lines = len(path.read_text().splitlines())
+        assert lines <= 400, f"{path.relative_to(REPO)} has {lines} lines"
+
+
+def public_objects():
+    for module in (zoo, guides, zoo.models, zoo.likelihoods, zoo.priors, zoo.metrics, zoo.data):
+        for name in getattr(module, "__all__", None) or dir(module):
+            obj = getattr(module, name)
+            if name.startswith("_") or inspect.ismodule(obj):
+                continue
+            if (inspect.isclass(obj) or inspect.isfunction(obj)) and obj.__module__.startswith(
+                ("zoo", "guides")
+            ):
+                yield f"{module.__name__}.{name}", obj
+
+
+def test_every_public_class_and_function_has_a_docstring():
+    missing = [name for name, obj in public_objects() if not inspect.getdoc(obj)]
+    assert not missing, missing
+    for name, obj in public_objects():
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                if attr.startswith("_") or not inspect.isfunction(member):
+                    continue
+                assert inspect.getdoc(getattr(obj, attr)), f"{name}.{attr}"
+
+
+def test_no_module_is_named_like_a_function_it_exports():
+    import importlib
+
+    for path in (REPO / "zoo").glob("*.py"):
+        if path.stem == "__main__":
+            continue
+        module = importlib.import_module(f"zoo.{path.stem}")
+        assert not inspect.isfunction(getattr(zoo, path.stem, None)), path.stem
+        assert path.stem not in getattr(module, "__all__", [])

@@ -1,0 +1,88 @@
+"""The optimiser of a fit: parameter groups by name pattern, fused built-in optimisers and the
+learning-rate schedule."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Mapping
+
+import torch
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+
+
+def check_optimizer(optimizer: str | type) -> type:
+    """The optimiser class for a name in :data:`OPTIMIZERS` or a class."""
+    if isinstance(optimizer, str):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {sorted(OPTIMIZERS)} or a torch optimizer class"
+            )
+        return OPTIMIZERS[optimizer]
+    return optimizer
+
+
+def named_parameters(guide, model) -> list[tuple[str, torch.Tensor]]:
+    """The guide's parameters and the model's own (``model.``-prefixed), as a fit sees them."""
+    named = list(guide.named_parameters())
+    if isinstance(model, torch.nn.Module):
+        named += [(f"model.{n}", p) for n, p in model.named_parameters()]
+    return named
+
+
+def param_groups(guide, model, lr: float, multipliers: Mapping[str, float] | None) -> list[dict]:
+    """One parameter group per learning-rate factor: ``multipliers`` maps ``fnmatch`` patterns
+    over parameter names (``sites.fc1.weight.gamma_unconstrained``, ``model.<name>``) to factors
+    of ``lr``; the first matching pattern wins. A pattern that matches nothing is an error."""
+    named = [(n, p) for n, p in named_parameters(guide, model) if p.requires_grad]
+    if not named:
+        raise ValueError("the guide has no parameters to optimise")
+    multipliers = dict(multipliers or {})
+    groups: dict[float, list] = {}
+    used = set()
+    for name, p in named:
+        factor = 1.0
+        for pattern, value in multipliers.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                factor = float(value)
+                used.add(pattern)
+                break
+        groups.setdefault(factor, []).append(p)
+    unused = set(multipliers) - used
+    if unused:
+        examples = [n for n, _ in named[:4]]
+        raise ValueError(
+            f"lr_multipliers patterns {sorted(unused)} match no parameter; names look like "
+            f"{examples}"
+        )
+    return [{"params": ps, "lr": lr * f} for f, ps in groups.items()]
+
+
+def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mapping):
+    """The built-in optimisers run fused (one kernel per step for all tensors, on the CPU as on
+    CUDA: several times faster than the per-tensor loop on large models), else ``foreach``.
+    An explicit ``fused`` or ``foreach`` in ``options`` wins."""
+    options = dict(options)
+    if opt_cls not in OPTIMIZERS.values() or "fused" in options or "foreach" in options:
+        return opt_cls(groups, lr=lr, **options)
+    try:
+        return opt_cls(groups, lr=lr, fused=True, **options)
+    except (RuntimeError, ValueError, TypeError):  # a dtype or device without a fused kernel
+        return opt_cls(groups, lr=lr, foreach=True, **options)
+
+
+def make_scheduler(optimizer, lr_schedule: Callable[[int], float] | None):
+    """A ``LambdaLR`` multiplying every group's ``lr`` by ``lr_schedule(step)``, or ``None``."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule) if lr_schedule else None
+
+
+def check_finite_parameters(guide, model) -> None:
+    """Refuse a guide (or model) whose parameters already hold NaN or infinite values."""
+    named = named_parameters(guide, model)
+    bad = [n.removesuffix("_unconstrained") for n, p in named if not torch.isfinite(p).all()]
+    if bad:
+        raise ValueError(
+            f"the parameters {bad} hold NaN or infinite values before training; a guide from a "
+            "diverged fit or a bad initialisation cannot be fitted further: build a new guide "
+            "(or load an earlier checkpoint)"
+        )

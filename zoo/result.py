@@ -1,0 +1,219 @@
+"""A fitted model and guide with their history (:class:`FitResult`), and reading one back."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyro
+import torch
+from pyro.infer.autoguide import AutoGuide
+
+from zoo import persist
+from zoo.data_checks import check_labelled_data, gather_tensors
+
+
+@dataclass
+class FitState:
+    """What a callback sees after every step. Return ``True`` from the callback to stop."""
+
+    step: int
+    epoch: int
+    loss: float
+    epoch_end: bool
+    result: FitResult
+
+
+@dataclass
+class FitResult:
+    """A fitted model and guide with their training history.
+
+    Attributes
+    ----------
+    model, guide
+        The model and the fitted guide (on ``device``).
+    losses : list of float
+        ``-ELBO`` estimate per step, on the full-data scale (see ``zoo.elbo``).
+    epoch_losses : list of float
+        Mean of ``losses`` over each completed epoch.
+    wall_time : float
+        Seconds spent in the training loop.
+    device : torch.device
+        Where the model and guide are.
+    options : dict
+        The fit's settings (family, steps, batch size, learning rate, ...).
+    interrupted : bool
+        The fit was stopped by Ctrl-C.
+    skipped_steps : list of int
+        Steps skipped for a non-finite loss or gradient (``on_divergence="skip"``).
+    """
+
+    model: Callable
+    guide: AutoGuide
+    losses: list[float] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    options: dict = field(default_factory=dict)
+    interrupted: bool = False
+    skipped_steps: list[int] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Optimiser updates taken."""
+        return len(self.losses)
+
+    @property
+    def family(self) -> str:
+        """The guide's class name."""
+        return getattr(type(self.guide), "__name__", "guide")
+
+    def predict(
+        self,
+        x: torch.Tensor,
+        num_samples: int = 100,
+        batch_size: int | None = None,
+        progress: bool = True,
+        sample_batch_size: int | None = None,
+    ):
+        """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
+        blocks of inputs (see :func:`zoo.predictive.predict`; its progress bar appears after
+        two seconds)."""
+        from zoo.predictive import predict
+
+        return predict(
+            self.model,
+            self.guide,
+            x,
+            num_samples=num_samples,
+            batch_size=batch_size,
+            sample_batch_size=sample_batch_size,
+            progress=progress,
+        )
+
+    def save(self, path: str | os.PathLike) -> os.PathLike:
+        """Write the fit to ``path`` (atomically) as plain data: the guide's family, options and
+        parameters, the model's spec and buffers, and the history. ``zoo.load(path)`` reads it
+        without unpickling code; a model that is not a ``zoo.models`` class is passed again as
+        ``zoo.load(path, model=...)``."""
+        return persist.atomic_save(
+            {
+                "format": persist.FORMAT,
+                "version": persist.VERSION,
+                "kind": "fit",
+                "guide": persist.guide_payload(self.guide),
+                "model": persist.model_payload(self.model),
+                "history": {
+                    "losses": torch.tensor(self.losses, dtype=torch.float64),
+                    "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64),
+                    "skipped_steps": torch.tensor(self.skipped_steps, dtype=torch.int64),
+                    "wall_time": float(self.wall_time),
+                },
+                "options": persist.plain_data(self.options),
+            },
+            path,
+        )
+
+    def to_arviz(
+        self,
+        data=None,
+        num_samples: int = 200,
+        var_names=None,
+        seed: int | None = 0,
+        progress: bool = True,
+    ):
+        """ArviZ ``InferenceData`` of this fit; see :func:`zoo.arviz.to_inference_data`."""
+        from zoo.arviz import to_inference_data
+
+        return to_inference_data(
+            self, data, num_samples=num_samples, var_names=var_names, seed=seed, progress=progress
+        )
+
+    def evaluate(
+        self,
+        data,
+        num_samples: int = 100,
+        batch_size: int | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
+    ) -> dict[str, float]:
+        """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``), as the
+        model's likelihood defines them (``zoo.likelihoods``).
+
+        Classification: ``accuracy``, ``nll`` (mean negative log predictive probability),
+        ``brier``, ``ece`` (15 bins). Regression: ``rmse``, ``nll`` (of the sample mixture),
+        ``coverage_95`` (central 95% predictive interval).
+        """
+        x, y = gather_tensors(data)
+        check_labelled_data(self.model, x, y, self.device)
+        if seed is not None:
+            pyro.set_rng_seed(seed)
+        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, progress=progress)
+        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+
+
+def load(
+    path: str | os.PathLike,
+    model: Callable | None = None,
+    map_location: str | torch.device = "cpu",
+    allow_pickle: bool = False,
+) -> FitResult:
+    """Load a fit written by :meth:`FitResult.save`, on ``map_location`` (CPU by default).
+
+    Parameters
+    ----------
+    path : path
+        The file.
+    model : callable, optional
+        Attach the guide to this model instead of rebuilding the saved one (needed when the
+        model is not a ``zoo.models`` class); its sample sites must have the names and shapes
+        the guide was fitted to, else a ``ValueError`` says which differ.
+    map_location : str or torch.device
+        Where the model and guide go; a fit saved on CUDA loads on the CPU by default.
+    allow_pickle : bool, default False
+        Also open files written before version 2, which are pickled Python objects:
+        unpickling runs code from the file, so pass ``True`` only for files you trust (then
+        ``save`` again to rewrite them as plain data).
+    """
+    payload = persist.read(path, "fit", map_location="cpu", allow_pickle=allow_pickle)
+    if payload.get("version", 1) < 2:
+        return _load_v1(payload, model, map_location)
+    model = persist.restore_model(payload["model"], model)
+    if isinstance(model, torch.nn.Module):
+        model.to("cpu")
+    guide = persist.build_guide(model, payload["guide"])
+    if isinstance(model, torch.nn.Module):
+        model.to(map_location)
+    guide.to(map_location)
+    history = payload["history"]
+    return FitResult(
+        model=model,
+        guide=guide,
+        losses=history["losses"].tolist(),
+        epoch_losses=history["epoch_losses"].tolist(),
+        skipped_steps=history["skipped_steps"].tolist(),
+        wall_time=history["wall_time"],
+        device=torch.device(map_location),
+        options=dict(payload["options"]),
+    )
+
+
+def _load_v1(payload: dict, model, map_location) -> FitResult:
+    """A version-1 (pickled) fit, converted on unpickling to today's objects."""
+    model = payload["model"] if model is None else model
+    if isinstance(model, torch.nn.Module):
+        model.to(map_location)
+    guide = payload["guide"]
+    guide.to(map_location)
+    persist.attach(guide, model)
+    return FitResult(
+        model=model,
+        guide=guide,
+        losses=list(payload["losses"]),
+        epoch_losses=list(payload["epoch_losses"]),
+        skipped_steps=list(payload.get("skipped_steps", [])),
+        wall_time=payload["wall_time"],
+        device=torch.device(map_location),
+        options=dict(payload["options"]),
+    )

@@ -1,0 +1,153 @@
+"""The steps of a fit (:class:`Trainer`): minibatches, losses, guarded updates, checkpoints,
+callbacks, progress and Ctrl-C. :func:`zoo.fit` builds one and runs it."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tqdm import tqdm
+
+from zoo import persist
+from zoo.data_checks import Batches
+from zoo.divergence import DivergenceGuard
+from zoo.objective import Objective
+from zoo.result import FitResult, FitState
+from zoo.state import TrainingState, write_checkpoint
+
+
+class Trainer:
+    """Takes the steps of a fit: one minibatch, one loss, one guarded update per step, with
+    checkpoints, callbacks, a progress bar and Ctrl-C. Built by :func:`fit`."""
+
+    def __init__(
+        self,
+        *,
+        objective: Objective,
+        optimizer,
+        scheduler,
+        params: list[torch.Tensor],
+        guard: DivergenceGuard,
+        batches: Batches,
+        generator: torch.Generator,
+        state: TrainingState,
+        result: FitResult,
+        clip_grad_norm: float | None,
+        per_example: bool,
+        checkpoint,
+        checkpoint_every: int | None,
+    ):
+        self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
+        self.params, self.guard, self.batches = params, guard, batches
+        self.generator, self.state, self.result = generator, state, result
+        self.clip_grad_norm, self.per_example = clip_grad_norm, per_example
+        self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
+        # The result shows the state's history as it grows.
+        result.losses, result.epoch_losses = state.losses, state.epoch_losses
+        result.skipped_steps = state.skipped_steps
+        self._start = time.perf_counter()
+        self._elapsed = state.wall_time
+        self._last_batch = None
+
+    def run(self, total: int, callbacks: list, progress: bool) -> None:
+        """Steps until ``total`` steps are taken, a callback returns ``True`` or Ctrl-C."""
+        state = self.state
+        bar = tqdm(
+            total=total, initial=state.step, disable=not progress, unit="step", dynamic_ncols=True
+        )
+        self._start = time.perf_counter()
+        stop = False
+        try:
+            while state.step < total and not stop:
+                # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
+                self.generator.set_state(state.epoch_start_state)
+                for index, (xb, yb) in enumerate(self.batches.epoch()):
+                    if index < state.done_in_epoch:
+                        continue
+                    value = self.step(xb, yb)
+                    state.done_in_epoch = index + 1
+                    bar.update(1)
+                    if state.step % 10 == 0 or state.step == total:
+                        bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
+                    stop = self._after_step(value, total, callbacks)
+                    if stop or state.step >= total:
+                        break
+        except KeyboardInterrupt:
+            self.result.interrupted = True
+            self.save_checkpoint()
+        finally:
+            bar.close()
+            self.result.wall_time = self._wall_time()
+        if self._last_batch is not None and not self.result.interrupted:
+            self.final_check()
+        if not self.result.interrupted:
+            self.save_checkpoint()
+        self.guard.warn_skipped(state.step)
+
+    def step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
+        """One minibatch: loss, gradients, the divergence check and (if finite) the update."""
+        state, num_data = self.state, len(self.batches)
+        self._last_batch = (xb, yb)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.objective.loss(xb, yb, num_data, step=state.step, validate=state.step == 0)
+        (loss / num_data if self.per_example else loss).backward()
+        if self.clip_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        else:  # the norm only, to detect a non-finite gradient
+            norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in self.params if p.grad is not None]
+            )
+        value, grad_norm = torch.stack([loss.detach(), norm]).tolist()
+        if self.guard.step_is_finite(state.step, state.epoch, value, grad_norm):
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            state.losses.append(value)
+            state.epoch_partial.append(value)
+        state.step += 1
+        return value
+
+    def _after_step(self, value: float, total: int, callbacks: list) -> bool:
+        """Epoch bookkeeping, checkpoint and callbacks; ``True`` when a callback stops."""
+        state = self.state
+        epoch_end = state.done_in_epoch == self.batches.steps_per_epoch
+        fit_state = FitState(
+            state.step, state.epoch, value, epoch_end or state.step == total, self.result
+        )
+        if epoch_end:
+            state.end_epoch(self.generator)
+        every = self.checkpoint_every
+        if (every is not None and state.step % every == 0) or (every is None and epoch_end):
+            self.save_checkpoint()
+        return any(cb(fit_state) for cb in callbacks)
+
+    def final_check(self) -> None:
+        """The last update is checked by no step: evaluate its loss, invisibly to the RNG."""
+        if self.guard.last_good.step is None:
+            return
+        rng = persist.rng_state(self.generator)
+        with torch.no_grad():
+            final = float(
+                self.objective.loss(*self._last_batch, len(self.batches), step=self.state.step)
+            )
+        persist.set_rng_state(rng, self.generator)
+        self.guard.final_check(final, self.state.step - 1)
+
+    def save_checkpoint(self) -> None:
+        """Write the checkpoint, if the fit has one."""
+        if self.checkpoint is None:
+            return
+        self.state.wall_time = self._wall_time()
+        write_checkpoint(
+            self.checkpoint,
+            state=self.state,
+            guide=self.objective.guide,
+            model=self.objective.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            generator=self.generator,
+            options=self.result.options,
+        )
+
+    def _wall_time(self) -> float:
+        return self._elapsed + time.perf_counter() - self._start

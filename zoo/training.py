@@ -1,0 +1,282 @@
+"""``zoo.fit``: the training loop around :class:`zoo.objective.Objective`.
+
+``fit`` reads its arguments, builds the pieces (data batches, guide, objective, optimiser,
+divergence guard, training state) and runs a :class:`zoo.trainer.Trainer`, which takes the
+steps, writes the checkpoints and handles Ctrl-C. Each piece lives in its own module:
+``zoo.objective`` (the loss), ``zoo.optim`` (parameter groups, optimiser, schedule),
+``zoo.divergence`` (no NaN parameters), ``zoo.state`` (what a checkpoint holds),
+``zoo.result`` (``FitResult``, ``load``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterable, Mapping
+
+import pyro
+import torch
+from pyro.infer.autoguide import AutoGuide
+
+import guides as guide_registry
+from zoo import persist
+from zoo.data_checks import Batches, as_tensors, check_data, check_input_shape, check_targets
+from zoo.divergence import DivergenceGuard
+from zoo.objective import Objective
+from zoo.optim import (
+    check_finite_parameters,
+    check_optimizer,
+    make_optimizer,
+    make_scheduler,
+    param_groups,
+)
+from zoo.result import FitResult, FitState
+from zoo.state import TrainingState, read_checkpoint, restore
+from zoo.trainer import Trainer
+
+
+def fit(
+    model: Callable,
+    guide: str | type | Callable | AutoGuide,
+    data,
+    *,
+    epochs: int = 1,
+    num_steps: int | None = None,
+    batch_size: int = 128,
+    lr: float = 1e-3,
+    optimizer: str | type = "adam",
+    optimizer_options: Mapping | None = None,
+    lr_schedule: Callable[[int], float] | None = None,
+    lr_multipliers: Mapping[str, float] | None = None,
+    num_particles: int = 1,
+    kl_weight: float | Callable[[int], float] = 1.0,
+    elbo: str = "trace",
+    guide_options: Mapping | None = None,
+    device: str | torch.device = "auto",
+    seed: int | None = 0,
+    progress: bool = True,
+    callbacks: Iterable[Callable[[FitState], bool | None]] = (),
+    on_divergence: str = "raise",
+    clip_grad_norm: float | None = None,
+    per_example: bool = False,
+    estimator: str = "reparam",
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: str | os.PathLike | None = None,
+) -> FitResult:
+    """Fit a variational posterior to a Pyro model by stochastic variational inference.
+
+    Each step draws a minibatch, estimates the full-data ELBO with Pyro's ``Trace_ELBO``
+    (or ``TraceMeanField_ELBO``), and takes one step of a torch optimiser on ``-ELBO``.
+    Minibatches are unbiased for the full-data ELBO: sites in ``pyro.plate("data", B)`` are
+    scaled by ``N / B`` (see :mod:`zoo.elbo`).
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model ``model(x, y=None)`` that observes ``y`` in ``pyro.plate("data", len(x))``,
+        e.g. any ``zoo.models`` network.
+    guide : str, AutoGuide subclass, callable or AutoGuide
+        A registered family name (``guides.available()``: ``"diagonal"``, ``"lowrank"``,
+        ``"tridiagonal"``, ``"matrix_normal"``, ...), a guide class (built as
+        ``cls(model, **guide_options)``), a callable ``model -> guide``, or a guide instance.
+    data : (X, y), Dataset or DataLoader
+        Training data; ``N = len(data)``.
+    epochs : int, default 1
+        Passes over the data (ignored when ``num_steps`` is given).
+    num_steps : int, optional
+        Total optimiser steps, cycling over the data as needed.
+    batch_size : int, default 128
+        Minibatch size (a DataLoader keeps its own).
+    lr : float, default 1e-3
+        Learning rate.
+    optimizer : {"adam", "adamw", "sgd"} or torch optimizer class
+    optimizer_options : mapping, optional
+        Extra optimizer arguments, e.g. ``{"momentum": 0.9}``.
+    lr_schedule : callable, optional
+        ``step -> factor`` multiplying ``lr`` (a ``LambdaLR``), e.g. Posch & Pilz's
+        ``lambda i: (1 + 1e-4 * i) ** -0.75``.
+    lr_multipliers : mapping, optional
+        ``fnmatch`` pattern over guide parameter names -> learning-rate factor, e.g.
+        ``{"*.gamma*": 50.0}`` for the correlation parameters of the tridiagonal family
+        (names look like ``sites.fc1.weight.gamma_unconstrained``).
+    num_particles : int, default 1
+        ELBO samples per step, vectorised into one batched pass.
+    kl_weight : float or callable, default 1.0
+        Factor on the prior-minus-guide (KL) part of the ELBO, or ``step -> factor`` for
+        annealing. ``1`` is the true ELBO.
+    elbo : {"trace", "meanfield"}
+        ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
+        registered, which holds for every family here against Normal priors).
+    guide_options : mapping, optional
+        Passed to the guide class when ``guide`` is a name or a class.
+    device : "auto", "cpu", "cuda" or torch.device
+        ``"auto"`` uses CUDA when available. Model, data and guide all move there.
+    seed : int or None, default 0
+        Seeds Pyro, torch and the shuffling; ``None`` leaves the global RNG alone.
+    progress : bool, default True
+        Show a tqdm progress bar.
+    callbacks : iterable of callables
+        Called as ``cb(FitState)`` after every step; a truthy return stops the fit.
+    on_divergence : {"raise", "skip"}
+        On a NaN/inf loss or gradient the guide goes back to parameters whose loss and
+        gradients were finite (an in-memory copy taken every ``LAST_GOOD_EVERY`` = 10 steps;
+        the message names the step), then: raise
+        :class:`FitDivergedError`, or skip the step and go on from there (a warning at the end
+        counts the skipped steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise). The last update,
+        which no step evaluates, is checked by one more loss evaluation after the loop (its
+        random draws do not change the RNG state a checkpoint or the caller sees).
+    clip_grad_norm : float, optional
+        Clip the global gradient norm to this value.
+    per_example : bool, default False
+        Optimise ``-ELBO / N`` instead of ``-ELBO`` (the same optimum; gradients N times
+        smaller). Use it with SGD learning rates quoted for per-example losses, as in most
+        papers; Adam is insensitive to the scale. Reported losses stay ``-ELBO``.
+    estimator : {"reparam", "local", "flipout"}
+        How layers see the weight posterior (see :mod:`zoo.estimators`): one shared weight draw
+        per step; local reparameterisation (pre-activations sampled per example: diagonal and
+        matrix-normal linear layers); or Flipout (sign-decorrelated draws per example: diagonal
+        linear and convolution layers). Sites out of reach keep ``"reparam"``; the served sites
+        are listed in ``result.options["estimator_sites"]``. Needs ``num_particles=1``.
+    checkpoint : path, optional
+        Write a checkpoint (plain data, see :mod:`zoo.state`: guide, optimiser, schedule, RNG
+        states, position in the data) here,
+        atomically, every ``checkpoint_every`` steps (default: at the end of every epoch), at
+        the end, and on Ctrl-C.
+    checkpoint_every : int, optional
+        Steps between checkpoints.
+    resume : path, optional
+        Continue from a checkpoint written by a fit with the same arguments. With in-memory data
+        on the CPU the resumed fit ends with the same parameters as an uninterrupted one.
+        Ctrl-C during a fit returns the partial result (``result.interrupted`` is True).
+
+    Returns
+    -------
+    FitResult
+    """
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
+    for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
+        if value is not None:
+            _check_positive(**{name: value})
+    opt_cls = check_optimizer(optimizer)
+    dev = resolve_device(device)
+    if isinstance(model, torch.nn.Module):
+        model.to(dev)
+    batches, generator = _batches(model, data, batch_size, dev, seed)
+    x0, y0 = batches.first()
+
+    resumed = read_checkpoint(resume) if resume else None
+    if resumed is not None:
+        guide = persist.build_guide(model, resumed["guide"])
+    else:
+        guide = build_guide(guide, model, dict(guide_options or {}))
+    guide.to(dev)
+    objective = Objective(
+        model,
+        guide,
+        elbo=elbo,
+        estimator=estimator,
+        num_particles=num_particles,
+        kl_weight=kl_weight,
+    )
+    objective.setup(x0, y0)
+    groups = param_groups(guide, model, lr, lr_multipliers)
+    opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
+    sched = make_scheduler(opt, lr_schedule)
+    check_finite_parameters(guide, model)
+
+    total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+    options = dict(
+        guide=guide.family or type(guide).__name__,
+        epochs=epochs,
+        num_steps=total,
+        batch_size=batches.batch_size,
+        lr=lr,
+        num_particles=num_particles,
+        kl_weight=kl_weight if not callable(kl_weight) else "schedule",
+        per_example=per_example,
+        elbo=elbo,
+        estimator=estimator,
+        estimator_sites=sorted(objective.served),
+        seed=seed,
+    )
+    result = FitResult(model=model, guide=guide, device=dev, options=options)
+    if resumed is not None:
+        state = restore(resumed, model, opt, sched, generator)
+    else:
+        state = TrainingState(epoch_start_state=generator.get_state())
+    params = [p for g in groups for p in g["params"]]
+    trainer = Trainer(
+        objective=objective,
+        optimizer=opt,
+        scheduler=sched,
+        params=params,
+        guard=DivergenceGuard(params, guide, on_divergence, result),
+        batches=batches,
+        generator=generator,
+        state=state,
+        result=result,
+        clip_grad_norm=clip_grad_norm,
+        per_example=per_example,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+    )
+    trainer.run(total, list(callbacks), progress)
+    return result
+
+
+def build_guide(guide, model, options: dict) -> AutoGuide:
+    """The guide ``fit`` was given, built: a family name or a class as ``cls(model, **options)``,
+    a callable ``model -> guide``, or an instance as is."""
+    if isinstance(guide, str):
+        return guide_registry.get(guide)(model, **options)
+    if isinstance(guide, AutoGuide):
+        if options:
+            raise ValueError("guide_options apply only when guide is a name or a class")
+        return guide
+    if inspect.isclass(guide):
+        return guide(model, **options)
+    if callable(guide):
+        built = guide(model, **options)
+        if not isinstance(built, torch.nn.Module):
+            raise TypeError("a guide factory must return a torch.nn.Module guide")
+        return built
+    raise TypeError(
+        f"guide must be a family name {guide_registry.available()}, an AutoGuide class, a "
+        f"callable model -> guide, or a guide instance; got {type(guide).__name__}"
+    )
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _batches(model, data, batch_size: int, device, seed) -> tuple[Batches, torch.Generator]:
+    """Checked, shuffled minibatches on ``device`` and the generator that shuffles them."""
+    tensors = as_tensors(data)
+    if tensors is not None:
+        check_data(model, *tensors)
+    if seed is not None:
+        pyro.set_rng_seed(seed)
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
+    batches = Batches(data, batch_size, device, generator)
+    if len(batches) == 0:
+        raise ValueError("the data set is empty: fit needs at least one example")
+    x0, y0 = batches.first()
+    if tensors is None:
+        check_targets(model, y0)
+    check_input_shape(model, x0, y0)
+    return batches, generator
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
+        integers = ("epochs", "batch_size", "num_particles", "num_steps", "checkpoint_every")
+        if name in integers and value != int(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
