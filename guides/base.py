@@ -183,14 +183,9 @@ class PerSiteGuide(AutoGuide):
         return cls.site_class, options
 
     def site_class_for(self, name: str, shape: torch.Size) -> type[SitePosterior]:
-        """The :class:`SitePosterior` class for a real site; subclasses may override."""
-        if not self.site_class.supports(shape):
-            raise ValueError(
-                f"The {self.family!r} family cannot serve site {name!r} of shape "
-                f"{tuple(shape)}. Use guides.AutoMixed to give that site another family, "
-                f"e.g. {{'{name}': 'diagonal', '*': '{self.family}'}}."
-            )
-        return self.site_class
+        """The :class:`SitePosterior` class for a real site: the family's, or its ``fallback``
+        for a shape it cannot serve (the same rule in :class:`guides.AutoMixed`)."""
+        return serving_class(self.site_class, name, shape, f"the {self.family!r} family")
 
     def site_options_for(self, name: str, cls: type[SitePosterior]) -> dict:
         """Options for the site module of ``name`` of class ``cls``."""
@@ -319,6 +314,18 @@ class PerSiteGuide(AutoGuide):
                 f"this {type(self).__name__} has not been run yet, so it has no parameters: call "
                 "it once on example inputs (guide(x, y)) or fit it with zoo.fit first"
             )
+
+
+def serving_class(site_cls: type[SitePosterior], name: str, shape, what: str):
+    """``site_cls`` if it supports ``shape``, else its ``fallback``; else a clear error."""
+    if site_cls.supports(shape):
+        return site_cls
+    if site_cls.fallback is not None:
+        return site_cls.fallback
+    raise ValueError(
+        f"{what} cannot serve site {name!r} of shape {tuple(shape)}. Use guides.AutoMixed to "
+        f"give that site another family, e.g. {{'{name}': 'diagonal', '*': ...}}."
+    )
 
 
 def _check_global_continuous(guide: str, name: str, site: dict) -> None:

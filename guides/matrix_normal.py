@@ -189,6 +189,7 @@ class MatrixNormalSite(SitePosterior):
     """Parameters ``loc``, ``row_raw`` and ``col_raw`` (triangular factors, or their diagonals)."""
 
     family = "matrix_normal"
+    fallback = DiagonalSite  # sites of fewer than two dimensions (biases)
     #: Version of the raw -> factor map: 2 divides the strictly lower raw entries by ``sqrt(n)``.
     #: Pickled sites carry it as ``raw_map``; state dicts as the module version (``_version``).
     RAW_MAP = 2
@@ -252,7 +253,8 @@ class MatrixNormalSite(SitePosterior):
 
 
 class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):
-    """Matrix-normal guide for every weight with two or more dimensions; diagonal elsewhere.
+    """Matrix-normal guide for every weight with two or more dimensions; sites of fewer
+    dimensions (biases) get the diagonal family, here and under ``guides.AutoMixed`` alike.
 
     Parameters
     ----------
@@ -270,6 +272,3 @@ class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):
 
     def __init__(self, model, *, row: str = "full", col: str = "full", **kwargs):
         super().__init__(model, row=row, col=col, **kwargs)
-
-    def site_class_for(self, name, shape):
-        return MatrixNormalSite if MatrixNormalSite.supports(shape) else DiagonalSite

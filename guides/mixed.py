@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
-from guides.base import PerSiteGuide, check_family_options
+from guides.base import PerSiteGuide, check_family_options, serving_class
 from guides.registry import available, get
 from guides.site import SitePosterior
 
@@ -86,20 +86,15 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
     def site_class_for(self, name, shape) -> type[SitePosterior]:
         for pattern, site_cls, _ in self._rules:
             if fnmatch.fnmatchcase(name, pattern):
-                if not site_cls.supports(shape):
-                    raise ValueError(
-                        f"Pattern {pattern!r} gives site {name!r} (shape {tuple(shape)}) the "
-                        f"{site_cls.family!r} family, which cannot serve it; map it to another "
-                        f"family (one of {available()}) with an earlier pattern."
-                    )
-                return site_cls
+                what = f"pattern {pattern!r} ({site_cls.family!r} family)"
+                return serving_class(site_cls, name, shape, what)
         raise ValueError(
             f"No pattern in {[p for p, _, _ in self._rules]} matches site {name!r}; "
             "add a catch-all pattern such as '*': 'diagonal'."
         )
 
     def site_options_for(self, name, cls) -> dict:
-        for pattern, _, options in self._rules:
+        for pattern, site_cls, options in self._rules:
             if fnmatch.fnmatchcase(name, pattern):
-                return options
+                return options if cls is site_cls else {}  # a fallback takes no options
         return {}

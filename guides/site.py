@@ -54,6 +54,9 @@ class SitePosterior(PyroModule):
     """
 
     family: str = ""
+    #: The site class for sites this one cannot serve (``supports`` is False), or ``None``
+    #: to refuse them: the matrix normal gives 1-D sites (biases) the diagonal family.
+    fallback: type[SitePosterior] | None = None
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__()

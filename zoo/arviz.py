@@ -22,7 +22,6 @@ import warnings
 from collections.abc import Sequence
 
 import numpy as np
-import torch
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -70,27 +69,28 @@ def to_inference_data(
     """
     from zoo.data_checks import check_labelled_data, gather_tensors
     from zoo.predictive import predict
+    from zoo.rng import seeded
 
-    if seed is not None:
-        torch.manual_seed(seed)
     guide, model = fit.guide, fit.model
-    draws = guide.sample_posterior(num_samples)
+    if data is not None:
+        x, y = gather_tensors(data)
+        check_labelled_data(model, x, y, fit.device)
+    with seeded(seed, fit.device):  # one stream: the draws, then the replicated data
+        draws = guide.sample_posterior(num_samples)
+        if data is not None:
+            pred = predict(model, guide, x, params=draws, progress=progress)
+            y = y.to(pred.outputs.device)
+            log_lik = pred.log_likelihood(y).cpu().numpy()
+            replicated = pred.likelihood.sample().cpu().numpy()
     keep = _select(list(draws), var_names)
     posterior = {name: draws[name].cpu().numpy()[None] for name in keep}
     dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
     groups = {"posterior": posterior}
     if data is not None:
-        x, y = gather_tensors(data)
-        check_labelled_data(model, x, y, fit.device)
-        pred = predict(model, guide, x, params=draws, progress=progress)
-        y = y.to(pred.outputs.device)
-        log_lik = pred.log_likelihood(y).cpu().numpy()
-        replicated = pred.likelihood.sample().cpu().numpy()
         groups["log_likelihood"] = {"obs": log_lik[None]}
         groups["posterior_predictive"] = {"obs": replicated[None]}
         groups["observed_data"] = {"obs": y.cpu().numpy()}
-        obs_dims = ["obs_id"] + [f"obs_dim_{i}" for i in range(1, y.dim())]
-        dims["obs"] = obs_dims
+        dims["obs"] = ["obs_id"] + [f"obs_dim_{i}" for i in range(1, y.dim())]
     attrs = {
         "guide": type(guide).__name__,
         "steps": fit.steps,
@@ -142,13 +142,13 @@ def plot_ppc(idata: az.InferenceData, **kwargs):
     kwargs.setdefault("num_pp_samples", min(50, idata.posterior_predictive.sizes["draw"]))
     ax = az.plot_ppc(idata, **kwargs)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
-    return ax.figure
+    return _detached(ax.figure)
 
 
 def plot_posterior(idata: az.InferenceData, var_names, coords=None, **kwargs):
     """``az.plot_posterior`` of chosen weights; returns the Figure."""
     axes = az.plot_posterior(idata, var_names=var_names, coords=coords, **kwargs)
-    return np.ravel(axes)[0].figure
+    return _detached(np.ravel(axes)[0].figure)
 
 
 def to_netcdf(idata: az.InferenceData, path) -> str:
@@ -159,6 +159,15 @@ def to_netcdf(idata: az.InferenceData, path) -> str:
 def from_netcdf(path) -> az.InferenceData:
     """Read an InferenceData written by :func:`to_netcdf`."""
     return az.from_netcdf(str(path))
+
+
+def _detached(fig):
+    """ArviZ draws through pyplot: take the figure out of pyplot's registry, so that a notebook
+    shows the returned figure once (not again when the cell ends) and nothing stays open."""
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return fig
 
 
 def _select(names: list[str], var_names) -> list[str]:

@@ -38,7 +38,8 @@ def demo(args: argparse.Namespace) -> int:
     print(f"guide: {args.guide}   steps: {fit.steps}   time: {fit.wall_time:.1f} s")
     print(f"final loss (-ELBO): {fit.losses[-1]:.2f}")
     for key, value in metrics.items():
-        print(f"test {key}: {value:.4f}")
+        label = {"nll": "nll (negative log predictive density per point; can be < 0)"}
+        print(f"test {label.get(key, key)}: {value:.4f}")
     print(
         f"epistemic sd on the data: {seen:.3f}   in the gap |x| < 0.5: {gap:.3f}   "
         f"beyond |x| > 4: {beyond:.3f}"
@@ -82,14 +83,61 @@ def _parse_value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def _guide_options(pairs: list[str]) -> dict:
+def _guide_options(pairs: list[str] | None) -> dict:
+    """``KEY=VALUE`` pairs as a dict (numbers and true/false parsed)."""
     options = {}
     for pair in pairs or []:
         if "=" not in pair:
-            raise SystemExit(f"--guide-option takes key=value, got {pair!r}")
+            raise ValueError(f"--guide-option takes KEY=VALUE, got {pair!r}")
         key, value = pair.split("=", 1)
         options[key] = _parse_value(value)
     return options
+
+
+def _family_options(pairs: list[str] | None, families: list[str]) -> dict[str, dict]:
+    """``compare``'s ``FAMILY.KEY=VALUE`` pairs as ``{family: options}``."""
+    out: dict[str, dict] = {family: {} for family in families}
+    for pair in pairs or []:
+        family, _, rest = pair.partition(".")
+        if family not in out or "=" not in rest:
+            raise ValueError(
+                f"compare's --guide-option takes FAMILY.KEY=VALUE for one of the compared "
+                f"families {families}, got {pair!r} (e.g. lowrank.rank=5)"
+            )
+        out[family].update(_guide_options([rest]))
+    return out
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as usage errors, what would otherwise fail later: family options a family does
+    not take, a CUDA device on a machine without one, a model that cannot take the data."""
+    import torch
+
+    import guides
+    from guides.base import check_family_options
+
+    if args.command == "demo":
+        return
+    try:
+        if args.command == "fit":
+            args.options = {args.guide: _guide_options(args.guide_option)}
+        else:
+            args.options = _family_options(args.guide_option, args.guides)
+        for family, options in args.options.items():
+            cls = guides.get(family)
+            check_family_options(cls, *cls.site_spec(**options))
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine has no CUDA device; use cpu or auto")
+    images = {"mnist": "lenet5", "fashion_mnist": "lenet5", "cifar10": "cifarnet", "toy": "mlp"}
+    if args.model is None:
+        args.model = images[args.data]
+    fits = {"lenet5": ("mnist", "fashion_mnist"), "cifarnet": ("cifar10",)}
+    if args.data == "toy" and args.model != "mlp":
+        parser.error(f"--data toy (1-D regression) needs --model mlp, not {args.model}")
+    if args.model in fits and args.data not in fits[args.model]:
+        parser.error(f"--model {args.model} takes {' or '.join(fits[args.model])} images")
 
 
 def _load_data(args):
@@ -111,9 +159,7 @@ def _model_factory(args, train):
 
     x, _ = as_tensors(train)
     if args.data == "toy":
-        if args.model != "mlp":
-            raise SystemExit("the toy data set needs --model mlp")
-        return lambda: zoo.models.BayesianMLP(1, args.hidden, 1, noise="learned")
+        return lambda: zoo.models.BayesianMLP(1, args.hidden, 1, noise=args.noise)
     if args.model == "lenet5":
         if tuple(x.shape[1:]) != (1, 28, 28):
             raise SystemExit("--model lenet5 needs 1x28x28 images (mnist, fashion_mnist)")
@@ -155,11 +201,7 @@ def fit_command(args: argparse.Namespace) -> int:
     train, test = _load_data(args)
     model = _model_factory(args, train)()
     fit = zoo.fit(
-        model,
-        args.guide,
-        train,
-        guide_options=_guide_options(args.guide_option),
-        **_fit_options(args),
+        model, args.guide, train, guide_options=args.options[args.guide], **_fit_options(args)
     )
     metrics = fit.evaluate(test, num_samples=args.samples, progress=not args.quiet)
     out = Path(args.out_dir)
@@ -172,7 +214,8 @@ def fit_command(args: argparse.Namespace) -> int:
     netcdf = to_netcdf(idata, out / f"{stem}.nc")
     print(f"| metric | {args.guide} |\n| --- | --- |")
     print(f"| steps | {fit.steps} |\n| fit seconds | {fit.wall_time:.1f} |")
-    print(f"| final -ELBO | {fit.losses[-1]:.2f} |")
+    last = fit.epoch_losses[-1] if fit.epoch_losses else fit.losses[-1]
+    print(f"| final -ELBO (mean of the last epoch) | {last:.2f} |")
     for key, value in metrics.items():
         print(f"| {key} | {value:.4f} |")
     print(f"saved the fit to {saved} and ArviZ data to {netcdf}")
@@ -189,7 +232,7 @@ def compare_command(args: argparse.Namespace) -> int:
     stem = f"compare-{args.model}-{args.data}"
     table = zoo.compare(
         _model_factory(args, train),
-        args.guides,
+        [(f, f, args.options[f]) for f in args.guides],
         train,
         test,
         num_samples=args.samples,
@@ -211,16 +254,24 @@ def _has_tabulate() -> bool:
 
 
 def _add_training_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="lenet5", choices=_MODELS, help="network (default lenet5)")
+    p.add_argument(
+        "--model",
+        default=None,
+        choices=_MODELS,
+        help="network (default: lenet5 for mnist and fashion_mnist, cifarnet for cifar10, mlp "
+        "for toy)",
+    )
     p.add_argument(
         "--hidden",
         type=int,
         nargs="*",
         default=[100],
-        help="hidden widths: MLP layers, or LeNet-5's FC width (default 100)",
+        help="hidden widths: MLP layers, or LeNet-5's FC width",
     )
-    p.add_argument("--data", default="mnist", choices=_DATASETS, help="data set (default mnist)")
-    p.add_argument("--root", default=None, help="data root (default: $ZOO_DATA or ~/.cache)")
+    p.add_argument("--data", default="mnist", choices=_DATASETS, help="data set")
+    p.add_argument(
+        "--root", default=None, help="data root (None: $ZOO_DATA, else ~/.cache/bnn-zoo/data)"
+    )
     p.add_argument("--limit", type=int, default=None, help="use only the first N training examples")
     p.add_argument("--test-limit", type=int, default=None, help="only the first N test examples")
     p.add_argument("--epochs", type=int, default=1, help="passes over the training data")
@@ -237,7 +288,14 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=100, help="posterior samples per test input")
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda")
-    p.add_argument("--out-dir", default="runs", help="where to write results (default runs/)")
+    p.add_argument("--out-dir", default="runs", help="where to write results")
+    p.add_argument(
+        "--noise",
+        type=_noise,
+        default=0.1,
+        help="--data toy: observation noise sd (the toy's own is 0.1), 'learned' or "
+        "'heteroscedastic'",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -246,8 +304,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural network model zoo")
     sub = parser.add_subparsers(dest="command", required=True)
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     p = sub.add_parser(
         "demo",
+        formatter_class=formatter,
         help="fit the 1D regression toy and plot its predictive band",
         description="Fit a Bayesian MLP to the two-interval 1D toy, print test metrics and "
         "write a PNG of the predictive mean with its credible band.",
@@ -260,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--noise",
         type=_noise,
         default=0.1,
-        help="observation noise sd: a number (default 0.1, the toy's own), 'learned' (a "
+        help="observation noise sd: a number (the toy's own is 0.1), 'learned' (a "
         "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve) or "
         "'heteroscedastic' (the network predicts it per input)",
     )
@@ -271,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser(
         "fit",
+        formatter_class=formatter,
         help="fit one model with one posterior family and evaluate it",
         description="Fit a Bayesian network with one posterior family, print the test "
         "metrics, save the fit (zoo.load) and an ArviZ netCDF of the posterior and predictive.",
@@ -294,6 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser(
         "compare",
+        formatter_class=formatter,
         help="fit several families on the same data and tabulate them",
         description="Fit each family with the same data, seed and options; print a table of "
         "parameters, speed, final ELBO and test metrics; save it as CSV with a chart.",
@@ -304,12 +366,21 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         default=list(guides.available()),
         choices=guides.available(),
-        help="families to compare (default: all)",
+        help="families to compare (every registered family)",
+    )
+    c.add_argument(
+        "--guide-option",
+        action="append",
+        metavar="FAMILY.KEY=VALUE",
+        help="an option of one family, repeatable: lowrank.rank=5, "
+        "tridiagonal.parameterization=free",
     )
     c.set_defaults(func=compare_command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    _check_arguments(parser, args)
     return args.func(args)

@@ -56,7 +56,20 @@ def toy_function(x: torch.Tensor) -> torch.Tensor:
 
 
 def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
-    ds = cls(str(data_root(root)), train=train, download=download)
+    where = data_root(root)
+    try:
+        ds = cls(str(where), train=train, download=download)
+    except (RuntimeError, OSError) as err:  # torchvision: no files and no (working) download
+        source = (
+            "the root argument" if root is not None
+            else "$ZOO_DATA" if os.environ.get("ZOO_DATA") else "the default root"
+        )
+        raise FileNotFoundError(
+            f"{cls.__name__} is not under {where} (from {source}) and could not be "
+            f"{'downloaded' if download else 'read (download=False)'}: {err}. Put the raw "
+            f"files in {where / cls.__name__ / 'raw'}, or point root= (or the ZOO_DATA "
+            "environment variable) at the folder that holds them"
+        ) from err
     images = torch.as_tensor(ds.data)
     if images.dim() == 3:  # (N, H, W) grey images
         images = images.unsqueeze(1)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from zoo.likelihoods import check_labels, shape_n
 from zoo.models.base import BayesianModel
@@ -16,6 +16,7 @@ __all__ = [
     "Batches",
     "as_tensors",
     "check_data",
+    "check_dataset",
     "check_finite",
     "check_input_shape",
     "check_inputs",
@@ -31,9 +32,14 @@ class Batches:
 
     In-memory tensors (a tuple or a ``TensorDataset``) are moved to the device once and indexed
     there; any other ``Dataset`` goes through a ``DataLoader``; a ``DataLoader`` is used as is.
+    Batches of an ``IterableDataset`` are checked as they come (``model``'s likelihood checks
+    the targets); every other form is checked before training (:func:`check_dataset`).
     """
 
-    def __init__(self, data, batch_size: int, device: torch.device, generator: torch.Generator):
+    def __init__(
+        self, data, batch_size: int, device: torch.device, generator: torch.Generator, model=None
+    ):
+        self.model = model
         self.device = device
         self.generator = generator
         self.loader: DataLoader | None = None
@@ -59,6 +65,11 @@ class Batches:
         return self.size
 
     @property
+    def check_batches(self) -> bool:
+        """Whether batches are checked as they come (an ``IterableDataset``)."""
+        return self.loader is not None and isinstance(self.loader.dataset, IterableDataset)
+
+    @property
     def steps_per_epoch(self) -> int:
         if self.loader is not None:
             return len(self.loader)
@@ -72,10 +83,18 @@ class Batches:
                 idx = perm[start : start + self.batch_size]
                 yield x[idx], y[idx]
             return
-        for batch in self.loader:
+        for index, batch in enumerate(self.loader):
             xb, yb = _split_batch(batch)
-            check_finite(xb, "x", where="a batch of the data")
-            check_finite(yb, "y", where="a batch of the data")
+            if self.check_batches:  # an IterableDataset: no pass before training could run
+                try:
+                    check_finite(xb, "x", "it")
+                    check_finite(yb, "y", "it")
+                    check_targets(self.model, yb)
+                except ValueError as err:
+                    raise ValueError(
+                        f"batch {index} of the data (an IterableDataset: items are counted "
+                        f"within the batch): {err}"
+                    ) from None
             yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
     def first(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,15 +153,31 @@ def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Te
     return torch.cat(xs), torch.cat(ys)
 
 
-def check_finite(t: torch.Tensor, label: str, where: str = "the data") -> None:
+def check_finite(t: torch.Tensor, label: str, where: str = "the data", offset: int = 0) -> None:
+    """Refuse NaN or infinite values, naming the first item (``offset`` + its row)."""
     if t.is_floating_point() or t.is_complex():
         bad = ~torch.isfinite(t)
         if bad.any():
             first = int(bad.reshape(t.shape[0], -1).any(-1).nonzero()[0]) if t.dim() else 0
             raise ValueError(
-                f"{label} in {where} contains NaN or infinite values (first at row {first}); "
-                "remove or impute them before fitting"
+                f"{label} in {where} contains NaN or infinite values (first at item "
+                f"{offset + first}); remove or impute them before fitting"
             )
+
+
+def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> None:
+    """One pass over a map-style ``Dataset``, in order, before training: every item must be an
+    ``(x, y)`` pair of finite values whose targets the model's likelihood takes; an error
+    names the item index. This costs one pass of data loading; in-memory tensors are checked
+    without one, and an ``IterableDataset`` (no index) is checked batch by batch instead."""
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+    offset = 0
+    for batch in loader:
+        xb, yb = _split_batch(batch)
+        check_finite(xb, "x", "the data set", offset)
+        check_finite(yb, "y", "the data set", offset)
+        check_targets(model, yb, offset)
+        offset += xb.shape[0]
 
 
 def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -154,10 +189,11 @@ def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
     check_targets(model, y)
 
 
-def check_targets(model, y: torch.Tensor) -> None:
-    """The target values, as the model's likelihood wants them (labels in range, ...)."""
+def check_targets(model, y: torch.Tensor, offset: int = 0) -> None:
+    """The target values, as the model's likelihood wants them (labels in range, ...); an
+    error names the item (``offset`` + its row)."""
     if isinstance(model, BayesianModel):
-        model.likelihood.check_targets(y, model.out_features)
+        model.likelihood.check_targets(y, model.out_features, offset)
 
 
 def check_labelled_data(model, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:

@@ -20,6 +20,7 @@ Likelihoods are ``nn.Module``s whose numbers are buffers, so they move with the 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Mapping
 
 import pyro
@@ -54,8 +55,12 @@ class Likelihood(nn.Module):
         """``likelihood(out, params)`` is :meth:`distribution`."""
         return self.distribution(out, params)
 
-    def check_targets(self, y: torch.Tensor, num_outputs: int | None) -> None:
-        """Check target values (before training; ``num_outputs`` is the network's width)."""
+    def check_targets(self, y: torch.Tensor, num_outputs: int | None, offset: int = 0) -> None:
+        """Check target values (before training; ``num_outputs`` is the network's width); an
+        error names the first bad item, ``offset`` + its row."""
+
+    def check_scale(self, y: torch.Tensor) -> None:
+        """Warn when the targets' scale does not suit the likelihood (a fixed noise)."""
 
     def check_target_shape(self, y: torch.Tensor, out: torch.Tensor) -> None:
         """Check the shape of targets ``(B, ...)`` against the network output ``out``."""
@@ -81,8 +86,8 @@ class Categorical(Likelihood):
     def distribution(self, out, params):
         return dist.Categorical(logits=out)
 
-    def check_targets(self, y, num_outputs):
-        check_labels(y, num_outputs)
+    def check_targets(self, y, num_outputs, offset=0):
+        check_labels(y, num_outputs, offset)
 
     def predict(self, outputs, params):
         lik = self.distribution(outputs, params)
@@ -166,6 +171,24 @@ class Gaussian(_GaussianBase):
         value = noise_prior_scale if self.learned else noise
         self.register_buffer("noise_prior_scale" if self.learned else "noise", _scalar(value))
 
+    #: A fixed noise this many times smaller than the targets' sd draws a warning.
+    SCALE_WARNING = 30.0
+
+    def check_scale(self, y):
+        if self.learned or y.numel() < 2 or not y.is_floating_point():
+            return
+        spread, noise = float(y.std()), float(self.noise)
+        if spread > self.SCALE_WARNING * noise:
+            warnings.warn(
+                f"the targets' standard deviation ({spread:.4g}) is {spread / noise:.0f} times "
+                f"the fixed observation noise ({noise:g}, in the units of y): the fit will chase "
+                "every target and its intervals will be far too narrow. Standardise y (and "
+                "rescale predictions back), set noise to the targets' noise level, or use "
+                "noise='learned'.",
+                UserWarning,
+                stacklevel=4,
+            )
+
     def sample_latent(self):
         if not self.learned:
             return {}
@@ -221,17 +244,20 @@ def from_spec(spec: dict) -> Likelihood:
     return cls(**spec["args"])
 
 
-def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
-    """Class labels: an integer tensor of shape ``(N,)`` with values in ``[0, num_classes)``."""
+def check_labels(y: torch.Tensor, num_classes: int | None, offset: int = 0) -> None:
+    """Class labels: an integer tensor of shape ``(N,)`` with values in ``[0, num_classes)``;
+    an error names the first bad item (``offset`` + its row)."""
     if y.is_floating_point():
         if not torch.equal(y, y.round()):
             raise ValueError(
-                "classification labels must be integer class indices; got non-integer values "
-                "(for one-hot labels use y.argmax(-1); for real-valued targets use a Gaussian "
-                "likelihood, task='regression')"
+                "classification labels must be integer class indices; got non-integer values. "
+                "For real-valued targets the model needs a Gaussian likelihood: "
+                "task='regression' (from_module and LeNet5 default to classification); for "
+                "one-hot labels use y.argmax(-1)"
             )
         raise TypeError(
-            f"classification labels must be an integer tensor, got {y.dtype}; use y.long()"
+            f"classification labels must be an integer tensor, got {y.dtype}; use y.long() (or "
+            "task='regression' if the targets are real values)"
         )
     if y.dim() != 1:
         raise ValueError(
@@ -240,10 +266,12 @@ def check_labels(y: torch.Tensor, num_classes: int | None) -> None:
         )
     if y.numel() == 0:
         return
-    lo, hi = int(y.min()), int(y.max())
-    if lo < 0 or (num_classes is not None and hi >= num_classes):
+    bad = y < 0 if num_classes is None else (y < 0) | (y >= num_classes)
+    if bad.any():
+        first = int(bad.nonzero()[0])
         raise ValueError(
-            f"labels must lie in [0, {num_classes}) for this model, got values in [{lo}, {hi}]"
+            f"labels must lie in [0, {num_classes}) for this model, got {int(y[first])} at item "
+            f"{offset + first} (values in [{int(y.min())}, {int(y.max())}])"
         )
 
 

@@ -1,33 +1,61 @@
-"""Matplotlib figures. Every function returns the ``Figure`` (nothing is shown or saved)."""
+"""Matplotlib figures. Every function returns the ``Figure`` (nothing is shown or saved).
+
+Figures are built as ``matplotlib.figure.Figure`` objects, not through ``pyplot``: importing this
+module never touches the backend (a Jupyter kernel keeps its inline backend), a notebook shows a
+returned figure once, and no figure stays open in ``pyplot``'s registry. Save one with
+``fig.savefig(path)``. Functions with one panel take ``ax=`` to draw into an existing axis
+(then they return ``ax.figure``).
+"""
 
 from __future__ import annotations
 
-import matplotlib
+from collections.abc import Sequence
 
-matplotlib.use("Agg", force=False)
-from collections.abc import Sequence  # noqa: E402
+import torch
+from matplotlib.figure import Figure
 
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+#: Columns of a ``zoo.compare`` table that :func:`comparison_chart` draws by default.
+COMPARISON_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "coverage_95", "steps_per_second")
 
-from zoo.prediction import RegressionPrediction  # noqa: E402
+
+def _figure_and_axis(ax, figsize):
+    if ax is not None:
+        return ax.figure, ax
+    fig = Figure(figsize=figsize, layout="constrained")
+    return fig, fig.subplots()
 
 
 def regression_band(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
     x_grid: torch.Tensor,
-    prediction: RegressionPrediction,
+    prediction,
     truth: torch.Tensor | None = None,
     level: float = 0.95,
     title: str | None = None,
-):
-    """Predictive mean and central ``level`` band (epistemic + aleatoric) over 1D data."""
+    ax=None,
+) -> Figure:
+    """Predictive mean and central ``level`` band (epistemic + aleatoric) over 1-D inputs.
+
+    ``x_grid`` is ``(N,)`` or ``(N, 1)`` and ``prediction`` a ``zoo.RegressionPrediction`` on it
+    with one target; the darker band is ``±2`` epistemic standard deviations.
+    """
+    for name, x in (("x_grid", x_grid), ("x_train", x_train)):
+        if x.dim() > 2 or (x.dim() == 2 and x.shape[1] != 1):
+            raise ValueError(
+                f"regression_band draws 1-D inputs, but {name} has shape {tuple(x.shape)}; plot "
+                "one feature against the others fixed, or the predictions against the targets"
+            )
     xs = x_grid.reshape(-1).cpu()
     mean = prediction.mean.reshape(-1).cpu()
+    if mean.shape != xs.shape:
+        raise ValueError(
+            f"the prediction has {mean.numel()} values for {xs.numel()} grid points (one target "
+            "per input is drawn)"
+        )
     lower, upper = (t.reshape(-1).cpu() for t in prediction.interval(level))
     epi = prediction.epistemic_variance.reshape(-1).sqrt().cpu()
-    fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
+    fig, ax = _figure_and_axis(ax, (7, 4))
     ax.fill_between(xs, lower, upper, color="C0", alpha=0.2, label=f"{level:.0%} predictive")
     ax.fill_between(
         xs, mean - 2 * epi, mean + 2 * epi, color="C0", alpha=0.35, label="±2 sd epistemic"
@@ -44,16 +72,22 @@ def regression_band(
     return fig
 
 
-def reliability_diagram(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15, title=None):
-    """Accuracy against confidence per equal-width bin, with the bin counts and the ECE."""
+def reliability_diagram(
+    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15, title=None, ax=None
+) -> Figure:
+    """Accuracy against confidence per equal-width bin, with the ECE in the title; below it the
+    bin counts (a second panel, left out when drawing into a given ``ax``)."""
     from zoo import metrics
 
     rel = metrics.reliability(probs.cpu(), labels.cpu(), n_bins)
     centers = ((rel["edges"][:-1] + rel["edges"][1:]) / 2).numpy()
     width = 1.0 / n_bins
-    fig, (ax, axc) = plt.subplots(
-        2, 1, figsize=(5, 5.5), sharex=True, height_ratios=(3, 1), layout="constrained"
-    )
+    axc = None
+    if ax is None:
+        fig = Figure(figsize=(5, 5.5), layout="constrained")
+        ax, axc = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
+    else:
+        fig = ax.figure
     acc = torch.nan_to_num(rel["accuracy"]).numpy()
     ax.bar(centers, acc, width=width, edgecolor="k", color="C0", alpha=0.8, label="accuracy")
     gap = torch.nan_to_num(rel["confidence"] - rel["accuracy"]).numpy()
@@ -63,10 +97,11 @@ def reliability_diagram(probs: torch.Tensor, labels: torch.Tensor, n_bins: int =
     ax.set_ylabel("accuracy")
     ax.set_title(title or f"Reliability (ECE = {ece:.4f})")
     ax.legend(loc="upper left", fontsize="small")
-    axc.bar(centers, rel["count"].numpy(), width=width, color="C7", edgecolor="k")
-    axc.set_yscale("log")
-    axc.set_xlabel("confidence (top-label probability)")
-    axc.set_ylabel("count")
+    if axc is not None:
+        axc.bar(centers, rel["count"].numpy(), width=width, color="C7", edgecolor="k")
+        axc.set_yscale("log")
+        axc.set_ylabel("count")
+    (axc or ax).set_xlabel("confidence (top-label probability)")
     return fig
 
 
@@ -76,9 +111,10 @@ def entropy_histograms(
     label="predictive entropy",
     names=("in-distribution", "out-of-distribution"),
     bins: int = 40,
-):
+    ax=None,
+) -> Figure:
     """Histograms of an uncertainty score on in- and out-of-distribution inputs."""
-    fig, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    fig, ax = _figure_and_axis(ax, (6, 3.5))
     hi = float(max(in_scores.max(), out_scores.max()))
     edges = torch.linspace(0, hi if hi > 0 else 1.0, bins + 1).numpy()
     ax.hist(in_scores.cpu().numpy(), bins=edges, alpha=0.6, density=True, label=names[0])
@@ -89,11 +125,13 @@ def entropy_histograms(
     return fig
 
 
-def class_probability_boxplots(sample_probs: torch.Tensor, label: int | None = None, title=None):
+def class_probability_boxplots(
+    sample_probs: torch.Tensor, label: int | None = None, title=None, ax=None
+) -> Figure:
     """Posch & Pilz's box plots: the ``S`` sampled probabilities of each class for one input
     (``sample_probs`` is ``(S, C)``)."""
     probs = sample_probs.detach().cpu().numpy()
-    fig, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    fig, ax = _figure_and_axis(ax, (6, 3.5))
     ax.boxplot([probs[:, c] for c in range(probs.shape[1])], whis=(2.5, 97.5), showfliers=False)
     ax.set_xticks(range(1, probs.shape[1] + 1), [str(c) for c in range(probs.shape[1])])
     ax.set_xlabel("class" + (f" (true: {label})" if label is not None else ""))
@@ -103,11 +141,13 @@ def class_probability_boxplots(sample_probs: torch.Tensor, label: int | None = N
     return fig
 
 
-def training_curves(losses: dict[str, list[float]] | list[float], smooth: int = 20):
+def training_curves(
+    losses: dict[str, list[float]] | list[float], smooth: int = 20, ax=None
+) -> Figure:
     """``-ELBO`` per step (a moving average over ``smooth`` steps), one line per fit."""
     if not isinstance(losses, dict):
         losses = {"fit": losses}
-    fig, ax = plt.subplots(figsize=(6, 3.5), layout="constrained")
+    fig, ax = _figure_and_axis(ax, (6, 3.5))
     for name, values in losses.items():
         t = torch.tensor(values, dtype=torch.float64)
         k = max(1, min(smooth, len(t)))
@@ -120,18 +160,19 @@ def training_curves(losses: dict[str, list[float]] | list[float], smooth: int = 
     return fig
 
 
-def comparison_chart(table, metrics: Sequence[str] | None = None):
-    """Bar charts of chosen columns of a ``zoo.compare`` table, one panel per metric."""
-    metrics = list(
-        metrics
-        or [
-            c
-            for c in ("accuracy", "nll", "ece", "brier", "rmse", "coverage_95", "seconds_per_step")
-            if c in table
-        ]
-    )
-    fig, axes = plt.subplots(1, len(metrics), figsize=(3 * len(metrics), 3.2), layout="constrained")
-    axes = [axes] if len(metrics) == 1 else list(axes)
+def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> Figure:
+    """Bar charts of columns of a ``zoo.compare`` table, one panel per metric (default: those
+    of :data:`COMPARISON_METRICS` in the table). ``axes``: one existing axis per metric."""
+    metrics = list(metrics or [c for c in COMPARISON_METRICS if c in table])
+    missing = [m for m in metrics if m not in table]
+    if missing:
+        raise ValueError(f"the table has no columns {missing}; its columns are {list(table)}")
+    if axes is None:
+        fig = Figure(figsize=(3 * len(metrics), 3.2), layout="constrained")
+        axes = fig.subplots(1, len(metrics), squeeze=False)[0]
+    elif len(axes) != len(metrics):
+        raise ValueError(f"got {len(axes)} axes for {len(metrics)} metrics")
+    fig = axes[0].figure
     names = [str(i) for i in table.index]
     for ax, metric in zip(axes, metrics):
         ax.bar(names, table[metric].to_numpy(), color=[f"C{i}" for i in range(len(names))])

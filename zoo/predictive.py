@@ -12,6 +12,7 @@ from tqdm import tqdm
 from zoo.data_checks import check_inputs
 from zoo.models.base import BayesianModel
 from zoo.prediction import Prediction
+from zoo.rng import seeded
 
 #: Seconds before the prediction progress bar appears: short predictions print nothing.
 PROGRESS_DELAY = 2.0
@@ -89,6 +90,7 @@ def predict(
     sample_batch_size: int | None = None,
     params: dict[str, torch.Tensor] | None = None,
     progress: bool = True,
+    seed: int | None = None,
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
@@ -106,14 +108,16 @@ def predict(
     cache, 4096 for the MLP). Pass ``sample_batch_size > 1`` to vectorise over draws.
 
     ``progress`` shows a tqdm bar over the passes once a prediction has run for
-    ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one.
+    ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one. ``seed`` fixes the weight draws
+    without changing the caller's random state (``None``: draws from the global generator).
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     device = next(iter(guide.parameters())).device
     check_inputs(model, x, device)
     if params is None:
-        params = guide.sample_posterior(num_samples)
+        with seeded(seed, device):
+            params = guide.sample_posterior(num_samples)
     else:
         num_samples = next(iter(params.values())).shape[0]
     if sample_batch_size is None:

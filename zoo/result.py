@@ -6,7 +6,6 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import pyro
 import torch
 from pyro.infer.autoguide import AutoGuide
 
@@ -76,10 +75,11 @@ class FitResult:
         batch_size: int | None = None,
         progress: bool = True,
         sample_batch_size: int | None = None,
+        seed: int | None = None,
     ):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
-        blocks of inputs (see :func:`zoo.predictive.predict`; its progress bar appears after
-        two seconds)."""
+        blocks of inputs (see :func:`zoo.predictive.predict`: the same options; its progress
+        bar appears after two seconds)."""
         from zoo.predictive import predict
 
         return predict(
@@ -90,6 +90,7 @@ class FitResult:
             batch_size=batch_size,
             sample_batch_size=sample_batch_size,
             progress=progress,
+            seed=seed,
         )
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
@@ -142,14 +143,16 @@ class FitResult:
         model's likelihood defines them (``zoo.likelihoods``).
 
         Classification: ``accuracy``, ``nll`` (mean negative log predictive probability),
-        ``brier``, ``ece`` (15 bins). Regression: ``rmse``, ``nll`` (of the sample mixture),
-        ``coverage_95`` (central 95% predictive interval).
+        ``brier``, ``ece`` (15 bins). Regression: ``rmse``, ``nll`` (mean negative log
+        predictive *density* of the sample mixture, in the units of ``y``: it can be negative),
+        ``coverage_95`` (central 95% predictive interval). ``seed`` fixes the weight draws
+        without changing the caller's random state (``None``: the global generator).
         """
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
-        if seed is not None:
-            pyro.set_rng_seed(seed)
-        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, progress=progress)
+        pred = self.predict(
+            x, num_samples=num_samples, batch_size=batch_size, progress=progress, seed=seed
+        )
         return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
 
 

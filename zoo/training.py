@@ -14,14 +14,14 @@ import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 
-import pyro
 import torch
 from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import persist
-from zoo.data_checks import Batches, as_tensors, check_data, check_input_shape, check_targets
+from zoo.data_checks import Batches, as_tensors, check_data, check_dataset, check_input_shape
 from zoo.divergence import DivergenceGuard
+from zoo.models.base import BayesianModel
 from zoo.objective import Objective
 from zoo.optim import (
     check_finite_parameters,
@@ -31,6 +31,7 @@ from zoo.optim import (
     param_groups,
 )
 from zoo.result import FitResult, FitState
+from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore
 from zoo.trainer import Trainer
 
@@ -113,7 +114,9 @@ def fit(
     device : "auto", "cpu", "cuda" or torch.device
         ``"auto"`` uses CUDA when available. Model, data and guide all move there.
     seed : int or None, default 0
-        Seeds Pyro, torch and the shuffling; ``None`` leaves the global RNG alone.
+        Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
+        caller's global random state is the same after the fit as before. ``None`` draws
+        from the global generators as they are (and advances them).
     progress : bool, default True
         Show a tqdm progress bar.
     callbacks : iterable of callables
@@ -162,67 +165,68 @@ def fit(
     dev = resolve_device(device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
-    batches, generator = _batches(model, data, batch_size, dev, seed)
-    x0, y0 = batches.first()
+    with seeded(seed, dev):
+        batches, generator = _batches(model, data, batch_size, dev, seed)
+        x0, y0 = batches.first()
 
-    resumed = read_checkpoint(resume) if resume else None
-    if resumed is not None:
-        guide = persist.build_guide(model, resumed["guide"])
-    else:
-        guide = build_guide(guide, model, dict(guide_options or {}))
-    guide.to(dev)
-    objective = Objective(
-        model,
-        guide,
-        elbo=elbo,
-        estimator=estimator,
-        num_particles=num_particles,
-        kl_weight=kl_weight,
-    )
-    objective.setup(x0, y0)
-    groups = param_groups(guide, model, lr, lr_multipliers)
-    opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
-    sched = make_scheduler(opt, lr_schedule)
-    check_finite_parameters(guide, model)
+        resumed = read_checkpoint(resume) if resume else None
+        if resumed is not None:
+            guide = persist.build_guide(model, resumed["guide"])
+        else:
+            guide = build_guide(guide, model, dict(guide_options or {}))
+        guide.to(dev)
+        objective = Objective(
+            model,
+            guide,
+            elbo=elbo,
+            estimator=estimator,
+            num_particles=num_particles,
+            kl_weight=kl_weight,
+        )
+        objective.setup(x0, y0)
+        groups = param_groups(guide, model, lr, lr_multipliers)
+        opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
+        sched = make_scheduler(opt, lr_schedule)
+        check_finite_parameters(guide, model)
 
-    total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
-    options = dict(
-        guide=guide.family or type(guide).__name__,
-        epochs=epochs,
-        num_steps=total,
-        batch_size=batches.batch_size,
-        lr=lr,
-        num_particles=num_particles,
-        kl_weight=kl_weight if not callable(kl_weight) else "schedule",
-        per_example=per_example,
-        elbo=elbo,
-        estimator=estimator,
-        estimator_sites=sorted(objective.served),
-        seed=seed,
-    )
-    result = FitResult(model=model, guide=guide, device=dev, options=options)
-    if resumed is not None:
-        state = restore(resumed, model, opt, sched, generator)
-    else:
-        state = TrainingState(epoch_start_state=generator.get_state())
-    params = [p for g in groups for p in g["params"]]
-    trainer = Trainer(
-        objective=objective,
-        optimizer=opt,
-        scheduler=sched,
-        params=params,
-        guard=DivergenceGuard(params, guide, on_divergence, result),
-        batches=batches,
-        generator=generator,
-        state=state,
-        result=result,
-        clip_grad_norm=clip_grad_norm,
-        per_example=per_example,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-    )
-    trainer.run(total, list(callbacks), progress)
-    return result
+        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+        options = dict(
+            guide=guide.family or type(guide).__name__,
+            epochs=epochs,
+            num_steps=total,
+            batch_size=batches.batch_size,
+            lr=lr,
+            num_particles=num_particles,
+            kl_weight=kl_weight if not callable(kl_weight) else "schedule",
+            per_example=per_example,
+            elbo=elbo,
+            estimator=estimator,
+            estimator_sites=sorted(objective.served),
+            seed=seed,
+        )
+        result = FitResult(model=model, guide=guide, device=dev, options=options)
+        if resumed is not None:
+            state = restore(resumed, model, opt, sched, generator)
+        else:
+            state = TrainingState(epoch_start_state=generator.get_state())
+        params = [p for g in groups for p in g["params"]]
+        trainer = Trainer(
+            objective=objective,
+            optimizer=opt,
+            scheduler=sched,
+            params=params,
+            guard=DivergenceGuard(params, guide, on_divergence, result),
+            batches=batches,
+            generator=generator,
+            state=state,
+            result=result,
+            clip_grad_norm=clip_grad_norm,
+            per_example=per_example,
+            checkpoint=checkpoint,
+            checkpoint_every=checkpoint_every,
+        )
+        trainer.run(total, list(callbacks), progress)
+        return result
 
 
 def build_guide(guide, model, options: dict) -> AutoGuide:
@@ -259,17 +263,17 @@ def _batches(model, data, batch_size: int, device, seed) -> tuple[Batches, torch
     tensors = as_tensors(data)
     if tensors is not None:
         check_data(model, *tensors)
-    if seed is not None:
-        pyro.set_rng_seed(seed)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
-    batches = Batches(data, batch_size, device, generator)
+    batches = Batches(data, batch_size, device, generator, model)
     if len(batches) == 0:
         raise ValueError("the data set is empty: fit needs at least one example")
+    if tensors is None and not batches.check_batches:
+        check_dataset(model, batches.loader.dataset, batches.loader.collate_fn)
     x0, y0 = batches.first()
-    if tensors is None:
-        check_targets(model, y0)
     check_input_shape(model, x0, y0)
+    if isinstance(model, BayesianModel):
+        model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
     return batches, generator
 
 

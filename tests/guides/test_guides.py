@@ -155,10 +155,26 @@ def test_mixed_guide_assigns_families_by_pattern():
 def test_mixed_guide_errors_name_the_site():
     model = LeNet5()
     x, y = batch(MODELS["lenet5"])
-    with pytest.raises(ValueError, match="'fc2.bias'.*matrix_normal"):
-        guides.AutoMixed(model, {"fc2.*": "matrix_normal", "*": "diagonal"})(x, y)
     with pytest.raises(ValueError, match="No pattern .* matches site 'conv1.weight'"):
         guides.AutoMixed(model, {"fc*": "diagonal"})(x, y)
+
+
+def test_one_rule_for_sites_a_family_cannot_serve():
+    """Biases under the matrix normal get the diagonal family, whether the family is the guide
+    or a pattern of AutoMixed; a family without a fallback refuses the site by name."""
+    model = LeNet5()
+    x, y = batch(MODELS["lenet5"])
+    whole = guides.AutoMatrixNormal(model, row="diagonal")
+    mixed = guides.AutoMixed(model, {"*": ("matrix_normal", {"row": "diagonal"})})
+    for guide in (whole, mixed):
+        guide(x, y)
+        assert type(guide.get_posterior("fc2.bias")).__name__ == "DiagonalNormal"
+        assert type(guide.get_posterior("fc2.weight")).__name__ == "MatrixNormal"
+    site_cls = guides.AutoMatrixNormal.site_class
+    with pytest.raises(ValueError, match="'fc2.bias' of shape \\(10,\\)"):
+        guides.base.serving_class(
+            type("Strict", (site_cls,), {"fallback": None}), "fc2.bias", (10,), "strict"
+        )
 
 
 @pytest.mark.parametrize(

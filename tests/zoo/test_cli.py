@@ -113,3 +113,84 @@ def test_demo_refuses_a_bad_noise_before_fitting(text, capsys):
 )
 def test_demo_noise_values(text, value):
     assert build_parser().parse_args(["demo", "--noise", text]).noise == value
+
+
+def usage_error(argv, capsys) -> str:
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_mistakes_are_usage_errors_before_any_work(capsys, monkeypatch):
+    import torch
+
+    message = usage_error(
+        ["fit", "--data", "toy", "--guide", "lowrank", "--guide-option", "rnak=3"], capsys
+    )
+    assert "unknown option(s) ['rnak']" in message and "rank" in message
+    message = usage_error(["compare", "--data", "toy", "--guide-option", "rank=3"], capsys)
+    assert "FAMILY.KEY=VALUE" in message
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    message = usage_error(["fit", "--data", "toy", "--device", "cuda"], capsys)
+    assert "no CUDA device" in message
+    message = usage_error(["fit", "--data", "toy", "--model", "lenet5"], capsys)
+    assert "--data toy" in message and "--model mlp" in message
+
+
+def test_help_shows_the_defaults():
+    parser = build_parser()
+    text = parser._subparsers._group_actions[0].choices["fit"].format_help()
+    assert "(default: diagonal)" in text and "(default: 128)" in text
+
+
+def test_toy_fit_needs_no_model_and_takes_the_noise(tmp_path):
+    from zoo.cli import main
+
+    argv = [
+        "fit",
+        "--data",
+        "toy",
+        "--hidden",
+        "8",
+        "--epochs",
+        "2",
+        "--samples",
+        "5",
+        "--arviz-samples",
+        "5",
+        "--arviz-points",
+        "20",
+        "--noise",
+        "0.2",
+        "--quiet",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    import zoo
+
+    fit = zoo.load(tmp_path / "mlp-diagonal-toy.pt")
+    assert float(fit.model.likelihood.noise) == pytest.approx(0.2)
+    argv = [
+        "compare",
+        "--data",
+        "toy",
+        "--hidden",
+        "8",
+        "--epochs",
+        "1",
+        "--samples",
+        "5",
+        "--guides",
+        "diagonal",
+        "lowrank",
+        "--guide-option",
+        "lowrank.rank=2",
+        "--quiet",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0

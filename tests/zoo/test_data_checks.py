@@ -55,3 +55,93 @@ def test_batches_that_are_not_pairs_are_an_error():
     triples = DataLoader(TensorDataset(X, Y, Y), batch_size=5)
     with pytest.raises(ValueError, match=r"pair \(x, y\)"):
         gather_tensors(triples)
+
+
+class _Items(torch.utils.data.Dataset):
+    """50 items; item ``bad`` has label 7 (of 2 classes) or a NaN input."""
+
+    def __init__(self, bad=33, kind="label"):
+        self.bad, self.kind = bad, kind
+
+    def __len__(self):
+        return 50
+
+    def __getitem__(self, i):
+        x = torch.full((3,), float(i) / 50)
+        if i == self.bad and self.kind == "nan":
+            x[1] = float("nan")
+        label = 7 if i == self.bad and self.kind == "label" else i % 2
+        return x, torch.tensor(label)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __len__(self):
+        return 40
+
+    def __iter__(self):
+        for i in range(40):
+            yield torch.randn(3), torch.tensor(7 if i == 25 else i % 2)
+
+
+@pytest.mark.parametrize("kind, message", [("label", "got 7 at item 33"), ("nan", "at item 33")])
+@pytest.mark.parametrize("form", ["dataset", "shuffled_loader"])
+def test_a_dataset_is_checked_before_training_and_the_item_is_named(kind, message, form):
+    import zoo
+
+    data = _Items(kind=kind)
+    if form == "shuffled_loader":
+        data = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
+    steps = []
+    with pytest.raises(ValueError, match=message):
+        zoo.fit(model, "diagonal", data, num_steps=3, progress=False, callbacks=[steps.append])
+    assert not steps  # before the first step
+
+
+def test_an_iterable_dataset_is_checked_batch_by_batch():
+    import zoo
+
+    model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
+    loader = torch.utils.data.DataLoader(_Stream(), batch_size=10)
+    with pytest.raises(ValueError, match="batch 2 of the data.*got 7"):
+        zoo.fit(model, "diagonal", loader, num_steps=5, progress=False)
+
+
+def test_targets_on_a_scale_that_dwarfs_a_fixed_noise_are_flagged():
+    import zoo
+
+    x = torch.randn(60, 2)
+    y = 77 * x[:, 0]
+    model = zoo.models.BayesianMLP(2, (4,), 1)
+    with pytest.warns(UserWarning, match="times the fixed observation noise.*Standardise y"):
+        zoo.fit(model, "diagonal", (x, y), num_steps=1, progress=False)
+
+
+def test_real_valued_targets_on_a_classifier_hint_at_task():
+    import zoo
+
+    model = zoo.models.from_module(torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError, match="task='regression'"):
+        zoo.fit(model, "diagonal", (torch.randn(8, 2), torch.randn(8)), progress=False)
+
+
+def test_fit_predict_and_evaluate_leave_the_global_random_state_alone():
+    import random
+
+    import numpy as np
+
+    import zoo
+
+    x, y = torch.randn(30, 2), torch.randint(0, 2, (30,))
+    model = zoo.models.BayesianMLP(2, (4,), 2, task="classification")
+    before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())  # noqa: NPY002
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=5)
+    fit.evaluate((x, y), num_samples=3, progress=False)
+    a = fit.predict(x, num_samples=3, seed=1, progress=False).probs
+    fit.to_arviz((x, y), num_samples=3, progress=False)
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert random.getstate() == before[1]
+    assert (np.random.get_state()[1] == before[2]).all()  # noqa: NPY002
+    assert torch.equal(a, fit.predict(x, num_samples=3, seed=1, progress=False).probs)
+    refit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=5)
+    assert refit.losses == fit.losses  # seeded runs repeat

@@ -36,3 +36,51 @@ def test_every_plot_writes_a_png(tmp_path):
     assert written(
         plots.regression_band(x, torch.sin(x), x, pred, truth=torch.sin(x)), tmp_path, "band"
     )
+
+
+def test_importing_plots_leaves_the_backend_alone():
+    import subprocess
+    import sys
+
+    code = (
+        "import matplotlib; matplotlib.use('svg'); import zoo.plots, zoo.arviz; "
+        "print(matplotlib.get_backend())"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "svg"
+
+
+def test_plots_draw_into_a_given_axis_and_register_no_pyplot_figure():
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    open_before = plt.get_fignums()
+    fig = Figure()
+    left, right = fig.subplots(1, 2)
+    x = torch.linspace(-3, 3, 20)
+    means = torch.sin(x)[None] + 0.1 * torch.randn(10, 20)
+    pred = RegressionPrediction(
+        means, sample_means=means, sample_scales=torch.full_like(means, 0.1)
+    )
+    assert plots.regression_band(x, torch.sin(x), x, pred, ax=left) is fig
+    probs = torch.softmax(torch.randn(50, 3), -1)
+    assert plots.reliability_diagram(probs, torch.randint(0, 3, (50,)), ax=right) is fig
+    assert len(left.collections) >= 2 and len(right.patches) > 0
+    plots.entropy_histograms(torch.rand(10), torch.rand(10))
+    assert plt.get_fignums() == open_before
+
+
+def test_plot_errors_say_what_is_wrong():
+    import pandas as pd
+    import pytest
+
+    x2 = torch.randn(20, 2)
+    means = torch.randn(5, 20)
+    pred = RegressionPrediction(means, sample_means=means, sample_scales=torch.ones_like(means))
+    with pytest.raises(ValueError, match="1-D inputs.*shape \\(20, 2\\)"):
+        plots.regression_band(x2, torch.randn(20), x2, pred)
+    table = pd.DataFrame({"accuracy": [0.9], "steps_per_second": [30.0]}, index=["diagonal"])
+    fig = plots.comparison_chart(table)  # the default columns are those compare writes
+    assert [ax.get_title() for ax in fig.axes] == ["accuracy", "steps_per_second"]
+    with pytest.raises(ValueError, match="no columns \\['seconds_per_step'\\]"):
+        plots.comparison_chart(table, ["seconds_per_step"])

@@ -1,0 +1,31 @@
+"""Seeding that leaves the caller's random state as it was."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+
+@contextlib.contextmanager
+def seeded(seed: int | None, device: torch.device | str | None = None):
+    """Within the block torch's CPU generator (and that of ``device``, when it is a CUDA device)
+    starts from ``seed``; afterwards the caller's generator states are back, so results are
+    reproducible without resetting the user's global seeds. ``seed=None``: the global
+    generators as they are, and they advance as usual. Python's and NumPy's generators are not
+    touched (Pyro samples with torch's)."""
+    if seed is None:
+        yield
+        return
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    cuda = (
+        [device.index if device.index is not None else torch.cuda.current_device()]
+        if (device.type == "cuda")
+        else []
+    )
+    with torch.random.fork_rng(devices=cuda):
+        torch.random.default_generator.manual_seed(seed)
+        for index in cuda:
+            with torch.cuda.device(index):
+                torch.cuda.manual_seed(seed)
+        yield
