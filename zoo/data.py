@@ -61,8 +61,11 @@ def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
         ds = cls(str(where), train=train, download=download)
     except (RuntimeError, OSError) as err:  # torchvision: no files and no (working) download
         source = (
-            "the root argument" if root is not None
-            else "$ZOO_DATA" if os.environ.get("ZOO_DATA") else "the default root"
+            "the root argument"
+            if root is not None
+            else "$ZOO_DATA"
+            if os.environ.get("ZOO_DATA")
+            else "the default root"
         )
         raise FileNotFoundError(
             f"{cls.__name__} is not under {where} (from {source}) and could not be "
