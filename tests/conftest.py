@@ -30,8 +30,11 @@ def _cpu_by_default(request, monkeypatch):
 
 @pytest.fixture(scope="session")
 def mnist_root() -> Path:
-    """The MNIST root: $ZOO_DATA, else the shared copy beside the checkout."""
-    root = Path(os.environ.get("ZOO_DATA") or REPO.parent / "shared" / "datasets")
+    """The MNIST root, found as the library finds it (``zoo.data.data_root``: $ZOO_DATA, else
+    ~/.cache/bnn-zoo/data); the tests download nothing and skip without the raw files."""
+    from zoo.data import data_root
+
+    root = data_root()
     if not (root / "MNIST" / "raw" / "train-images-idx3-ubyte").exists():
         pytest.skip(f"MNIST raw files not found under {root} (set ZOO_DATA)")
     return root

@@ -24,6 +24,7 @@ def demo(args: argparse.Namespace) -> int:
         num_steps=args.steps,
         batch_size=len(x),
         lr=args.lr,
+        lr_schedule=lambda i: 0.1 ** (i / args.steps),  # a tenfold decay over the run
         seed=args.seed,
         guide_options={"init_scale": 1e-3},
         progress=not args.quiet,
@@ -31,7 +32,7 @@ def demo(args: argparse.Namespace) -> int:
     x_test, y_test = zoo.data.toy_regression(n=500, seed=args.seed + 1)
     metrics = fit.evaluate((x_test, y_test), num_samples=200, progress=not args.quiet)
     grid = torch.linspace(-5, 5, 400).unsqueeze(-1)
-    pred = fit.predict(grid, num_samples=200, progress=not args.quiet)
+    pred = fit.predict(grid, num_samples=200, progress=not args.quiet, seed=args.seed)
     xs, sd = grid.squeeze(-1), pred.epistemic_variance.sqrt()
     seen = sd[((xs.abs() - 2).abs() < 0.9)].mean().item()  # the data lie in 1 <= |x| <= 3
     gap, beyond = sd[xs.abs() < 0.5].mean().item(), sd[xs.abs() > 4].mean().item()
@@ -314,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
     p.add_argument("--steps", type=int, default=3000, help="optimiser steps (full batch)")
-    p.add_argument("--lr", type=float, default=1e-2, help="Adam learning rate")
+    p.add_argument(
+        "--lr", type=float, default=1e-2, help="Adam learning rate, decayed tenfold over the run"
+    )
     p.add_argument("--points", type=int, default=160, help="training points")
     p.add_argument(
         "--noise",

@@ -55,6 +55,21 @@ def _last_level_cache_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
+def _fitted_guide_device(guide) -> torch.device:
+    """The device of a guide that has parameters; a clear error for anything else."""
+    if isinstance(guide, str) or isinstance(guide, type):
+        raise TypeError(
+            f"predict needs a fitted guide (fit.guide, or a guide you trained), not {guide!r}: "
+            "fit one first, e.g. fit = zoo.fit(model, 'diagonal', data); fit.predict(x)"
+        )
+    if getattr(guide, "prototype_trace", True) is None:
+        guide._require_setup()
+    params = list(guide.parameters()) if hasattr(guide, "parameters") else []
+    if not params:
+        raise ValueError(f"the guide {type(guide).__name__} has no parameters to sample from")
+    return params[0].device
+
+
 def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> int:
     """Inputs per CPU pass: as many as keep the largest activation of one pass within a third of
     the last-level cache and ``CPU_ACTIVATION_CAP`` (16 MiB), within ``CPU_BATCH_RANGE``, found
@@ -113,7 +128,7 @@ def predict(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
-    device = next(iter(guide.parameters())).device
+    device = _fitted_guide_device(guide)
     check_inputs(model, x, device)
     if params is None:
         with seeded(seed, device):

@@ -194,3 +194,37 @@ def test_toy_fit_needs_no_model_and_takes_the_noise(tmp_path):
         str(tmp_path),
     ]
     assert main(argv) == 0
+
+
+def test_the_readme_quotes_what_the_demo_prints(tmp_path):
+    """The README's demo numbers come from `python -m zoo demo`: run it and compare."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    quoted = re.search(
+        r"test RMSE ([\d.]+) \(the toy's noise is 0\.1\), 95% coverage ([\d.]+), epistemic sd "
+        r"([\d.]+) on the data,\s+([\d.]+) in the gap `\|x\| < 0\.5`, ([\d.]+) beyond",
+        readme,
+    )
+    assert quoted, "the README's demo paragraph changed shape"
+    out = tmp_path / "band.png"
+    proc = subprocess.run(
+        [sys.executable, "-m", "zoo", "demo", "--quiet", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    printed = (
+        re.search(r"test rmse: ([\d.]+)", proc.stdout)[1],
+        re.search(r"test coverage_95: ([\d.]+)", proc.stdout)[1],
+    )
+    sds = re.search(
+        r"on the data: ([\d.]+) +in the gap \|x\| < 0.5: ([\d.]+) +beyond \|x\| > 4: "
+        r"([\d.]+)",
+        proc.stdout,
+    ).groups()
+    for said, got in zip(quoted.groups(), (*printed, *sds)):
+        assert float(said) == pytest.approx(float(got), abs=2e-3), (said, got)
+    assert float(printed[0]) <= 0.11  # within 10% of the toy's noise

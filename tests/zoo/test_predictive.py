@@ -80,3 +80,18 @@ def test_cpu_batch_size_bounds_the_largest_activation_of_a_pass(monkeypatch):
     auto = predict(lenet, guide, x, params=draws, progress=False).outputs
     split = predict(lenet, guide, x, params=draws, batch_size=2, progress=False).outputs
     torch.testing.assert_close(auto, split)
+
+
+def test_predict_without_a_fitted_guide_says_so():
+    import pytest
+
+    import guides
+    from zoo.models import BayesianMLP
+    from zoo.predictive import predict
+
+    model = BayesianMLP(3, (4,), 1)
+    x = torch.randn(5, 3)
+    with pytest.raises(RuntimeError, match="has not been run yet"):
+        predict(model, guides.AutoDiagonal(model), x)
+    with pytest.raises(TypeError, match="needs a fitted guide.*not 'diagonal'"):
+        predict(model, "diagonal", x)

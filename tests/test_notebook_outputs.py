@@ -1,0 +1,35 @@
+"""The committed notebooks as a website shows them: every figure saved as an image, once."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+#: Calls in a cell that make a figure.
+FIGURE_CALLS = ("plots.", "zaz.plot_", "plt.subplots", "plt.figure", ".plot(", "imshow(")
+
+
+def code_cells(path):
+    nb = json.loads(path.read_text())
+    for index, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            yield index, "".join(cell["source"]), cell.get("outputs", [])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_figure_is_saved_as_an_image_once(path):
+    for index, source, outputs in code_cells(path):
+        where = f"{path.name} cell {index}"
+        texts = ["".join(o.get("data", {}).get("text/plain", "")) for o in outputs]
+        bare = [
+            t
+            for t, o in zip(texts, outputs)
+            if t.startswith("<Figure size") and "image/png" not in o.get("data", {})
+        ]
+        assert not bare, f"{where}: a figure saved as text only ({bare[0]!r})"
+        images = [o["data"]["image/png"] for o in outputs if "image/png" in o.get("data", {})]
+        assert len(images) == len(set(images)), f"{where}: the same image is stored twice"
+        code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+        if any(call in code for call in FIGURE_CALLS) and "savefig" not in code:
+            assert images, f"{where} makes a figure but stores no image/png output"
