@@ -40,11 +40,6 @@ def direct_parameters():
         _DIRECT.reset(token)
 
 
-def direct_mode() -> bool:
-    """Whether the caller is inside :func:`direct_parameters`."""
-    return _DIRECT.get()
-
-
 class SitePosterior(PyroModule):
     """Variational parameters of one sample site and the distribution they define.
 

@@ -70,3 +70,15 @@ def test_gradient_variance_prints_each_estimator(mnist_root, family):
         str(mnist_root),
     )
     assert "| reparam | 1.000 | 1.000 |" in out and "| local |" in out
+
+
+def test_save_size_prints_a_row_per_family_within_the_target():
+    out = _run("benchmarks/save_size.py")
+    for line in out.splitlines()[2:]:
+        ratio = float(line.strip("|").split("|")[-1])
+        assert 1.0 <= ratio <= 1.2, line
+
+
+def test_arviz_time_prints_its_rows():
+    out = _run("benchmarks/arviz_time.py", "--draws", "4", "--points", "16", "--skip-summary")
+    assert "| to_arviz, posterior only |" in out and "| zoo.arviz.layer_summary |" in out

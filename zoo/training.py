@@ -184,6 +184,8 @@ def fit(
             kl_weight=kl_weight,
         )
         objective.setup(x0, y0)
+        if checkpoint is not None:
+            persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)
         opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
         sched = make_scheduler(opt, lr_schedule)
@@ -191,7 +193,7 @@ def fit(
 
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         options = dict(
-            guide=guide.family or type(guide).__name__,
+            guide=getattr(guide, "family", None) or type(guide).__name__,
             epochs=epochs,
             num_steps=total,
             batch_size=batches.batch_size,

@@ -250,3 +250,23 @@ def test_files_of_version_1_load_only_when_unpickling_is_allowed(label, tmp_path
         params = {k: v.unsqueeze(0).expand(3, *v.shape) for k, v in medians.items()}
         outputs = zoo.predict(fit.model, fit.guide, x, params=params, progress=False).outputs
         torch.testing.assert_close(outputs, reference["probs"])
+
+
+def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp_path):
+    from pyro.infer.autoguide import AutoNormal
+
+    m = model()
+    fit = zoo.fit(m, AutoNormal(m), data(), num_steps=3, **OPTIONS)
+    assert fit.options["guide"] == "AutoNormal" and fit.steps == 3
+    steps = []
+    with pytest.raises(TypeError, match="cannot be saved as plain data"):
+        zoo.fit(
+            m,
+            AutoNormal(m),
+            data(),
+            num_steps=3,
+            checkpoint=tmp_path / "c.pt",
+            callbacks=[steps.append],
+            **OPTIONS,
+        )
+    assert not steps
