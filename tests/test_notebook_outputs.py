@@ -33,3 +33,13 @@ def test_every_figure_is_saved_as_an_image_once(path):
         code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
         if any(call in code for call in FIGURE_CALLS) and "savefig" not in code:
             assert images, f"{where} makes a figure but stores no image/png output"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_progress_bar_is_saved(path):
+    for index, _, outputs in code_cells(path):
+        for out in outputs:
+            text = "".join(out.get("text", ""))
+            assert not any(unit in text for unit in ("pass/s]", "step/s]", "it/s]")), (
+                f"{path.name} cell {index} saved a progress bar: pass progress=False"
+            )

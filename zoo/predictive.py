@@ -40,7 +40,7 @@ class _LargestActivation(TorchFunctionMode):
 
 
 @functools.cache
-def _last_level_cache_bytes() -> int:
+def last_level_cache_bytes() -> int:
     """Size of the CPU's last-level cache (Linux sysfs), 32 MiB where it cannot be read."""
     sizes = []
     for entry in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -91,7 +91,7 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
             model.network(probe, {k: v[0] for k, v in params.items()})
         per_example = max(sizes.largest / probe.shape[0], 1.0)
         low, high = CPU_BATCH_RANGE
-        budget = min(_last_level_cache_bytes() // 3, CPU_ACTIVATION_CAP)
+        budget = min(last_level_cache_bytes() // 3, CPU_ACTIVATION_CAP)
         return int(min(max(budget // per_example, low), high))
 
 

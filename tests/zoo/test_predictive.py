@@ -59,21 +59,21 @@ def test_cpu_batch_size_bounds_the_largest_activation_of_a_pass(monkeypatch):
     with torch.no_grad():
         guide(x[:2], torch.zeros(2, dtype=torch.long))
     draws = guide.sample_posterior(3)
-    assert zoo.predictive._last_level_cache_bytes() >= 1 << 20  # read from sysfs, or 32 MiB
+    assert zoo.predictive.last_level_cache_bytes() >= 1 << 20  # read from sysfs, or 32 MiB
     per_image = 20 * 24 * 24 * 4  # LeNet-5's largest activation: conv1's output, float32
-    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 3 * 100 * per_image)
+    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 3 * 100 * per_image)
     assert cpu_batch_size(lenet, x, draws) == 100
     assert cpu_batch_size(lenet, x[:1], draws) == 100  # one input is enough to measure
-    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 1)
+    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 1)
     assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_BATCH_RANGE[0]
-    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 1 << 40)
+    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 1 << 40)
     assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_ACTIVATION_CAP // per_image
     # Weights do not count: a wide MLP with tiny activations gets the upper bound.
     mlp = BayesianMLP(784, (400, 400), 10, task="classification")
     mlp_guide = guides.AutoDiagonal(mlp)
     with torch.no_grad():
         mlp_guide(torch.randn(2, 784), torch.zeros(2, dtype=torch.long))
-    monkeypatch.setattr(zoo.predictive, "_last_level_cache_bytes", lambda: 32 << 20)
+    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 32 << 20)
     mlp_draws = mlp_guide.sample_posterior(2)
     assert cpu_batch_size(mlp, torch.randn(5, 784), mlp_draws) == 4096
     # The batch size changes only how the work is split, not the result.
