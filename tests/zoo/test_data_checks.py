@@ -145,3 +145,13 @@ def test_fit_predict_and_evaluate_leave_the_global_random_state_alone():
     assert torch.equal(a, fit.predict(x, num_samples=3, seed=1, progress=False).probs)
     refit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=5)
     assert refit.losses == fit.losses  # seeded runs repeat
+
+
+def test_missing_mnist_files_name_the_root_and_zoo_data(tmp_path, monkeypatch):
+    import zoo
+
+    monkeypatch.setenv("ZOO_DATA", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=f"not under {tmp_path} \\(from \\$ZOO_DATA\\)"):
+        zoo.data.mnist(download=False)
+    with pytest.raises(FileNotFoundError, match="root= \\(or the ZOO_DATA"):
+        zoo.data.mnist(tmp_path / "elsewhere", download=False)
