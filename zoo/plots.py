@@ -1,8 +1,9 @@
 """Matplotlib figures. Every function returns the ``Figure`` (nothing is shown or saved).
 
-Figures are built as ``matplotlib.figure.Figure`` objects, not through ``pyplot``: importing this
-module never touches the backend (a Jupyter kernel keeps its inline backend), a notebook shows a
-returned figure once, and no figure stays open in ``pyplot``'s registry. Save one with
+Nothing here sets the backend: a Jupyter kernel keeps its inline backend, a script its own.
+Each figure is made through ``pyplot`` (so that Jupyter's inline support, which registers how a
+``Figure`` is shown as an image, is active) and closed at once: a notebook shows the returned
+figure once, as an image, and no figure stays open in ``pyplot``'s registry. Save one with
 ``fig.savefig(path)``. Functions with one panel take ``ax=`` to draw into an existing axis
 (then they return ``ax.figure``).
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
@@ -18,10 +20,17 @@ from matplotlib.figure import Figure
 COMPARISON_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "coverage_95", "steps_per_second")
 
 
+def new_figure(**options) -> Figure:
+    """``plt.figure(**options)`` taken out of pyplot's registry at once (see the module doc)."""
+    fig = plt.figure(**options)
+    plt.close(fig)
+    return fig
+
+
 def _figure_and_axis(ax, figsize):
     if ax is not None:
         return ax.figure, ax
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = new_figure(figsize=figsize, layout="constrained")
     return fig, fig.subplots()
 
 
@@ -84,7 +93,7 @@ def reliability_diagram(
     width = 1.0 / n_bins
     axc = None
     if ax is None:
-        fig = Figure(figsize=(5, 5.5), layout="constrained")
+        fig = new_figure(figsize=(5, 5.5), layout="constrained")
         ax, axc = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     else:
         fig = ax.figure
@@ -168,7 +177,7 @@ def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> 
     if missing:
         raise ValueError(f"the table has no columns {missing}; its columns are {list(table)}")
     if axes is None:
-        fig = Figure(figsize=(3 * len(metrics), 3.2), layout="constrained")
+        fig = new_figure(figsize=(3 * len(metrics), 3.2), layout="constrained")
         axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     elif len(axes) != len(metrics):
         raise ValueError(f"got {len(axes)} axes for {len(metrics)} metrics")
