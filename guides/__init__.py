@@ -1,16 +1,21 @@
 """Posterior families for Bayesian neural networks in Pyro, one ``AutoGuide`` per family.
 
 Every family works per sample site (like ``pyro.infer.autoguide.AutoNormal``) and emits a
-Gaussian over each weight tensor, flattened in row-major order:
+distribution over each weight tensor (the Gaussians' covariances are over the tensor flattened in
+row-major order); MC dropout and the point mass are the source papers' baselines:
 
-==================  =======================================  ===================================
-name                class                                    covariance per site
-==================  =======================================  ===================================
-``diagonal``        :class:`AutoDiagonal`                    ``diag(s^2)`` (Bayes by Backprop)
-``lowrank``         :class:`AutoLowRank`                     ``D^2 + F F^T``, ``F`` is ``n x r``
-``tridiagonal``     :class:`AutoTridiagonal`                 ``L L^T``, ``L`` lower bidiagonal
-``matrix_normal``   :class:`AutoMatrixNormal`                ``(A A^T) kron (B B^T)``
-==================  =======================================  ===================================
+===================  =======================================  ==================================
+name                 class                                    ``q`` per site
+===================  =======================================  ==================================
+``diagonal``         :class:`AutoDiagonal`                    ``N(m, diag(s^2))`` (Bayes by
+                                                              Backprop)
+``lowrank``          :class:`AutoLowRank`                     ``N(m, D^2 + F F^T)``, ``F`` n x r
+``tridiagonal``      :class:`AutoTridiagonal`                 ``N(m, L L^T)``, ``L`` bidiagonal
+``matrix_normal``    :class:`AutoMatrixNormal`                ``N(m, (A A^T) kron (B B^T))``
+``block_diagonal``   :class:`AutoBlockDiagonal`               ``N(m, blockdiag(L_k L_k^T))``
+``mc_dropout``       :class:`AutoMCDropout`                   ``M diag(z) + sigma E`` (Gal)
+``map``              :class:`AutoMAP`                         point mass ``delta(w - m)``
+===================  =======================================  ==================================
 
 :class:`AutoMixed` picks a family per site by name pattern. A family registers itself by its
 class statement, ``class AutoX(PerSiteGuide, family="x")`` (see :mod:`guides.registry`);
@@ -22,25 +27,34 @@ Modules, each importing only those above it: ``kernels`` (custom autograd kernel
 """
 
 from guides.base import PerSiteGuide
+from guides.block_diagonal import AutoBlockDiagonal, BlockDiagonalNormal
 from guides.diagonal import AutoDiagonal
 from guides.gaussian import DiagonalNormal, StructuredGaussian, gaussian_kl_to_normal
 from guides.lowrank import AutoLowRank, LowRankNormal
 from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
+from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
 from guides.mixed import AutoMixed
+from guides.point_mass import AutoMAP, PointMass
 from guides.registry import available, build, families, get
 from guides.site import SitePosterior
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 
 __all__ = [
+    "AutoBlockDiagonal",
     "AutoDiagonal",
     "AutoLowRank",
+    "AutoMAP",
+    "AutoMCDropout",
     "AutoMatrixNormal",
     "AutoMixed",
     "AutoTridiagonal",
+    "BlockDiagonalNormal",
     "DiagonalNormal",
     "LowRankNormal",
+    "MCDropoutWeight",
     "MatrixNormal",
     "PerSiteGuide",
+    "PointMass",
     "SitePosterior",
     "StructuredGaussian",
     "TridiagonalNormal",

@@ -49,6 +49,7 @@ from guides.site import (
     fan_in,
     is_real,
     kaiming_uniform_like,
+    prior_median,
 )
 
 _LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
@@ -187,6 +188,10 @@ class PerSiteGuide(AutoGuide):
         for a shape it cannot serve (the same rule in :class:`guides.AutoMixed`)."""
         return serving_class(self.site_class, name, shape, f"the {self.family!r} family")
 
+    def constrained_class_for(self, name: str) -> type[SitePosterior]:
+        """The site class for a constrained site (``DiagonalSite`` unless the family says)."""
+        return self.site_class.constrained_class() if self.site_class else DiagonalSite
+
     def site_options_for(self, name: str, cls: type[SitePosterior]) -> dict:
         """Options for the site module of ``name`` of class ``cls``."""
         return self.family_options if cls is self.site_class else {}
@@ -206,7 +211,7 @@ class PerSiteGuide(AutoGuide):
             return torch.as_tensor(self.init_loc_fn(site)).to(value).detach().clone()
         fn = site["fn"]
         if value.dim() == 0 or not is_real(fn.support):
-            return _prior_median(fn, value)
+            return prior_median(fn, value)
         shapes = {n: s["value"].shape for n, s in self.prototype_trace.iter_stochastic_nodes()}
         return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
 
@@ -226,7 +231,7 @@ class PerSiteGuide(AutoGuide):
                 transform = biject_to(site["fn"].support)
                 self._transforms[name] = transform
                 init = transform.inv(init)
-                cls, options = DiagonalSite, {}
+                cls, options = self.constrained_class_for(name), {}
             deep_setattr(self.sites, name, cls(init, self.init_scale, **options))
             self._site_names.append(name)
         self.prototype_trace = _slim(self.prototype_trace)
@@ -271,25 +276,34 @@ class PerSiteGuide(AutoGuide):
 
     @torch.no_grad()
     def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Posterior median of every site (the mean of a Gaussian site)."""
+        """Posterior median of every site's marginals (the mean of a Gaussian site)."""
         self._require_setup()
         out = {}
         for name in self._site_names:
-            m = self.site_posterior(name).distribution().mean.clone()
+            d = self.site_posterior(name).distribution()
+            icdf = getattr(d, "marginal_icdf", None)
+            m = d.mean.clone() if icdf is None else icdf(0.5)
             transform = self._transforms[name]
             out[name] = m if transform is None else transform(m)
         return out
 
     @torch.no_grad()
     def quantiles(self, quantiles, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Marginal quantiles of every site, shaped ``(len(quantiles), *site_shape)``."""
+        """Marginal quantiles of every site, shaped ``(len(quantiles), *site_shape)``: a
+        Gaussian's from its mean and standard deviation, other families' from their
+        ``marginal_icdf`` (a point mass: its value)."""
         self._require_setup()
         out = {}
         for name in self._site_names:
             d = self.site_posterior(name).distribution()
             q = torch.as_tensor(quantiles, dtype=d.mean.dtype, device=d.mean.device)
             q = q.reshape((-1,) + (1,) * d.mean.dim())
-            values = dist.Normal(d.mean, d.variance.sqrt()).icdf(q)
+            icdf = getattr(d, "marginal_icdf", None)
+            if icdf is not None:
+                values = icdf(q)
+            else:
+                z = torch.special.ndtri(q)
+                values = d.mean + d.variance.sqrt() * z
             transform = self._transforms[name]
             out[name] = values if transform is None else transform(values)
         return out
@@ -377,13 +391,3 @@ def _rename(module: nn.Module, name: str) -> None:
     for key, child in module._modules.items():
         if isinstance(child, PyroModule):
             _rename(child, f"{name}.{key}")
-
-
-def _prior_median(fn, value: torch.Tensor) -> torch.Tensor:
-    try:
-        median = fn.icdf(torch.full_like(value, 0.5)) if hasattr(fn, "icdf") else None
-    except NotImplementedError:
-        median = None
-    if median is None or not torch.isfinite(median).all():
-        median = fn.sample((31,)).median(0).values if value.dim() == 0 else fn.sample()
-    return median.detach().reshape(value.shape).clone()

@@ -63,6 +63,36 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
             check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))
 
+    @classmethod
+    def last_layer(
+        cls,
+        model: Callable,
+        family: str | type = "lowrank",
+        options: Mapping | None = None,
+        *,
+        body: str | type = "map",
+        **guide_options,
+    ) -> AutoMixed:
+        """A Bayesian last layer: ``family`` on the sites of the model's last layer and ``body``
+        (default the point mass: MAP) on every other site. With ``init_module=`` a trained
+        network, "train, then make the last layer Bayesian" is one call::
+
+            guide = guides.AutoMixed.last_layer(model, "lowrank", {"rank": 5}, init_module=net)
+
+        The last layer is the one of the model's last weight site (``model.site_shapes``, in
+        the order the model samples them), e.g. ``fc2`` for ``fc2.weight`` and ``fc2.bias``.
+        """
+        names = list(getattr(model, "site_shapes", None) or ())
+        if not names:
+            raise TypeError(
+                "last_layer reads the layers from model.site_shapes (a zoo model); for another "
+                "model name the sites: AutoMixed(model, {'<layer>.*': family, '*': 'map'})"
+            )
+        layer = names[-1].rsplit(".", 1)[0] if "." in names[-1] else names[-1]
+        pattern = f"{layer}.*" if "." in names[-1] else layer
+        rules = {pattern: (family, dict(options or {})), "*": body}
+        return cls(model, rules, **guide_options)
+
     def spec(self) -> dict:
         """Plain data that rebuilds this guide: its rules as ``[pattern, family, options]``."""
         rules = [[p, *cls.guide_options(options)] for p, cls, options in self._rules]
@@ -92,6 +122,12 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
             f"No pattern in {[p for p, _, _ in self._rules]} matches site {name!r}; "
             "add a catch-all pattern such as '*': 'diagonal'."
         )
+
+    def constrained_class_for(self, name) -> type[SitePosterior]:
+        for pattern, site_cls, _ in self._rules:
+            if fnmatch.fnmatchcase(name, pattern):
+                return site_cls.constrained_class()
+        return super().constrained_class_for(name)
 
     def site_options_for(self, name, cls) -> dict:
         for pattern, site_cls, options in self._rules:

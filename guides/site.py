@@ -62,6 +62,12 @@ class SitePosterior(PyroModule):
         return True
 
     @classmethod
+    def constrained_class(cls) -> type[SitePosterior]:
+        """The site class this family gives a constrained site (in its unconstrained space):
+        the diagonal Normal, unless the family says otherwise."""
+        return DiagonalSite
+
+    @classmethod
     def guide_options(cls, options: dict) -> tuple[str, dict]:
         """The family name and guide options that give a site of this class with ``options``
         (how ``guides.AutoMixed`` saves its rules as plain data)."""
@@ -127,3 +133,15 @@ def is_real(support) -> bool:
     while isinstance(support, constraints.independent):
         support = support.base_constraint
     return support is constraints.real
+
+
+def prior_median(fn, value: torch.Tensor) -> torch.Tensor:
+    """The median of the prior ``fn``, shaped like ``value`` (a Monte Carlo median where it has
+    no finite ``icdf``)."""
+    try:
+        median = fn.icdf(torch.full_like(value, 0.5)) if hasattr(fn, "icdf") else None
+    except NotImplementedError:
+        median = None
+    if median is None or not torch.isfinite(median).all():
+        median = fn.sample((31,)).median(0).values if value.dim() == 0 else fn.sample()
+    return median.detach().reshape(value.shape).clone()

@@ -1,13 +1,13 @@
-"""Small sites of every family with random (not initial) parameters, in float64."""
+"""Small sites of every Gaussian family with random (not initial) parameters, in float64."""
 
 import functools
 
 import pytest
 import torch
 
-from tests.families import CASES, site_case
+from tests.families import GAUSSIAN, site_case
 
-FAMILIES = list(CASES)
+FAMILIES = list(GAUSSIAN)
 SHAPES = [(4, 3), (6, 5)]
 
 

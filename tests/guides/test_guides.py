@@ -110,6 +110,11 @@ LINEAR_COUNTS = {
     "tridiagonal": lambda n, i, o: n + 2,
     "tridiagonal_free": lambda n, i, o: 3 * n - 1,
     "matrix_normal": lambda n, i, o: n + i * i + o * o,
+    "block_diagonal": lambda n, i, o: n + -(-n // 16) * (16 + 16 * 15 // 2),
+    "block_diagonal_block4": lambda n, i, o: n + -(-n // 4) * (4 + 4 * 3 // 2),
+    "mc_dropout": lambda n, i, o: n,
+    "mc_dropout_p05": lambda n, i, o: n,
+    "map": lambda n, i, o: n,
 }
 
 
@@ -184,6 +189,9 @@ def test_one_rule_for_sites_a_family_cannot_serve():
         ("lowrank", ["rank", "diagonal"]),
         ("tridiagonal", ["init_rho", "init_tau", "min_abs_mean", "parameterization"]),
         ("matrix_normal", ["col", "row"]),
+        ("block_diagonal", ["block_size"]),
+        ("mc_dropout", ["p", "sigma"]),
+        ("map", []),
     ],
 )
 def test_a_misspelt_option_is_refused_with_the_family_options(family, options):
@@ -197,7 +205,15 @@ def test_a_misspelt_option_is_refused_with_the_family_options(family, options):
 
 
 def test_registry():
-    assert guides.available() == ["diagonal", "lowrank", "matrix_normal", "tridiagonal"]
+    assert guides.available() == [
+        "block_diagonal",
+        "diagonal",
+        "lowrank",
+        "map",
+        "matrix_normal",
+        "mc_dropout",
+        "tridiagonal",
+    ]
     assert guides.get("tridiagonal") is guides.AutoTridiagonal
     with pytest.raises(ValueError, match="Unknown guide family 'tri'.*'tridiagonal'"):
         guides.get("tri")
