@@ -107,8 +107,7 @@ class BlockDiagonalSite(SitePosterior):
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float, block_size: int = 16):
         super().__init__(init_loc, init_scale)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+        check_block_size(block_size)
         n = init_loc.numel()
         size = min(block_size, max(n, 1))  # a site smaller than a block is one full block
         blocks = math.ceil(n / size)
@@ -130,6 +129,12 @@ class BlockDiagonalSite(SitePosterior):
 
     def distribution(self) -> BlockDiagonalNormal:
         return BlockDiagonalNormal(self.loc, self.factor())
+
+
+def check_block_size(block_size: int) -> None:
+    """Refuse a block size that is not a positive integer."""
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
 
 
 class AutoBlockDiagonal(PerSiteGuide, family="block_diagonal"):
@@ -154,3 +159,8 @@ class AutoBlockDiagonal(PerSiteGuide, family="block_diagonal"):
 
     site_class = BlockDiagonalSite
     variants = {"": {}, "block4": {"block_size": 4}}
+
+    @classmethod
+    def site_spec(cls, **options):
+        check_block_size(options.get("block_size", 16))  # before any fit
+        return cls.site_class, options

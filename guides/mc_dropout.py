@@ -280,3 +280,8 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
 
     site_class = MCDropoutSite
     variants = {"": {}, "p05": {"p": 0.5}}
+
+    @classmethod
+    def site_spec(cls, **options):
+        check_dropout(options.get("p", 0.1), options.get("sigma", 1e-3))  # before any fit
+        return cls.site_class, options
