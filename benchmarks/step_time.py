@@ -182,6 +182,14 @@ def build_methods(net, x, y, device) -> dict:
         "zoo tridiagonal free": ("tridiagonal", {"parameterization": "free"}, {}),
         "zoo lowrank r=10": ("lowrank", {"rank": 10}, {}),
         "zoo matrix normal": ("matrix_normal", {}, {}),
+        "zoo block diagonal b=16": ("block_diagonal", {}, {}),
+        "zoo MC dropout p=0.1": ("mc_dropout", {}, {}),
+        "zoo MC dropout, local reparam. (a mask per example)": (
+            "mc_dropout",
+            {},
+            {"estimator": "local"},
+        ),
+        "zoo map (point mass)": ("map", {}, {}),
         "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
         "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
         "zoo matrix normal, local reparam., closed-form KL": (

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+import guides
 from tests.conftest import REPO
 
 
@@ -27,7 +28,15 @@ def _run(*args: str, timeout: int = 300) -> str:
 
 def test_step_time_prints_a_row_per_method():
     out = _run("benchmarks/step_time.py", "--rounds", "1", "--steps", "2", "--no-memory")
-    for name in ("hand-written BBB", "pyro AutoNormal + SVI", "zoo diagonal", "zoo lowrank r=10"):
+    for name in (
+        "hand-written BBB",
+        "pyro AutoNormal + SVI",
+        "zoo diagonal",
+        "zoo lowrank r=10",
+        "zoo block diagonal b=16",
+        "zoo MC dropout p=0.1",
+        "zoo map (point mass)",
+    ):
         assert f"| {name} |" in out
 
 
@@ -52,7 +61,7 @@ def test_predict_time_prints_a_row_per_family(mnist_root):
         "--data",
         str(mnist_root),
     )
-    for family in ("diagonal", "lowrank", "matrix_normal", "tridiagonal"):
+    for family in guides.available():
         assert f"| {family} |" in out
 
 
