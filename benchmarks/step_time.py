@@ -189,6 +189,12 @@ def build_methods(net, x, y, device) -> dict:
             {},
             {"estimator": "local"},
         ),
+        "zoo MC dropout, closed-form KL": ("mc_dropout", {}, {"elbo": "meanfield"}),
+        "zoo MC dropout, local reparam., closed-form KL": (
+            "mc_dropout",
+            {},
+            {"estimator": "local", "elbo": "meanfield"},
+        ),
         "zoo map (point mass)": ("map", {}, {}),
         "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
         "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),

@@ -41,39 +41,58 @@ class BlockDiagonalNormal(StructuredGaussian):
     ----------
     loc : Tensor
         Mean, shaped like the site (``n`` elements).
-    tril : Tensor
-        ``(K, b, b)`` lower-triangular factors with a positive diagonal, ``K = ceil(n / b)``;
-        rows and columns of the last block beyond ``n`` are ignored.
+    diag : Tensor
+        ``(K, b)`` positive diagonals of the factors ``L_k``, ``K = ceil(n / b)``.
+    lower : Tensor
+        ``(K, b (b - 1) / 2)`` strictly lower entries of each ``L_k``, in the row-major order of
+        ``torch.tril_indices(b, b, -1)``. Entries of the last block beyond ``n`` are ignored.
+
+    Sampling, the variance and ``log det`` work on the packed entries (a gather and an
+    ``index_add`` per draw, no ``b x b`` product); the factors ``tril`` are built only for the
+    exact solve of a value not drawn here and for the dense covariance.
     """
 
-    def __init__(self, loc, tril, validate_args=None):
-        blocks, size = tril.shape[0], tril.shape[-1]
-        if tril.shape != (blocks, size, size) or blocks != math.ceil(loc.numel() / size):
+    def __init__(self, loc, diag, lower, validate_args=None):
+        blocks, size = diag.shape
+        if blocks != math.ceil(loc.numel() / size) or lower.shape != (
+            blocks,
+            size * (size - 1) // 2,
+        ):
             raise ValueError(
-                f"tril must have shape (ceil(n / b), b, b) for n = {loc.numel()}, got "
-                f"{tuple(tril.shape)}"
+                f"diag must have shape (ceil(n / b), b) and lower (ceil(n / b), b (b - 1) / 2) "
+                f"for n = {loc.numel()}; got {tuple(diag.shape)} and {tuple(lower.shape)}"
             )
-        self.tril = tril
+        self.diag, self.lower = diag, lower
+        rows, cols = torch.tril_indices(size, size, offset=-1, device=diag.device)
+        self._rows, self._cols = rows, cols
         super().__init__(loc, validate_args=validate_args)
 
     @property
     def block_size(self) -> int:
-        return self.tril.shape[-1]
+        return self.diag.shape[-1]
 
     @property
     def noise_size(self) -> int:
-        return self.tril.shape[0] * self.block_size
+        return self.diag.numel()
+
+    @property
+    def tril(self) -> torch.Tensor:
+        """The ``(K, b, b)`` lower-triangular factors (built on demand)."""
+        blocks, size = self.diag.shape
+        flat = self.lower.new_zeros(blocks, size * size)
+        flat = flat.index_copy(1, self._rows * size + self._cols, self.lower)
+        return flat.reshape(blocks, size, size) + torch.diag_embed(self.diag)
 
     def _blocks(self, flat: torch.Tensor) -> torch.Tensor:
         """``(..., n)`` -> ``(..., K, b)``, zero-padded."""
         pad = self.noise_size - flat.shape[-1]
         if pad:
             flat = F.pad(flat, (0, pad))
-        return flat.reshape(flat.shape[:-1] + (self.tril.shape[0], self.block_size))
+        return flat.reshape(flat.shape[:-1] + tuple(self.diag.shape))
 
     def _deviation(self, eps):
-        blocks = eps.reshape(eps.shape[:-1] + (self.tril.shape[0], self.block_size))
-        dev = (self.tril @ blocks.unsqueeze(-1)).squeeze(-1)
+        e = eps.reshape(eps.shape[:-1] + tuple(self.diag.shape))
+        dev = (self.diag * e).index_add(-1, self._rows, self.lower * e[..., self._cols])
         return dev.reshape(eps.shape)[..., : self.num_elements]
 
     def _noise_mahalanobis(self, eps):
@@ -88,15 +107,16 @@ class BlockDiagonalNormal(StructuredGaussian):
         return flat[..., : self.num_elements].pow(2).sum(-1)
 
     def log_det_covariance(self):
-        diag = self.tril.diagonal(dim1=-2, dim2=-1).reshape(-1)[: self.num_elements]
-        return 2 * diag.log().sum()
+        return 2 * self.diag.reshape(-1)[: self.num_elements].log().sum()
 
     def _flat_variance(self):
-        return self.tril.pow(2).sum(-1).reshape(-1)[: self.num_elements]
+        var = self.diag.pow(2).index_add(-1, self._rows, self.lower.pow(2))
+        return var.reshape(-1)[: self.num_elements]
 
     def _dense_covariance(self):
         n = self.num_elements
-        return torch.block_diag(*(self.tril @ self.tril.mT))[:n, :n]
+        tril = self.tril
+        return torch.block_diag(*(tril @ tril.mT))[:n, :n]
 
 
 class BlockDiagonalSite(SitePosterior):
@@ -116,19 +136,14 @@ class BlockDiagonalSite(SitePosterior):
         d = float(inverse_softplus(init_scale))
         self.diag_rho = PyroParam(torch.full((blocks, size), d).to(init_loc))
         self.lower = PyroParam(torch.zeros(blocks, size * (size - 1) // 2).to(init_loc))
-        rows, cols = torch.tril_indices(size, size, offset=-1)
-        self.register_buffer("_lower_index", rows * size + cols, persistent=False)
 
     def factor(self) -> torch.Tensor:
         """The ``(K, b, b)`` lower-triangular factors ``L_k``."""
-        blocks, size = self.diag_rho.shape
-        index = self._lower_index.to(self.lower.device)
-        lower = self.lower * offdiag_scale(size)
-        flat = lower.new_zeros(blocks, size * size).index_copy(1, index, lower)
-        return flat.reshape(blocks, size, size) + torch.diag_embed(F.softplus(self.diag_rho))
+        return self.distribution().tril
 
     def distribution(self) -> BlockDiagonalNormal:
-        return BlockDiagonalNormal(self.loc, self.factor())
+        lower = self.lower * offdiag_scale(self.diag_rho.shape[-1])
+        return BlockDiagonalNormal(self.loc, F.softplus(self.diag_rho), lower)
 
 
 def check_block_size(block_size: int) -> None:

@@ -12,7 +12,10 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
 
     - diagonal ``q``: ``b_n ~ N(M x_n, diag((S^2) (x_n^2)))`` (``S`` standard deviations);
     - matrix normal ``W = M + A E B^T``: ``b_n = M x_n + |B^T x_n| A eps_n``, i.e.
-      ``b_n ~ N(M x_n, (x_n^T B B^T x_n) A A^T)``.
+      ``b_n ~ N(M x_n, (x_n^T B B^T x_n) A A^T)``;
+    - MC dropout ``W = M diag(z) + sigma E``: ``b_n = M (z_n * x_n) + sigma |x_n| eps_n`` with a
+      keep-mask ``z_n`` per example (standard dropout training);
+    - point mass: ``b_n = M x_n``.
 
     Each example's network output then has exactly its distribution under ``q``, so the
     likelihood term is unbiased, with the noise of the examples decorrelated. Exact for linear

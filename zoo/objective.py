@@ -106,7 +106,8 @@ class Objective:
                 if not self.served:
                     raise ValueError(
                         f"estimator={self.estimator!r} serves no weight of this guide: 'local' "
-                        "needs a family with local reparameterisation (diagonal, matrix normal) "
+                        "needs a family with local reparameterisation (diagonal, matrix normal, "
+                        "MC dropout, point mass) "
                         "on linear layers, 'flipout' one whose deviations are sign-symmetric "
                         "(diagonal). Use estimator='reparam', or guides.AutoMixed to give those "
                         "layers such a family."

@@ -76,9 +76,9 @@ def test_block_size_is_checked(bad):
         BlockDiagonalSite(torch.zeros(3, 3), 0.1, block_size=bad)
 
 
-def test_distribution_checks_the_factor_shape():
-    with pytest.raises(ValueError, match="tril must have shape"):
-        BlockDiagonalNormal(torch.zeros(10), torch.eye(4).expand(2, 4, 4))
+def test_distribution_checks_the_factor_shapes():
+    with pytest.raises(ValueError, match="diag must have shape"):
+        BlockDiagonalNormal(torch.zeros(10), torch.ones(2, 4), torch.zeros(2, 5))
 
 
 def test_a_bad_block_size_is_refused_when_the_guide_is_built():

@@ -16,6 +16,7 @@ from zoo.models import BayesianMLP
 def test_point_mass_density_sample_and_kl():
     site = PointMassSite(torch.randn(4, 3, dtype=torch.float64), 0.1)
     d = site.distribution()
+    assert isinstance(d, PointMass) and d.supports_local_reparameterization
     w = d.rsample((5,))
     assert w.shape == (5, 4, 3) and torch.equal(w[2], site.loc)
     assert torch.equal(d.log_prob(w), torch.zeros(5, dtype=torch.float64))
