@@ -59,6 +59,7 @@ from torch.distributions.kl import register_kl
 
 from guides.base import PerSiteGuide
 from guides.gaussian import DiagonalNormal, expand_to
+from guides.kernels import squared_norm
 from guides.site import SitePosterior
 
 _LOG_2PI = math.log(2 * math.pi)
@@ -216,24 +217,38 @@ def check_dropout(p: float, sigma: float) -> None:
         raise ValueError(f"sigma must be a positive number, got {sigma!r}")
 
 
+def dropout_kl(
+    q: MCDropoutWeight, loc_p: torch.Tensor, scale_p: torch.Tensor, p_batch_shape=()
+) -> torch.Tensor:
+    """Gal's ``KL(q || N(loc_p, diag(scale_p^2)))`` (see the module docstring): the expected log
+    prior exactly, the mixture's entropy for well separated components. ``loc_p`` and
+    ``scale_p`` (a standard deviation) broadcast against the weight."""
+    k = len(q.event_shape)
+    var_p = scale_p.pow(2)
+    keep = 1 - q.p
+    if loc_p.numel() == 1 and scale_p.numel() == 1:  # an isotropic prior: one pass over M
+        n = q.num_elements
+        sq = squared_norm((q.loc - loc_p.reshape(())).reshape(-1))
+        const = n * (q.p * loc_p.pow(2) + q.sigma**2).reshape(())
+        cross = 0.5 * ((keep * sq + const) / var_p.reshape(()) + n * var_p.log().reshape(()))
+    else:
+        second = (keep * (q.loc - loc_p).pow(2) + q.p * loc_p.pow(2) + q.sigma**2) / var_p
+        terms = 0.5 * (second + var_p.log())
+        terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
+        cross = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
+    h_p = -sum(v * math.log(v) for v in (q.p, keep) if v > 0)
+    kl = cross - q.num_elements * (math.log(q.sigma) + 0.5) - q.columns * h_p
+    return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p_batch_shape))
+
+
 @register_kl(MCDropoutWeight, Independent)
 def _kl_dropout_normal(q: MCDropoutWeight, prior: Independent) -> torch.Tensor:
     base = prior.base_dist
-    k = len(q.event_shape)
-    if not isinstance(base, Normal) or prior.reinterpreted_batch_ndims != k:
+    if not isinstance(base, Normal) or prior.reinterpreted_batch_ndims != len(q.event_shape):
         raise NotImplementedError
     if prior.event_shape != q.event_shape:
         raise NotImplementedError
-    mu, var_p = base.loc, base.scale.pow(2)
-    keep = 1 - q.p
-    second = (keep * (q.loc - mu).pow(2) + q.p * mu.pow(2) + q.sigma**2) / var_p
-    terms = 0.5 * (second + var_p.log())
-    terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
-    cross = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
-    h_p = -sum(v * math.log(v) for v in (q.p, keep) if v > 0)
-    n = q.num_elements
-    kl = cross - n * (math.log(q.sigma) + 0.5) - q.columns * h_p
-    return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, prior.batch_shape))
+    return dropout_kl(q, base.loc, base.scale, prior.batch_shape)
 
 
 class MCDropoutSite(SitePosterior):

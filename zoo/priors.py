@@ -18,6 +18,7 @@ from torch.distributions.kl import register_kl
 
 from guides.gaussian import DiagonalNormal, StructuredGaussian, expand_to, gaussian_kl
 from guides.kernels import squared_norm
+from guides.mc_dropout import MCDropoutWeight, dropout_kl
 
 
 class IsotropicNormal(TorchDistribution):
@@ -74,6 +75,13 @@ def _kl_gaussian_isotropic(q, p):
     if q.event_shape != p.event_shape:
         raise NotImplementedError
     return gaussian_kl(q, p.loc, p.scale, p.batch_shape)
+
+
+@register_kl(MCDropoutWeight, IsotropicNormal)
+def _kl_dropout_isotropic(q, p):
+    if q.event_shape != p.event_shape:
+        raise NotImplementedError
+    return dropout_kl(q, p.loc, p.scale, p.batch_shape)
 
 
 class Prior(nn.Module):

@@ -169,3 +169,17 @@ def test_biases_are_narrow_gaussians_with_the_fixed_sigma():
 def test_bad_dropout_options_are_refused(p, sigma):
     with pytest.raises(ValueError, match="p must lie in|sigma must be"):
         guides.AutoMCDropout(BayesianMLP(3, (4,), 1), p=p, sigma=sigma)
+
+
+def test_the_kl_to_zoos_default_prior_is_the_same_closed_form():
+    from zoo.priors import NormalPrior
+
+    d = weight((5, 4), p=0.2, sigma=0.01, seed=11)
+    elementwise = torch.full((5, 4), 0.7, dtype=torch.float64)  # the general path
+    general = dist.Normal(torch.zeros_like(elementwise), elementwise).to_event(2)
+    scalar = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 0.7).expand((5, 4)).to_event(2)
+    assert torch.allclose(kl_divergence(d, general), kl_divergence(d, scalar))
+    zoo_prior = NormalPrior(0.7).distribution(torch.Size((5, 4)), fan_in=4)
+    torch_prior = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 0.7).expand((5, 4))
+    expected = kl_divergence(d, torch_prior.to_event(2))
+    assert torch.allclose(kl_divergence(d, zoo_prior).double(), expected)
