@@ -173,7 +173,7 @@ class AutoBlockDiagonal(PerSiteGuide, family="block_diagonal"):
     """
 
     site_class = BlockDiagonalSite
-    variants = {"": {}, "block4": {"block_size": 4}}
+    variants = {"": {}, "block2": {"block_size": 2}}
 
     @classmethod
     def site_spec(cls, **options):

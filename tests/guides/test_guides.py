@@ -111,7 +111,7 @@ LINEAR_COUNTS = {
     "tridiagonal_free": lambda n, i, o: 3 * n - 1,
     "matrix_normal": lambda n, i, o: n + i * i + o * o,
     "block_diagonal": lambda n, i, o: n + -(-n // 16) * (16 + 16 * 15 // 2),
-    "block_diagonal_block4": lambda n, i, o: n + -(-n // 4) * (4 + 4 * 3 // 2),
+    "block_diagonal_block2": lambda n, i, o: n + -(-n // 2) * (2 + 1),
     "mc_dropout": lambda n, i, o: n,
     "mc_dropout_p05": lambda n, i, o: n,
     "map": lambda n, i, o: n,
