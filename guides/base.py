@@ -258,7 +258,8 @@ class PerSiteGuide(AutoGuide):
         d = self.site_posterior(name).distribution()
         transform = self._transforms[name]
         if transform is not None:
-            d = dist.TransformedDistribution(d, [transform])
+            push = getattr(d, "push_forward", None)  # a family's own image under a transform
+            d = push(transform) if push else dist.TransformedDistribution(d, [transform])
         return d
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:

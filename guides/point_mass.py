@@ -14,9 +14,9 @@ layer" recipe (train a network, then make its last layer Bayesian) is one call::
     guide = guides.AutoMixed.last_layer(model, "lowrank", init_module=trained_net)
     fit = zoo.fit(model, guide, data)
 
-A constrained site (a learned noise scale) is a point mass too, in the unconstrained space
-pushed through ``biject_to(support)``: its ``log q`` is minus the log Jacobian, so that site is
-MAP in the unconstrained coordinates.
+A constrained site (a learned noise scale) is a point mass too, at ``biject_to(support)`` of an
+unconstrained parameter, with ``log q = 0`` as in Pyro's ``AutoDelta``: MAP in the site's own
+(constrained) coordinates.
 
 ``TraceMeanField_ELBO`` uses Pyro's ``KL(delta_m || p) = -log p(m)``; predictions repeat the
 same network (no spread) unless other sites are random.
@@ -44,6 +44,18 @@ class PointMass(dist.Delta):
 
     def mean_value(self) -> torch.Tensor:
         return self.v
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        """Copies of the point, detached (a view of the parameter would still require grad
+        under ``torch.no_grad``)."""
+        shape = torch.Size(sample_shape) + self.v.shape
+        return self.v.detach().expand(shape).clone()
+
+    def push_forward(self, transform) -> PointMass:
+        """The point mass at ``transform(v)``: a constrained site's value without the inverse
+        transform's round trip (which may miss ``v`` by a rounding error, where a ``Delta`` has
+        density zero)."""
+        return PointMass(transform(self.v), event_dim=self.event_dim)
 
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, self.v, bias)

@@ -58,6 +58,12 @@ def test_constrained_sites_stay_point_masses():
         assert isinstance(guide.site_posterior("noise"), PointMassSite)
         draws = guide.get_posterior("noise").sample((3,))
         assert (draws == draws[0]).all() and (draws > 0).all()
+        assert guide.get_posterior("noise").log_prob(draws[0]) == 0  # AutoDelta's convention
+    # and a fit learns the noise: finite losses, the MAP noise near the data's 0.3
+    x = torch.randn(256, 3)
+    y = x[:, 0] + 0.3 * torch.randn(256)
+    fit = zoo.fit(model, "map", (x, y), num_steps=800, batch_size=256, lr=0.02, progress=False)
+    assert 0.2 < fit.guide.median()["noise"] < 0.45
 
 
 def test_bayesian_last_layer_in_one_call(tmp_path):
@@ -82,6 +88,7 @@ def test_bayesian_last_layer_in_one_call(tmp_path):
         assert torch.equal(guide.median()[name], p.detach())
     fit = zoo.fit(model, guide, (x, y), num_steps=20, batch_size=16, progress=False)
     draws = fit.guide.sample_posterior(5)
+    assert not any(d.requires_grad for d in draws.values())
     assert (draws["fc1.weight"] == draws["fc1.weight"][0]).all()  # the body is a point
     assert draws["fc2.weight"].std(0).min() > 0  # the last layer is not
     loaded = zoo.load(fit.save(tmp_path / "bll.pt"))

@@ -79,14 +79,16 @@ def test_fit_and_compare_commands(tmp_path, mnist_root):
     assert (tmp_path / "lenet5-tridiagonal-mnist.nc").stat().st_size > 1000
     proc = subprocess.run(
         base
-        + ["compare", "--model", "mlp", "--hidden", "32", "--guides", "diagonal", "lowrank"]
+        + ["compare", "--model", "mlp", "--hidden", "32", "--guides", "lowrank", "mc_dropout"]
+        + ["--guide-option", "mc_dropout.p=0.2"]
         + common,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr
-    assert "lowrank" in proc.stdout and (tmp_path / "compare-mlp-mnist.csv").exists()
+    assert "lowrank" in proc.stdout and "mc_dropout" in proc.stdout
+    assert (tmp_path / "compare-mlp-mnist.csv").exists()
 
 
 def test_every_command_explains_its_options():
@@ -133,6 +135,10 @@ def test_mistakes_are_usage_errors_before_any_work(capsys, monkeypatch):
     assert "unknown option(s) ['rnak']" in message and "rank" in message
     message = usage_error(["compare", "--data", "toy", "--guide-option", "rank=3"], capsys)
     assert "FAMILY.KEY=VALUE" in message
+    message = usage_error(
+        ["fit", "--data", "toy", "--guide", "mc_dropout", "--guide-option", "p=1.5"], capsys
+    )
+    assert "p must lie in [0, 1), got 1.5" in message
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     message = usage_error(["fit", "--data", "toy", "--device", "cuda"], capsys)
     assert "no CUDA device" in message
