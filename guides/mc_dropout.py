@@ -128,6 +128,7 @@ class MCDropoutWeight(TorchDistribution):
         return var.expand(self.batch_shape + self.event_shape)
 
     def mean_value(self) -> torch.Tensor:
+        """``E[W] = (1 - p) M`` (what an estimator serves when it needs no draw)."""
         return self.mean
 
     def expand(self, batch_shape, _instance=None):

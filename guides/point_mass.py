@@ -43,6 +43,7 @@ class PointMass(dist.Delta):
     supports_flipout = True
 
     def mean_value(self) -> torch.Tensor:
+        """The point itself."""
         return self.v
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
@@ -58,6 +59,7 @@ class PointMass(dist.Delta):
         return PointMass(transform(self.v), event_dim=self.event_dim)
 
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x v^T + bias``: a point mass's layer output has no noise."""
         return F.linear(x, self.v, bias)
 
     @property
@@ -77,6 +79,7 @@ class PointMassSite(SitePosterior):
 
     @classmethod
     def constrained_class(cls) -> type[SitePosterior]:
+        """A constrained site of the point-mass family is a point mass too."""
         return cls
 
     def distribution(self) -> PointMass:
