@@ -35,8 +35,9 @@ with the same fixed ``sigma``: Gal's point-estimated bias, whose KL to ``N(0, s^
 ``b^2 / (2 s^2)`` plus a constant.
 
 Training draws one mask per step, shared by the minibatch; ``estimator="local"`` draws one mask
-per example for linear layers (standard dropout training: ``x W^T = (x * z) M^T`` plus the
-``sigma`` noise, exactly the per-example distribution). Predictions average the network over
+per example (standard dropout training: ``x W^T = (x * z) M^T`` plus the ``sigma`` noise for a
+linear layer, input channels masked per example for a convolution; each example's output has
+exactly its distribution under ``q``). Predictions average the network over
 weight draws, each with its own masks: MC dropout.
 
 Relation to ``torch.nn.Dropout``, which divides the kept inputs by ``1 - p``: a network trained
@@ -82,6 +83,7 @@ class MCDropoutWeight(TorchDistribution):
     arg_constraints: dict = {}
     has_rsample = True
     supports_local_reparameterization = True
+    supports_local_conv = True
     supports_flipout = False
 
     def __init__(self, loc: torch.Tensor, p: float, sigma: float, validate_args=None):
@@ -177,6 +179,19 @@ class MCDropoutWeight(TorchDistribution):
         out = F.linear(x * masks, self.loc, bias)
         norm = x.pow(2).sum(-1, keepdim=True).sqrt()
         return out + self.sigma * norm * torch.randn_like(out)
+
+    def local_conv(self, func, arguments: dict) -> torch.Tensor:
+        """A convolution ``func`` (``F.conv1d/2d/3d``, its bound ``arguments``) with an
+        input-channel keep-mask per example: ``conv(x_n * z_n, M) + bias + conv(x_n, sigma E)``
+        with one ``E`` for the batch. Each example's output has exactly its distribution under
+        ``q`` (the examples share the small ``sigma`` blur, not the masks)."""
+        x = arguments["input"]
+        options = {k: v for k, v in arguments.items() if k not in ("input", "weight", "bias")}
+        spatial = x.dim() - 2
+        masks = self.sample_masks(x.shape[:1]).reshape(x.shape[:2] + (1,) * spatial)
+        out = func(x * masks, self.loc, arguments["bias"], **options)
+        blur = self.sigma * torch.randn_like(self.loc)
+        return out + func(x, blur, None, **options)
 
     @torch.no_grad()
     def marginal_icdf(self, q: torch.Tensor) -> torch.Tensor:

@@ -46,7 +46,7 @@ class PointMass(dist.Delta):
         """The point itself."""
         return self.v
 
-    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+    def sample(self, sample_shape=()) -> torch.Tensor:
         """Copies of the point, detached (a view of the parameter would still require grad
         under ``torch.no_grad``)."""
         shape = torch.Size(sample_shape) + self.v.shape

@@ -20,7 +20,10 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
     Each example's network output then has exactly its distribution under ``q``, so the
     likelihood term is unbiased, with the noise of the examples decorrelated. Exact for linear
     layers only: a convolution shares one kernel across positions, so its outputs are
-    correlated within an example, and convolutions keep the shared weight draw. With
+    correlated within an example, and convolutions keep the shared weight draw, except under MC
+    dropout, whose convolutions draw a channel mask per example (``x_n * z_n`` convolved with
+    ``M``, plus one shared draw of the ``sigma`` blur): each example's output again has exactly
+    its distribution under ``q``. With
     ``elbo="meanfield"`` the served weights are not even drawn (the KL is in closed form),
     which is what makes the matrix normal cheap: no ``A E B^T`` per step.
 ``"flipout"`` (Wen et al. 2018)
@@ -60,7 +63,9 @@ def serves(estimator: str, fn, layer: str) -> bool:
     (``"linear"`` or ``"conv"``), as the distribution states it (see
     :class:`guides.gaussian.GaussianMixin`)."""
     if estimator == "local":
-        return layer == "linear" and getattr(fn, "supports_local_reparameterization", False)
+        if layer == "conv":
+            return getattr(fn, "supports_local_conv", False)
+        return getattr(fn, "supports_local_reparameterization", False)
     if estimator == "flipout":
         return getattr(fn, "supports_flipout", False)
     return False
@@ -105,6 +110,8 @@ class LayerNoise(TorchFunctionMode):
             layer = "linear" if func is F.linear else "conv"
             if entry is not None and serves(self.estimator, entry[1], layer):
                 self.served.add(entry[0])
+                if self.estimator == "local" and layer == "conv":
+                    return entry[1].local_conv(func, arguments)
                 if self.estimator == "local":
                     return entry[1].local_linear(arguments["input"], arguments["bias"])
                 return _flipout(func, arguments, entry[1], entry[2])

@@ -183,3 +183,32 @@ def test_the_kl_to_zoos_default_prior_is_the_same_closed_form():
     torch_prior = dist.Normal(torch.tensor(0.0, dtype=torch.float64), 0.7).expand((5, 4))
     expected = kl_divergence(d, torch_prior.to_event(2))
     assert torch.allclose(kl_divergence(d, zoo_prior).double(), expected)
+
+
+def test_local_estimator_masks_input_channels_per_example_in_a_convolution():
+    """conv2d under estimator='local': the masks are drawn per example and channel, so the
+    outputs' spread across examples has the mean and variance that the masks give under q (the
+    sigma blur, one draw for the batch, is made negligible here)."""
+    d = weight((2, 3, 2, 2), p=0.3, sigma=1e-6, seed=12)
+    x = torch.randn(1, 3, 4, 4, dtype=torch.float64).expand(20_000, 3, 4, 4)
+    bias = torch.tensor([0.2, -0.1], dtype=torch.float64)
+    args = {"input": x, "weight": None, "bias": bias, "stride": 1, "padding": 0}
+    torch.manual_seed(13)
+    out = d.local_conv(F.conv2d, args)
+    per_channel = torch.stack([F.conv2d(x[:1, c : c + 1], d.loc[:, c : c + 1]) for c in range(3)])
+    mean = (1 - d.p) * per_channel.sum(0)[0] + bias[:, None, None]
+    var = d.p * (1 - d.p) * per_channel.pow(2).sum(0)[0]
+    assert (out.mean(0) - mean).abs().max() < 4 * (var / 20_000).sqrt().max()
+    assert torch.allclose(out.var(0), var, rtol=0.06)
+
+
+def test_a_fit_with_the_local_estimator_serves_every_weight_of_a_convnet():
+    import zoo
+
+    model = LeNet5()
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    fit = zoo.fit(model, "mc_dropout", (x, y), num_steps=2, estimator="local", progress=False)
+    assert fit.steps == 2
+    objective = zoo.Objective(model, fit.guide, estimator="local")
+    objective.setup(x, y)
+    assert objective.served == {"conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"}
