@@ -91,6 +91,11 @@ def test_bayesian_last_layer_in_one_call(tmp_path):
     assert not any(d.requires_grad for d in draws.values())
     assert (draws["fc1.weight"] == draws["fc1.weight"][0]).all()  # the body is a point
     assert draws["fc2.weight"].std(0).min() > 0  # the last layer is not
+    # a fixed body: its learning rate multiplied by zero
+    frozen = guides.AutoMixed.last_layer(model, "lowrank", {"rank": 2}, init_module=net)
+    zoo.fit(model, frozen, (x, y), num_steps=5, lr_multipliers={"sites.fc1.*": 0.0}, progress=False)
+    assert torch.equal(frozen.median()["fc1.weight"], net.fc1.weight.detach())
+    assert not torch.equal(frozen.median()["fc2.weight"], net.fc2.weight.detach())
     loaded = zoo.load(fit.save(tmp_path / "bll.pt"))
     assert loaded.guide.spec() == fit.guide.spec()
     assert loaded.guide.spec()["rules"] == [["fc2.*", "lowrank", {"rank": 2}], ["*", "map", {}]]
