@@ -29,9 +29,11 @@ def compare(
     model_factory : callable
         ``() -> model``; called once per family so that no fit sees another's state.
     guides : sequence, optional
-        Family names, or ``(label, family, guide_options)`` triples, e.g.
-        ``("lowrank r=2", "lowrank", {"rank": 2})``. Default: every registered family
-        (``guides.available()``).
+        Family names, ``(label, family, guide_options)`` triples, e.g.
+        ``("lowrank r=2", "lowrank", {"rank": 2})``, or ``(label, family, guide_options,
+        fit_options)`` for options of that row's ``zoo.fit`` only (they override
+        ``**fit_options``), e.g. ``("MC dropout", "mc_dropout", {"p": 0.1},
+        {"estimator": "local"})``. Default: every registered family (``guides.available()``).
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
     num_samples : int
@@ -50,7 +52,10 @@ def compare(
     pandas.DataFrame
         Indexed by family label: ``parameters`` (variational), ``fit_seconds``,
         ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last epoch, full-data
-        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`.
+        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`. ``final_elbo``
+        compares Gaussian families only: MC dropout's contains ``-n log sigma`` (its ``q`` is
+        nearly degenerate) and a point mass's is a log joint density (no entropy); compare the
+        test metrics across those.
     """
     from zoo.training import fit as run_fit
 
@@ -62,7 +67,7 @@ def compare(
         guides = available()
     rows, fits = [], {}
     for i, spec in enumerate(guides):
-        label, family, options = (spec, spec, {}) if isinstance(spec, str) else spec
+        label, family, options, own = _row(spec)
         if progress:
             tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
         result = run_fit(
@@ -70,8 +75,7 @@ def compare(
             family,
             train,
             guide_options=options,
-            progress=progress,
-            **fit_options,
+            **{"progress": progress, **fit_options, **own},
         )
         metrics = result.evaluate(test, num_samples=num_samples, progress=progress)
         last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
@@ -93,3 +97,16 @@ def compare(
         fig = comparison_chart(table)
         fig.savefig(chart, dpi=120)
     return (table, fits) if return_fits else table
+
+
+def _row(spec) -> tuple[str, object, dict, dict]:
+    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``."""
+    if isinstance(spec, str):
+        return spec, spec, {}, {}
+    if isinstance(spec, tuple) and len(spec) in (3, 4):
+        label, family, options, *own = spec
+        return label, family, dict(options), dict(own[0]) if own else {}
+    raise ValueError(
+        "each entry of guides is a family name, (label, family, guide_options) or "
+        f"(label, family, guide_options, fit_options); got {spec!r}"
+    )

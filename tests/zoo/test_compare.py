@@ -54,3 +54,20 @@ def test_compare_reports_progress_per_family_only_when_asked(capsys):
     zoo.compare(factory, families, (x, y), (x, y), num_samples=2, num_steps=2)
     err = capsys.readouterr().err
     assert "[1/2] diagonal" in err and "[2/2] lowrank r=2" in err
+
+
+def test_a_row_can_have_its_own_fit_options():
+    import torch
+
+    x, y = torch.randn(40, 3), torch.randint(0, 3, (40,))
+
+    def factory():
+        return zoo.models.BayesianMLP(3, (4,), 3, task="classification")
+
+    rows = ["diagonal", ("MC dropout", "mc_dropout", {"p": 0.2}, {"num_steps": 3})]
+    table, fits = zoo.compare(
+        factory, rows, (x, y), (x, y), num_samples=2, num_steps=2, return_fits=True, progress=False
+    )
+    assert fits["diagonal"].steps == 2 and fits["MC dropout"].steps == 3
+    with pytest.raises(ValueError, match="each entry of guides"):
+        zoo.compare(factory, [("a", "diagonal")], (x, y), (x, y), num_steps=1, progress=False)
