@@ -186,5 +186,9 @@ def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> 
     for ax, metric in zip(axes, metrics):
         ax.bar(names, table[metric].to_numpy(), color=[f"C{i}" for i in range(len(names))])
         ax.set_title(metric)
+        # each label ends under its bar (centred rotated labels of long names overlap)
         ax.tick_params(axis="x", rotation=45)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+            label.set_rotation_mode("anchor")
     return fig
