@@ -91,3 +91,29 @@ def test_save_size_prints_a_row_per_family_within_the_target():
 def test_arviz_time_prints_its_rows():
     out = _run("benchmarks/arviz_time.py", "--draws", "4", "--points", "16", "--skip-summary")
     assert "| to_arviz, posterior only |" in out and "| zoo.arviz.layer_summary |" in out
+
+
+def test_regression_prints_a_row_per_family_and_prior():
+    out = _run(
+        "benchmarks/regression.py",
+        "--splits",
+        "2",
+        "--families",
+        "diagonal",
+        "mc_dropout",
+        "--priors",
+        "fixed",
+        "learned",
+        "hierarchical",
+        "--num-steps",
+        "20",
+        "--samples",
+        "8",
+        "--workers",
+        "1",
+    )
+    for data in ("diabetes", "linnerud"):
+        assert f"| {data} | deterministic | fixed |" in out
+        for family in ("diagonal", "mc_dropout"):
+            for prior in ("fixed", "learned", "hierarchical"):
+                assert f"| {data} | {family} | {prior} |" in out

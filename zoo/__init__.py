@@ -14,9 +14,10 @@ from zoo.objective import Objective
 from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.predictive import predict
 from zoo.result import FitResult, FitState, load
-from zoo.training import fit
+from zoo.training import REGRESSION_FIT, fit
 
 __all__ = [
+    "REGRESSION_FIT",
     "ClassificationPrediction",
     "ElboScale",
     "FitDivergedError",

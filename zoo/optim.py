@@ -4,6 +4,7 @@ learning-rate schedule."""
 from __future__ import annotations
 
 import fnmatch
+import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -71,9 +72,42 @@ def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mappin
         return opt_cls(groups, lr=lr, foreach=True, **options)
 
 
-def make_scheduler(optimizer, lr_schedule: Callable[[int], float] | None):
-    """A ``LambdaLR`` multiplying every group's ``lr`` by ``lr_schedule(step)``, or ``None``."""
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule) if lr_schedule else None
+def _exponential(total: int) -> Callable[[int], float]:
+    return lambda step: 0.1 ** (step / total)
+
+
+def _cosine(total: int) -> Callable[[int], float]:
+    return lambda step: 0.01 + 0.99 * 0.5 * (1 + math.cos(math.pi * min(step / total, 1.0)))
+
+
+#: Named learning-rate schedules over a run of ``total`` steps: ``name -> (total -> factor(step))``.
+#: ``"exponential"``: ``0.1 ** (step / total)``, a tenfold decay; ``"cosine"``: half a cosine
+#: from 1 down to 0.01.
+SCHEDULES: dict[str, Callable[[int], Callable[[int], float]]] = {
+    "exponential": _exponential,
+    "cosine": _cosine,
+}
+
+
+def resolve_schedule(
+    lr_schedule: Callable[[int], float] | str | None, total: int
+) -> Callable[[int], float] | None:
+    """``step -> factor`` for a callable, a name in :data:`SCHEDULES` (over ``total`` steps) or
+    ``None``."""
+    if lr_schedule is None or callable(lr_schedule):
+        return lr_schedule
+    if lr_schedule not in SCHEDULES:
+        raise ValueError(
+            f"lr_schedule must be a callable or one of {sorted(SCHEDULES)}, got {lr_schedule!r}"
+        )
+    return SCHEDULES[lr_schedule](max(int(total), 1))
+
+
+def make_scheduler(optimizer, lr_schedule, total: int = 1):
+    """A ``LambdaLR`` multiplying every group's ``lr`` by the schedule's factor at each step
+    (:func:`resolve_schedule`), or ``None``."""
+    factor = resolve_schedule(lr_schedule, total)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
 
 
 def check_finite_parameters(guide, model) -> None:

@@ -1,5 +1,6 @@
-"""Weight priors. Each prior is an ``nn.Module`` whose numbers are buffers, so ``model.to(device)``
-moves them with the model and every prior sample is drawn on the model's device.
+"""Weight priors. Each prior is an ``nn.Module`` whose numbers are buffers (or parameters, for
+the scales :mod:`zoo.prior_scales` fits), so ``model.to(device)`` moves them with the model and
+every prior sample is drawn on the model's device.
 
 A prior returns, per site, a distribution whose event shape is the whole weight tensor:
 ``prior.distribution(shape, fan_in)``.
@@ -8,6 +9,7 @@ A prior returns, per site, a distribution whose event shape is the whole weight 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pyro.distributions as dist
 import torch
@@ -20,11 +22,15 @@ from guides.gaussian import DiagonalNormal, StructuredGaussian, expand_to, gauss
 from guides.kernels import squared_norm
 from guides.mc_dropout import MCDropoutWeight, dropout_kl
 
+#: Prior classes that :func:`from_spec` rebuilds, by class name (``class P(Prior, builtin=True)``).
+BUILT_IN: dict[str, type] = {}
+
 
 class IsotropicNormal(TorchDistribution):
-    """``N(loc, scale^2 I)`` over a whole tensor of shape ``event_shape`` (scalar ``loc`` and
-    ``scale``). The same density as ``Normal(loc, scale).expand(shape).to_event(k)``, with a
-    fused ``log_prob``: one reduction instead of a tensor of elementwise terms."""
+    """``N(loc, scale^2 I)`` over a whole tensor of shape ``event_shape``. ``loc`` and ``scale``
+    are scalars, or tensors of the batch shape (one per draw of a sampled prior scale). The same
+    density as ``Normal(loc, scale).expand(shape).to_event(k)``, with a fused ``log_prob``: one
+    reduction instead of a tensor of elementwise terms."""
 
     arg_constraints = {"loc": constraints.real, "scale": constraints.positive}
     has_rsample = True
@@ -37,6 +43,10 @@ class IsotropicNormal(TorchDistribution):
         self.zero_loc = bool(zero_loc)
         super().__init__(torch.Size(batch_shape), torch.Size(event_shape), validate_args)
 
+    def _per_element(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` (scalar or batch-shaped, a sampled hyperparameter) with trailing event dims."""
+        return t.reshape(t.shape + (1,) * len(self.event_shape))
+
     @property
     def support(self):
         return constraints.independent(constraints.real, len(self.event_shape))
@@ -48,22 +58,21 @@ class IsotropicNormal(TorchDistribution):
 
     @property
     def mean(self):
-        return self.loc.expand(self.batch_shape + self.event_shape)
+        return self._per_element(self.loc).expand(self.batch_shape + self.event_shape)
 
     @property
     def variance(self):
-        return self.scale.pow(2).expand(self.batch_shape + self.event_shape)
+        return self._per_element(self.scale).pow(2).expand(self.batch_shape + self.event_shape)
 
     def rsample(self, sample_shape=()):
         shape = self._extended_shape(sample_shape)
-        return self.loc + self.scale * torch.randn(
-            shape, dtype=self.scale.dtype, device=self.scale.device
-        )
+        noise = torch.randn(shape, dtype=self.scale.dtype, device=self.scale.device)
+        return self._per_element(self.loc) + self._per_element(self.scale) * noise
 
     def log_prob(self, value):
         k = len(self.event_shape)
         n = math.prod(self.event_shape)
-        diff = value if self.zero_loc else value - self.loc
+        diff = value if self.zero_loc else value - self._per_element(self.loc)
         sq = squared_norm(diff.reshape(value.shape[: value.dim() - k] + (-1,)))
         lp = -0.5 * sq / self.scale.pow(2) - n * (self.scale.log() + 0.5 * math.log(2 * math.pi))
         return expand_to(lp, self.batch_shape)
@@ -74,31 +83,72 @@ class IsotropicNormal(TorchDistribution):
 def _kl_gaussian_isotropic(q, p):
     if q.event_shape != p.event_shape:
         raise NotImplementedError
-    return gaussian_kl(q, p.loc, p.scale, p.batch_shape)
+    return gaussian_kl(q, p._per_element(p.loc), p._per_element(p.scale), p.batch_shape)
 
 
 @register_kl(MCDropoutWeight, IsotropicNormal)
 def _kl_dropout_isotropic(q, p):
     if q.event_shape != p.event_shape:
         raise NotImplementedError
-    return dropout_kl(q, p.loc, p.scale, p.batch_shape)
+    return dropout_kl(q, p._per_element(p.loc), p._per_element(p.scale), p.batch_shape)
 
 
 class Prior(nn.Module):
-    """Base class: ``distribution(shape, fan_in)`` -> a distribution with event shape ``shape``."""
+    """Base class of the weight priors.
+
+    A prior answers ``distribution(shape, fan_in)``: the prior of a site of this shape whose
+    layer has this fan-in. Priors with hyperparameters of their own (:mod:`zoo.prior_scales`)
+    also use the hooks the model calls, in this order:
+
+    - :meth:`bind` once, when a model takes the prior: the model's sites and fan-ins;
+    - :meth:`sample_latent` at the start of every model call: ``pyro.sample`` the prior's own
+      latent sites (a hierarchical scale), returning their values;
+    - :meth:`site_distribution` per weight site, given those values;
+    - :meth:`diagnose` after ``zoo.fit``: warnings about the fitted hyperparameters.
+
+    ``class MyPrior(Prior, builtin=True)`` makes a prior rebuildable from plain data
+    (:meth:`spec`, :func:`from_spec`), as the saved fits need; a user's own prior stays
+    ``builtin=False`` and ``zoo.load`` then needs the model passed again.
+    """
+
+    def __init_subclass__(cls, builtin: bool = False, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if builtin:
+            BUILT_IN[cls.__name__] = cls
 
     def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         """The prior of a site of this ``shape`` whose layer has this ``fan_in``."""
         raise NotImplementedError
 
+    def bind(self, site_shapes: Mapping[str, torch.Size], fan_ins: Mapping[str, int]) -> None:
+        """Called by the model that takes this prior, with its sites' shapes and fan-ins."""
+
+    def sample_latent(self) -> dict[str, torch.Tensor]:
+        """``pyro.sample`` the prior's own latent sites (none by default)."""
+        return {}
+
+    def site_distribution(
+        self, name: str, shape: torch.Size, fan_in: int, latent: Mapping[str, torch.Tensor]
+    ) -> TorchDistribution:
+        """The prior of site ``name`` given the values ``latent`` of :meth:`sample_latent`;
+        by default :meth:`distribution`."""
+        return self.distribution(shape, fan_in)
+
+    def diagnose(self) -> list[str]:
+        """Warnings about the prior's fitted state (``zoo.fit`` issues them at its end)."""
+        return []
+
     def spec(self) -> dict | None:
         """Plain data that rebuilds this prior (:func:`from_spec`), or ``None`` for a prior
         class of the user's."""
         args = {name: float(buffer) for name, buffer in self.named_buffers()}
-        return {"class": type(self).__name__, "args": args} if type(self) in _BUILT_IN else None
+        return {"class": type(self).__name__, "args": args} if self._is_built_in() else None
+
+    def _is_built_in(self) -> bool:
+        return BUILT_IN.get(type(self).__name__) is type(self)
 
 
-class NormalPrior(Prior):
+class NormalPrior(Prior, builtin=True):
     """Isotropic ``N(loc, scale^2)`` on every weight; ``scale`` is a standard deviation."""
 
     _zero_loc = False  # set per instance; the class default serves priors pickled before it
@@ -118,7 +168,7 @@ class NormalPrior(Prior):
         return f"loc={self.loc.item():g}, scale={self.scale.item():g}"
 
 
-class LayerwiseNormalPrior(Prior):
+class LayerwiseNormalPrior(Prior, builtin=True):
     """``N(0, gain^2 / fan_in)`` per layer (a bias uses its layer's fan-in)."""
 
     def __init__(self, gain: float = 1.0):
@@ -178,7 +228,7 @@ class ScaleMixtureNormal(TorchDistribution):
             return torch.randn(shape, dtype=scale.dtype, device=scale.device) * scale
 
 
-class ScaleMixturePrior(Prior):
+class ScaleMixturePrior(Prior, builtin=True):
     """Blundell's two-component scale mixture: ``pi N(0, s1^2) + (1 - pi) N(0, s2^2)``.
 
     Defaults are the paper's MNIST setting (``pi = 1/2``, ``s1 = 1``, ``s2 = e^-6``). It has no
@@ -198,23 +248,36 @@ class ScaleMixturePrior(Prior):
         return base.expand(shape).to_event(len(shape))
 
 
-_BUILT_IN = (NormalPrior, LayerwiseNormalPrior, ScaleMixturePrior)
-
-
 def from_spec(spec: dict) -> Prior:
     """The prior that :meth:`Prior.spec` describes."""
-    classes = {cls.__name__: cls for cls in _BUILT_IN}
-    if spec.get("class") not in classes:
-        raise ValueError(f"unknown prior {spec.get('class')!r}; known: {sorted(classes)}")
-    return classes[spec["class"]](**spec["args"])
+    if spec.get("class") not in BUILT_IN:
+        raise ValueError(f"unknown prior {spec.get('class')!r}; known: {sorted(BUILT_IN)}")
+    return BUILT_IN[spec["class"]](**spec["args"])
 
 
-def resolve_prior(prior: Prior | float | None) -> Prior:
-    """``None`` -> ``NormalPrior(1.0)``; a number -> ``NormalPrior(number)``; a Prior as is."""
+def resolve_prior(prior: Prior | float | str | None) -> Prior:
+    """The prior a model takes.
+
+    ``None`` -> ``NormalPrior(1.0)``; a number -> ``NormalPrior(number)``; ``"learned"`` ->
+    ``LearnedNormalPrior()`` and ``"hierarchical"`` -> ``HierarchicalNormalPrior()`` (a scale
+    per layer fitted to the data, :mod:`zoo.prior_scales`); a Prior as is.
+    """
     if prior is None:
         return NormalPrior(1.0)
     if isinstance(prior, Prior):
         return prior
-    if isinstance(prior, (int, float)):
+    if isinstance(prior, str) and prior in NAMED:
+        return NAMED[prior]()
+    if isinstance(prior, (int, float)) and not isinstance(prior, bool):
         return NormalPrior(float(prior))
-    raise TypeError(f"prior must be a zoo.priors.Prior or a positive number, got {prior!r}")
+    raise TypeError(
+        "prior must be a zoo.priors.Prior, a positive number (a Normal prior's scale) or one of "
+        f"{sorted(NAMED)}, got {prior!r}"
+    )
+
+
+# The fitted scales live in their own module, which needs the classes above.
+from zoo.prior_scales import HierarchicalNormalPrior, LearnedNormalPrior  # noqa: E402
+
+#: Priors a model takes by name (``prior="learned"``).
+NAMED = {"learned": LearnedNormalPrior, "hierarchical": HierarchicalNormalPrior}

@@ -4,6 +4,7 @@ callbacks, progress and Ctrl-C. :func:`zoo.fit` builds one and runs it."""
 from __future__ import annotations
 
 import time
+import warnings
 
 import torch
 from tqdm import tqdm
@@ -83,6 +84,13 @@ class Trainer:
         if not self.result.interrupted:
             self.save_checkpoint()
         self.guard.warn_skipped(state.step)
+        self.warn_prior()
+
+    def warn_prior(self) -> None:
+        """The prior's own warnings about its fitted state (a collapsed learned scale)."""
+        prior = getattr(self.objective.model, "prior", None)
+        for message in prior.diagnose() if hasattr(prior, "diagnose") else []:
+            warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
         """One minibatch: loss, gradients, the divergence check and (if finite) the update."""

@@ -35,6 +35,11 @@ from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore
 from zoo.trainer import Trainer
 
+#: The full-batch recipe for small regression data sets (``zoo.fit(..., batch_size=len(x),
+#: **REGRESSION_FIT)``): Adam at ``lr`` 1e-2 decaying tenfold over 3,000 steps, the demo's
+#: recipe; ``benchmarks/regression.py`` fits with it unless told otherwise.
+REGRESSION_FIT: dict = {"num_steps": 3000, "lr": 1e-2, "lr_schedule": "exponential"}
+
 
 def fit(
     model: Callable,
@@ -47,7 +52,7 @@ def fit(
     lr: float = 1e-3,
     optimizer: str | type = "adam",
     optimizer_options: Mapping | None = None,
-    lr_schedule: Callable[[int], float] | None = None,
+    lr_schedule: Callable[[int], float] | str | None = None,
     lr_multipliers: Mapping[str, float] | None = None,
     num_particles: int = 1,
     kl_weight: float | Callable[[int], float] = 1.0,
@@ -94,9 +99,11 @@ def fit(
     optimizer : {"adam", "adamw", "sgd"} or torch optimizer class
     optimizer_options : mapping, optional
         Extra optimizer arguments, e.g. ``{"momentum": 0.9}``.
-    lr_schedule : callable, optional
+    lr_schedule : callable or {"exponential", "cosine"}, optional
         ``step -> factor`` multiplying ``lr`` (a ``LambdaLR``), e.g. Posch & Pilz's
-        ``lambda i: (1 + 1e-4 * i) ** -0.75``.
+        ``lambda i: (1 + 1e-4 * i) ** -0.75``; or a named schedule over the run's steps:
+        ``"exponential"`` decays tenfold, ``"cosine"`` to a hundredth
+        (:data:`zoo.optim.SCHEDULES`).
     lr_multipliers : mapping, optional
         ``fnmatch`` pattern over guide parameter names -> learning-rate factor, e.g.
         ``{"*.gamma*": 50.0}`` for the correlation parameters of the tridiagonal family
@@ -188,10 +195,10 @@ def fit(
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)
         opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
-        sched = make_scheduler(opt, lr_schedule)
+        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+        sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
 
-        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         options = dict(
             guide=getattr(guide, "family", None) or type(guide).__name__,
             epochs=epochs,

@@ -312,3 +312,23 @@ def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
 
     with pytest.raises(zoo.FitDivergedError, match="4 steps in a row"):
         fit_skipping(x, y, guide, poison, num_steps=50)
+
+
+def test_named_lr_schedules_follow_the_run_length():
+    """``lr_schedule="exponential"`` is ``0.1 ** (step / total)`` over the run's own steps;
+    ``"cosine"`` falls from 1 to 0.01; an unknown name fails before training."""
+    from zoo.optim import resolve_schedule
+
+    x, y = correlated_data(n=64, d=3)
+    kwargs = dict(num_steps=40, batch_size=16, lr=0.01, seed=0, progress=False)
+    named = zoo.fit(model_for(3), "diagonal", (x, y), lr_schedule="exponential", **kwargs)
+    manual = zoo.fit(
+        model_for(3), "diagonal", (x, y), lr_schedule=lambda i: 0.1 ** (i / 40), **kwargs
+    )
+    a, b = named.guide.median(), manual.guide.median()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    cosine = resolve_schedule("cosine", 100)
+    assert cosine(0) == pytest.approx(1.0) and cosine(100) == pytest.approx(0.01)
+    assert cosine(50) == pytest.approx(0.505)
+    with pytest.raises(ValueError, match="lr_schedule must be"):
+        zoo.fit(model_for(3), "diagonal", (x, y), lr_schedule="linear", **kwargs)

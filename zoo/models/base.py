@@ -47,7 +47,9 @@ class BayesianModel(nn.Module):
         (the default) is ``Categorical()``; ``"regression"`` is ``Gaussian(noise)``, or
         ``HeteroscedasticGaussian()`` with ``noise="heteroscedastic"``.
     prior : Prior or float, optional
-        Weight prior (default ``NormalPrior(1.0)``; a number is a Normal prior's scale).
+        Weight prior: a :class:`~zoo.priors.Prior`, a number (a Normal prior's standard
+        deviation), ``"learned"`` or ``"hierarchical"`` (a scale per layer fitted to the data,
+        :mod:`zoo.prior_scales`). Default ``NormalPrior(1.0)``.
     noise : float or {"learned", "heteroscedastic"}, default 0.1
         With ``task="regression"``: a fixed observation noise standard deviation (units of
         ``y``), ``"learned"`` (a latent site ``noise`` with a ``HalfNormal(noise_prior_scale)``
@@ -62,7 +64,7 @@ class BayesianModel(nn.Module):
         *,
         likelihood: Likelihood | None = None,
         task: str | None = None,
-        prior: Prior | float | None = None,
+        prior: Prior | float | str | None = None,
         noise: float | str = 0.1,
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
@@ -87,6 +89,7 @@ class BayesianModel(nn.Module):
         if not self.site_shapes:
             raise ValueError("the network has no parameters to place a prior on")
         self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
+        self.prior.bind(self.site_shapes, self._fan_in)
 
     def __setstate__(self, state):
         if "likelihood" not in state.get("_modules", {}):  # pickled before likelihood objects
@@ -113,11 +116,13 @@ class BayesianModel(nn.Module):
 
     # ---- the Pyro program ----
     def sample_parameters(self) -> dict[str, torch.Tensor]:
-        """``pyro.sample`` every weight, then the likelihood's own latent sites (a noise)."""
-        params = {
-            name: pyro.sample(name, self.prior.distribution(shape, self._fan_in[name]))
-            for name, shape in self.site_shapes.items()
-        }
+        """``pyro.sample`` the prior's own latent sites (a hierarchical scale), every weight,
+        then the likelihood's own latent sites (a noise)."""
+        prior = self.prior
+        params = prior.sample_latent()
+        for name, shape in self.site_shapes.items():
+            site_prior = prior.site_distribution(name, shape, self._fan_in[name], params)
+            params[name] = pyro.sample(name, site_prior)
         params.update(self.likelihood.sample_latent())
         return params
 

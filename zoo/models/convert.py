@@ -16,7 +16,7 @@ SUPPORTED_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 def from_module(
     module: nn.Module,
     task: str = "classification",
-    prior: Prior | float | None = None,
+    prior: Prior | float | str | None = None,
     noise: float | str = 0.1,
     input_shape: tuple[int, ...] | None = None,
     likelihood: Likelihood | None = None,

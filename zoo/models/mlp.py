@@ -46,7 +46,8 @@ class BayesianMLP(BayesianModel):
     task : {"regression", "classification"}
         Shortcut for the likelihood (see :class:`BayesianModel`).
     prior : Prior or float, optional
-        Weight prior; default ``NormalPrior(1.0)``.
+        Weight prior (see :class:`~zoo.models.base.BayesianModel`: a Prior, a number,
+        ``"learned"`` or ``"hierarchical"``); default ``NormalPrior(1.0)``.
     noise : float or {"learned", "heteroscedastic"}, default 0.1
         Regression observation noise (a standard deviation, in the units of ``y``: standardise
         targets of another scale or set it), see :class:`BayesianModel`.
@@ -66,7 +67,7 @@ class BayesianMLP(BayesianModel):
         hidden: Sequence[int] = (100,),
         out_features: int = 1,
         task: str = "regression",
-        prior: Prior | float | None = None,
+        prior: Prior | float | str | None = None,
         noise: float | str = 0.1,
         activation: str = "relu",
         noise_prior_scale: float = 1.0,
