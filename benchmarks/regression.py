@@ -9,9 +9,10 @@ a learned noise is fitted full-batch, and the test points are scored in the orig
 the targets: RMSE, the log predictive density per target value (the mixture over sampled
 networks; higher is better) and the coverage of the central 95% interval. Each row is a family
 with a fixed ``N(0, 1)`` prior, a fixed ``N(0, 1/fan_in)`` (``layerwise``), a learned scale per
-layer (type-II maximum likelihood) or a hierarchical one (``zoo.prior_scales``);
-"deterministic" is a point-mass network with a learned noise (weight decay from the fixed
-prior), MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are
+layer (type-II maximum likelihood), a hierarchical one (``zoo.prior_scales``) or the model's
+default (``default``: ``prior=None``); "deterministic" is a
+point-mass network with a learned noise (weight decay from the fixed or the default prior),
+MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are
 over splits; every row sees the same splits. The fit recipe is ``zoo.REGRESSION_FIT`` unless
 ``--num-steps``/``--lr`` change it.
 
@@ -28,13 +29,15 @@ import math
 import os
 import statistics
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
 #: The weight priors a row can have: ``N(0, 1)``, ``N(0, 1/fan_in)``, a learned scale per
-#: layer, a latent scale per layer.
-PRIORS = ("fixed", "layerwise", "learned", "hierarchical")
+#: layer, a latent scale per layer, and the model's own default (``prior=None``).
+PRIORS = ("fixed", "layerwise", "learned", "hierarchical", "default")
+#: Priors that also get a deterministic row (a point-mass network: weight decay).
+DETERMINISTIC_PRIORS = ("fixed", "default")
 
 #: Random splits per data set when ``--splits`` is not given: linnerud's 10% test part is two
 #: patients, so it needs more splits for the coverage to mean anything.
@@ -63,11 +66,11 @@ def split(x, y, seed: int, test_fraction: float = 0.1):
     return (xs[train], (y[train] - y_mean) / y_sd), (xs[test], y[test]), y_mean, y_sd
 
 
-def rows(families: list[str]) -> list[tuple[str, str, str]]:
+def rows(families: list[str], priors: list[str]) -> list[tuple[str, str, str]]:
     """``(label, family, prior)`` of every row: each family with each prior, the
-    deterministic network with the fixed prior."""
-    out = [("deterministic", "map", "fixed")]
-    for family, prior in itertools.product(families, PRIORS):
+    deterministic network with the fixed and the default prior."""
+    out = [("deterministic", "map", p) for p in priors if p in DETERMINISTIC_PRIORS]
+    for family, prior in itertools.product(families, priors):
         if family != "map":
             out.append((family, family, prior))
     return out
@@ -81,7 +84,7 @@ def run_one(job: dict) -> dict:
 
     x, y = load(job["dataset"])
     (xtr, ytr), (xte, yte), y_mean, y_sd = split(x, y, job["split"])
-    prior = {"fixed": 1.0, "layerwise": zoo.priors.LayerwiseNormalPrior()}.get(
+    prior = {"fixed": 1.0, "layerwise": zoo.priors.LayerwiseNormalPrior(), "default": None}.get(
         job["prior"], job["prior"]
     )
     out = ytr.shape[1] if ytr.dim() == 2 else 1
@@ -116,6 +119,40 @@ def run_one(job: dict) -> dict:
         "noise": float(pred.sample_scales.mean()),
         "seconds": seconds,
     }
+
+
+def _job_key(job: dict) -> tuple:
+    return tuple(job[k] for k in JOB_KEYS)
+
+
+#: What identifies a fit in a checkpoint.
+JOB_KEYS = ("dataset", "split", "label", "family", "prior", "hidden", "num_steps", "lr", "samples")
+
+
+def run_jobs(jobs: list[dict], workers: int, checkpoint: str | None = None) -> list[dict]:
+    """Every job's scores, in the order of ``jobs``; with a ``checkpoint`` file, the fits
+    found in it are reused and each new one is appended (one JSON object per line) as it ends."""
+    done = {}
+    if checkpoint and os.path.exists(checkpoint):
+        with open(checkpoint) as f:
+            for line in f:
+                if line.strip():
+                    result = json.loads(line)
+                    done[_job_key(result)] = result
+    todo = [job for job in jobs if _job_key(job) not in done]
+    if done:
+        print(f"{len(jobs) - len(todo)} fits read from {checkpoint}, {len(todo)} to run")
+    with ProcessPoolExecutor(workers) as pool:
+        futures = [pool.submit(run_one, job) for job in todo]
+        for future in as_completed(futures):
+            result = future.result()
+            done[_job_key(result)] = result
+            if checkpoint:
+                with open(checkpoint, "a") as f:
+                    f.write(json.dumps(result) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+    return [done[_job_key(job)] for job in jobs]
 
 
 def summarise(results: list[dict]) -> list[dict]:
@@ -167,6 +204,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--samples", type=int, default=200, help="networks drawn per test point")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     parser.add_argument("--json", default=None, help="also write every fit's scores here")
+    parser.add_argument(
+        "--checkpoint",
+        default=None,
+        help="a JSON-lines file: each fit is appended as it ends, and fits already in it are "
+        "not run again (resume an interrupted run with the same arguments)",
+    )
     args = parser.parse_args(argv)
     families = [f for f in args.families if f not in ("mixed",)]
     jobs = [
@@ -183,14 +226,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         }
         for d in args.datasets
         for s in range(args.splits or DEFAULT_SPLITS[d])
-        for label, family, prior in rows(families)
-        if prior in args.priors
+        for label, family, prior in rows(families, args.priors)
     ]
     print(
         f"load: {os.getloadavg()[0]:.2f} (1 min average); {len(jobs)} fits, {args.workers} workers"
     )
-    with ProcessPoolExecutor(args.workers) as pool:
-        results = list(pool.map(run_one, jobs))
+    results = run_jobs(jobs, args.workers, args.checkpoint)
     table = summarise(results)
     print_table(table)
     if args.json:

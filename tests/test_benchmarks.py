@@ -93,6 +93,22 @@ def test_arviz_time_prints_its_rows():
     assert "| to_arviz, posterior only |" in out and "| zoo.arviz.layer_summary |" in out
 
 
+def test_regression_resumes_from_its_checkpoint(tmp_path):
+    import json
+
+    args = ["--datasets", "linnerud", "--splits", "1", "--families", "diagonal", "--priors"]
+    args += ["default", "--num-steps", "5", "--samples", "4", "--workers", "1"]
+    checkpoint = tmp_path / "fits.jsonl"
+    first = _run("benchmarks/regression.py", *args, "--checkpoint", str(checkpoint))
+    fits = [json.loads(line) for line in checkpoint.read_text().splitlines()]
+    assert sorted(f["label"] for f in fits) == ["deterministic", "diagonal"]
+    second = _run("benchmarks/regression.py", *args, "--checkpoint", str(checkpoint))
+    assert "2 fits read from" in second and "0 to run" in second
+    assert len(checkpoint.read_text().splitlines()) == 2  # nothing fitted twice
+    table = [line for line in first.splitlines() if line.startswith("| linnerud")]
+    assert table == [line for line in second.splitlines() if line.startswith("| linnerud")]
+
+
 def test_regression_prints_a_row_per_family_and_prior():
     out = _run(
         "benchmarks/regression.py",

@@ -16,7 +16,9 @@ def demo(args: argparse.Namespace) -> int:
     from zoo import plots
 
     x, y = zoo.data.toy_regression(n=args.points, seed=args.seed)
-    model = zoo.models.BayesianMLP(1, hidden=(50, 50), task="regression", noise=args.noise)
+    model = zoo.models.BayesianMLP(
+        1, hidden=(50, 50), task="regression", noise=args.noise, prior=args.prior
+    )
     fit = zoo.fit(
         model,
         args.guide,
@@ -36,7 +38,8 @@ def demo(args: argparse.Namespace) -> int:
     xs, sd = grid.squeeze(-1), pred.epistemic_variance.sqrt()
     seen = sd[((xs.abs() - 2).abs() < 0.9)].mean().item()  # the data lie in 1 <= |x| <= 3
     gap, beyond = sd[xs.abs() < 0.5].mean().item(), sd[xs.abs() > 4].mean().item()
-    print(f"guide: {args.guide}   steps: {fit.steps}   time: {fit.wall_time:.1f} s")
+    print(f"guide: {args.guide}   prior: {model.prior!r}")
+    print(f"steps: {fit.steps}   time: {fit.wall_time:.1f} s")
     print(f"final loss (-ELBO): {fit.losses[-1]:.2f}")
     for key, value in metrics.items():
         label = {"nll": "nll (negative log predictive density per point; can be < 0)"}
@@ -53,6 +56,26 @@ def demo(args: argparse.Namespace) -> int:
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
     return 0
+
+
+def _prior(text: str):
+    """``--prior``: ``default``, ``learned``, ``hierarchical``, ``normal:S`` (``N(0, S^2)``) or
+    ``layerwise:G`` (``N(0, G^2 / fan_in)``)."""
+    from zoo import priors
+
+    if text in ("default", "learned", "hierarchical"):
+        return None if text == "default" else text
+    kind, _, number = text.partition(":")
+    try:
+        value = float(number)
+    except ValueError:
+        value = math.nan
+    if kind in ("normal", "layerwise") and 0 < value < math.inf:
+        return priors.NormalPrior(value) if kind == "normal" else priors.LayerwiseNormalPrior(value)
+    raise argparse.ArgumentTypeError(
+        "expected default, learned, hierarchical, normal:S (N(0, S^2) on every weight) or "
+        f"layerwise:G (N(0, G^2 / fan_in)) with a positive number, got {text!r}"
+    )
 
 
 _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
@@ -326,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="observation noise sd: a number (the toy's own is 0.1), 'learned' (a "
         "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve) or "
         "'heteroscedastic' (the network predicts it per input)",
+    )
+    p.add_argument(
+        "--prior",
+        type=_prior,
+        default=None,
+        help="weight prior: default (the model's own, N(0, 1)), learned, "
+        "hierarchical, normal:S (N(0, S^2) on every weight) or layerwise:G (N(0, G^2 / fan_in))",
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--out", default="zoo-demo.png", help="where to write the PNG")

@@ -169,23 +169,22 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
         if not 0 < collapse_ratio < 1:
             raise ValueError(f"collapse_ratio must be in (0, 1), got {collapse_ratio}")
         self.init_scale, self.collapse_ratio = float(init_scale), float(collapse_ratio)
-        self._min_scale = float(min_scale)
-        self.register_buffer("min_scale", torch.tensor(float(min_scale)))
+        self.min_scale = float(min_scale)
         #: Unconstrained values, one per group: ``value = min_scale + exp(raw_scale)``.
         self.raw_scale = nn.Parameter(torch.zeros(0))
 
     def bind(self, site_shapes, fan_ins) -> None:
         super().bind(site_shapes, fan_ins)
         if self.raw_scale.numel() != len(self.groups):
-            start = math.log(self.init_scale - self._min_scale)
+            start = math.log(self.init_scale - self.min_scale)
             self.raw_scale = nn.Parameter(
-                torch.full((len(self.groups),), start, device=self.min_scale.device)
+                torch.full((len(self.groups),), start, device=self.raw_scale.device)
             )
 
     def values(self) -> torch.Tensor:
         """The groups' learned values (gains, or standard deviations), a differentiable
         tensor in the order of ``groups``."""
-        return self.min_scale + self.raw_scale.exp()
+        return self.raw_scale.exp() + self.min_scale
 
     def scales(self) -> dict[str, float]:
         """``{group: value}``: each group's learned gain (``fan_in_scaled``) or standard
@@ -199,7 +198,8 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
 
     def site_distribution(self, name, shape, fan_in, latent):
         self._require_bound(name)
-        return self._site_prior(self.values()[self._index[name]] * self._factor[name], shape)
+        value = self.raw_scale[self._index[name]].exp() + self.min_scale
+        return self._site_prior(value * self._factor[name], shape)
 
     def diagnose(self) -> list[str]:
         limit = self.collapse_ratio * self.init_scale
@@ -218,7 +218,7 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
         return {
             **super()._args(),
             "init_scale": self.init_scale,
-            "min_scale": self._min_scale,
+            "min_scale": self.min_scale,
             "collapse_ratio": self.collapse_ratio,
         }
 

@@ -177,6 +177,9 @@ class LayerwiseNormalPrior(Prior, builtin=True):
             raise ValueError(f"gain must be positive, got {gain}")
         self.register_buffer("gain", torch.tensor(float(gain)))
 
+    def extra_repr(self) -> str:
+        return f"gain={self.gain.item():.4g}"
+
     def distribution(self, shape, fan_in):
         scale = self.gain / math.sqrt(max(fan_in, 1))
         return IsotropicNormal(torch.zeros_like(self.gain), scale, shape, zero_loc=True)

@@ -13,6 +13,7 @@ from zoo import persist
 from zoo.data_checks import Batches
 from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
+from zoo.priors import Prior
 from zoo.result import FitResult, FitState
 from zoo.state import TrainingState, write_checkpoint
 
@@ -89,7 +90,7 @@ class Trainer:
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""
         prior = getattr(self.objective.model, "prior", None)
-        for message in prior.diagnose() if hasattr(prior, "diagnose") else []:
+        for message in prior.diagnose() if isinstance(prior, Prior) else []:
             warnings.warn(message, RuntimeWarning, stacklevel=4)
 
     def step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:

@@ -55,9 +55,10 @@ def test_sites_are_named_after_layers_and_fit_lowers_the_loss(name):
     spec = MODELS[name]
     model = spec[0]()
     trace = poutine.trace(model).get_trace(*data_for(spec, 4))
-    weights = [n for n, s in trace.iter_stochastic_nodes() if not site_is_subsample(s)]
-    assert weights == list(model.site_shapes)
-    assert all(n.endswith((".weight", ".bias")) for n in weights)
+    latent = [n for n, s in trace.iter_stochastic_nodes() if not site_is_subsample(s)]
+    noise = ["noise"] if getattr(model.likelihood, "learned", False) else []  # regression default
+    assert latent == list(model.site_shapes) + noise
+    assert all(n.endswith((".weight", ".bias")) for n in model.site_shapes)
     assert trace.nodes["obs"]["cond_indep_stack"][0].name == "data"
 
     x, y = data_for(spec, 32)
