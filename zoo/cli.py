@@ -7,6 +7,8 @@ import math
 import sys
 from pathlib import Path
 
+from zoo.cli_values import family_options, guide_options, noise_value, prior_value
+
 
 def demo(args: argparse.Namespace) -> int:
     """Fit the 1D regression toy with the diagonal guide, print metrics, write the band plot."""
@@ -58,78 +60,8 @@ def demo(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prior(text: str):
-    """``--prior``: ``default``, ``learned``, ``hierarchical``, ``normal:S`` (``N(0, S^2)``) or
-    ``layerwise:G`` (``N(0, G^2 / fan_in)``)."""
-    from zoo import priors
-
-    if text in ("default", "learned", "hierarchical"):
-        return None if text == "default" else text
-    kind, _, number = text.partition(":")
-    try:
-        value = float(number)
-    except ValueError:
-        value = math.nan
-    if kind in ("normal", "layerwise") and 0 < value < math.inf:
-        return priors.NormalPrior(value) if kind == "normal" else priors.LayerwiseNormalPrior(value)
-    raise argparse.ArgumentTypeError(
-        "expected default, learned, hierarchical, normal:S (N(0, S^2) on every weight) or "
-        f"layerwise:G (N(0, G^2 / fan_in)) with a positive number, got {text!r}"
-    )
-
-
 _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
 _MODELS = ("mlp", "lenet5", "cifarnet")
-
-
-def _noise(text: str) -> float | str:
-    """``--noise``: a positive standard deviation, ``learned`` or ``heteroscedastic``."""
-    if text in ("learned", "heteroscedastic"):
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value < math.inf:
-        raise argparse.ArgumentTypeError(
-            "expected a positive number (the noise standard deviation), 'learned' or "
-            f"'heteroscedastic', got {text!r}"
-        )
-    return value
-
-
-def _parse_value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
-def _guide_options(pairs: list[str] | None) -> dict:
-    """``KEY=VALUE`` pairs as a dict (numbers and true/false parsed)."""
-    options = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise ValueError(f"--guide-option takes KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
-        options[key] = _parse_value(value)
-    return options
-
-
-def _family_options(pairs: list[str] | None, families: list[str]) -> dict[str, dict]:
-    """``compare``'s ``FAMILY.KEY=VALUE`` pairs as ``{family: options}``."""
-    out: dict[str, dict] = {family: {} for family in families}
-    for pair in pairs or []:
-        family, _, rest = pair.partition(".")
-        if family not in out or "=" not in rest:
-            raise ValueError(
-                f"compare's --guide-option takes FAMILY.KEY=VALUE for one of the compared "
-                f"families {families}, got {pair!r} (e.g. lowrank.rank=5)"
-            )
-        out[family].update(_guide_options([rest]))
-    return out
 
 
 def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -144,9 +76,9 @@ def _check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) 
         return
     try:
         if args.command == "fit":
-            args.options = {args.guide: _guide_options(args.guide_option)}
+            args.options = {args.guide: guide_options(args.guide_option)}
         else:
-            args.options = _family_options(args.guide_option, args.guides)
+            args.options = family_options(args.guide_option, args.guides)
         for family, options in args.options.items():
             cls = guides.get(family)
             check_family_options(cls, *cls.site_spec(**options))
@@ -315,7 +247,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out-dir", default="runs", help="where to write results")
     p.add_argument(
         "--noise",
-        type=_noise,
+        type=noise_value,
         default=0.1,
         help="--data toy: observation noise sd (the toy's own is 0.1), 'learned' or "
         "'heteroscedastic'",
@@ -344,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--points", type=int, default=160, help="training points")
     p.add_argument(
         "--noise",
-        type=_noise,
+        type=noise_value,
         default=0.1,
         help="observation noise sd: a number (the toy's own is 0.1), 'learned' (a "
         "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve) or "
@@ -352,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--prior",
-        type=_prior,
+        type=prior_value,
         default=None,
         help="weight prior: default (the model's own, N(0, 1)), learned, "
         "hierarchical, normal:S (N(0, S^2) on every weight) or layerwise:G (N(0, G^2 / fan_in))",
