@@ -121,12 +121,12 @@ def run_one(job: dict) -> dict:
     }
 
 
-def _job_key(job: dict) -> tuple:
-    return tuple(job[k] for k in JOB_KEYS)
-
-
 #: What identifies a fit in a checkpoint.
 JOB_KEYS = ("dataset", "split", "label", "family", "prior", "hidden", "num_steps", "lr", "samples")
+
+
+def _job_key(job: dict) -> tuple:
+    return tuple(job[k] for k in JOB_KEYS)
 
 
 def run_jobs(jobs: list[dict], workers: int, checkpoint: str | None = None) -> list[dict]:

@@ -28,7 +28,7 @@ def demo(args: argparse.Namespace) -> int:
         num_steps=args.steps,
         batch_size=len(x),
         lr=args.lr,
-        lr_schedule="exponential",  # a tenfold decay over the run (zoo.REGRESSION_FIT)
+        lr_schedule=zoo.REGRESSION_FIT["lr_schedule"],  # a tenfold decay over the run
         seed=args.seed,
         guide_options={"init_scale": 1e-3},
         progress=not args.quiet,
@@ -257,6 +257,7 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     import guides
+    from zoo.training import REGRESSION_FIT
 
     parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural network model zoo")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -269,9 +270,17 @@ def build_parser() -> argparse.ArgumentParser:
         "write a PNG of the predictive mean with its credible band.",
     )
     p.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
-    p.add_argument("--steps", type=int, default=3000, help="optimiser steps (full batch)")
     p.add_argument(
-        "--lr", type=float, default=1e-2, help="Adam learning rate, decayed tenfold over the run"
+        "--steps",
+        type=int,
+        default=REGRESSION_FIT["num_steps"],
+        help="optimiser steps (full batch)",
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        default=REGRESSION_FIT["lr"],
+        help="Adam learning rate, decayed tenfold over the run",
     )
     p.add_argument("--points", type=int, default=160, help="training points")
     p.add_argument(

@@ -198,8 +198,7 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
 
     def site_distribution(self, name, shape, fan_in, latent):
         self._require_bound(name)
-        value = self.raw_scale[self._index[name]].exp() + self.min_scale
-        return self._site_prior(value * self._factor[name], shape)
+        return self._site_prior(self.values()[self._index[name]] * self._factor[name], shape)
 
     def diagnose(self) -> list[str]:
         limit = self.collapse_ratio * self.init_scale
