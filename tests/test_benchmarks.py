@@ -132,4 +132,16 @@ def test_regression_prints_a_row_per_family_and_prior():
         assert f"| {data} | deterministic | fixed |" in out
         for family in ("diagonal", "mc_dropout"):
             for prior in ("fixed", "learned", "hierarchical"):
-                assert f"| {data} | {family} | {prior} |" in out
+                assert f"| {data} | {family} | {prior} | 2 |" in out  # fitted on both splits
+
+
+def test_regression_noise_prints_the_noise_and_its_two_terms():
+    out = _run(
+        "benchmarks/regression_noise.py", "--splits", "0", "--num-steps", "20", "--samples", "8"
+    )
+    row = next(line for line in out.splitlines() if line.startswith("| 0 |"))
+    values = [float(v) for v in row.strip("| \n").split("|")[1:]]
+    noise, residual, spread, total, test_spread, least_squares = values
+    assert total == pytest.approx(residual + spread, abs=2e-3)
+    assert noise > 0 and spread >= 0 and test_spread >= 0
+    assert least_squares == pytest.approx(0.49, abs=0.05)  # diabetes: R^2 of about 0.5

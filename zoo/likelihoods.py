@@ -149,15 +149,16 @@ class Gaussian(_GaussianBase):
 
     Parameters
     ----------
-    noise : float or "learned", default 0.1
-        A float is a fixed standard deviation in the units of ``y`` (standardise targets of
-        another scale, or set it); ``"learned"`` adds a latent site ``noise`` (a standard
-        deviation) with a ``HalfNormal(noise_prior_scale)`` prior, which the guide fits.
+    noise : float or "learned", default "learned"
+        ``"learned"`` adds a latent site ``noise`` (a standard deviation) with a
+        ``HalfNormal(noise_prior_scale)`` prior, which the guide fits (the default: on real
+        data the noise level is rarely known, see the README's regression defaults); a float
+        is a fixed standard deviation in the units of ``y``.
     noise_prior_scale : float, default 1.0
         Scale of the ``HalfNormal`` prior of a learned noise.
     """
 
-    def __init__(self, noise: float | str = 0.1, noise_prior_scale: float = 1.0):
+    def __init__(self, noise: float | str = "learned", noise_prior_scale: float = 1.0):
         super().__init__()
         self.learned = noise == "learned"
         if isinstance(noise, str) and not self.learned:
@@ -173,11 +174,28 @@ class Gaussian(_GaussianBase):
 
     #: A fixed noise this many times smaller than the targets' sd draws a warning.
     SCALE_WARNING = 30.0
+    #: Targets whose sd is this many times a learned noise's prior scale draw a warning: the
+    #: ``HalfNormal`` prior holds 99.7% of its mass below 3 times its scale.
+    PRIOR_SCALE_WARNING = 10.0
 
     def check_scale(self, y):
-        if self.learned or y.numel() < 2 or not y.is_floating_point():
+        if y.numel() < 2 or not y.is_floating_point():
             return
-        spread, noise = float(y.std()), float(self.noise)
+        spread = float(y.std())
+        if self.learned:
+            scale = float(self.noise_prior_scale)
+            if spread > self.PRIOR_SCALE_WARNING * scale:
+                warnings.warn(
+                    f"the targets' standard deviation ({spread:.4g}) is {spread / scale:.0f} "
+                    f"times the scale of the learned noise's HalfNormal prior ({scale:g}): the "
+                    "prior will hold the noise far below the targets' noise level. Standardise "
+                    "y (and rescale predictions back) or set noise_prior_scale to the targets' "
+                    "scale.",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            return
+        noise = float(self.noise)
         if spread > self.SCALE_WARNING * noise:
             warnings.warn(
                 f"the targets' standard deviation ({spread:.4g}) is {spread / noise:.0f} times "
@@ -223,10 +241,13 @@ class HeteroscedasticGaussian(_GaussianBase):
 _CLASSES = {c.__name__: c for c in (Categorical, Gaussian, HeteroscedasticGaussian)}
 
 
-def from_task(task: str, noise: float | str = 0.1, noise_prior_scale: float = 1.0) -> Likelihood:
+def from_task(
+    task: str, noise: float | str = "learned", noise_prior_scale: float = 1.0
+) -> Likelihood:
     """The likelihood that the ``task=`` shortcut names: ``"classification"`` ->
-    :class:`Categorical`; ``"regression"`` -> :class:`Gaussian` (``noise`` fixed or
-    ``"learned"``) or, with ``noise="heteroscedastic"``, :class:`HeteroscedasticGaussian`."""
+    :class:`Categorical`; ``"regression"`` -> :class:`Gaussian` (``noise`` ``"learned"``, the
+    default, or a fixed standard deviation) or, with ``noise="heteroscedastic"``,
+    :class:`HeteroscedasticGaussian`."""
     if task == "classification":
         return Categorical()
     if task == "regression":

@@ -258,15 +258,36 @@ def from_spec(spec: dict) -> Prior:
     return BUILT_IN[spec["class"]](**spec["args"])
 
 
-def resolve_prior(prior: Prior | float | str | None) -> Prior:
+#: The gain of the regression default ``LayerwiseNormalPrior``: ``N(0, 2 / fan_in)`` per layer,
+#: He et al.'s variance-preserving scale for ReLU layers (README, "Regression defaults", and
+#: ``benchmarks/regression.py``).
+REGRESSION_GAIN = math.sqrt(2.0)
+
+
+def default_prior(task: str) -> Prior:
+    """The prior a model gets when it is given none.
+
+    ``"classification"``: ``NormalPrior(1.0)`` (Blundell et al.'s and Posch & Pilz's recipes).
+    ``"regression"``: ``LayerwiseNormalPrior(REGRESSION_GAIN)``, ``N(0, 2 / fan_in)``: the
+    function prior keeps its size whatever the layers' widths and, through ReLU layers, their
+    number; chosen on scikit-learn's regression data and the 1D toy (README, "Regression
+    defaults").
+    """
+    if task == "regression":
+        return LayerwiseNormalPrior(REGRESSION_GAIN)
+    return NormalPrior(1.0)
+
+
+def resolve_prior(prior: Prior | float | str | None, task: str = "classification") -> Prior:
     """The prior a model takes.
 
-    ``None`` -> ``NormalPrior(1.0)``; a number -> ``NormalPrior(number)``; ``"learned"`` ->
-    ``LearnedNormalPrior()`` and ``"hierarchical"`` -> ``HierarchicalNormalPrior()`` (a scale
-    per layer fitted to the data, :mod:`zoo.prior_scales`); a Prior as is.
+    ``None`` -> :func:`default_prior` of ``task``; a number -> ``NormalPrior(number)``;
+    ``"learned"`` -> ``LearnedNormalPrior()`` and ``"hierarchical"`` ->
+    ``HierarchicalNormalPrior()`` (a scale per layer fitted to the data,
+    :mod:`zoo.prior_scales`); a Prior as is.
     """
     if prior is None:
-        return NormalPrior(1.0)
+        return default_prior(task)
     if isinstance(prior, Prior):
         return prior
     if isinstance(prior, str) and prior in NAMED:

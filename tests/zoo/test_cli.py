@@ -250,8 +250,10 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
     ).groups()
     for said, got in zip(quoted.groups(), (*printed, *sds)):
         assert float(said) == pytest.approx(float(got), abs=2e-3), (said, got)
-    # the demo follows the data (RMSE within 10% of the toy's noise, 0.1) and widens the band
-    # between the two intervals and beyond them
+    # the demo follows the data (RMSE within 20% of the toy's noise, 0.1: the regression
+    # default prior, N(0, 2 / fan_in), costs the toy 0.118 against N(0, 1)'s 0.108 and is the
+    # better one on real data, README "Regression defaults") and widens the band between the
+    # two intervals and beyond them
     on_data, gap, beyond = (float(v) for v in sds)
-    assert float(printed[0]) <= 0.11
+    assert float(printed[0]) <= 0.12
     assert gap > 1.2 * on_data and beyond > 2 * on_data

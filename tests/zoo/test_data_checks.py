@@ -1,5 +1,7 @@
 """Every data form becomes the same tensors (zoo.data_checks.gather_tensors)."""
 
+import warnings
+
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
@@ -107,14 +109,26 @@ def test_an_iterable_dataset_is_checked_batch_by_batch():
         zoo.fit(model, "diagonal", loader, num_steps=5, progress=False)
 
 
-def test_targets_on_a_scale_that_dwarfs_a_fixed_noise_are_flagged():
+@pytest.mark.parametrize(
+    "noise, message",
+    [
+        (0.1, "times the fixed observation noise.*Standardise y"),
+        ("learned", "times the scale of the learned noise's HalfNormal prior.*Standardise y"),
+    ],
+)
+def test_targets_on_a_scale_that_dwarfs_the_noise_are_flagged(noise, message):
     import zoo
 
     x = torch.randn(60, 2)
     y = 77 * x[:, 0]
-    model = zoo.models.BayesianMLP(2, (4,), 1)
-    with pytest.warns(UserWarning, match="times the fixed observation noise.*Standardise y"):
+    model = zoo.models.BayesianMLP(2, (4,), 1, noise=noise)
+    with pytest.warns(UserWarning, match=message):
         zoo.fit(model, "diagonal", (x, y), num_steps=1, progress=False)
+    standardised = zoo.models.BayesianMLP(2, (4,), 1, noise=noise, noise_prior_scale=100.0)
+    if noise == "learned":  # a prior on the targets' own scale is quiet
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            zoo.fit(standardised, "diagonal", (x, y), num_steps=1, progress=False)
 
 
 def test_real_valued_targets_on_a_classifier_hint_at_task():

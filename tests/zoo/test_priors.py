@@ -46,3 +46,25 @@ def test_scale_mixture_prior_fits_with_every_elbo():
         losses[elbo] = fit.losses
         assert all(math.isfinite(v) for v in fit.losses)
     assert losses["trace"] == pytest.approx(losses["meanfield"], rel=1e-5)
+
+
+def test_a_model_without_a_prior_gets_its_tasks_default():
+    from zoo.likelihoods import Gaussian
+    from zoo.models import BayesianMLP, LeNet5
+    from zoo.priors import REGRESSION_GAIN, LayerwiseNormalPrior, NormalPrior, resolve_prior
+
+    regression = BayesianMLP(3, (4,), 1)
+    assert type(regression.prior) is LayerwiseNormalPrior
+    assert float(regression.prior.gain) == pytest.approx(REGRESSION_GAIN)  # a float32 buffer
+    assert isinstance(regression.likelihood, Gaussian) and regression.likelihood.learned
+    # N(0, gain^2 / fan_in): the hidden layer's weights have fan-in 3, the output's 4
+    std = regression.prior.distribution((4, 3), 3).stddev
+    assert torch.allclose(std, torch.full((4, 3), math.sqrt(2 / 3)))
+    for model in (BayesianMLP(3, (4,), 2, task="classification"), LeNet5()):
+        assert type(model.prior) is NormalPrior and float(model.prior.scale) == 1.0
+    # a given prior is kept whatever the task, and the default is saved as a plain spec
+    assert float(BayesianMLP(3, (4,), 1, prior=2.0).prior.scale) == 2.0
+    spec = regression.spec()["args"]["prior"]
+    assert spec["class"] == "LayerwiseNormalPrior"
+    assert spec["args"]["gain"] == pytest.approx(REGRESSION_GAIN)
+    assert type(resolve_prior(None)) is NormalPrior

@@ -49,11 +49,14 @@ class BayesianModel(nn.Module):
     prior : Prior or float, optional
         Weight prior: a :class:`~zoo.priors.Prior`, a number (a Normal prior's standard
         deviation), ``"learned"`` or ``"hierarchical"`` (a scale per layer fitted to the data,
-        :mod:`zoo.prior_scales`). Default ``NormalPrior(1.0)``.
-    noise : float or {"learned", "heteroscedastic"}, default 0.1
-        With ``task="regression"``: a fixed observation noise standard deviation (units of
-        ``y``), ``"learned"`` (a latent site ``noise`` with a ``HalfNormal(noise_prior_scale)``
-        prior) or ``"heteroscedastic"``.
+        :mod:`zoo.prior_scales`). Default :func:`zoo.priors.default_prior` of the task:
+        ``NormalPrior(1.0)`` for classification, ``LayerwiseNormalPrior(REGRESSION_GAIN)``
+        (``N(0, gain^2 / fan_in)``) for regression.
+    noise : float or {"learned", "heteroscedastic"}, default "learned"
+        With ``task="regression"``: ``"learned"`` (a latent site ``noise``, a standard
+        deviation with a ``HalfNormal(noise_prior_scale)`` prior; standardise the targets so
+        that this prior fits them), a fixed observation noise standard deviation (units of
+        ``y``) when it is known, or ``"heteroscedastic"``.
     input_shape : tuple, optional
         Shape of one input, used in error messages and checks.
     """
@@ -65,7 +68,7 @@ class BayesianModel(nn.Module):
         likelihood: Likelihood | None = None,
         task: str | None = None,
         prior: Prior | float | str | None = None,
-        noise: float | str = 0.1,
+        noise: float | str = "learned",
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
     ):
@@ -83,7 +86,7 @@ class BayesianModel(nn.Module):
         self.net = net
         self.net.requires_grad_(False)
         self.likelihood = likelihood
-        self.prior = resolve_prior(prior)
+        self.prior = resolve_prior(prior, likelihood.task)
         self.input_shape = tuple(input_shape) if input_shape is not None else None
         self.site_shapes = {name: p.shape for name, p in net.named_parameters()}
         if not self.site_shapes:

@@ -54,7 +54,8 @@ class CifarNet(BayesianModel):
     Parameters
     ----------
     prior : Prior or float, optional
-        Weight prior; default ``NormalPrior(1.0)``.
+        Weight prior; default ``NormalPrior(1.0)`` (a regression task gets
+        :func:`zoo.priors.default_prior`'s).
     num_classes : int, default 10
         Outputs of the last layer.
     """

@@ -17,7 +17,7 @@ def from_module(
     module: nn.Module,
     task: str = "classification",
     prior: Prior | float | str | None = None,
-    noise: float | str = 0.1,
+    noise: float | str = "learned",
     input_shape: tuple[int, ...] | None = None,
     likelihood: Likelihood | None = None,
 ) -> BayesianModel:
@@ -39,8 +39,7 @@ def from_module(
         The network; site names are its parameter names (``features.0.weight``, ...).
     task, prior, noise, input_shape, likelihood
         See :class:`BayesianModel` (``likelihood`` replaces ``task`` and ``noise``). ``noise``
-        defaults to a fixed standard deviation of 0.1 in the units of ``y``: standardise
-        regression targets of another scale or set it.
+        defaults to ``"learned"`` (a latent standard deviation; standardise the targets).
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_module needs an nn.Module, got {type(module).__name__}")

@@ -58,7 +58,8 @@ class LeNet5(BayesianModel):
     hidden : int, default 100
         Width of the first fully connected layer (the paper uses 100 and 250).
     prior : Prior or float, optional
-        Weight prior; default ``NormalPrior(1.0)`` (the paper's choice).
+        Weight prior; default ``NormalPrior(1.0)`` (the paper's choice; a regression task gets
+        :func:`zoo.priors.default_prior`'s).
     num_classes : int, default 10
         Outputs of the last layer.
     """

@@ -47,10 +47,11 @@ class BayesianMLP(BayesianModel):
         Shortcut for the likelihood (see :class:`BayesianModel`).
     prior : Prior or float, optional
         Weight prior (see :class:`~zoo.models.base.BayesianModel`: a Prior, a number,
-        ``"learned"`` or ``"hierarchical"``); default ``NormalPrior(1.0)``.
-    noise : float or {"learned", "heteroscedastic"}, default 0.1
-        Regression observation noise (a standard deviation, in the units of ``y``: standardise
-        targets of another scale or set it), see :class:`BayesianModel`.
+        ``"learned"`` or ``"hierarchical"``); default :func:`zoo.priors.default_prior` of the
+        task (``N(0, gain^2 / fan_in)`` for regression, ``N(0, 1)`` for classification).
+    noise : float or {"learned", "heteroscedastic"}, default "learned"
+        Regression observation noise: learned (a latent standard deviation), fixed (a standard
+        deviation in the units of ``y``) or predicted per input, see :class:`BayesianModel`.
     activation : {"relu", "tanh", "gelu", "silu"}
     noise_prior_scale : float, default 1.0
         Scale of the ``HalfNormal`` prior of a learned noise.
@@ -68,7 +69,7 @@ class BayesianMLP(BayesianModel):
         out_features: int = 1,
         task: str = "regression",
         prior: Prior | float | str | None = None,
-        noise: float | str = 0.1,
+        noise: float | str = "learned",
         activation: str = "relu",
         noise_prior_scale: float = 1.0,
         likelihood: Likelihood | None = None,
