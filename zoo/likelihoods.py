@@ -181,28 +181,26 @@ class Gaussian(_GaussianBase):
     def check_scale(self, y):
         if y.numel() < 2 or not y.is_floating_point():
             return
-        spread = float(y.std())
         if self.learned:
-            scale = float(self.noise_prior_scale)
-            if spread > self.PRIOR_SCALE_WARNING * scale:
-                warnings.warn(
-                    f"the targets' standard deviation ({spread:.4g}) is {spread / scale:.0f} "
-                    f"times the scale of the learned noise's HalfNormal prior ({scale:g}): the "
-                    "prior will hold the noise far below the targets' noise level. Standardise "
-                    "y (and rescale predictions back) or set noise_prior_scale to the targets' "
-                    "scale.",
-                    UserWarning,
-                    stacklevel=4,
-                )
-            return
-        noise = float(self.noise)
-        if spread > self.SCALE_WARNING * noise:
+            reference, limit = float(self.noise_prior_scale), self.PRIOR_SCALE_WARNING
+            what = f"the scale of the learned noise's HalfNormal prior ({reference:g})"
+            advice = (
+                "the prior will hold the noise far below the targets' noise level. Standardise "
+                "y (and rescale predictions back) or set noise_prior_scale to the targets' scale."
+            )
+        else:
+            reference, limit = float(self.noise), self.SCALE_WARNING
+            what = f"the fixed observation noise ({reference:g}, in the units of y)"
+            advice = (
+                "the fit will chase every target and its intervals will be far too narrow. "
+                "Standardise y (and rescale predictions back), set noise to the targets' noise "
+                "level, or use noise='learned'."
+            )
+        spread = float(y.std())
+        if spread > limit * reference:
             warnings.warn(
-                f"the targets' standard deviation ({spread:.4g}) is {spread / noise:.0f} times "
-                f"the fixed observation noise ({noise:g}, in the units of y): the fit will chase "
-                "every target and its intervals will be far too narrow. Standardise y (and "
-                "rescale predictions back), set noise to the targets' noise level, or use "
-                "noise='learned'.",
+                f"the targets' standard deviation ({spread:.4g}) is {spread / reference:.0f} "
+                f"times {what}: {advice}",
                 UserWarning,
                 stacklevel=4,
             )
