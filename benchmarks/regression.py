@@ -197,6 +197,26 @@ def print_table(table: list[dict]) -> None:
         )
 
 
+def mean_baseline(dataset: str, splits: int) -> tuple[float, float]:
+    """Test RMSE (mean and standard error over splits) of predicting every test target by the
+    training part's mean: what a net that learned nothing scores."""
+    x, y = load(dataset)
+    values = []
+    for s in range(splits):
+        _, (_, y_test), y_mean, _ = split(x, y, s)
+        values.append(float((y_test - y_mean).pow(2).mean().sqrt()))
+    se = statistics.stdev(values) / math.sqrt(splits) if splits > 1 else math.nan
+    return statistics.fmean(values), se
+
+
+def print_baselines(datasets: list[str], splits: int | None) -> None:
+    """One row per data set: the training mean as the prediction (RMSE only)."""
+    for d in datasets:
+        n = splits or DEFAULT_SPLITS[d]
+        rmse, se = mean_baseline(d, n)
+        print(f"| {d} | training mean | - | {n} | {rmse:.2f} ± {se:.2f} | - | - | - | - |")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     import guides
 
@@ -243,6 +263,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     results = run_jobs(jobs, args.workers, args.checkpoint)
     table = summarise(results)
     print_table(table)
+    print_baselines(args.datasets, args.splits)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"fits": results, "table": table}, f, indent=1)
