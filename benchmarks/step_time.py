@@ -2,6 +2,8 @@
 
     python benchmarks/step_time.py                      # MLP 784-400-400-10, batch 128, CPU
     python benchmarks/step_time.py --net lenet5         # LeNet-5
+    python benchmarks/step_time.py --net tiny           # 13-50-1 regression MLP, batch 32
+    python benchmarks/step_time.py --contended          # also with a competing CPU-bound process
     python benchmarks/step_time.py --device cuda        # same script on a GPU
 
 All methods run in one process, interleaved in blocks (every method runs a block of steps, then
@@ -10,24 +12,33 @@ the hand-written Bayes-by-Backprop step (diagonal Gaussian, analytic KL, written
 floor to approach). The zoo rows use zoo.fit's defaults (plain reparameterisation, Trace_ELBO)
 unless the row names another estimator (see zoo.estimators). bayesian-torch is timed when it
 is installed (``pip install bayesian-torch``; it is not a dependency of the project).
+
+``--net tiny`` is a regression net (13 inputs as in the small UCI sets, 50 hidden units, Gaussian
+likelihood with a fixed noise of 1, as the hand-written step assumes), where the per-step host
+work dominates. ``--contended`` runs every round twice, once alone and once beside one competing
+CPU-bound process (a busy loop pinned to nothing, as a browser tab or another job would be), and
+reports each method's contended step time against its own idle one.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
+import os
 import resource
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections import defaultdict
 
 import pyro
 import torch
 import torch.nn.functional as F
-from pyro.infer import SVI, Trace_ELBO
+from pyro.infer import SVI, JitTrace_ELBO, Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 from torch import nn
 from torch.func import functional_call
@@ -40,10 +51,38 @@ from zoo.models.mlp import mlp_network
 N_TRAIN = 60_000  # the data size that scales the likelihood, as for MNIST
 
 
+NETS = ("mlp", "lenet5", "tiny")
+#: The default minibatch of each net.
+BATCH_SIZES = {"mlp": 128, "lenet5": 128, "tiny": 32}
+
+
 def make_net(name: str) -> tuple[nn.Module, tuple[int, ...]]:
     if name == "mlp":
         return mlp_network(784, (400, 400), 10), (784,)
+    if name == "tiny":
+        return mlp_network(13, (50,), 1), (13,)
     return LeNet5Network(100), (1, 28, 28)
+
+
+def task_of(y: torch.Tensor) -> str:
+    return "regression" if y.is_floating_point() else "classification"
+
+
+def nll(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The minibatch's negative log-likelihood: categorical, or Gaussian with noise sd 1."""
+    if task_of(y) == "classification":
+        return F.cross_entropy(out, y, reduction="sum")
+    resid = out.squeeze(-1) - y
+    return 0.5 * resid.pow(2).sum() + 0.5 * y.numel() * math.log(2 * math.pi)
+
+
+def bayesian_model(net: nn.Module, y: torch.Tensor) -> zoo.models.BayesianModel:
+    """The zoo model of ``net`` for these targets (fixed noise 1 for regression)."""
+    if task_of(y) == "classification":
+        return zoo.models.BayesianModel(copy.deepcopy(net), task="classification")
+    return zoo.models.BayesianModel(
+        copy.deepcopy(net), task="regression", noise=1.0, prior=zoo.priors.NormalPrior(1.0)
+    )
 
 
 def sync(device):
@@ -58,7 +97,7 @@ def deterministic_step(net, x, y):
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y, reduction="sum") * (N_TRAIN / len(x))
+        loss = nll(net(x), y) * (N_TRAIN / len(x))
         loss.backward()
         opt.step()
 
@@ -79,8 +118,7 @@ def hand_bbb_step(net, x, y):
             sd = F.softplus(rhos[n])
             weights[n] = mus[n] + sd * torch.randn_like(sd)
             kl = kl + 0.5 * (sd.pow(2) + mus[n].pow(2) - 1 - 2 * sd.log()).sum()
-        nll = F.cross_entropy(functional_call(net, weights, (x,)), y, reduction="sum")
-        loss = nll * (N_TRAIN / len(x)) + kl
+        loss = nll(functional_call(net, weights, (x,)), y) * (N_TRAIN / len(x)) + kl
         loss.backward()
         opt.step()
 
@@ -88,13 +126,30 @@ def hand_bbb_step(net, x, y):
 
 
 def pyro_autonormal_step(net, x, y):
-    model = zoo.models.BayesianModel(copy.deepcopy(net), task="classification")
+    model = bayesian_model(net, y)
     model.to(x.device)
     scaled = zoo.ElboScale(data_scale=N_TRAIN / len(x))(model)
     guide = AutoNormal(scaled, init_scale=0.01)
     svi = SVI(scaled, guide, pyro.optim.Adam({"lr": 1e-3}), Trace_ELBO(max_plate_nesting=1))
     svi.step(x, y)
     return (lambda: svi.step(x, y)), sum(p.numel() for p in guide.parameters())
+
+
+def pyro_jit_step(net, x, y):
+    """The zoo diagonal guide under Pyro's own compiled route: ``SVI`` with ``JitTrace_ELBO``
+    (the whole loss traced once by ``torch.jit.trace``, then replayed)."""
+    model = bayesian_model(net, y)
+    model.to(x.device)
+    scaled = zoo.ElboScale(data_scale=N_TRAIN / len(x))(model)
+    guide = guides.get("diagonal")(model)
+    with torch.no_grad():
+        guide(x, y)
+    elbo = JitTrace_ELBO(max_plate_nesting=1, ignore_jit_warnings=True)
+    svi = SVI(scaled, guide, pyro.optim.Adam({"lr": 1e-3}), elbo)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tracer's notes on Python values in the graph
+        svi.step(x, y)  # compiles
+    return (lambda: svi.step(x, y)), guide.num_variational_parameters()
 
 
 def bayesian_torch_step(net, x, y):
@@ -118,7 +173,7 @@ def bayesian_torch_step(net, x, y):
     def step():
         opt.zero_grad(set_to_none=True)
         out = bnn(x)
-        loss = F.cross_entropy(out, y, reduction="sum") * (N_TRAIN / len(x)) + get_kl_loss(bnn)
+        loss = nll(out, y) * (N_TRAIN / len(x)) + get_kl_loss(bnn)
         loss.backward()
         opt.step()
 
@@ -130,7 +185,7 @@ class ZooStep:
     """Runs zoo.fit on one batch repeatedly; step times come from inside its loop."""
 
     def __init__(self, net, x, y, family, options, device, **fit_options):
-        self.model = zoo.models.BayesianModel(copy.deepcopy(net), task="classification")
+        self.model = bayesian_model(net, y)
         self.data = (x, y)
         self.device = device
         # The data are one batch of a 60,000-example set: scale the likelihood as fit would.
@@ -163,12 +218,19 @@ class ZooStep:
         self.times += [b - a for a, b in zip(stamps[:-1], stamps[1:])]
 
 
-def build_methods(net, x, y, device) -> dict:
-    """Name -> constructor of a step function ``(step, parameter count)`` or a ZooStep."""
+#: What zoo.fit did before issue 18: the eager loss on torch's thread setting.
+EAGER = {"jit": False, "threads": None}
+
+
+def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
+    """Name -> constructor of a step function ``(step, parameter count)`` or a ZooStep; with
+    ``eager_twins`` every zoo row also runs as before issue 18 (:data:`EAGER`), named
+    ``"<row> [eager]"``."""
     methods = {
         "deterministic": lambda: deterministic_step(net, x, y),
         "hand-written BBB": lambda: hand_bbb_step(net, x, y),
         "pyro AutoNormal + SVI": lambda: pyro_autonormal_step(net, x, y),
+        "pyro SVI + JitTrace_ELBO, zoo diagonal guide": lambda: pyro_jit_step(net, x, y),
     }
     try:
         import bayesian_torch  # noqa: F401
@@ -208,6 +270,10 @@ def build_methods(net, x, y, device) -> dict:
         methods[name] = lambda f=family, o=options, k=fit_options: ZooStep(
             net, x, y, f, o, device, **k
         )
+        if eager_twins:
+            methods[f"{name} [eager]"] = lambda f=family, o=options, k=fit_options: ZooStep(
+                net, x, y, f, o, device, **k, **EAGER
+            )
     return methods
 
 
@@ -227,10 +293,12 @@ def peak_memory_mib(args, name: str) -> float:
     return float(out.strip().splitlines()[-1])
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="zoo.fit step time against the floor and peers")
-    parser.add_argument("--net", default="mlp", choices=("mlp", "lenet5"))
-    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--net", default="mlp", choices=NETS)
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="default: 128 (mlp, lenet5), 32 (tiny)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds")
     parser.add_argument("--steps", type=int, default=20, help="steps per method per round")
     parser.add_argument("--device", default="cpu")
@@ -239,8 +307,94 @@ def main() -> None:
         "--only", nargs="+", default=None, help="time only methods whose name contains one of these"
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
+    parser.add_argument(
+        "--contended",
+        action="store_true",
+        help="run each round alone and beside one competing CPU-bound process",
+    )
+    parser.add_argument(
+        "--eager-twins",
+        action="store_true",
+        help="also run every zoo row as before issue 18 (jit=False, threads=None)",
+    )
     parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.batch_size is None:
+        args.batch_size = BATCH_SIZES[args.net]
+    return args
+
+
+def measure_memory(net, x, y, device, name: str) -> None:
+    """Child process of :func:`peak_memory_mib`: print the peak RSS that ``name`` adds."""
+    baseline = _rss_mib()
+    peak = [baseline]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss_mib())
+            time.sleep(0.0005)
+
+    watcher = threading.Thread(target=poll, daemon=True)
+    watcher.start()
+    built = build_methods(net, x, y, device, eager_twins=True)[name]()
+    for _ in range(3):
+        built.run(1) if isinstance(built, ZooStep) else built[0]()
+    done.set()
+    watcher.join()
+    print(max(peak[0], _rss_mib()) - baseline)
+
+
+class Competitor:
+    """One CPU-bound process (a Python busy loop) running while the context is open."""
+
+    def __enter__(self):
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        time.sleep(0.3)  # let it get scheduled
+        return self
+
+    def __exit__(self, *exc):
+        self.process.kill()
+        self.process.wait()
+
+
+def time_round(methods: dict, zoo_steps: dict, times: dict, steps: int, device, peaks) -> None:
+    """One block of ``steps`` steps of every method, appended to ``times[name]``."""
+    for name, (step, _) in methods.items():
+        peaks.reset()
+        for _ in range(steps):
+            sync(device)
+            t = time.perf_counter()
+            step()
+            sync(device)
+            times[name].append(time.perf_counter() - t)
+        peaks.read(name)
+    for name, runner in zoo_steps.items():
+        peaks.reset()
+        runner.times = []
+        runner.run(steps)
+        times[name] += runner.times
+        peaks.read(name)
+
+
+class CudaPeaks:
+    """The CUDA allocator's peak per method (nothing on the CPU)."""
+
+    def __init__(self, device):
+        self.device, self.peak = device, defaultdict(float)
+
+    def reset(self):
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self, name):
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
+            self.peak[name] = max(self.peak[name], peak)
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -248,33 +402,20 @@ def main() -> None:
     net, shape = make_net(args.net)
     net.to(device)
     x = torch.randn((args.batch_size,) + shape, device=device)
-    y = torch.randint(0, 10, (args.batch_size,), device=device)
-
-    if args.memory_of:  # child process of peak_memory_mib
-        baseline = _rss_mib()
-        peak = [baseline]
-        done = threading.Event()
-
-        def poll():
-            while not done.is_set():
-                peak[0] = max(peak[0], _rss_mib())
-                time.sleep(0.0005)
-
-        watcher = threading.Thread(target=poll, daemon=True)
-        watcher.start()
-        built = build_methods(net, x, y, device)[args.memory_of]()
-        for _ in range(3):
-            built.run(1) if isinstance(built, ZooStep) else built[0]()
-        done.set()
-        watcher.join()
-        print(max(peak[0], _rss_mib()) - baseline)
+    if args.net == "tiny":
+        y = torch.randn(args.batch_size, device=device)
+    else:
+        y = torch.randint(0, 10, (args.batch_size,), device=device)
+    if args.memory_of:
+        measure_memory(net, x, y, device, args.memory_of)
         return
-    builders = build_methods(net, x, y, device)
+    builders = build_methods(net, x, y, device, args.eager_twins)
     if args.only:
         builders = {
             k: v
             for k, v in builders.items()
-            if k in ("hand-written BBB", "zoo diagonal") or any(s in k for s in args.only)
+            if k in ("hand-written BBB", "zoo diagonal", "zoo diagonal [eager]")
+            or any(s in k for s in args.only)
         }
     methods, zoo_steps = {}, {}
     for name, build in builders.items():
@@ -283,49 +424,37 @@ def main() -> None:
             zoo_steps[name] = built
         else:
             methods[name] = built
-    times = defaultdict(list)
     for step, _ in methods.values():  # warm-up
         for _ in range(3):
             step()
-    cuda_peak = defaultdict(float)
-
-    def reset_peak():
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def read_peak(name):
-        if device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(device) / 2**20
-            cuda_peak[name] = max(cuda_peak[name], peak)
-
+    idle, contended = defaultdict(list), defaultdict(list)
+    peaks = CudaPeaks(device)
     for _ in range(args.rounds):
-        for name, (step, _) in methods.items():
-            reset_peak()
-            for _ in range(args.steps):
-                sync(device)
-                t = time.perf_counter()
-                step()
-                sync(device)
-                times[name].append(time.perf_counter() - t)
-            read_peak(name)
-        for name, runner in zoo_steps.items():
-            reset_peak()
-            runner.run(args.steps)
-            read_peak(name)
-    for name, runner in zoo_steps.items():
-        times[name] = runner.times
+        time_round(methods, zoo_steps, idle, args.steps, device, peaks)
+        if args.contended:
+            with Competitor():
+                time_round(methods, zoo_steps, contended, args.steps, device, peaks)
     counts = {name: n for name, (_, n) in methods.items()}
     counts.update({name: r.guide.num_variational_parameters() for name, r in zoo_steps.items()})
-    floor = statistics.median(times["hand-written BBB"])
-    diag = statistics.median(times["zoo diagonal"])
+    load = os.getloadavg()[0]
     print(
         f"\n{args.net}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads, "
-        f"{args.rounds} rounds x {args.steps} steps, medians\n"
+        f"{args.rounds} rounds x {args.steps} steps, medians; load {load:.2f} (1-minute average)\n"
     )
+    if args.contended:
+        print_contended(idle, contended)
+        return
     memory = {}
     if not args.no_memory:
-        for name in times:
-            memory[name] = cuda_peak[name] if device.type == "cuda" else peak_memory_mib(args, name)
+        for name in idle:
+            on_cuda = device.type == "cuda"
+            memory[name] = peaks.peak[name] if on_cuda else peak_memory_mib(args, name)
+    print_table(idle, counts, memory, device)
+
+
+def print_table(times: dict, counts: dict, memory: dict, device) -> None:
+    floor = statistics.median(times["hand-written BBB"])
+    diag = statistics.median(times["zoo diagonal"])
     where = "allocator peak" if device.type == "cuda" else "peak RSS added by building and stepping"
     print(
         f"| method | ms / step | x hand-written BBB | x zoo diagonal | parameters | MiB ({where}) |"
@@ -337,6 +466,23 @@ def main() -> None:
         print(
             f"| {name} | {1e3 * med:.2f} | {med / floor:.2f} | {med / diag:.2f} "
             f"| {counts[name]:,} | {mib} |"
+        )
+
+
+def print_contended(idle: dict, contended: dict) -> None:
+    """Each method alone and beside the competitor, and its slowdown against its own idle time."""
+    floor_idle = statistics.median(idle["hand-written BBB"])
+    floor_contended = statistics.median(contended["hand-written BBB"])
+    print(
+        "| method | idle ms / step | contended ms / step | slowdown (contended / idle) "
+        "| x hand-written BBB, idle | x hand-written BBB, contended |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for name in idle:
+        a, b = statistics.median(idle[name]), statistics.median(contended[name])
+        print(
+            f"| {name} | {1e3 * a:.2f} | {1e3 * b:.2f} | {b / a:.2f} | {a / floor_idle:.2f} "
+            f"| {b / floor_contended:.2f} |"
         )
 
 

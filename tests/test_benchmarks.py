@@ -38,8 +38,26 @@ def test_step_time_prints_a_row_per_method():
         "zoo block diagonal b=16",
         "zoo MC dropout p=0.1",
         "zoo map (point mass)",
+        "pyro SVI + JitTrace_ELBO, zoo diagonal guide",
     ):
         assert f"| {name} |" in out
+
+
+def test_step_time_on_the_tiny_net_alone_and_contended():
+    args = ["--net", "tiny", "--contended", "--rounds", "1", "--steps", "2", "--only", "map"]
+    out = _run("benchmarks/step_time.py", *args)
+    assert "tiny, batch 32" in out and "| slowdown (contended / idle) |" in out
+    for name in ("hand-written BBB", "zoo diagonal", "zoo map (point mass)"):
+        row = next(line for line in out.splitlines() if line.startswith(f"| {name} |"))
+        assert len(row.split("|")) == 8  # name, idle, contended, slowdown, two ratios
+
+
+def test_threads_prints_a_row_per_size_with_the_rules_choice():
+    args = ["--sizes", "tiny", "lenet5", "--rounds", "1", "--steps", "2", "--no-contended"]
+    out = _run("benchmarks/threads.py", *args)
+    rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
+    assert rows["tiny, 32"].rstrip().endswith("| 1 |")  # below the threshold: one thread
+    assert not rows["lenet5, 128"].rstrip().endswith("| 1 |") or "threads 1 and 1" in out
 
 
 def test_lowrank_products_prints_its_floors_and_products():

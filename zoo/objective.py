@@ -25,8 +25,10 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
+from zoo.compiled import CompiledLoss, compile_refusal
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
+from zoo.optim import named_parameters
 
 ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO}
 
@@ -51,6 +53,13 @@ class Objective:
     kl_weight : float or callable
         Factor on the latent (KL) part, or ``step -> factor`` for annealing; ``1`` is the true
         ELBO.
+    jit : "auto", bool
+        Evaluate the loss through a graph traced once per minibatch shape
+        (:mod:`zoo.compiled`): the same value and gradients as the eager loss, without its
+        per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
+        particle (:func:`zoo.compiled.compile_refusal`), eagerly otherwise or when a graph fails
+        its check (with a warning); ``True``: the same, raising instead of falling back;
+        ``False``: always eager.
 
     Notes
     -----
@@ -68,7 +77,10 @@ class Objective:
         estimator: str = "reparam",
         num_particles: int = 1,
         kl_weight: float | Callable[[int], float] = 1.0,
+        jit: bool | str = "auto",
     ):
+        if jit not in (True, False, "auto"):
+            raise ValueError(f"jit must be 'auto', True or False, got {jit!r}")
         if elbo not in ELBOS:
             raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
         estimators.check_estimator(estimator)
@@ -83,13 +95,17 @@ class Objective:
         self.kl_weight = kl_weight
         self.scale = ElboScale()
         nesting = 1 if isinstance(model, BayesianModel) else float("inf")
-        self._loss_fn = ELBOS[elbo](
+        self._elbo = ELBOS[elbo](
             num_particles=self.num_particles,
             vectorize_particles=self.num_particles > 1,
             max_plate_nesting=nesting,
-        ).differentiable_loss
+        )
+        self._loss_fn = self._elbo.differentiable_loss
         self.served: frozenset[str] = frozenset()
         self._wired: tuple[Callable, Callable] | None = None
+        self.jit = jit
+        self.compiled: CompiledLoss | None = None
+        self._warned = False
 
     def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
         """Create the guide's parameters on an example batch (its prototype trace, if not yet
@@ -115,6 +131,28 @@ class Objective:
         self._wired = estimators.wire(
             self.scale(self.model), self.scale(self.guide), self.estimator, skip
         )
+        self.compiled = None
+        if self.jit:
+            refusal = compile_refusal(self.model, self.guide, self.num_particles)
+            if refusal is not None and self.jit is True:
+                raise ValueError(f"jit=True cannot compile this loss: {refusal}")
+            if refusal is None:
+                params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
+                self.compiled = CompiledLoss(
+                    self._elbo, *self._wired, params, self.scale, loss_context
+                )
+
+    @property
+    def jit_state(self) -> str:
+        """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
+        if not self.jit:
+            return "eager (jit=False)"
+        refusal = compile_refusal(self.model, self.guide, self.num_particles)
+        if refusal is not None:
+            return f"eager ({refusal})"
+        if self.compiled is not None and self.compiled.refused is not None:
+            return f"eager ({self.compiled.refused})"
+        return "compiled"
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at optimiser step ``step``."""
@@ -136,10 +174,28 @@ class Objective:
         """
         if self._wired is None:
             self.setup(x, y)
-        self.scale.data_scale = num_data / x.shape[0]
-        self.scale.kl_weight = self.kl_weight_at(step)
+        data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
+        if self.compiled is not None and not validate and y is not None:
+            value = self.compiled(x, y, data_scale, kl_weight)
+            if value is not None:
+                return value
+            if self.compiled.refused is not None:
+                self._refused()
+        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
         with loss_context(validate):
             return self._loss_fn(*self._wired, x, y)
+
+    def _refused(self) -> None:
+        """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
+        if self.jit is True:
+            raise RuntimeError(f"jit=True cannot compile this loss: {self.compiled.refused}")
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the loss is evaluated eagerly: {self.compiled.refused} (jit=False silences this)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
 
     __call__ = loss
 

@@ -33,6 +33,7 @@ from zoo.optim import (
 from zoo.result import FitResult, FitState
 from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore
+from zoo.threads import check_threads, forward_flops, intra_op_threads, step_threads
 from zoo.trainer import Trainer
 
 #: The full-batch recipe for small regression data sets (``zoo.fit(..., batch_size=len(x),
@@ -69,6 +70,8 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     checkpoint_every: int | None = None,
     resume: str | os.PathLike | None = None,
+    threads: int | str | None = "auto",
+    jit: bool | str = "auto",
 ) -> FitResult:
     """Fit a variational posterior to a Pyro model by stochastic variational inference.
 
@@ -159,12 +162,28 @@ def fit(
         Continue from a checkpoint written by a fit with the same arguments. With in-memory data
         on the CPU the resumed fit ends with the same parameters as an uninterrupted one.
         Ctrl-C during a fit returns the partial result (``result.interrupted`` is True).
+    threads : "auto", int or None, default "auto"
+        Torch's intra-op CPU threads during the fit, the caller's setting restored afterwards.
+        ``"auto"``: one thread when the network's forward pass on a minibatch is small (under
+        :data:`zoo.threads.SMALL_FORWARD_FLOPS` floating-point operations), where threads only
+        add waiting, most of all on a CPU shared with other processes; torch's setting
+        otherwise, and always on CUDA (:mod:`zoo.threads`). An int: that many threads. ``None``:
+        torch's setting as it is. The count used is ``result.options["threads"]``.
+    jit : "auto", bool, default "auto"
+        Evaluate the loss through a graph traced once per minibatch shape with
+        ``torch.jit.trace`` (:mod:`zoo.compiled`): the same loss and gradients for the same
+        draws, without the per-step Python of Pyro's traces. ``"auto"`` compiles ``zoo`` models
+        with a ``guides`` family and ``num_particles=1`` and falls back to the eager loss (with a
+        warning) if a graph fails its check against it; ``True`` raises instead; ``False``
+        never compiles. The first step is always eager (it runs Pyro's validation).
+        ``result.options["jit"]`` says which ran.
 
     Returns
     -------
     FitResult
     """
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
+    check_threads(threads)
     for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
         if value is not None:
             _check_positive(**{name: value})
@@ -189,6 +208,7 @@ def fit(
             estimator=estimator,
             num_particles=num_particles,
             kl_weight=kl_weight,
+            jit=jit,
         )
         objective.setup(x0, y0)
         if checkpoint is not None:
@@ -198,6 +218,7 @@ def fit(
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
+        num_threads = step_threads(threads, dev, lambda: forward_flops(model, x0, y0))
 
         options = dict(
             guide=getattr(guide, "family", None) or type(guide).__name__,
@@ -212,6 +233,7 @@ def fit(
             estimator=estimator,
             estimator_sites=sorted(objective.served),
             seed=seed,
+            threads=num_threads or torch.get_num_threads(),
         )
         result = FitResult(model=model, guide=guide, device=dev, options=options)
         if resumed is not None:
@@ -234,7 +256,11 @@ def fit(
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
         )
-        trainer.run(total, list(callbacks), progress)
+        try:
+            with intra_op_threads(num_threads):
+                trainer.run(total, list(callbacks), progress)
+        finally:
+            result.options["jit"] = objective.jit_state
         return result
 
 

@@ -17,6 +17,7 @@ The model's convention, shared with user models that ``zoo.fit`` accepts:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 
@@ -147,6 +148,9 @@ class BayesianModel(nn.Module):
         first = next(iter(self.site_shapes))
         lead = weights[first].shape[: weights[first].dim() - len(self.site_shapes[first])]
         if not lead:
+            if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace
+                with swapped_parameters(self.net, weights):
+                    return self.net(x)
             return functional_call(self.net, weights, (x,))
         num = math.prod(lead)
         flat = {name: w.reshape((num,) + self.site_shapes[name]) for name, w in weights.items()}
@@ -161,6 +165,25 @@ class BayesianModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"sites={len(self.site_shapes)}"
+
+
+@contextlib.contextmanager
+def swapped_parameters(net: nn.Module, weights: Mapping[str, torch.Tensor]):
+    """``net`` with the tensors ``weights`` in place of its parameters of the same names inside
+    the block (its own parameters back afterwards): the route for ``torch.jit.trace`` (Pyro's
+    ``JitTrace_ELBO``), under which ``torch.func.functional_call`` refuses to run."""
+    owners = {}
+    for name in weights:
+        path, _, leaf = name.rpartition(".")
+        owners[name] = (net.get_submodule(path), leaf)
+    saved = {name: module._parameters[leaf] for name, (module, leaf) in owners.items()}
+    try:
+        for name, (module, leaf) in owners.items():
+            module._parameters[leaf] = weights[name]
+        yield net
+    finally:
+        for name, (module, leaf) in owners.items():
+            module._parameters[leaf] = saved[name]
 
 
 def _likelihood_from_v1(state: dict) -> None:

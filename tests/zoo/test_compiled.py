@@ -1,0 +1,152 @@
+"""The compiled loss (zoo.compiled) against the eager one: same value and gradients for the same
+draws, for every family of the registry, both ELBOs and every estimator; and what it refuses."""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import guides
+import zoo
+from tests.families import CASES
+from zoo.models import BayesianMLP
+from zoo.priors import NormalPrior
+
+
+def data(n=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, generator=g), torch.randn(n, 2, generator=g)
+
+
+def objectives(family, options=None, *, model=None, **objective_options):
+    """An eager and a compiled objective of one model and guide (set up on the data)."""
+    model = model or BayesianMLP(3, (6,), 2, task="regression")
+    x, y = data()
+    guide = guides.get(family)(model, **(options or {}))
+    eager = zoo.Objective(model, guide, jit=False, **objective_options)
+    compiled = zoo.Objective(model, guide, jit=True, **objective_options)
+    eager.setup(x, y)
+    compiled.setup(x, y)
+    return eager, compiled, [p for p in guide.parameters()] + list(model.parameters())
+
+
+def assert_same(eager, compiled, params, x, y, num_data=100, steps=(0, 5)):
+    params = [p for p in params if p.requires_grad]
+    for seed, step in zip((1, 2), steps):
+        pyro.set_rng_seed(seed)
+        a = eager.loss(x, y, num_data, step=step)
+        grads_a = torch.autograd.grad(a, params)
+        pyro.set_rng_seed(seed)
+        b = compiled.loss(x, y, num_data, step=step)
+        grads_b = torch.autograd.grad(b, params)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-4)
+        for ga, gb in zip(grads_a, grads_b):
+            torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-4)
+    assert compiled.jit_state == "compiled"
+
+
+@pytest.mark.parametrize("elbo", ["trace", "meanfield"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_loss_equals_the_eager_one(case, elbo):
+    family, options = CASES[case]
+    eager, compiled, params = objectives(family, options, elbo=elbo)
+    assert_same(eager, compiled, params, *data())
+
+
+@pytest.mark.parametrize("prior", ["learned", "hierarchical"])
+def test_learned_prior_scales_are_graph_inputs(prior):
+    """The learned scale is a model parameter (its gradient flows through the graph) and the
+    hierarchical one a latent site of its own."""
+    model = BayesianMLP(3, (6,), 2, task="regression", prior=prior)
+    eager, compiled, params = objectives("diagonal", model=model)
+    assert_same(eager, compiled, params, *data())
+
+
+@pytest.mark.parametrize(
+    "family, estimator",
+    [("diagonal", "local"), ("diagonal", "flipout"), ("matrix_normal", "local"),
+     ("mc_dropout", "local")],
+)  # fmt: skip
+def test_compiled_estimators_equal_the_eager_ones(family, estimator):
+    eager, compiled, params = objectives(family, estimator=estimator)
+    assert_same(eager, compiled, params, *data())
+
+
+def test_one_graph_serves_every_kl_weight_and_one_more_the_last_batch():
+    """The KL weight and N / B are graph inputs: an annealing schedule compiles once; a batch of
+    another size compiles a second graph."""
+    eager, compiled, params = objectives("diagonal", kl_weight=lambda step: 0.1 * (step + 1))
+    x, y = data()
+    assert_same(eager, compiled, params, x, y, steps=(0, 7))
+    assert len(compiled.compiled.graphs) == 1
+    assert_same(eager, compiled, params, x[:7], y[:7], num_data=20)
+    assert len(compiled.compiled.graphs) == 2
+
+
+def test_the_first_step_and_validation_run_eagerly():
+    eager, compiled, params = objectives("diagonal")
+    x, y = data()
+    compiled.loss(x, y, 20, validate=True)
+    assert compiled.compiled.graphs == {}
+
+
+def test_jit_true_refuses_what_it_cannot_compile_and_auto_falls_back():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3), 1.0).to_event(1))
+        with pyro.plate("data", len(x)):
+            pyro.sample("obs", dist.Normal(x @ w, 1.0), obs=y)
+
+    x, y = torch.randn(10, 3), torch.randn(10)
+    guide = guides.get("diagonal")(model)
+    with pytest.raises(ValueError, match="jit=True cannot compile this loss: the model is not"):
+        zoo.Objective(model, guide, jit=True).setup(x, y)
+    auto = zoo.Objective(model, guide)
+    auto.loss(x, y, 10)
+    assert auto.jit_state == "eager (the model is not a zoo.models.BayesianModel)"
+    model = BayesianMLP(3, (4,), 2, task="regression")
+    fit = zoo.fit(model, "diagonal", data(), num_steps=2, num_particles=2, progress=False)
+    assert fit.options["jit"] == "eager (num_particles > 1 (vectorised particles use " \
+        "torch.func.vmap))"  # fmt: skip
+
+
+class ValueDependentPrior(NormalPrior):
+    """A prior whose Python reads a sampled value: a graph would freeze that number."""
+
+    def sample_latent(self):
+        return {"z": pyro.sample("z", dist.Normal(0.0, 1.0))}
+
+    def site_distribution(self, name, shape, fan_in, latent):
+        scale = 1.0 + abs(float(latent["z"].detach()))  # a Python number: frozen by a trace
+        return NormalPrior(scale).distribution(shape, fan_in)
+
+
+def test_a_graph_that_freezes_a_value_is_refused_with_a_warning():
+    model = BayesianMLP(3, (6,), 2, task="regression", prior=ValueDependentPrior())
+    x, y = data()
+    with pytest.warns(RuntimeWarning, match="the loss is evaluated eagerly: the compiled loss"):
+        fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, batch_size=20, progress=False)
+    assert fit.options["jit"].startswith("eager (the compiled loss")
+    guide = guides.get("diagonal")(model)
+    strict = zoo.Objective(model, guide, jit=True)
+    with pytest.raises(RuntimeError, match="jit=True cannot compile this loss: the compiled"):
+        strict.loss(x, y, 20)
+
+
+def test_a_compiled_fit_takes_the_eager_fits_steps():
+    """Plain SGD on the same draws: the compiled and the eager fit end at the same posterior."""
+    ends = {}
+    for jit in (False, True):
+        model = BayesianMLP(3, (6,), 2, task="regression")
+        fit = zoo.fit(model, "lowrank", data(), num_steps=30, batch_size=8, optimizer="sgd",
+                      lr=1e-4, jit=jit, progress=False)  # fmt: skip
+        ends[jit] = [p.detach().clone() for p in fit.guide.parameters()]
+        assert fit.options["jit"] == ("compiled" if jit else "eager (jit=False)")
+    for a, b in zip(ends[False], ends[True]):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_jit_values_are_refused():
+    with pytest.raises(ValueError, match="jit must be 'auto', True or False"):
+        zoo.fit(
+            BayesianMLP(3, (4,), 2, task="regression"), "diagonal", data(), num_steps=1, jit="yes"
+        )

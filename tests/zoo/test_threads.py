@@ -1,0 +1,108 @@
+import pyro
+import pytest
+import torch
+
+import zoo
+import zoo.threads
+from zoo.models.lenet import LeNet5Network
+from zoo.models.mlp import mlp_network
+
+
+def tiny_model():
+    return zoo.models.BayesianModel(mlp_network(13, (50,), 1), task="regression", noise=1.0)
+
+
+@pytest.fixture
+def two_threads():
+    """Torch at two intra-op threads during the test, the suite's setting back afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_forward_flops_counts_the_matrix_products_and_draws_nothing():
+    """2 B (13 * 50 + 50 * 1) for a 13-50-1 MLP on B inputs, counted by hand; the count
+    advances no random generator and records no Pyro site."""
+    model, x, y = tiny_model(), torch.randn(32, 13), torch.randn(32)
+    state = torch.random.get_rng_state()
+    with pyro.poutine.trace() as tape:
+        flops = zoo.threads.forward_flops(model, x, y)
+    assert flops == 2 * 32 * (13 * 50 + 50 * 1)
+    assert torch.equal(state, torch.random.get_rng_state())
+    assert not [n for n, s in tape.trace.nodes.items() if s["type"] == "sample"]
+
+
+def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
+    cpu = torch.device("cpu")
+    small = zoo.threads.SMALL_FORWARD_FLOPS - 1
+    assert zoo.threads.step_threads("auto", cpu, lambda: small) == 1
+    assert zoo.threads.step_threads("auto", cpu, lambda: small + 1) is None
+    assert zoo.threads.step_threads("auto", torch.device("cuda"), lambda: 0) is None
+    assert zoo.threads.step_threads(3, cpu, lambda: 0) == 3
+    assert zoo.threads.step_threads(None, cpu, lambda: 0) is None
+    # The threshold sits between the tiny regression net and LeNet-5 on a batch of 128.
+    lenet = zoo.models.BayesianModel(LeNet5Network(100))
+    assert zoo.threads.forward_flops(lenet, torch.randn(128, 1, 28, 28)) > small
+
+
+def test_fit_runs_a_small_step_on_one_thread_and_restores_the_callers_count(two_threads):
+    seen = []
+    fit = zoo.fit(
+        tiny_model(),
+        "diagonal",
+        (torch.randn(64, 13), torch.randn(64)),
+        num_steps=3,
+        batch_size=32,
+        progress=False,
+        callbacks=[lambda state: seen.append(torch.get_num_threads())],
+    )
+    assert seen == [1, 1, 1] and fit.options["threads"] == 1
+    assert torch.get_num_threads() == 2
+
+
+def test_an_explicit_count_is_used_and_none_leaves_torchs_setting(two_threads):
+    data = (torch.randn(32, 13), torch.randn(32))
+    for threads, expected in ((1, 1), (None, 2), (2, 2)):
+        seen = []
+        fit = zoo.fit(
+            tiny_model(),
+            "diagonal",
+            data,
+            num_steps=2,
+            batch_size=32,
+            progress=False,
+            threads=threads,
+            callbacks=[lambda state, seen=seen: seen.append(torch.get_num_threads())],
+        )
+        assert seen == [expected] * 2 and fit.options["threads"] == expected
+        assert torch.get_num_threads() == 2
+
+
+def test_the_callers_count_is_back_after_a_fit_that_raises(two_threads):
+    def stop(state):
+        raise RuntimeError("a callback failed")
+
+    with pytest.raises(RuntimeError, match="a callback failed"):
+        zoo.fit(
+            tiny_model(),
+            "diagonal",
+            (torch.randn(32, 13), torch.randn(32)),
+            num_steps=2,
+            progress=False,
+            callbacks=[stop],
+        )
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "all", True])
+def test_a_bad_thread_count_is_refused_before_training(threads):
+    with pytest.raises(ValueError, match="threads must be 'auto', None or a positive int"):
+        zoo.fit(
+            tiny_model(),
+            "diagonal",
+            (torch.randn(32, 13), torch.randn(32)),
+            num_steps=1,
+            progress=False,
+            threads=threads,
+        )

@@ -1,0 +1,150 @@
+"""The compiled loss: Pyro's ELBO traced once by ``torch.jit.trace`` and replayed every step.
+
+A step of the eager loss runs Pyro's two traces, a distribution object and a log-density per
+site, and the ELBO's bookkeeping in Python: for a small network that host work is most of the
+step. :class:`CompiledLoss` records the tensor operations of one evaluation (guide draws, model,
+log-densities, the sum) as a TorchScript graph and replays it: the same operations in the same
+order, without the Python around them.
+
+What is traced is the *surrogate* loss of Pyro's ``Trace_ELBO`` (or ``TraceMeanField_ELBO``):
+the quantity whose gradient Pyro's ``SVI`` follows. For a guide whose sites are all
+reparameterised (every family in ``guides``) its value is the ``-ELBO`` estimate itself, so the
+compiled loss equals the eager one in value and gradient, for the same random draws (the graph's
+random operations draw from torch's generators in the eager order). Inputs of the graph: every
+optimised parameter (guide and model), the minibatch, and the two scales of :mod:`zoo.elbo`
+(``N / B`` and the KL weight), so a schedule of KL weights needs no new graph; a new minibatch
+shape (the last, smaller batch of an epoch) compiles one more.
+
+When a graph is built, its value is checked once against the eager loss (Pyro's
+``differentiable_loss``), both on the same draws (other than the ones the trace saw): a guide
+with a site that is not reparameterised (its surrogate is not the loss) or a program whose Python
+reads tensor values that the graph would freeze shows there, and is evaluated eagerly instead.
+:func:`compile_refusal` lists what is never compiled.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import torch
+
+from zoo.elbo import ElboScale
+
+#: Relative difference between the compiled and the eager loss above which a graph is refused.
+CHECK_RTOL = 1e-4
+#: What ``CompiledLoss._compile`` returns when the eager loss is not finite (nothing to compare).
+UNCHECKED = object()
+
+
+def compile_refusal(model, guide, num_particles: int) -> str | None:
+    """Why ``model`` and ``guide`` are evaluated eagerly under ``jit="auto"`` (``None``: they
+    are compiled): only ``zoo`` models with a ``guides`` family and one particle per step (the
+    vectorised particles run through ``torch.func.vmap``, which ``torch.jit.trace`` cannot
+    record)."""
+    from guides.base import PerSiteGuide
+    from zoo.models.base import BayesianModel
+
+    if not isinstance(model, BayesianModel):
+        return "the model is not a zoo.models.BayesianModel"
+    if not isinstance(guide, PerSiteGuide):
+        return "the guide is not a guides family (PerSiteGuide)"
+    if num_particles != 1:
+        return "num_particles > 1 (vectorised particles use torch.func.vmap)"
+    return None
+
+
+class CompiledLoss:
+    """The surrogate ``-ELBO`` of ``elbo`` for the wired ``model`` and ``guide``, one traced
+    graph per minibatch shape.
+
+    Parameters
+    ----------
+    elbo : pyro.infer.Trace_ELBO or TraceMeanField_ELBO
+    model, guide : callable
+        Already wrapped in ``scale`` (and an estimator's handlers).
+    params : list of Tensor
+        Every tensor the loss differentiates (guide and model parameters): graph inputs.
+    scale : ElboScale
+        The messenger the model and guide were wrapped in; its scales become graph inputs.
+    context : callable
+        ``context()`` is the context manager an evaluation runs in (``zoo.objective``'s).
+    """
+
+    def __init__(self, elbo, model, guide, params, scale: ElboScale, context: Callable):
+        self.elbo, self.model, self.guide = elbo, model, guide
+        self.params, self.scale, self.context = list(params), scale, context
+        self.graphs: dict[tuple, torch.jit.ScriptFunction | None] = {}
+        #: Why the last refused graph was refused (``None`` while none was).
+        self.refused: str | None = None
+
+    def surrogate(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The surrogate loss of ``(x, y, data_scale, kl_weight)`` (the last four inputs;
+        the parameters before them are read from the modules, by identity)."""
+        x, y, data_scale, kl_weight = inputs[-4:]
+        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
+        total = 0.0
+        with self.context():
+            for model_trace, guide_trace in self.elbo._get_traces(
+                self.model, self.guide, (x, y), {}
+            ):
+                _, surrogate = self.elbo._differentiable_loss_particle(model_trace, guide_trace)
+                total = total + surrogate / self.elbo.num_particles
+        return total
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
+        """The loss of this minibatch through its graph (compiled on first use), or ``None``
+        when its graph was refused, or could not be checked yet because the loss is not finite:
+        the caller evaluates it eagerly then."""
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device)
+        if key not in self.graphs:
+            graph = self._compile(x, y, data_scale, kl_weight)
+            if graph is UNCHECKED:
+                return None  # no verdict on a non-finite loss: eager now, compile again later
+            self.graphs[key] = graph
+        graph = self.graphs[key]
+        if graph is None:
+            return None
+        return graph(*self.params, x, y, *self._scales(x, data_scale, kl_weight))
+
+    def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
+        dtype = self.params[0].dtype if self.params else torch.get_default_dtype()
+        return torch.tensor([data_scale, kl_weight], dtype=dtype, device=x.device).unbind()
+
+    def _compile(self, x, y, data_scale: float, kl_weight: float):
+        inputs = (*self.params, x, y, *self._scales(x, data_scale, kl_weight))
+        devices = [x.device.index or 0] if x.device.type == "cuda" else []
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the tracer's notes on Python values
+                with torch.random.fork_rng(devices=devices):
+                    graph = torch.jit.trace(self.surrogate, inputs, check_trace=False)
+                with torch.random.fork_rng(devices=devices):
+                    _other_draws(x.device)
+                    compiled = graph(*inputs).detach()
+                self.scale.data_scale, self.scale.kl_weight = float(data_scale), float(kl_weight)
+                with torch.random.fork_rng(devices=devices), torch.no_grad(), self.context():
+                    _other_draws(x.device)
+                    eager = self.elbo.differentiable_loss(self.model, self.guide, x, y).detach()
+        except RuntimeError as error:  # an operation the tracer cannot record
+            self.refused = f"torch.jit.trace failed: {error}".splitlines()[0]
+            return None
+        finally:
+            self.scale.data_scale, self.scale.kl_weight = float(data_scale), float(kl_weight)
+        if not torch.isfinite(eager):
+            return UNCHECKED
+        if not torch.allclose(compiled, eager, rtol=CHECK_RTOL, atol=0.0):
+            self.refused = (
+                f"the compiled loss ({compiled.item():.6g}) differs from the eager one "
+                f"({eager.item():.6g}) on the same draws"
+            )
+            return None
+        return graph
+
+
+def _other_draws(device: torch.device) -> None:
+    """Move torch's generators on (inside a ``fork_rng``), so that the check draws other
+    values than the trace did: a value the trace froze then differs from the eager one."""
+    torch.randn(1024)
+    if device.type == "cuda":
+        torch.randn(1024, device=device)

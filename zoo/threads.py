@@ -1,0 +1,83 @@
+"""How many CPU threads a fit's step runs on.
+
+A small network's step is host work and tiny kernels: intra-op parallelism cannot speed it up,
+and it can make it much slower. Every parallel region is a barrier that waits for all threads of
+the pool; when another process holds a core (a browser, a second job, a shared CI runner), one of
+them is descheduled and the whole step waits for it. A large network's matrix products do gain
+from the threads. ``zoo.fit(..., threads="auto")`` (the default) therefore runs the step on one
+thread when the network's forward pass is small, and leaves torch's setting alone otherwise; on
+CUDA it changes nothing. The caller's setting is restored after the fit.
+
+The rule, with ``F`` the floating-point operations of one forward pass of the minibatch
+(matrix products and convolutions, counted by ``torch.utils.flop_counter.FlopCounterMode``)::
+
+    threads = 1                         if F < SMALL_FORWARD_FLOPS
+              torch.get_num_threads()   otherwise (the caller's setting)
+
+``benchmarks/threads.py`` measures the step time at one and at several threads, alone and beside
+a competing process, across network sizes; ``benchmarks/README.md`` has the numbers behind the
+threshold.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import pyro.poutine as poutine
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+#: Forward passes below this many floating-point operations (per minibatch) run on one thread.
+SMALL_FORWARD_FLOPS = 20_000_000
+
+
+def forward_flops(model: Callable, *args, **kwargs) -> int:
+    """Floating-point operations (matrix products, convolutions) of one call of ``model``,
+    counted without gradients, without recording Pyro sites and without advancing torch's
+    random generators."""
+    counter = FlopCounterMode(display=False)
+    devices = [args[0].device] if args and torch.is_tensor(args[0]) else []
+    cuda = [d.index or 0 for d in devices if d.type == "cuda"]
+    with torch.random.fork_rng(devices=cuda), torch.no_grad(), poutine.block(), counter:
+        model(*args, **kwargs)
+    return int(counter.get_total_flops())
+
+
+def check_threads(threads) -> None:
+    """Refuse a ``threads`` argument that is not ``"auto"``, ``None`` or a positive int."""
+    if threads is None or threads == "auto":
+        return
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be 'auto', None or a positive int, got {threads!r}")
+
+
+def step_threads(
+    threads: int | str | None, device: torch.device, flops: Callable[[], int]
+) -> int | None:
+    """The intra-op thread count for a fit's step: ``None`` to leave torch's setting.
+
+    ``threads`` is ``"auto"`` (the module's rule; ``flops`` is called only then, on the CPU),
+    a positive int, or ``None``.
+    """
+    check_threads(threads)
+    if threads != "auto":
+        return threads
+    if device.type != "cpu":
+        return None
+    return 1 if flops() < SMALL_FORWARD_FLOPS else None
+
+
+@contextlib.contextmanager
+def intra_op_threads(threads: int | None) -> Iterator[None]:
+    """Torch's intra-op thread count set to ``threads`` inside the block (``None``: unchanged),
+    and the caller's count back afterwards."""
+    if threads is None or threads == torch.get_num_threads():
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
