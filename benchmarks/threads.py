@@ -1,9 +1,11 @@
-"""The numbers behind ``zoo.fit``'s thread rule (:mod:`zoo.threads`): the step time of the diagonal
-family at one thread and at all threads, alone and beside a competing CPU-bound process, across
-network sizes, with the fused and the ``foreach`` Adam.
+"""The numbers behind ``zoo.fit``'s step rules on the CPU: the thread count (:mod:`zoo.threads`)
+and the compiled loss (:mod:`zoo.compiled`). The step time of one family at one thread and at
+all threads, with the eager and the compiled loss, alone and beside a competing CPU-bound
+process, across network sizes.
 
-    python benchmarks/threads.py                     # every size, 5 interleaved rounds
-    python benchmarks/threads.py --sizes tiny mlp    # some of them
+    python benchmarks/threads.py                           # diagonal, every size, 5 rounds
+    python benchmarks/threads.py --family lowrank --sizes tiny mlp
+    python benchmarks/threads.py --optimizers              # fused vs foreach Adam instead
 
 Each row is one network and minibatch (its forward pass's floating-point operations, as the rule
 counts them); each cell the median step time over the rounds. Rounds interleave every setting, so
@@ -25,6 +27,7 @@ import torch
 
 import guides
 import zoo
+from zoo.compiled import COMPILE_BELOW_FLOPS
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
 from zoo.threads import SMALL_FORWARD_FLOPS, forward_flops
@@ -42,13 +45,18 @@ SIZES = {
     "mlp": (lambda: mlp_network(784, (400, 400), 10), (784,), 128, "classification"),
     "lenet5": (lambda: LeNet5Network(100), (1, 28, 28), 128, "classification"),
 }
-OPTIMIZERS = {"fused": {"fused": True}, "foreach": {"foreach": True}}
+#: The second dimension of the table: the loss (default) or the optimiser implementation.
+LOSSES = {"eager": {"jit": False}, "compiled": {"jit": True}}
+OPTIMIZERS = {
+    "fused": {"optimizer_options": {"fused": True}},
+    "foreach": {"optimizer_options": {"foreach": True}},
+}
 
 
 class Setting:
-    """One network fitted with one thread count and optimiser; its step times."""
+    """One network fitted with one thread count and one option set; its step times."""
 
-    def __init__(self, size: str, threads: int, optimizer: str):
+    def __init__(self, size: str, family: str, threads: int, options: dict):
         build, shape, batch, task = SIZES[size]
         torch.manual_seed(0)
         net = build()
@@ -59,8 +67,8 @@ class Setting:
             self.model = zoo.models.BayesianModel(net, task=task)
             y = torch.randint(0, 10, (batch,))
         self.data = (torch.randn((batch,) + shape), y)
-        self.guide = guides.get("diagonal")(self.model)
-        self.threads, self.optimizer = threads, optimizer
+        self.guide = guides.get(family)(self.model)
+        self.threads, self.options = threads, options
         self.flops = forward_flops(self.model, *self.data)
 
     def run(self, steps: int) -> list[float]:
@@ -73,7 +81,7 @@ class Setting:
             batch_size=len(self.data[0]),
             progress=False,
             threads=self.threads,
-            optimizer_options=OPTIMIZERS[self.optimizer],
+            **self.options,
             callbacks=[lambda state: stamps.append(time.perf_counter())],
         )
         return [b - a for a, b in zip(stamps[:-1], stamps[1:])]
@@ -85,14 +93,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20, help="steps per setting per round")
     parser.add_argument("--no-contended", action="store_true", help="idle rounds only")
+    parser.add_argument("--family", default="diagonal")
+    parser.add_argument(
+        "--optimizers", action="store_true", help="fused vs foreach Adam (eager loss)"
+    )
     args = parser.parse_args()
     most = torch.get_num_threads()
     counts = sorted({1, most})
+    kinds = OPTIMIZERS if args.optimizers else LOSSES
+    if args.optimizers:
+        kinds = {k: {**v, "jit": False} for k, v in OPTIMIZERS.items()}
     settings = {
-        (size, n, opt): Setting(size, n, opt)
+        (size, n, kind): Setting(size, args.family, n, options)
         for size in args.sizes
         for n in counts
-        for opt in OPTIMIZERS
+        for kind, options in kinds.items()
     }
     times = defaultdict(list)
     conditions = ["idle"] if args.no_contended else ["idle", "contended"]
@@ -102,23 +117,25 @@ def main() -> None:
                 for key, setting in settings.items():
                     times[key + (condition,)] += setting.run(args.steps)
     print(
-        f"\ndiagonal family, {args.rounds} rounds x {args.steps} steps, medians in ms / step; "
+        f"\n{args.family} family, {args.rounds} rounds x {args.steps} steps, medians in ms / step; "
         f"{os.cpu_count()} CPUs, threads 1 and {most}; load {os.getloadavg()[0]:.2f} "
-        f"(1-minute average); the rule: one thread below {SMALL_FORWARD_FLOPS / 1e6:g} MFLOP\n"
+        f"(1-minute average); the rules (jit='auto', threads='auto'): one thread below "
+        f"{SMALL_FORWARD_FLOPS / 1e6:g} MFLOP, compiled below {COMPILE_BELOW_FLOPS / 1e6:g} MFLOP\n"
     )
-    columns = [(n, opt, c) for c in conditions for opt in OPTIMIZERS for n in counts]
+    columns = [(n, kind, c) for c in conditions for kind in kinds for n in counts]
     print(
         "| net, batch | forward MFLOP | "
         + " | ".join(f"{c}, {opt}, {n} thr." for n, opt, c in columns)
-        + " | rule |"
+        + " | rules: threads, loss |"
     )
     print("| --- | ---: | " + " | ".join("---:" for _ in columns) + " | --- |")
     for size in args.sizes:
-        setting = settings[(size, counts[0], "fused")]
+        setting = settings[(size, counts[0], next(iter(kinds)))]
         cells = [
             f"{1e3 * statistics.median(times[(size, n, opt, c)]):.2f}" for n, opt, c in columns
         ]
         rule = "1" if setting.flops < SMALL_FORWARD_FLOPS else f"{most}"
+        rule += ", compiled" if setting.flops < COMPILE_BELOW_FLOPS else ", eager"
         head = f"| {size}, {SIZES[size][2]} | {setting.flops / 1e6:.3g} | "
         print(head + " | ".join(cells) + f" | {rule} |")
 

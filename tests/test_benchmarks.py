@@ -56,8 +56,9 @@ def test_threads_prints_a_row_per_size_with_the_rules_choice():
     args = ["--sizes", "tiny", "lenet5", "--rounds", "1", "--steps", "2", "--no-contended"]
     out = _run("benchmarks/threads.py", *args)
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
-    assert rows["tiny, 32"].rstrip().endswith("| 1 |")  # below the threshold: one thread
-    assert not rows["lenet5, 128"].rstrip().endswith("| 1 |") or "threads 1 and 1" in out
+    assert rows["tiny, 32"].rstrip().endswith("| 1, compiled |")  # small: one thread, compiled
+    assert rows["lenet5, 128"].rstrip().endswith(", eager |")
+    assert len(rows["tiny, 32"].split("|")) == 9  # name, flops, 4 idle timings, rules
 
 
 def test_lowrank_products_prints_its_floors_and_products():

@@ -25,10 +25,11 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
-from zoo.compiled import CompiledLoss, compile_refusal
+from zoo.compiled import CompiledLoss, compile_refusal, size_refusal
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
+from zoo.threads import forward_flops
 
 ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO}
 
@@ -57,9 +58,10 @@ class Objective:
         Evaluate the loss through a graph traced once per minibatch shape
         (:mod:`zoo.compiled`): the same value and gradients as the eager loss, without its
         per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
-        particle (:func:`zoo.compiled.compile_refusal`), eagerly otherwise or when a graph fails
-        its check (with a warning); ``True``: the same, raising instead of falling back;
-        ``False``: always eager.
+        particle (:func:`zoo.compiled.compile_refusal`) whose step is small on the CPU or on
+        any CUDA device (:func:`zoo.compiled.size_refusal`), eagerly otherwise or when a graph
+        fails its check (with a warning); ``True``: whatever the size, raising instead of
+        falling back; ``False``: always eager.
 
     Notes
     -----
@@ -132,27 +134,29 @@ class Objective:
             self.scale(self.model), self.scale(self.guide), self.estimator, skip
         )
         self.compiled = None
-        if self.jit:
-            refusal = compile_refusal(self.model, self.guide, self.num_particles)
-            if refusal is not None and self.jit is True:
-                raise ValueError(f"jit=True cannot compile this loss: {refusal}")
-            if refusal is None:
-                params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
-                self.compiled = CompiledLoss(
-                    self._elbo, *self._wired, params, self.scale, loss_context
-                )
+        self._eager_reason = self._why_eager(x, y)
+        if self._eager_reason is None:
+            params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
+            self.compiled = CompiledLoss(self._elbo, *self._wired, params, self.scale, loss_context)
+
+    def _why_eager(self, x: torch.Tensor, y: torch.Tensor | None) -> str | None:
+        """Why the loss is not compiled (``None``: it is); raises under ``jit=True``."""
+        if not self.jit:
+            return "jit=False"
+        refusal = compile_refusal(self.model, self.guide, self.num_particles)
+        if refusal is not None and self.jit is True:
+            raise ValueError(f"jit=True cannot compile this loss: {refusal}")
+        if refusal is None and self.jit == "auto":
+            refusal = size_refusal(x.device, lambda: forward_flops(self.model, x, y))
+        return refusal
 
     @property
     def jit_state(self) -> str:
         """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
-        if not self.jit:
-            return "eager (jit=False)"
-        refusal = compile_refusal(self.model, self.guide, self.num_particles)
-        if refusal is not None:
-            return f"eager ({refusal})"
-        if self.compiled is not None and self.compiled.refused is not None:
-            return f"eager ({self.compiled.refused})"
-        return "compiled"
+        reason = getattr(self, "_eager_reason", None)
+        if reason is None and self.compiled is not None:
+            reason = self.compiled.refused
+        return "compiled" if reason is None else f"eager ({reason})"
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at optimiser step ``step``."""

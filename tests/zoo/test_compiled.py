@@ -150,3 +150,18 @@ def test_bad_jit_values_are_refused():
         zoo.fit(
             BayesianMLP(3, (4,), 2, task="regression"), "diagonal", data(), num_steps=1, jit="yes"
         )
+
+
+def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
+    """On the CPU a large step is arithmetic: "auto" does not compile it (the rule's threshold
+    is zoo.compiled.COMPILE_BELOW_FLOPS); jit=True does."""
+    model = BayesianMLP(784, (400, 400), 10)
+    x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
+    guide = guides.get("diagonal")(model)
+    auto = zoo.Objective(model, guide)
+    auto.setup(x, y)
+    assert auto.compiled is None
+    assert auto.jit_state.startswith("eager (a large step on the CPU: its forward pass is 61.")
+    forced = zoo.Objective(model, guide, jit=True)
+    forced.setup(x, y)
+    assert forced.compiled is not None and forced.jit_state == "compiled"
