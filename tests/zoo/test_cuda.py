@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+import guides
 import zoo
 from tests.families import CASES
 
@@ -87,3 +88,29 @@ def test_interrupted_gpu_fit_resumes_from_its_checkpoint(tmp_path):
     # cuDNN's convolution kernels are not bitwise deterministic: equal up to float noise
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("family,options", FAMILIES)
+def test_the_compiled_loss_on_cuda_equals_the_eager_one(family, options):
+    """jit="auto" compiles on CUDA at any size: same loss and gradients as the eager loss for
+    the same draws (CUDA's generator is forked and replayed like the CPU's)."""
+    model = zoo.models.LeNet5(hidden=32).cuda()
+    x, y = (t.cuda() for t in data(64))
+    guide = guides.get(family)(model, **options).cuda()
+    eager = zoo.Objective(model, guide, jit=False)
+    compiled = zoo.Objective(model, guide)
+    eager.setup(x, y)
+    compiled.setup(x, y)
+    assert compiled.compiled is not None
+    params = [p for p in guide.parameters() if p.requires_grad]
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        a = eager.loss(x, y, 1000)
+        grads_a = torch.autograd.grad(a, params)
+        torch.manual_seed(seed)
+        b = compiled.loss(x, y, 1000)
+        grads_b = torch.autograd.grad(b, params)
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-3)
+        for ga, gb in zip(grads_a, grads_b):
+            torch.testing.assert_close(gb, ga, rtol=1e-3, atol=1e-3)
+    assert compiled.jit_state == "compiled"
