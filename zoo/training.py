@@ -173,10 +173,11 @@ def fit(
         Evaluate the loss through a graph traced once per minibatch shape with
         ``torch.jit.trace`` (:mod:`zoo.compiled`): the same loss and gradients for the same
         draws, without the per-step Python of Pyro's traces. ``"auto"`` compiles ``zoo`` models
-        with a ``guides`` family and ``num_particles=1`` and falls back to the eager loss (with a
-        warning) if a graph fails its check against it; ``True`` raises instead; ``False``
-        never compiles. The first step is always eager (it runs Pyro's validation).
-        ``result.options["jit"]`` says which ran.
+        with a ``guides`` family and ``num_particles=1`` whose forward pass on the CPU is under
+        :data:`zoo.compiled.COMPILE_BELOW_FLOPS` (on CUDA at any size), and falls back to the
+        eager loss (with a warning) if a graph fails its check against it; ``True`` compiles
+        any size and raises instead; ``False`` never compiles. The first step is always eager
+        (it runs Pyro's validation). ``result.options["jit"]`` says which ran.
 
     Returns
     -------
