@@ -19,21 +19,18 @@ import contextlib
 import os
 import statistics
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
 
-import guides
-import zoo
 from zoo.compiled import COMPILE_BELOW_FLOPS
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
 from zoo.threads import SMALL_FORWARD_FLOPS, forward_flops
 
 sys.path.insert(0, str(Path(__file__).parent))
-from step_time import Competitor  # noqa: E402  (the same competing process)
+from step_time import Competitor, ZooStep  # noqa: E402  (the same process and fit)
 
 #: name -> (network builder, input shape, batch size, task)
 SIZES = {
@@ -54,37 +51,22 @@ OPTIMIZERS = {
 
 
 class Setting:
-    """One network fitted with one thread count and one option set; its step times."""
+    """One network fitted with one thread count and one option set (a
+    :class:`step_time.ZooStep`); its step times."""
 
     def __init__(self, size: str, family: str, threads: int, options: dict):
         build, shape, batch, task = SIZES[size]
         torch.manual_seed(0)
-        net = build()
-        if task == "regression":
-            self.model = zoo.models.BayesianModel(net, task=task, noise=1.0)
-            y = torch.randn(batch)
-        else:
-            self.model = zoo.models.BayesianModel(net, task=task)
-            y = torch.randint(0, 10, (batch,))
-        self.data = (torch.randn((batch,) + shape), y)
-        self.guide = guides.get(family)(self.model)
-        self.threads, self.options = threads, options
-        self.flops = forward_flops(self.model, *self.data)
+        x = torch.randn((batch,) + shape)
+        y = torch.randn(batch) if task == "regression" else torch.randint(0, 10, (batch,))
+        cpu = torch.device("cpu")
+        self.step = ZooStep(build(), x, y, family, {}, cpu, threads=threads, **options)
+        self.flops = forward_flops(self.step.model, x, y)
 
     def run(self, steps: int) -> list[float]:
-        stamps = []
-        zoo.fit(
-            self.model,
-            self.guide,
-            self.data,
-            num_steps=steps + 1,
-            batch_size=len(self.data[0]),
-            progress=False,
-            threads=self.threads,
-            **self.options,
-            callbacks=[lambda state: stamps.append(time.perf_counter())],
-        )
-        return [b - a for a, b in zip(stamps[:-1], stamps[1:])]
+        self.step.times = []
+        self.step.run(steps)
+        return self.step.times
 
 
 def main() -> None:

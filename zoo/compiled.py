@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from zoo.elbo import ElboScale
+from zoo.rng import forked
 
 #: On the CPU, ``jit="auto"`` compiles a step whose forward pass (one minibatch) is below this many
 #: floating-point operations, where the Python around the arithmetic is most of the step.
@@ -132,24 +133,22 @@ class CompiledLoss:
 
     def _compile(self, x, y, data_scale: float, kl_weight: float):
         inputs = (*self.params, x, y, *self._scales(x, data_scale, kl_weight))
-        devices = [x.device.index or 0] if x.device.type == "cuda" else []
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the tracer's notes on Python values
-                with torch.random.fork_rng(devices=devices):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the tracer's notes on Python values
+            try:
+                with forked(x.device):
                     graph = torch.jit.trace(self.surrogate, inputs, check_trace=False)
-                with torch.random.fork_rng(devices=devices):
+                with forked(x.device):
                     _other_draws(x.device)
                     compiled = graph(*inputs).detach()
+            except RuntimeError as error:  # an operation the tracer cannot record
+                self.refused = f"torch.jit.trace failed: {error}".splitlines()[0]
+                return None
+            finally:  # the trace left its input tensors in the scale messenger
                 self.scale.data_scale, self.scale.kl_weight = float(data_scale), float(kl_weight)
-                with torch.random.fork_rng(devices=devices), torch.no_grad(), self.context():
-                    _other_draws(x.device)
-                    eager = self.elbo.differentiable_loss(self.model, self.guide, x, y).detach()
-        except RuntimeError as error:  # an operation the tracer cannot record
-            self.refused = f"torch.jit.trace failed: {error}".splitlines()[0]
-            return None
-        finally:
-            self.scale.data_scale, self.scale.kl_weight = float(data_scale), float(kl_weight)
+            with forked(x.device), torch.no_grad(), self.context():
+                _other_draws(x.device)
+                eager = self.elbo.differentiable_loss(self.model, self.guide, x, y).detach()
         if not torch.isfinite(eager):
             return UNCHECKED
         if not torch.allclose(compiled, eager, rtol=CHECK_RTOL, atol=0.0):
@@ -162,7 +161,7 @@ class CompiledLoss:
 
 
 def _other_draws(device: torch.device) -> None:
-    """Move torch's generators on (inside a ``fork_rng``), so that the check draws other
+    """Move torch's generators on (inside :func:`zoo.rng.forked`), so that the check draws other
     values than the trace did: a value the trace froze then differs from the eager one."""
     torch.randn(1024)
     if device.type == "cuda":

@@ -107,6 +107,8 @@ class Objective:
         self._wired: tuple[Callable, Callable] | None = None
         self.jit = jit
         self.compiled: CompiledLoss | None = None
+        self._eager_reason: str | None = "not set up yet"
+        self._flops: int | None = None
         self._warned = False
 
     def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
@@ -133,7 +135,8 @@ class Objective:
         self._wired = estimators.wire(
             self.scale(self.model), self.scale(self.guide), self.estimator, skip
         )
-        self.compiled = None
+        self.compiled, self._flops = None, None
+        self._setup_batch = (x, y)
         self._eager_reason = self._why_eager(x, y)
         if self._eager_reason is None:
             params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
@@ -147,13 +150,21 @@ class Objective:
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
         if refusal is None and self.jit == "auto":
-            refusal = size_refusal(x.device, lambda: forward_flops(self.model, x, y))
+            refusal = size_refusal(x.device, self.forward_flops)
         return refusal
+
+    def forward_flops(self) -> int:
+        """Floating-point operations of the model's forward pass on the batch given to
+        :meth:`setup` (:func:`zoo.threads.forward_flops`), counted once."""
+        if self._flops is None:
+            self._flops = forward_flops(self.model, *self._setup_batch)
+            self._setup_batch = None  # counted: the batch is not kept
+        return self._flops
 
     @property
     def jit_state(self) -> str:
         """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
-        reason = getattr(self, "_eager_reason", None)
+        reason = self._eager_reason
         if reason is None and self.compiled is not None:
             reason = self.compiled.refused
         return "compiled" if reason is None else f"eager ({reason})"

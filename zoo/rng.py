@@ -17,15 +17,25 @@ def seeded(seed: int | None, device: torch.device | str | None = None):
     if seed is None:
         yield
         return
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    cuda = (
-        [device.index if device.index is not None else torch.cuda.current_device()]
-        if (device.type == "cuda")
-        else []
-    )
+    cuda = cuda_indices(device)
     with torch.random.fork_rng(devices=cuda):
         torch.random.default_generator.manual_seed(seed)
         for index in cuda:
             with torch.cuda.device(index):
                 torch.cuda.manual_seed(seed)
         yield
+
+
+def cuda_indices(device: torch.device | str | None) -> list[int]:
+    """The CUDA generators that work on ``device`` draws from: ``[index]`` for a CUDA device
+    (the current one when it names none), ``[]`` for the CPU or ``None``."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type != "cuda":
+        return []
+    return [device.index if device.index is not None else torch.cuda.current_device()]
+
+
+def forked(device: torch.device | str | None = None):
+    """``torch.random.fork_rng`` over the CPU generator and that of ``device``: draws inside
+    the block leave the caller's generator states as they were."""
+    return torch.random.fork_rng(devices=cuda_indices(device))

@@ -28,6 +28,8 @@ import pyro.poutine as poutine
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from zoo.rng import forked
+
 #: Forward passes below this many floating-point operations (per minibatch) run on one thread.
 SMALL_FORWARD_FLOPS = 20_000_000
 
@@ -37,9 +39,8 @@ def forward_flops(model: Callable, *args, **kwargs) -> int:
     counted without gradients, without recording Pyro sites and without advancing torch's
     random generators."""
     counter = FlopCounterMode(display=False)
-    devices = [args[0].device] if args and torch.is_tensor(args[0]) else []
-    cuda = [d.index or 0 for d in devices if d.type == "cuda"]
-    with torch.random.fork_rng(devices=cuda), torch.no_grad(), poutine.block(), counter:
+    device = args[0].device if args and torch.is_tensor(args[0]) else None
+    with forked(device), torch.no_grad(), poutine.block(), counter:
         model(*args, **kwargs)
     return int(counter.get_total_flops())
 

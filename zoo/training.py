@@ -33,7 +33,7 @@ from zoo.optim import (
 from zoo.result import FitResult, FitState
 from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore
-from zoo.threads import check_threads, forward_flops, intra_op_threads, step_threads
+from zoo.threads import check_threads, intra_op_threads, step_threads
 from zoo.trainer import Trainer
 
 #: The full-batch recipe for small regression data sets (``zoo.fit(..., batch_size=len(x),
@@ -219,7 +219,7 @@ def fit(
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
-        num_threads = step_threads(threads, dev, lambda: forward_flops(model, x0, y0))
+        num_threads = step_threads(threads, dev, objective.forward_flops)
 
         options = dict(
             guide=getattr(guide, "family", None) or type(guide).__name__,

@@ -46,35 +46,28 @@ def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
     assert zoo.threads.forward_flops(lenet, torch.randn(128, 1, 28, 28)) > small
 
 
-def test_fit_runs_a_small_step_on_one_thread_and_restores_the_callers_count(two_threads):
+def fit_tiny(n: int = 32, **options):
+    """The tiny model fitted on ``n`` random examples in batches of 32."""
+    data = (torch.randn(n, 13), torch.randn(n))
+    return zoo.fit(tiny_model(), "diagonal", data, batch_size=32, progress=False, **options)
+
+
+def threads_seen(**options):
+    """``(torch's thread count at each step, the fit)`` of :func:`fit_tiny`."""
     seen = []
-    fit = zoo.fit(
-        tiny_model(),
-        "diagonal",
-        (torch.randn(64, 13), torch.randn(64)),
-        num_steps=3,
-        batch_size=32,
-        progress=False,
-        callbacks=[lambda state: seen.append(torch.get_num_threads())],
-    )
+    fit = fit_tiny(callbacks=[lambda state: seen.append(torch.get_num_threads())], **options)
+    return seen, fit
+
+
+def test_fit_runs_a_small_step_on_one_thread_and_restores_the_callers_count(two_threads):
+    seen, fit = threads_seen(n=64, num_steps=3)
     assert seen == [1, 1, 1] and fit.options["threads"] == 1
     assert torch.get_num_threads() == 2
 
 
 def test_an_explicit_count_is_used_and_none_leaves_torchs_setting(two_threads):
-    data = (torch.randn(32, 13), torch.randn(32))
     for threads, expected in ((1, 1), (None, 2), (2, 2)):
-        seen = []
-        fit = zoo.fit(
-            tiny_model(),
-            "diagonal",
-            data,
-            num_steps=2,
-            batch_size=32,
-            progress=False,
-            threads=threads,
-            callbacks=[lambda state, seen=seen: seen.append(torch.get_num_threads())],
-        )
+        seen, fit = threads_seen(num_steps=2, threads=threads)
         assert seen == [expected] * 2 and fit.options["threads"] == expected
         assert torch.get_num_threads() == 2
 
@@ -84,25 +77,11 @@ def test_the_callers_count_is_back_after_a_fit_that_raises(two_threads):
         raise RuntimeError("a callback failed")
 
     with pytest.raises(RuntimeError, match="a callback failed"):
-        zoo.fit(
-            tiny_model(),
-            "diagonal",
-            (torch.randn(32, 13), torch.randn(32)),
-            num_steps=2,
-            progress=False,
-            callbacks=[stop],
-        )
+        fit_tiny(num_steps=2, callbacks=[stop])
     assert torch.get_num_threads() == 2
 
 
 @pytest.mark.parametrize("threads", [0, -1, 1.5, "all", True])
 def test_a_bad_thread_count_is_refused_before_training(threads):
     with pytest.raises(ValueError, match="threads must be 'auto', None or a positive int"):
-        zoo.fit(
-            tiny_model(),
-            "diagonal",
-            (torch.randn(32, 13), torch.randn(32)),
-            num_steps=1,
-            progress=False,
-            threads=threads,
-        )
+        fit_tiny(num_steps=1, threads=threads)
