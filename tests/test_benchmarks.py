@@ -5,6 +5,7 @@ Timings are never asserted: they are the scripts' job, read from one run on a qu
 epochs of MNIST) take minutes and are not run here.
 """
 
+import json
 import subprocess
 import sys
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 import guides
+import zoo
 from tests.conftest import REPO
 
 
@@ -115,8 +117,6 @@ def test_arviz_time_prints_its_rows():
 
 
 def test_regression_resumes_from_its_checkpoint(tmp_path):
-    import json
-
     args = ["--datasets", "linnerud", "--splits", "1", "--families", "diagonal", "--priors"]
     args += ["default", "--num-steps", "5", "--samples", "4", "--workers", "1"]
     checkpoint = tmp_path / "fits.jsonl"
@@ -175,3 +175,41 @@ def test_regression_noise_prints_the_noise_and_its_two_terms():
     assert total == pytest.approx(residual + spread, abs=2e-3)
     assert noise > 0 and spread >= 0 and test_spread >= 0
     assert least_squares == pytest.approx(0.49, abs=0.05)  # diabetes: R^2 of about 0.5
+
+
+def _script(name: str):
+    """A benchmark script imported as a module (to call its functions in-process)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_posch_pilz_resumes_to_the_uninterrupted_run(tmp_path, mnist_root):
+    script = _script("posch_pilz")
+    args = ["--limit", "256", "--test-limit", "50", "--samples", "4", "--threads", "1"]
+    args += ["--data", str(mnist_root), "--checkpoint-every", "5"]
+
+    def where(name: str) -> list[str]:
+        return ["--out", str(tmp_path / name), "--checkpoints", str(tmp_path / f"{name}-ckpt")]
+
+    out = _run("benchmarks/posch_pilz.py", *args, *where("whole"), "--iterations", "12")
+    assert out.splitlines()[2].startswith("| tridiagonal | 100 | 12 | ")
+    whole = json.loads((tmp_path / "whole" / "tridiagonal_100.json").read_text())
+    script.run(script.parse([*args, *where("split"), "--iterations", "6"]))  # stops at step 6
+    resumed = script.run(script.parse([*args, *where("split"), "--iterations", "12"]))
+    assert whole["iterations"] == resumed["iterations"] == 12  # continued from step 6
+    for key in ("test_error", "nll", "ece", "certainty", "tau_rho", "examples", "loss_curve"):
+        assert whole[key] == resumed[key], key
+    assert sum(whole["certainty"].values()) == whole["test_size"] == 50
+    assert set(whole["tau_rho"]) == {"conv1", "conv2", "fc1", "fc2"}
+    assert whole["paper"]["test_error"]["bayesian"] == 0.007
+    assert whole["command"].startswith("python benchmarks/posch_pilz.py --limit 256 ")
+    saved = zoo.load(tmp_path / "whole" / "tridiagonal_100.fit")
+    assert saved.steps == 12 and saved.options["batch_size"] == 64
+    diagonal = script.run(
+        script.parse([*args, *where("d"), "--iterations", "2", "--family", "diagonal"])
+    )
+    assert diagonal["tau_rho"] is None and "lr_multipliers" not in script.recipe("diagonal")
