@@ -44,6 +44,7 @@ def to_inference_data(
     var_names: Sequence[str] | str | None = None,
     seed: int | None = 0,
     progress: bool = True,
+    distributed: bool = False,
 ) -> az.InferenceData:
     """An ``az.InferenceData`` of a fitted guide.
 
@@ -66,6 +67,9 @@ def to_inference_data(
         Seeds the draws.
     progress : bool
         Progress bar of the predictions (shown after two seconds).
+    distributed : bool
+        Called on every rank of a distributed run: the predictions are computed in shards and
+        gathered once (:func:`zoo.predictive.predict`); every rank returns the same groups.
     """
     from zoo.data_checks import check_labelled_data, gather_tensors
     from zoo.predictive import predict
@@ -78,7 +82,9 @@ def to_inference_data(
     with seeded(seed, fit.device):  # one stream: the draws, then the replicated data
         draws = guide.sample_posterior(num_samples)
         if data is not None:
-            pred = predict(model, guide, x, params=draws, progress=progress)
+            pred = predict(
+                model, guide, x, params=draws, progress=progress, distributed=distributed
+            )
             y = y.to(pred.outputs.device)
             log_lik = pred.log_likelihood(y).cpu().numpy()
             replicated = pred.likelihood.sample().cpu().numpy()

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, TensorDataset
 
 from zoo.likelihoods import check_labels, shape_n
 from zoo.models.base import BayesianModel
@@ -34,15 +34,30 @@ class Batches:
     there; any other ``Dataset`` goes through a ``DataLoader``; a ``DataLoader`` is used as is.
     Batches of an ``IterableDataset`` are checked as they come (``model``'s likelihood checks
     the targets); every other form is checked before training (:func:`check_dataset`).
+
+    ``shard=(rank, world_size)`` gives this rank its part of every epoch (see
+    :mod:`zoo.distributed`): in-memory tensors split each epoch's shuffle ``world_size`` ways
+    (padded by wrapping round to equal parts); other data go through a ``DistributedSampler``
+    seeded with ``seed`` (a given ``DataLoader`` is rebuilt with its batch size, collate
+    function and workers). ``len(self)`` stays the full ``N``.
     """
 
     def __init__(
-        self, data, batch_size: int, device: torch.device, generator: torch.Generator, model=None
+        self,
+        data,
+        batch_size: int,
+        device: torch.device,
+        generator: torch.Generator,
+        model=None,
+        shard: tuple[int, int] = (0, 1),
+        seed: int = 0,
     ):
         self.model = model
         self.device = device
         self.generator = generator
+        self.rank, self.world_size = shard
         self.loader: DataLoader | None = None
+        self.sampler: DistributedSampler | None = None
         self.tensors: tuple[torch.Tensor, torch.Tensor] | None = None
         if isinstance(data, DataLoader):
             self.loader = data
@@ -60,6 +75,29 @@ class Batches:
                 self.loader = DataLoader(
                     data, batch_size=self.batch_size, shuffle=True, generator=generator
                 )
+        if self.world_size > 1 and self.loader is not None:
+            self._shard_loader(seed)
+
+    def _shard_loader(self, seed: int) -> None:
+        dataset = self.loader.dataset
+        if isinstance(dataset, IterableDataset):
+            raise ValueError(
+                "an IterableDataset cannot be split across processes by the fit (it has no "
+                "index); pass a map-style Dataset, or fit on one process"
+            )
+        self.sampler = DistributedSampler(
+            dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=seed
+        )
+        old = self.loader
+        self.loader = DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            sampler=self.sampler,
+            collate_fn=old.collate_fn,
+            num_workers=old.num_workers,
+            pin_memory=old.pin_memory,
+            persistent_workers=old.persistent_workers if old.num_workers else False,
+        )
 
     def __len__(self) -> int:
         return self.size
@@ -73,16 +111,25 @@ class Batches:
     def steps_per_epoch(self) -> int:
         if self.loader is not None:
             return len(self.loader)
-        return math.ceil(self.size / self.batch_size)
+        return math.ceil(math.ceil(self.size / self.world_size) / self.batch_size)
 
-    def epoch(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def epoch(self, number: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The minibatches of epoch ``number`` (which seeds a ``DistributedSampler``'s shuffle;
+        otherwise the shuffling generator's state decides)."""
         if self.tensors is not None:
             x, y = self.tensors
-            perm = torch.randperm(self.size, generator=self.generator).to(self.device)
-            for start in range(0, self.size, self.batch_size):
+            perm = torch.randperm(self.size, generator=self.generator)
+            if self.world_size > 1:
+                per_rank = math.ceil(self.size / self.world_size)
+                perm = perm.repeat(math.ceil(per_rank * self.world_size / self.size))
+                perm = perm[: per_rank * self.world_size][self.rank :: self.world_size]
+            perm = perm.to(self.device)
+            for start in range(0, len(perm), self.batch_size):
                 idx = perm[start : start + self.batch_size]
                 yield x[idx], y[idx]
             return
+        if self.sampler is not None:
+            self.sampler.set_epoch(number)
         for index, batch in enumerate(self.loader):
             xb, yb = _split_batch(batch)
             if self.check_batches:  # an IterableDataset: no pass before training could run

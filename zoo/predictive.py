@@ -10,6 +10,7 @@ from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
 from zoo.data_checks import check_inputs
+from zoo.distributed import Ranks
 from zoo.models.base import BayesianModel
 from zoo.prediction import Prediction
 from zoo.rng import seeded
@@ -106,6 +107,7 @@ def predict(
     params: dict[str, torch.Tensor] | None = None,
     progress: bool = True,
     seed: int | None = None,
+    distributed: bool = False,
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
@@ -125,20 +127,31 @@ def predict(
     ``progress`` shows a tqdm bar over the passes once a prediction has run for
     ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one. ``seed`` fixes the weight draws
     without changing the caller's random state (``None``: draws from the global generator).
+
+    ``distributed=True``, called on every rank of a distributed run (after
+    ``zoo.fit(devices=...)``, under ``torchrun``...): rank 0's weight draws go to every rank,
+    each evaluates its contiguous ``1/W`` of ``x``, and the outputs are gathered once, so every
+    rank returns the prediction one process would make with those draws.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
     device = _fitted_guide_device(guide)
     check_inputs(model, x, device)
+    x0 = x
+    ranks = Ranks.of_process_group() if distributed else Ranks()
     if params is None:
         with seeded(seed, device):
             params = guide.sample_posterior(num_samples)
     else:
         num_samples = next(iter(params.values())).shape[0]
+    ranks.broadcast_(params.values())
+    n = x.shape[0]
+    lo, hi = ranks.shard_bounds(n)
+    x = x[lo:hi]
     if sample_batch_size is None:
         sample_batch_size = 1
     if batch_size is None:
-        batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x, params)
+        batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x0, params)
     step = max(1, int(sample_batch_size))
     starts = range(0, x.shape[0], batch_size)
     draws = range(0, num_samples, step)
@@ -165,4 +178,10 @@ def predict(
                     )
                 bar.update(1)
             blocks.append(torch.cat(parts, dim=0))
-    return model.likelihood.predict(torch.cat(blocks, dim=1), params)
+    if blocks:
+        outputs = torch.cat(blocks, dim=1)
+    else:  # an empty shard (fewer inputs than ranks)
+        probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
+        outputs = probe.new_empty((num_samples, 0, *probe.shape[1:]))
+    outputs = ranks.gather_rows(outputs, n, dim=1)
+    return model.likelihood.predict(outputs, params)

@@ -76,10 +76,12 @@ class FitResult:
         progress: bool = True,
         sample_batch_size: int | None = None,
         seed: int | None = None,
+        distributed: bool = False,
     ):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
         blocks of inputs (see :func:`zoo.predictive.predict`: the same options; its progress
-        bar appears after two seconds)."""
+        bar appears after two seconds). ``distributed=True`` on every rank of a distributed
+        run shards ``x`` across the ranks and gathers the outputs once."""
         from zoo.predictive import predict
 
         return predict(
@@ -91,6 +93,7 @@ class FitResult:
             sample_batch_size=sample_batch_size,
             progress=progress,
             seed=seed,
+            distributed=distributed,
         )
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
@@ -123,12 +126,19 @@ class FitResult:
         var_names=None,
         seed: int | None = 0,
         progress: bool = True,
+        distributed: bool = False,
     ):
         """ArviZ ``InferenceData`` of this fit; see :func:`zoo.arviz.to_inference_data`."""
         from zoo.arviz import to_inference_data
 
         return to_inference_data(
-            self, data, num_samples=num_samples, var_names=var_names, seed=seed, progress=progress
+            self,
+            data,
+            num_samples=num_samples,
+            var_names=var_names,
+            seed=seed,
+            progress=progress,
+            distributed=distributed,
         )
 
     def evaluate(
@@ -138,6 +148,7 @@ class FitResult:
         batch_size: int | None = None,
         seed: int | None = 0,
         progress: bool = True,
+        distributed: bool = False,
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``), as the
         model's likelihood defines them (``zoo.likelihoods``).
@@ -147,11 +158,19 @@ class FitResult:
         predictive *density* of the sample mixture, in the units of ``y``: it can be negative),
         ``coverage_95`` (central 95% predictive interval). ``seed`` fixes the weight draws
         without changing the caller's random state (``None``: the global generator).
+        ``distributed=True``, on every rank of a distributed run: each rank predicts its shard
+        of ``data`` with rank 0's draws and the outputs are gathered once, so every rank
+        returns the metrics one process computes with those draws.
         """
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
         pred = self.predict(
-            x, num_samples=num_samples, batch_size=batch_size, progress=progress, seed=seed
+            x,
+            num_samples=num_samples,
+            batch_size=batch_size,
+            progress=progress,
+            seed=seed,
+            distributed=distributed,
         )
         return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
 

@@ -11,11 +11,12 @@ from tqdm import tqdm
 
 from zoo import persist
 from zoo.data_checks import Batches
+from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
-from zoo.state import TrainingState, write_checkpoint
+from zoo.state import TrainingState, rank_generator_state, write_checkpoint
 
 
 class Trainer:
@@ -38,12 +39,14 @@ class Trainer:
         per_example: bool,
         checkpoint,
         checkpoint_every: int | None,
+        ranks: Ranks | None = None,
     ):
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.params, self.guard, self.batches = params, guard, batches
         self.generator, self.state, self.result = generator, state, result
         self.clip_grad_norm, self.per_example = clip_grad_norm, per_example
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
+        self.ranks = ranks if ranks is not None else Ranks()
         # The result shows the state's history as it grows.
         result.losses, result.epoch_losses = state.losses, state.epoch_losses
         result.skipped_steps = state.skipped_steps
@@ -54,8 +57,9 @@ class Trainer:
     def run(self, total: int, callbacks: list, progress: bool) -> None:
         """Steps until ``total`` steps are taken, a callback returns ``True`` or Ctrl-C."""
         state = self.state
+        show = progress and self.ranks.is_global_zero
         bar = tqdm(
-            total=total, initial=state.step, disable=not progress, unit="step", dynamic_ncols=True
+            total=total, initial=state.step, disable=not show, unit="step", dynamic_ncols=True
         )
         self._start = time.perf_counter()
         stop = False
@@ -63,7 +67,7 @@ class Trainer:
             while state.step < total and not stop:
                 # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
                 self.generator.set_state(state.epoch_start_state)
-                for index, (xb, yb) in enumerate(self.batches.epoch()):
+                for index, (xb, yb) in enumerate(self.batches.epoch(state.epoch)):
                     if index < state.done_in_epoch:
                         continue
                     value = self.step(xb, yb)
@@ -76,7 +80,7 @@ class Trainer:
                         break
         except KeyboardInterrupt:
             self.result.interrupted = True
-            self.save_checkpoint()
+            self.save_checkpoint(gather=False)  # other ranks may not be here to gather
         finally:
             bar.close()
             self.result.wall_time = self._wall_time()
@@ -84,8 +88,9 @@ class Trainer:
             self.final_check()
         if not self.result.interrupted:
             self.save_checkpoint()
-        self.guard.warn_skipped(state.step)
-        self.warn_prior()
+        if self.ranks.is_global_zero:
+            self.guard.warn_skipped(state.step)
+            self.warn_prior()
 
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""
@@ -95,11 +100,13 @@ class Trainer:
 
     def step(self, xb: torch.Tensor, yb: torch.Tensor) -> float:
         """One minibatch: loss, gradients, the divergence check and (if finite) the update."""
-        state, num_data = self.state, len(self.batches)
+        state = self.state
         self._last_batch = (xb, yb)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.objective.loss(xb, yb, num_data, step=state.step, validate=state.step == 0)
-        (loss / num_data if self.per_example else loss).backward()
+        if self.ranks.distributed:
+            loss = self._averaged_loss(xb, yb)
+        else:
+            loss = self._loss(xb, yb)
         if self.clip_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
         else:  # the norm only, to detect a non-finite gradient
@@ -116,6 +123,22 @@ class Trainer:
         state.step += 1
         return value
 
+    def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        """This process's loss, its gradients in ``.grad``."""
+        step, num_data = self.state.step, len(self.batches)
+        loss = self.objective.loss(xb, yb, num_data, step=step, validate=step == 0)
+        (loss / num_data if self.per_example else loss).backward()
+        return loss
+
+    def _averaged_loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        """The ranks' mean loss and gradients (:meth:`zoo.distributed.Ranks.average_step`); an
+        error in this rank's step reaches the others before it is raised here."""
+        try:
+            loss, error = self._loss(xb, yb), None
+        except Exception as err:  # every rank must join the step's collective
+            loss, error = None, err
+        return self.ranks.average_step(loss, self.params, self.state.step, error)
+
     def _after_step(self, value: float, total: int, callbacks: list) -> bool:
         """Epoch bookkeeping, checkpoint and callbacks; ``True`` when a callback stops."""
         state = self.state
@@ -128,7 +151,8 @@ class Trainer:
         every = self.checkpoint_every
         if (every is not None and state.step % every == 0) or (every is None and epoch_end):
             self.save_checkpoint()
-        return any(cb(fit_state) for cb in callbacks)
+        stop = any(cb(fit_state) for cb in callbacks)
+        return self.ranks.any(stop) if callbacks else False
 
     def final_check(self) -> None:
         """The last update is checked by no step: evaluate its loss, invisibly to the RNG."""
@@ -139,14 +163,21 @@ class Trainer:
             final = float(
                 self.objective.loss(*self._last_batch, len(self.batches), step=self.state.step)
             )
+        final = self.ranks.mean(final)
         persist.set_rng_state(rng, self.generator)
         self.guard.final_check(final, self.state.step - 1)
 
-    def save_checkpoint(self) -> None:
-        """Write the checkpoint, if the fit has one."""
+    def save_checkpoint(self, gather: bool = True) -> None:
+        """Write the checkpoint, if the fit has one: rank 0 writes it, with every rank's
+        generator state when the ranks can ``gather`` (all reach this call together)."""
         if self.checkpoint is None:
             return
         self.state.wall_time = self._wall_time()
+        rank_rng = None
+        if self.ranks.distributed and gather:
+            rank_rng = self.ranks.gather(rank_generator_state())
+        if not self.ranks.is_global_zero:
+            return
         write_checkpoint(
             self.checkpoint,
             state=self.state,
@@ -156,6 +187,7 @@ class Trainer:
             scheduler=self.scheduler,
             generator=self.generator,
             options=self.result.options,
+            rank_rng=rank_rng,
         )
 
     def _wall_time(self) -> float:

@@ -10,6 +10,7 @@ steps, writes the checkpoints and handles Ctrl-C. Each piece lives in its own mo
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -18,8 +19,9 @@ import torch
 from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
-from zoo import persist
+from zoo import distributed, persist
 from zoo.data_checks import Batches, as_tensors, check_data, check_dataset, check_input_shape
+from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.models.base import BayesianModel
 from zoo.objective import Objective
@@ -28,11 +30,12 @@ from zoo.optim import (
     check_optimizer,
     make_optimizer,
     make_scheduler,
+    named_parameters,
     param_groups,
 )
 from zoo.result import FitResult, FitState
 from zoo.rng import seeded
-from zoo.state import TrainingState, read_checkpoint, restore
+from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
 from zoo.threads import check_threads, intra_op_threads, step_threads
 from zoo.trainer import Trainer
 
@@ -72,6 +75,10 @@ def fit(
     resume: str | os.PathLike | None = None,
     threads: int | str | None = "auto",
     jit: bool | str = "auto",
+    accelerator: str = "auto",
+    devices: int | str = 1,
+    num_nodes: int = 1,
+    strategy: str = "auto",
 ) -> FitResult:
     """Fit a variational posterior to a Pyro model by stochastic variational inference.
 
@@ -179,21 +186,88 @@ def fit(
         any size and raises instead; ``False`` never compiles. The first step is always eager
         (it runs Pyro's validation). ``result.options["jit"]`` says which ran.
 
+    accelerator, devices, num_nodes, strategy
+        Fit across processes on Lightning Fabric (names and values as Lightning's: e.g.
+        ``devices=4, num_nodes=2, strategy="ddp", accelerator="gpu"``); the defaults run in this
+        process on ``device``. Under ``torchrun`` or SLURM pass the same numbers the job was
+        started with; otherwise Lightning starts the other processes (``"ddp"`` runs this
+        script again for each, as ``torchrun`` would). Each rank draws its own minibatches (its
+        shard of every epoch's shuffle) and weights (seeded from ``seed`` and its rank); the
+        ranks' gradients are averaged, an unbiased estimate of the full-data ELBO's (see
+        :mod:`zoo.distributed`). Rank 0 shows the progress bar and writes the checkpoints;
+        every rank returns the same fitted guide. Needs ``lightning`` (the ``distributed``
+        extra).
+
     Returns
     -------
     FitResult
     """
+    settings = {k: v for k, v in locals().items() if k not in DISTRIBUTION}
+    if distributed.requested(devices, num_nodes, strategy):
+        return distributed.launch(
+            functools.partial(_fit_with, settings),
+            accelerator=distributed.accelerator_for(device, accelerator),
+            devices=devices,
+            num_nodes=num_nodes,
+            strategy=strategy,
+        )
+    return _fit(Ranks(), **settings)
+
+
+#: ``fit``'s arguments that choose the processes, not the fit.
+DISTRIBUTION = ("accelerator", "devices", "num_nodes", "strategy")
+
+
+def _fit_with(settings: dict, ranks: Ranks) -> FitResult:
+    return _fit(ranks, **settings)
+
+
+def _fit(
+    ranks: Ranks,
+    model,
+    guide,
+    data,
+    *,
+    epochs,
+    num_steps,
+    batch_size,
+    lr,
+    optimizer,
+    optimizer_options,
+    lr_schedule,
+    lr_multipliers,
+    num_particles,
+    kl_weight,
+    elbo,
+    guide_options,
+    device,
+    seed,
+    progress,
+    callbacks,
+    on_divergence,
+    clip_grad_norm,
+    per_example,
+    estimator,
+    checkpoint,
+    checkpoint_every,
+    resume,
+    threads,
+    jit,
+) -> FitResult:
+    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``."""
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
     check_threads(threads)
     for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
         if value is not None:
             _check_positive(**{name: value})
     opt_cls = check_optimizer(optimizer)
-    dev = resolve_device(device)
+    dev = ranks.device if ranks.distributed else resolve_device(device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
+    if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
+        seed = ranks.gather(int(torch.randint(2**31, ())))[0]
     with seeded(seed, dev):
-        batches, generator = _batches(model, data, batch_size, dev, seed)
+        batches, generator = _batches(model, data, batch_size, dev, seed, ranks)
         x0, y0 = batches.first()
 
         resumed = read_checkpoint(resume) if resume else None
@@ -219,6 +293,11 @@ def fit(
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
+        if ranks.distributed:  # the same start everywhere, then each rank's own draws
+            ranks.broadcast_(p for _, p in named_parameters(guide, model))
+            torch.manual_seed(ranks.seed(seed))
+            if dev.type == "cuda":
+                torch.cuda.manual_seed(ranks.seed(seed))
         num_threads = step_threads(threads, dev, objective.forward_flops)
 
         options = dict(
@@ -235,10 +314,13 @@ def fit(
             estimator_sites=sorted(objective.served),
             seed=seed,
             threads=num_threads or torch.get_num_threads(),
+            world_size=ranks.world_size,
         )
         result = FitResult(model=model, guide=guide, device=dev, options=options)
         if resumed is not None:
             state = restore(resumed, model, opt, sched, generator)
+            if ranks.distributed and not restore_rank_generator(resumed, ranks):
+                torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws
         else:
             state = TrainingState(epoch_start_state=generator.get_state())
         params = [p for g in groups for p in g["params"]]
@@ -256,6 +338,7 @@ def fit(
             per_example=per_example,
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
+            ranks=ranks,
         )
         try:
             with intra_op_threads(num_threads):
@@ -294,14 +377,17 @@ def resolve_device(device) -> torch.device:
     return torch.device(device)
 
 
-def _batches(model, data, batch_size: int, device, seed) -> tuple[Batches, torch.Generator]:
+def _batches(
+    model, data, batch_size: int, device, seed, ranks: Ranks
+) -> tuple[Batches, torch.Generator]:
     """Checked, shuffled minibatches on ``device`` and the generator that shuffles them."""
     tensors = as_tensors(data)
     if tensors is not None:
         check_data(model, *tensors)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
-    batches = Batches(data, batch_size, device, generator, model)
+    shard = (ranks.rank, ranks.world_size)
+    batches = Batches(data, batch_size, device, generator, model, shard, seed or 0)
     if len(batches) == 0:
         raise ValueError("the data set is empty: fit needs at least one example")
     if tensors is None and not batches.check_batches:

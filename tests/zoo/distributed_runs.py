@@ -1,0 +1,121 @@
+"""Distributed fits for tests/zoo/test_distributed.py, one scenario per run:
+
+    python -m tests.zoo.distributed_runs SCENARIO OUT [STEPS]
+
+Run from the repository root. ``zoo.fit(devices=2, strategy="ddp")`` makes Lightning start a
+second process running this same command, as it would for a user's script; each rank writes
+what the test reads into ``OUT/rank<r>.pt`` (plain tensors and numbers).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+import zoo
+from tests.zoo.linear_gaussian import correlated_data, decaying, guide_gaussian, model_for
+from zoo.models import BayesianMLP
+from zoo.priors import NormalPrior
+
+RANK = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning in the processes it starts
+DIST = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "progress": False}
+
+
+def conjugate(out: Path, steps: int) -> dict:
+    """The linear-Gaussian problem with per-rank batch 50; distributed predictions too."""
+    x, y = correlated_data(n=1000, d=3, corr=0.8)
+    fit = zoo.fit(
+        model_for(3),
+        "diagonal",
+        (x, y),
+        num_steps=steps,
+        batch_size=50,
+        lr=0.03,
+        lr_schedule=decaying,
+        guide_options={"init_scale": 0.05},
+        **DIST,
+    )
+    mean, cov = guide_gaussian(fit.guide)
+    xt, yt = correlated_data(n=101, d=3, seed=1)  # 101 rows: the ranks' shards differ in size
+    evaluated = {
+        split: fit.evaluate((xt, yt), num_samples=16, seed=3, distributed=split == "sharded")
+        for split in ("sharded", "one")
+    }
+    preds = {
+        split: fit.predict(xt, num_samples=8, seed=5, distributed=split == "sharded").sample_means
+        for split in ("sharded", "one")
+    }
+    idata = {
+        split: fit.to_arviz((xt, yt), num_samples=8, seed=7, distributed=split == "sharded")
+        for split in ("sharded", "one")
+    }
+    loglik = {k: torch.as_tensor(v.log_likelihood["obs"].values) for k, v in idata.items()}
+    return {
+        "mean": mean,
+        "cov": cov,
+        "loss": fit.losses[-1],
+        "steps": fit.steps,
+        "world_size": fit.options["world_size"],
+        "evaluate": evaluated,
+        "predict": preds,
+        "loglik": loglik,
+    }
+
+
+class FailingMLP(BayesianMLP):
+    """Rank 1's network raises once training has begun."""
+
+    calls = 0
+
+    def network(self, x, params):
+        FailingMLP.calls += 1
+        if RANK == 1 and FailingMLP.calls > 8:
+            raise RuntimeError("rank 1's network failed on purpose")
+        return super().network(x, params)
+
+
+def failing(out: Path, steps: int) -> dict:
+    x, y = correlated_data(n=200, d=3)
+    model = FailingMLP(3, (), 1, prior=NormalPrior(1.0), noise=1.0).double()
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=steps, batch_size=20, jit=False, **DIST)
+    return {"steps": fit.steps}
+
+
+def lenet(out: Path, steps: int, resume: bool = False) -> dict:
+    """LeNet-5 on 512 MNIST images with a checkpoint every 5 steps (killed, resumed, or not)."""
+    (out / f"pid{RANK}").write_text(str(os.getpid()))
+    train = zoo.data.mnist(None, limit=512)
+    checkpoint = out / "fit.ckpt"
+    fit = zoo.fit(
+        zoo.models.LeNet5(hidden=20),
+        "diagonal",
+        train,
+        num_steps=steps,
+        batch_size=16,
+        checkpoint=checkpoint,
+        checkpoint_every=5,
+        resume=checkpoint if resume else None,
+        **DIST,
+    )
+    return {
+        "steps": fit.steps,
+        "losses": torch.tensor(fit.losses),
+        "params": {n: p.detach().clone() for n, p in fit.guide.named_parameters()},
+    }
+
+
+SCENARIOS = {
+    "conjugate": conjugate,
+    "failing": failing,
+    "lenet": lenet,
+    "lenet-resume": lambda out, steps: lenet(out, steps, resume=True),
+}
+
+if __name__ == "__main__":
+    scenario, out, steps = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    out.mkdir(parents=True, exist_ok=True)
+    result = SCENARIOS[scenario](out, steps)
+    torch.save(result, out / f"{scenario}-rank{RANK}.pt")
