@@ -35,7 +35,7 @@ from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
 from guides.mixed import AutoMixed
 from guides.point_mass import AutoMAP, PointMass
-from guides.registry import available, build, families, get
+from guides.registry import available, build, families, get, instantiate
 from guides.site import SitePosterior
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 
@@ -63,4 +63,5 @@ __all__ = [
     "families",
     "gaussian_kl_to_normal",
     "get",
+    "instantiate",
 ]

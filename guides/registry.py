@@ -67,5 +67,32 @@ def build(model, spec: dict):
     return get(spec["family"]).from_spec(model, spec)
 
 
+def instantiate(guide, model, options: dict):
+    """The guide ``zoo.fit`` (or ``zoo.lightning``) was given, built: a family name or a class
+    as ``cls(model, **options)``, a callable ``model -> guide``, or an instance as is."""
+    import inspect
+
+    import torch
+    from pyro.infer.autoguide import AutoGuide
+
+    if isinstance(guide, str):
+        return get(guide)(model, **options)
+    if isinstance(guide, AutoGuide):
+        if options:
+            raise ValueError("guide_options apply only when guide is a name or a class")
+        return guide
+    if inspect.isclass(guide):
+        return guide(model, **options)
+    if callable(guide):
+        built = guide(model, **options)
+        if not isinstance(built, torch.nn.Module):
+            raise TypeError("a guide factory must return a torch.nn.Module guide")
+        return built
+    raise TypeError(
+        f"guide must be a family name {available()}, an AutoGuide class, a "
+        f"callable model -> guide, or a guide instance; got {type(guide).__name__}"
+    )
+
+
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -153,20 +153,33 @@ def fit_command(args: argparse.Namespace) -> int:
     import zoo
     from zoo.arviz import to_netcdf
     from zoo.data_checks import gather_tensors
+    from zoo.distributed import process_rank
 
     train, test = _load_data(args)
     model = _model_factory(args, train)()
+    devices = int(args.devices) if args.devices.isdigit() else args.devices
     fit = zoo.fit(
-        model, args.guide, train, guide_options=args.options[args.guide], **_fit_options(args)
+        model,
+        args.guide,
+        train,
+        guide_options=args.options[args.guide],
+        devices=devices,
+        num_nodes=args.num_nodes,
+        strategy=args.strategy,
+        accelerator=args.accelerator,
+        **_fit_options(args),
     )
-    metrics = fit.evaluate(test, num_samples=args.samples, progress=not args.quiet)
+    shared = dict(progress=not args.quiet, distributed=fit.options["world_size"] > 1)
+    metrics = fit.evaluate(test, num_samples=args.samples, **shared)
+    x, y = gather_tensors(test)  # any data form, as tensors
+    n = min(len(x), args.arviz_points)
+    idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples, **shared)
+    if process_rank() != 0:  # every rank computed its part; rank 0 writes and prints
+        return 0
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"{args.model}-{args.guide}-{args.data}"
     saved = fit.save(out / f"{stem}.pt")
-    x, y = gather_tensors(test)  # any data form, as tensors
-    n = min(len(x), args.arviz_points)
-    idata = fit.to_arviz((x[:n], y[:n]), num_samples=args.arviz_samples, progress=not args.quiet)
     netcdf = to_netcdf(idata, out / f"{stem}.nc")
     print(f"| metric | {args.guide} |\n| --- | --- |")
     print(f"| steps | {fit.steps} |\n| fit seconds | {fit.wall_time:.1f} |")
@@ -325,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         help="test points in the netCDF's predictive groups",
     )
+    g = f.add_argument_group("across processes (Lightning; needs the distributed extra)")
+    g.add_argument("--devices", default="1", help="devices per node: a count, or 'auto'")
+    g.add_argument("--num-nodes", type=int, default=1, help="machines")
+    g.add_argument("--strategy", default="auto", help="ddp, ddp_spawn, ... (as Lightning's)")
+    g.add_argument("--accelerator", default="auto", help="cpu, gpu or auto")
     f.set_defaults(func=fit_command)
 
     c = sub.add_parser(

@@ -53,6 +53,12 @@ def requested(devices, num_nodes, strategy) -> bool:
     return devices not in (1, "1") or num_nodes != 1 or strategy != "auto"
 
 
+def process_rank() -> int:
+    """This process's global rank in the running process group (0 without one)."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def accelerator_for(device, accelerator: str) -> str:
     """Lightning's accelerator for ``zoo.fit``'s ``device`` and ``accelerator`` arguments
     (``device="cuda"`` means ``accelerator="gpu"``); a clear error when they disagree."""

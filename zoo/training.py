@@ -11,7 +11,6 @@ steps, writes the checkpoints and handles Ctrl-C. Each piece lives in its own mo
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 from collections.abc import Callable, Iterable, Mapping
 
@@ -274,7 +273,7 @@ def _fit(
         if resumed is not None:
             guide = persist.build_guide(model, resumed["guide"])
         else:
-            guide = build_guide(guide, model, dict(guide_options or {}))
+            guide = guide_registry.instantiate(guide, model, dict(guide_options or {}))
         guide.to(dev)
         objective = Objective(
             model,
@@ -346,28 +345,6 @@ def _fit(
         finally:
             result.options["jit"] = objective.jit_state
         return result
-
-
-def build_guide(guide, model, options: dict) -> AutoGuide:
-    """The guide ``fit`` was given, built: a family name or a class as ``cls(model, **options)``,
-    a callable ``model -> guide``, or an instance as is."""
-    if isinstance(guide, str):
-        return guide_registry.get(guide)(model, **options)
-    if isinstance(guide, AutoGuide):
-        if options:
-            raise ValueError("guide_options apply only when guide is a name or a class")
-        return guide
-    if inspect.isclass(guide):
-        return guide(model, **options)
-    if callable(guide):
-        built = guide(model, **options)
-        if not isinstance(built, torch.nn.Module):
-            raise TypeError("a guide factory must return a torch.nn.Module guide")
-        return built
-    raise TypeError(
-        f"guide must be a family name {guide_registry.available()}, an AutoGuide class, a "
-        f"callable model -> guide, or a guide instance; got {type(guide).__name__}"
-    )
 
 
 def resolve_device(device) -> torch.device:

@@ -107,7 +107,45 @@ def lenet(out: Path, steps: int, resume: bool = False) -> dict:
     }
 
 
+def trainer(out: Path, steps: int) -> dict:
+    """LeNet-5 through lightning.Trainer(strategy="ddp", devices=2) with a ModelCheckpoint."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+
+    from zoo.lightning import BayesianModule
+
+    train = zoo.data.mnist(None, limit=256)
+    test = zoo.data.mnist(None, train=False, limit=64)
+    module = BayesianModule(zoo.models.LeNet5(hidden=20), "diagonal", len(train), num_samples=4)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        max_steps=steps,
+        val_check_interval=steps // 2,
+        log_every_n_steps=2,
+        callbacks=[ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=steps // 2)],
+        logger=CSVLogger(out, name="logs"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader(train, batch_size=16, shuffle=True), DataLoader(test, 16))
+    predicted = trainer.predict(module, DataLoader(test, batch_size=32))
+    fit = module.to_fit_result()
+    pred = fit.predict(test.tensors[0][:10], num_samples=4, seed=0, progress=False)
+    return {
+        "steps": fit.steps,
+        "probs": pred.probs,
+        "trainer_predict": [p.probs.shape for p in predicted],
+        "params": {n: p.detach().clone() for n, p in fit.guide.named_parameters()},
+        "metrics": {k: float(v) for k, v in trainer.callback_metrics.items()},
+    }
+
+
 SCENARIOS = {
+    "trainer": trainer,
     "conjugate": conjugate,
     "failing": failing,
     "lenet": lenet,

@@ -257,3 +257,25 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
     on_data, gap, beyond = (float(v) for v in sds)
     assert float(printed[0]) <= 0.12
     assert gap > 1.2 * on_data and beyond > 2 * on_data
+
+
+def test_fit_passes_the_process_options_to_zoo_fit(tmp_path, monkeypatch, capsys):
+    """--devices/--num-nodes/--strategy/--accelerator reach zoo.fit as Lightning's names (a
+    real two-process run of the command is in the issue notes; tests/zoo/test_distributed.py
+    runs zoo.fit itself on two ranks)."""
+    import zoo
+    from zoo.cli import main
+
+    seen = {}
+    real_fit = zoo.fit
+
+    def recording_fit(*args, **kwargs):
+        seen.update({k: kwargs[k] for k in ("devices", "num_nodes", "strategy", "accelerator")})
+        return real_fit(*args, **{**kwargs, "devices": 1, "num_nodes": 1, "strategy": "auto"})
+
+    monkeypatch.setattr(zoo, "fit", recording_fit)
+    argv = ["fit", "--data", "toy", "--epochs", "1", "--samples", "4", "--arviz-samples", "4"]
+    argv += ["--quiet", "--out-dir", str(tmp_path), "--devices", "2", "--num-nodes", "3"]
+    assert main(argv + ["--strategy", "ddp", "--accelerator", "cpu"]) == 0
+    assert seen == {"devices": 2, "num_nodes": 3, "strategy": "ddp", "accelerator": "cpu"}
+    assert "| steps |" in capsys.readouterr().out

@@ -119,6 +119,43 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
         assert torch.equal(value, b["params"][name]) and torch.equal(value, b1["params"][name])
 
 
+def test_the_trainer_route_fits_lenet_on_two_ranks_and_converts_to_a_fit_result(tmp_path):
+    """BayesianModule under lightning.Trainer(strategy="ddp", devices=2, ModelCheckpoint):
+    identical guides on both ranks, logged ELBO, KL and validation metrics, a checkpoint that
+    loads without unpickling, trainer.predict, and a FitResult that predicts."""
+    rc, output = launch("trainer", tmp_path, 8)
+    assert rc == 0, output[-3000:]
+    r0, r1 = results(tmp_path, "trainer")
+    assert r0["steps"] == 8
+    for name, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][name]), name
+    assert r0["probs"].shape == (10, 10) and torch.allclose(r0["probs"].sum(-1), torch.ones(10))
+    assert r0["trainer_predict"] == [torch.Size([32, 10])]  # 64 test images, 32 per rank
+    (checkpoint,) = (tmp_path / "ckpt").glob("*.ckpt")
+    state = torch.load(checkpoint, weights_only=True)["state_dict"]
+    assert any(k.startswith("guide.") for k in state) and state.keys() >= {
+        f"guide.{n}" for n in r0["params"]
+    }
+    header, *rows = (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()
+    for column in ("train/elbo", "train/kl", "val/accuracy", "val/nll", "val/ece"):
+        assert column in header.split(",")
+    assert len(rows) >= 4
+
+
+def test_a_fit_result_converts_to_a_module_and_back():
+    from zoo.lightning import BayesianModule
+
+    x, y = correlated_data(n=40, d=3)
+    fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=3, progress=False)
+    module = BayesianModule.from_fit_result(fit, num_data=40, example=(x, y))
+    assert module.guide is fit.guide and module.model is fit.model
+    assert module.kl(x[:4], y[:4]) > 0
+    back = module.to_fit_result()
+    assert back.guide is fit.guide and back.options["trainer"] == "lightning"
+    with pytest.raises(ValueError, match="example="):
+        BayesianModule(model_for(3), "diagonal", num_data=40)  # regression: no made-up batch
+
+
 # ---- the pieces, in this process -----------------------------------------------------------
 
 

@@ -1,0 +1,226 @@
+"""A LightningModule for ``lightning.Trainer`` users: the same objective as ``zoo.fit``.
+
+    module = zoo.lightning.BayesianModule(zoo.models.LeNet5(), "diagonal", num_data=60_000)
+    trainer = lightning.Trainer(strategy="ddp", devices=2, max_epochs=3,
+                                callbacks=[ModelCheckpoint(dirpath="ckpt")])
+    trainer.fit(module, train_loader, val_loader)
+    fit = module.to_fit_result()          # predict, metrics, plots, ArviZ, save/load
+
+``training_step`` returns the scaled ``-ELBO`` of :class:`zoo.Objective` (the minibatch's
+likelihood scaled by ``num_data / B``, see :mod:`zoo.elbo`); under ``strategy="ddp"`` Lightning
+averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
+``zoo.fit(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
+extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard, compiled loss and
+thread rule are not part of this route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+
+import guides.registry
+from zoo.distributed import INSTALL_HINT
+from zoo.models.base import BayesianModel
+from zoo.objective import Objective, loss_context
+from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
+from zoo.predictive import predict
+from zoo.result import FitResult
+from zoo.rng import seeded
+
+try:
+    import lightning as L
+except ImportError as err:  # pragma: no cover - lightning is in the dev extra
+    raise ImportError(f"zoo.lightning needs Lightning: {INSTALL_HINT} ({err})") from None
+
+__all__ = ["BayesianModule"]
+
+
+class BayesianModule(L.LightningModule):
+    """A zoo model and guide as a LightningModule.
+
+    Parameters
+    ----------
+    model : BayesianModel
+        A ``zoo.models`` network (or any zoo model).
+    guide : str, AutoGuide class or instance
+        As in ``zoo.fit`` (a family name is built with ``guide_options``).
+    num_data : int
+        ``N``, the training set's size: the likelihood of a batch of ``B`` is scaled by
+        ``N / B``.
+    example : (x, y) tensors, optional
+        A small batch to create the guide's parameters on (needed before the optimiser is
+        built); by default zeros shaped like ``model.input_shape``.
+    lr, optimizer, optimizer_options, lr_schedule, lr_multipliers, per_example
+        As in ``zoo.fit``; a named ``lr_schedule`` runs over ``trainer.estimated_stepping_batches``.
+    elbo, estimator, num_particles, kl_weight, guide_options
+        As in ``zoo.fit`` (``kl_weight`` may be ``step -> weight``).
+    num_samples : int, default 32
+        Weight draws for validation and ``trainer.predict``.
+    seed : int, default 0
+        Seeds the validation and prediction draws (the same draws on every rank).
+
+    Logged: ``train/elbo`` (full-data scale), ``train/kl`` (``KL(q || p)`` estimate, every
+    ``log_every_n_steps``), and at each validation the model's held-out metrics
+    (classification: ``val/accuracy``, ``val/nll``, ``val/brier``, ``val/ece``; regression:
+    ``val/rmse``, ``val/nll``, ``val/coverage_95``) computed on the outputs of every rank.
+    """
+
+    def __init__(
+        self,
+        model,
+        guide,
+        num_data: int,
+        *,
+        example: tuple[torch.Tensor, torch.Tensor] | None = None,
+        lr: float = 1e-3,
+        optimizer: str | type = "adam",
+        optimizer_options: Mapping | None = None,
+        lr_schedule: Callable[[int], float] | str | None = None,
+        lr_multipliers: Mapping[str, float] | None = None,
+        per_example: bool = False,
+        elbo: str = "trace",
+        estimator: str = "reparam",
+        num_particles: int = 1,
+        kl_weight: float | Callable[[int], float] = 1.0,
+        guide_options: Mapping | None = None,
+        num_samples: int = 32,
+        seed: int = 0,
+    ):
+        super().__init__()
+        if int(num_data) < 1:
+            raise ValueError(f"num_data must be the training set's size, got {num_data!r}")
+        self.model, self.num_data = model, int(num_data)
+        self.guide = guides.registry.instantiate(guide, model, dict(guide_options or {}))
+        self.objective = Objective(
+            model,
+            self.guide,
+            elbo=elbo,
+            estimator=estimator,
+            num_particles=num_particles,
+            kl_weight=kl_weight,
+            jit=False,
+        )
+        self.objective.setup(*_example(model, example))
+        self.optim = dict(
+            lr=lr,
+            optimizer=check_optimizer(optimizer),
+            optimizer_options=dict(optimizer_options or {}),
+            lr_schedule=lr_schedule,
+            lr_multipliers=lr_multipliers,
+        )
+        self.per_example, self.num_samples, self.seed = per_example, num_samples, seed
+        self.losses: list[float] = []
+        self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._draws = None
+
+    # ---- training ---------------------------------------------------------------------------
+    def training_step(self, batch, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = self.objective.loss(x, y, self.num_data, step=self.global_step)
+        self.losses.append(loss.item())
+        self.log("train/elbo", -loss.detach(), prog_bar=True, sync_dist=True)
+        if self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+            self.log("train/kl", self.kl(x, y), sync_dist=True)
+        return loss / self.num_data if self.per_example else loss
+
+    @torch.no_grad()
+    def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A one-draw estimate of ``KL(q || p)`` (closed form with ``elbo="meanfield"``): the
+        objective with the likelihood scaled to zero and the KL weight one."""
+        objective = self.objective
+        objective.scale.data_scale, objective.scale.kl_weight = 0.0, 1.0
+        with loss_context():
+            return objective._loss_fn(*objective._wired, x, y).detach()
+
+    def configure_optimizers(self):
+        o = self.optim
+        groups = param_groups(self.guide, self.model, o["lr"], o["lr_multipliers"])
+        opt = make_optimizer(o["optimizer"], groups, o["lr"], o["optimizer_options"])
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        sched = make_scheduler(opt, o["lr_schedule"], total)
+        if sched is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # ---- validation and prediction ----------------------------------------------------------
+    def _fixed_draws(self) -> dict[str, torch.Tensor]:
+        """``num_samples`` weight draws, the same on every rank (seeded)."""
+        with seeded(self.seed, self.device):
+            return self.guide.sample_posterior(self.num_samples)
+
+    def on_validation_epoch_start(self) -> None:
+        self._draws, self._val = self._fixed_draws(), []
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        x, y = batch
+        pred = predict(self.model, self.guide, x, params=self._draws, progress=False)
+        self._val.append((pred.outputs, y))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._val:
+            return
+        outputs = torch.cat([o for o, _ in self._val], dim=1)
+        targets = torch.cat([t for _, t in self._val])
+        if self.trainer.world_size > 1:  # every rank's outputs (equal shards: the sampler pads)
+            outputs = _merge(self.all_gather(outputs), dim=1)
+            targets = _merge(self.all_gather(targets), dim=0)
+        pred = self.model.likelihood.predict(outputs, self._draws)
+        for name, value in self.model.likelihood.metrics(pred, targets).items():
+            self.log(f"val/{name}", value, sync_dist=True)  # the same on every rank
+        self._val = []
+
+    def on_predict_epoch_start(self) -> None:
+        self._draws = self._fixed_draws()
+
+    def predict_step(self, batch, batch_idx: int):
+        """The ``zoo.Prediction`` of a batch (``x`` or ``(x, y)``) from the fixed draws."""
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        return predict(self.model, self.guide, x, params=self._draws, progress=False)
+
+    # ---- conversion -------------------------------------------------------------------------
+    def to_fit_result(self) -> FitResult:
+        """The fitted model and guide as a :class:`zoo.FitResult` (predict, evaluate, plots,
+        ArviZ, ``save``/``zoo.load``), with this process's training losses as its history."""
+        options = dict(
+            guide=getattr(self.guide, "family", None) or type(self.guide).__name__,
+            num_steps=self.global_step,
+            lr=self.optim["lr"],
+            elbo=self.objective.elbo,
+            estimator=self.objective.estimator,
+            per_example=self.per_example,
+            trainer="lightning",
+        )
+        return FitResult(
+            model=self.model,
+            guide=self.guide,
+            losses=list(self.losses),
+            device=self.device,
+            options=options,
+        )
+
+    @classmethod
+    def from_fit_result(cls, fit: FitResult, num_data: int, **options) -> BayesianModule:
+        """A module around a fit's model and guide (to train on with a Trainer, or predict)."""
+        return cls(fit.model, fit.guide, num_data, **options)
+
+
+def _example(model, example):
+    """A batch to create the guide's parameters on."""
+    if example is not None:
+        x, y = example
+        return x[:2], y[:2]
+    known = isinstance(model, BayesianModel) and model.input_shape is not None
+    if not known or model.likelihood.task != "classification":
+        raise ValueError(
+            "BayesianModule needs example=(x, y), a small batch of the training data, to create "
+            "the guide's parameters (made up only for classifiers that declare input_shape)"
+        )
+    dtype = next(model.parameters()).dtype
+    return torch.zeros(2, *model.input_shape, dtype=dtype), torch.zeros(2, dtype=torch.long)
+
+
+def _merge(gathered: torch.Tensor, dim: int) -> torch.Tensor:
+    """``all_gather``'s ``(W, ...)`` stack back into one tensor along ``dim``."""
+    return torch.cat(gathered.unbind(0), dim=dim)
