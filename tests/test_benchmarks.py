@@ -213,3 +213,10 @@ def test_posch_pilz_resumes_to_the_uninterrupted_run(tmp_path, mnist_root):
         script.parse([*args, *where("d"), "--iterations", "2", "--family", "diagonal"])
     )
     assert diagonal["tau_rho"] is None and "lr_multipliers" not in script.recipe("diagonal")
+
+
+def test_scaling_prints_a_row_per_process_count(mnist_root):
+    args = ["--processes", "1", "--steps", "2", "--warmup", "1", "--limit", "256"]
+    out = _run("benchmarks/scaling.py", *args, "--batch", "16", "--data", str(mnist_root))
+    row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
+    assert row.endswith("| 1.00 | 1.00x | cpu |") and "load before" in out

@@ -23,7 +23,11 @@ error naming it instead of waiting forever.
 from __future__ import annotations
 
 import functools
+import os
+import tempfile
 from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -75,19 +79,38 @@ def accelerator_for(device, accelerator: str) -> str:
     return kind
 
 
-def launch(function: Callable, *, accelerator, devices, num_nodes, strategy):
-    """Run ``function(ranks)`` in every process of a Fabric run; returns rank 0's result (in
-    this process for ``"ddp"``, whose other ranks re-run the script, as under ``torchrun``)."""
+def launch(function: Callable, *, accelerator, devices, num_nodes, strategy, rebuild=None):
+    """Run ``function(ranks)`` in every process of a Fabric run; returns rank 0's result.
+
+    With ``"ddp"`` (and under ``torchrun`` or SLURM) this process is rank 0 and its result is
+    returned as it is. The spawned or forked strategies (``"ddp_spawn"``, ``"ddp_fork"``,
+    ``"ddp_notebook"``) run ``function`` in child processes: rank 0 saves its fit to a temporary
+    file as plain data and this process reads it with ``rebuild(path)`` (on the CPU)."""
     if isinstance(strategy, str) and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES} (data parallel), got {strategy!r}")
     fabric = fabric_class()(
         accelerator=accelerator, devices=devices, num_nodes=num_nodes, strategy=strategy
     )
-    return fabric.launch(functools.partial(_in_process, function))
+    with tempfile.TemporaryDirectory(prefix="zoo-fit-") as folder:
+        handoff = Path(folder) / "rank0.fit"
+        result = fabric.launch(functools.partial(_in_process, function, os.getpid(), handoff))
+        if isinstance(result, _SavedFit):
+            return rebuild(result.path)
+        return result
 
 
-def _in_process(function: Callable, fabric):
-    return function(Ranks(fabric))
+class _SavedFit(NamedTuple):
+    path: Path
+
+
+def _in_process(function: Callable, parent: int, handoff: Path, fabric):
+    result = function(Ranks(fabric))
+    if os.getpid() == parent:
+        return result
+    if fabric.global_rank == 0:  # a child process: hand the fit over as a file, not a pickle
+        result.save(handoff)
+        return _SavedFit(handoff)
+    return None
 
 
 class Ranks:

@@ -209,8 +209,15 @@ def fit(
             devices=devices,
             num_nodes=num_nodes,
             strategy=strategy,
+            rebuild=functools.partial(_load_fit, model),
         )
     return _fit(Ranks(), **settings)
+
+
+def _load_fit(model, path) -> FitResult:
+    from zoo.result import load
+
+    return load(path, model=model)
 
 
 #: ``fit``'s arguments that choose the processes, not the fit.

@@ -144,7 +144,28 @@ def trainer(out: Path, steps: int) -> dict:
     }
 
 
+def forked(out: Path, steps: int) -> dict:
+    """strategy="ddp_notebook" (as in Jupyter): forked ranks hand the fit back to this process."""
+    x, y = correlated_data(n=200, d=3)
+    fit = zoo.fit(
+        model_for(3),
+        "diagonal",
+        (x, y),
+        num_steps=steps,
+        batch_size=20,
+        **{**DIST, "strategy": "ddp_notebook"},
+    )
+    return {
+        "type": type(fit).__name__,
+        "steps": fit.steps,
+        "world_size": fit.options["world_size"],
+        "pid": os.getpid(),
+        "metrics": fit.evaluate((x, y), num_samples=4, progress=False),
+    }
+
+
 SCENARIOS = {
+    "forked": forked,
     "trainer": trainer,
     "conjugate": conjugate,
     "failing": failing,

@@ -156,6 +156,14 @@ def test_a_fit_result_converts_to_a_module_and_back():
         BayesianModule(model_for(3), "diagonal", num_data=40)  # regression: no made-up batch
 
 
+def test_forked_ranks_hand_the_fit_back_to_the_calling_process(tmp_path):
+    rc, output = launch("forked", tmp_path, 12)
+    assert rc == 0, output[-3000:]
+    got = torch.load(tmp_path / "forked-rank0.pt")
+    assert got["type"] == "FitResult" and got["steps"] == 12 and got["world_size"] == 2
+    assert set(got["metrics"]) == {"rmse", "nll", "coverage_95"}
+
+
 # ---- the pieces, in this process -----------------------------------------------------------
 
 
