@@ -66,21 +66,44 @@ def conjugate(out: Path, steps: int) -> dict:
 
 
 class FailingMLP(BayesianMLP):
-    """Rank 1's network raises once training has begun."""
+    """Rank 1's network gives NaN at step 3 and raises from step 6 (the step is set by the
+    fit's callback)."""
 
-    calls = 0
+    step = 0
 
     def network(self, x, params):
-        FailingMLP.calls += 1
-        if RANK == 1 and FailingMLP.calls > 8:
+        out = super().network(x, params)
+        if RANK == 1 and FailingMLP.step == 3:
+            return out * float("nan")
+        if RANK == 1 and FailingMLP.step >= 6:
             raise RuntimeError("rank 1's network failed on purpose")
-        return super().network(x, params)
+        return out
 
 
 def failing(out: Path, steps: int) -> dict:
+    """on_divergence="skip" with a NaN on one rank, then an exception on that rank; each rank
+    records after every step what it skipped and a checksum of its guide."""
     x, y = correlated_data(n=200, d=3)
     model = FailingMLP(3, (), 1, prior=NormalPrior(1.0), noise=1.0).double()
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=steps, batch_size=20, jit=False, **DIST)
+    trace = []
+
+    def record(state):
+        FailingMLP.step = state.step
+        checksum = sum(float(p.sum()) for p in state.result.guide.parameters())
+        trace.append((state.step, list(state.result.skipped_steps), checksum))
+        torch.save(trace, out / f"trace-rank{RANK}.pt")
+
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=steps,
+        batch_size=20,
+        jit=False,
+        on_divergence="skip",
+        callbacks=[record],
+        **DIST,
+    )
     return {"steps": fit.steps}
 
 

@@ -83,12 +83,18 @@ def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_pat
         assert torch.equal(r["loglik"]["sharded"], r0["loglik"]["one"])
 
 
-def test_a_failing_rank_stops_every_rank_with_an_error_naming_it(tmp_path):
+def test_ranks_skip_a_divergent_step_together_and_a_failing_rank_is_named(tmp_path):
+    """A NaN on rank 1 at step 3 (on_divergence="skip"): both ranks skip it and stay identical;
+    rank 1 raising at step 6 stops rank 0 with an error naming rank 1, within bounded time."""
     start = time.perf_counter()
     rc, output = launch("failing", tmp_path, 50)
     assert rc != 0 and time.perf_counter() - start < 120
-    assert "RankFailedError: rank 1 of 2 failed at step" in output  # rank 0's error
+    assert "RankFailedError: rank 1 of 2 failed at step 6" in output  # rank 0's error
     assert "RuntimeError: rank 1's network failed on purpose" in output  # rank 1's own
+    t0, t1 = (torch.load(tmp_path / f"trace-rank{r}.pt") for r in range(2))
+    assert [s for s, _, _ in t0] == [s for s, _, _ in t1] == [1, 2, 3, 4, 5, 6]
+    assert t0 == t1  # the same skips and the same parameters after every step
+    assert t0[2][1] == [] and t0[3][1] == [3]
 
 
 def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
