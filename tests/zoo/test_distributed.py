@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -116,6 +117,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
     assert "so rank 1 stopped" in output
     step = read_checkpoint(broken / "fit.ckpt")["state"]["step"]
     assert 5 <= step < 40 and step % 5 == 0
+    shutil.copy(broken / "fit.ckpt", tmp_path / "two-ranks.ckpt")
     rc, output = launch("lenet-resume", broken, 40)
     assert rc == 0, output[-3000:]
     (a, _), (b, b1) = results(whole, "lenet"), results(broken, "lenet-resume")
@@ -123,6 +125,19 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
     assert torch.equal(a["losses"], b["losses"])
     for name, value in a["params"].items():
         assert torch.equal(value, b["params"][name]) and torch.equal(value, b1["params"][name])
+    # One process resumes the two ranks' checkpoint too: the same optimiser state and history
+    # up to the checkpoint, then its own draws (not the same numbers as two ranks).
+    one = zoo.fit(
+        zoo.models.LeNet5(hidden=20),
+        "diagonal",
+        zoo.data.mnist(None, limit=512),
+        num_steps=step + 2,
+        batch_size=16,
+        resume=tmp_path / "two-ranks.ckpt",
+        progress=False,
+    )
+    assert one.steps == step + 2 and one.options["world_size"] == 1
+    assert torch.equal(torch.tensor(one.losses[:step]), a["losses"][:step])
 
 
 def test_the_trainer_route_fits_lenet_on_two_ranks_and_converts_to_a_fit_result(tmp_path):
