@@ -85,18 +85,22 @@ def launch(function: Callable, *, accelerator, devices, num_nodes, strategy, reb
     With ``"ddp"`` (and under ``torchrun`` or SLURM) this process is rank 0 and its result is
     returned as it is. The spawned or forked strategies (``"ddp_spawn"``, ``"ddp_fork"``,
     ``"ddp_notebook"``) run ``function`` in child processes: rank 0 saves its fit to a temporary
-    file as plain data and this process reads it with ``rebuild(path)`` (on the CPU)."""
+    file as plain data and this process reads it with ``rebuild(path)`` (on the CPU). Lightning
+    gives each process ``cores / processes`` intra-op threads; this process's count is restored
+    afterwards."""
     if isinstance(strategy, str) and strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {STRATEGIES} (data parallel), got {strategy!r}")
     fabric = fabric_class()(
         accelerator=accelerator, devices=devices, num_nodes=num_nodes, strategy=strategy
     )
-    with tempfile.TemporaryDirectory(prefix="zoo-fit-") as folder:
-        handoff = Path(folder) / "rank0.fit"
-        result = fabric.launch(functools.partial(_in_process, function, os.getpid(), handoff))
-        if isinstance(result, _SavedFit):
-            return rebuild(result.path)
-        return result
+    threads = torch.get_num_threads()  # Lightning sets cores / processes in this process
+    try:
+        with tempfile.TemporaryDirectory(prefix="zoo-fit-") as folder:
+            handoff = Path(folder) / "rank0.fit"
+            result = fabric.launch(functools.partial(_in_process, function, os.getpid(), handoff))
+            return rebuild(result.path) if isinstance(result, _SavedFit) else result
+    finally:
+        torch.set_num_threads(threads)
 
 
 class _SavedFit(NamedTuple):

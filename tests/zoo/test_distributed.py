@@ -183,6 +183,7 @@ def test_forked_ranks_hand_the_fit_back_to_the_calling_process(tmp_path):
     got = torch.load(tmp_path / "forked-rank0.pt")
     assert got["type"] == "FitResult" and got["steps"] == 12 and got["world_size"] == 2
     assert set(got["metrics"]) == {"rmse", "nll", "coverage_95"}
+    assert got["threads"] == 2
 
 
 # ---- the pieces, in this process -----------------------------------------------------------
