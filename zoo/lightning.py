@@ -179,6 +179,14 @@ class BayesianModule(L.LightningModule):
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
         return predict(self.model, self.guide, x, params=self._draws, progress=False)
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["zoo_losses"] = torch.tensor(self.losses, dtype=torch.float64)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """A resumed Trainer (``ckpt_path=``) continues the loss history too."""
+        if "zoo_losses" in checkpoint:
+            self.losses = checkpoint["zoo_losses"].tolist()
+
     # ---- conversion -------------------------------------------------------------------------
     def to_fit_result(self) -> FitResult:
         """The fitted model and guide as a :class:`zoo.FitResult` (predict, evaluate, plots,

@@ -271,3 +271,42 @@ def test_distributed_arguments_are_checked_before_anything_starts():
     assert fit.options["world_size"] == 1
     with pytest.raises(RuntimeError, match="no process group here"):
         fit.predict(x, num_samples=2, distributed=True)
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before")
+@pytest.mark.filterwarnings("ignore:.*treespec:FutureWarning")  # Lightning 2.6 on torch 2.14
+@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
+def test_a_trainer_resumes_the_module_from_its_lightning_checkpoint(tmp_path, mnist_root):
+    """Trainer(ckpt_path=...) restores the guide, the optimiser and the loss history (Lightning's
+    advice about validation loops and mid-epoch checkpoints is silenced here)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from torch.utils.data import DataLoader
+
+    from zoo.lightning import BayesianModule
+
+    train = zoo.data.mnist(mnist_root, limit=64)
+
+    def run(steps: int, folder: str, module, ckpt_path=None):
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            callbacks=[ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)],
+        )
+        trainer.fit(module, DataLoader(train, batch_size=16), ckpt_path=ckpt_path)
+        return trainer
+
+    def module():
+        return BayesianModule(zoo.models.LeNet5(hidden=10), "diagonal", len(train))
+
+    first = module()
+    run(4, "a", first)
+    resumed = module()
+    trainer = run(6, "a", resumed, ckpt_path=tmp_path / "a" / "last.ckpt")
+    assert trainer.global_step == 6 and resumed.losses[:4] == first.losses
+    assert len(resumed.to_fit_result().losses) == 6
