@@ -10,6 +10,7 @@ what the test reads into ``OUT/rank<r>.pt`` (plain tensors and numbers).
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +21,27 @@ from tests.zoo.linear_gaussian import correlated_data, decaying, guide_gaussian,
 from zoo.models import BayesianMLP
 from zoo.priors import NormalPrior
 
+REPO = Path(__file__).resolve().parents[2]
 RANK = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning in the processes it starts
 DIST = {"accelerator": "cpu", "devices": 2, "strategy": "ddp", "progress": False}
+
+
+def launch(scenario: str, out, steps: int, wait: bool = True, data=None):
+    """``python -m tests.zoo.distributed_runs`` (rank 0; Lightning starts rank 1); ``data``:
+    the MNIST root for the scenarios that read MNIST."""
+    cmd = [sys.executable, "-m", "tests.zoo.distributed_runs", scenario, str(out), str(steps)]
+    env = {**os.environ, **({"ZOO_DATA": str(data)} if data is not None else {})}
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    if not wait:
+        return proc
+    output, _ = proc.communicate(timeout=300)
+    return proc.returncode, output
+
+
+def results(out, scenario: str) -> list[dict]:
+    return [torch.load(out / f"{scenario}-rank{r}.pt") for r in range(2)]
 
 
 def conjugate(out: Path, steps: int) -> dict:

@@ -7,8 +7,6 @@ import math
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -16,7 +14,7 @@ import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
 import zoo
-from tests.conftest import REPO
+from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import (
     correlated_data,
     decaying,
@@ -30,22 +28,6 @@ from zoo.distributed import Ranks, requested
 from zoo.state import read_checkpoint
 
 pytest.importorskip("lightning")
-
-
-def launch(scenario: str, out, steps: int, wait: bool = True):
-    """``python -m tests.zoo.distributed_runs`` (rank 0; Lightning starts rank 1)."""
-    cmd = [sys.executable, "-m", "tests.zoo.distributed_runs", scenario, str(out), str(steps)]
-    proc = subprocess.Popen(
-        cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    if not wait:
-        return proc
-    output, _ = proc.communicate(timeout=300)
-    return proc.returncode, output
-
-
-def results(out, scenario: str) -> list[dict]:
-    return [torch.load(out / f"{scenario}-rank{r}.pt") for r in range(2)]
 
 
 def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_path):
@@ -98,13 +80,13 @@ def test_ranks_skip_a_divergent_step_together_and_a_failing_rank_is_named(tmp_pa
     assert t0[2][1] == [] and t0[3][1] == [3]
 
 
-def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
+def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path, mnist_root):
     """SIGKILL one rank mid-fit: rank 0 stops with a clear error within seconds, the last
     checkpoint loads, and resuming on as many ranks ends where an uninterrupted fit ends."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    rc, output = launch("lenet", whole, 40)
+    rc, output = launch("lenet", whole, 40, data=mnist_root)
     assert rc == 0, output[-3000:]
-    proc = launch("lenet", broken, 100_000, wait=False)
+    proc = launch("lenet", broken, 100_000, wait=False, data=mnist_root)
     deadline = time.monotonic() + 240
     while not ((broken / "fit.ckpt").exists() and (broken / "pid1").exists()):
         assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint written"
@@ -118,7 +100,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
     step = read_checkpoint(broken / "fit.ckpt")["state"]["step"]
     assert 5 <= step < 40 and step % 5 == 0
     shutil.copy(broken / "fit.ckpt", tmp_path / "two-ranks.ckpt")
-    rc, output = launch("lenet-resume", broken, 40)
+    rc, output = launch("lenet-resume", broken, 40, data=mnist_root)
     assert rc == 0, output[-3000:]
     (a, _), (b, b1) = results(whole, "lenet"), results(broken, "lenet-resume")
     assert a["steps"] == b["steps"] == 40
@@ -130,7 +112,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
     one = zoo.fit(
         zoo.models.LeNet5(hidden=20),
         "diagonal",
-        zoo.data.mnist(None, limit=512),
+        zoo.data.mnist(mnist_root, limit=512),
         num_steps=step + 2,
         batch_size=16,
         resume=tmp_path / "two-ranks.ckpt",
@@ -138,43 +120,6 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path):
     )
     assert one.steps == step + 2 and one.options["world_size"] == 1
     assert torch.equal(torch.tensor(one.losses[:step]), a["losses"][:step])
-
-
-def test_the_trainer_route_fits_lenet_on_two_ranks_and_converts_to_a_fit_result(tmp_path):
-    """BayesianModule under lightning.Trainer(strategy="ddp", devices=2, ModelCheckpoint):
-    identical guides on both ranks, logged ELBO, KL and validation metrics, a checkpoint that
-    loads without unpickling, trainer.predict, and a FitResult that predicts."""
-    rc, output = launch("trainer", tmp_path, 8)
-    assert rc == 0, output[-3000:]
-    r0, r1 = results(tmp_path, "trainer")
-    assert r0["steps"] == 8
-    for name, value in r0["params"].items():
-        assert torch.equal(value, r1["params"][name]), name
-    assert r0["probs"].shape == (10, 10) and torch.allclose(r0["probs"].sum(-1), torch.ones(10))
-    assert r0["trainer_predict"] == [torch.Size([32, 10])]  # 64 test images, 32 per rank
-    (checkpoint,) = (tmp_path / "ckpt").glob("*.ckpt")
-    state = torch.load(checkpoint, weights_only=True)["state_dict"]
-    assert any(k.startswith("guide.") for k in state) and state.keys() >= {
-        f"guide.{n}" for n in r0["params"]
-    }
-    header, *rows = (tmp_path / "logs" / "version_0" / "metrics.csv").read_text().splitlines()
-    for column in ("train/elbo", "train/kl", "val/accuracy", "val/nll", "val/ece"):
-        assert column in header.split(",")
-    assert len(rows) >= 4
-
-
-def test_a_fit_result_converts_to_a_module_and_back():
-    from zoo.lightning import BayesianModule
-
-    x, y = correlated_data(n=40, d=3)
-    fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=3, progress=False)
-    module = BayesianModule.from_fit_result(fit, num_data=40, example=(x, y))
-    assert module.guide is fit.guide and module.model is fit.model
-    assert module.kl(x[:4], y[:4]) > 0
-    back = module.to_fit_result()
-    assert back.guide is fit.guide and back.options["trainer"] == "lightning"
-    with pytest.raises(ValueError, match="example="):
-        BayesianModule(model_for(3), "diagonal", num_data=40)  # regression: no made-up batch
 
 
 def test_forked_ranks_hand_the_fit_back_to_the_calling_process(tmp_path):
@@ -271,42 +216,3 @@ def test_distributed_arguments_are_checked_before_anything_starts():
     assert fit.options["world_size"] == 1
     with pytest.raises(RuntimeError, match="no process group here"):
         fit.predict(x, num_samples=2, distributed=True)
-
-
-@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
-@pytest.mark.filterwarnings("ignore:You're resuming from a checkpoint that ended before")
-@pytest.mark.filterwarnings("ignore:.*treespec:FutureWarning")  # Lightning 2.6 on torch 2.14
-@pytest.mark.filterwarnings("ignore:Checkpoint directory .* exists and is not empty")
-def test_a_trainer_resumes_the_module_from_its_lightning_checkpoint(tmp_path, mnist_root):
-    """Trainer(ckpt_path=...) restores the guide, the optimiser and the loss history (Lightning's
-    advice about validation loops and mid-epoch checkpoints is silenced here)."""
-    import lightning as L
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from torch.utils.data import DataLoader
-
-    from zoo.lightning import BayesianModule
-
-    train = zoo.data.mnist(mnist_root, limit=64)
-
-    def run(steps: int, folder: str, module, ckpt_path=None):
-        trainer = L.Trainer(
-            accelerator="cpu",
-            devices=1,
-            max_steps=steps,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            callbacks=[ModelCheckpoint(dirpath=tmp_path / folder, save_last=True)],
-        )
-        trainer.fit(module, DataLoader(train, batch_size=16), ckpt_path=ckpt_path)
-        return trainer
-
-    def module():
-        return BayesianModule(zoo.models.LeNet5(hidden=10), "diagonal", len(train))
-
-    first = module()
-    run(4, "a", first)
-    resumed = module()
-    trainer = run(6, "a", resumed, ckpt_path=tmp_path / "a" / "last.ckpt")
-    assert trainer.global_step == 6 and resumed.losses[:4] == first.losses
-    assert len(resumed.to_fit_result().losses) == 6
