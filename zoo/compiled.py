@@ -125,7 +125,12 @@ class CompiledLoss:
         graph = self.graphs[key]
         if graph is None:
             return None
-        return graph(*self.params, x, y, *self._scales(x, data_scale, kl_weight))
+        try:
+            return graph(*self.params, x, y, *self._scales(x, data_scale, kl_weight))
+        except RuntimeError as err:  # Ctrl-C inside the TorchScript interpreter
+            if "KeyboardInterrupt" in str(err):
+                raise KeyboardInterrupt from err
+            raise
 
     def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
         dtype = self.params[0].dtype if self.params else torch.get_default_dtype()

@@ -165,3 +165,30 @@ def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
     forced = zoo.Objective(model, guide, jit=True)
     forced.setup(x, y)
     assert forced.compiled is not None and forced.jit_state == "compiled"
+
+
+def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
+    """TorchScript turns Ctrl-C into ``RuntimeError: KeyboardInterrupt``; the fit must stop as on
+    any Ctrl-C (partial result, checkpoint written), not crash."""
+    real_trace = torch.jit.trace
+    calls = []
+
+    class Interrupted:
+        def __init__(self, graph):
+            self.graph = graph
+
+        def __call__(self, *args):
+            calls.append(1)
+            if len(calls) == 6:
+                raise RuntimeError(
+                    "The following operation failed in the TorchScript interpreter.\n"
+                    "RuntimeError: KeyboardInterrupt: <EMPTY MESSAGE>"
+                )
+            return self.graph(*args)
+
+    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: Interrupted(real_trace(*a, **k)))
+    checkpoint = tmp_path / "fit.ckpt"
+    model = BayesianMLP(3, (6,), 2, task="regression")
+    fit = zoo.fit(model, "diagonal", data(), num_steps=30, batch_size=8, jit=True,
+                  checkpoint=checkpoint, progress=False)  # fmt: skip
+    assert fit.interrupted and 0 < fit.steps < 30 and checkpoint.exists()
