@@ -220,3 +220,18 @@ def test_scaling_prints_a_row_per_process_count(mnist_root):
     out = _run("benchmarks/scaling.py", *args, "--batch", "16", "--data", str(mnist_root))
     row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
     assert row.endswith("| 1.00 | 1.00x | cpu |") and "load before" in out
+
+
+def test_benchmarks_readme_quotes_the_committed_paper_runs():
+    """Every committed Posch & Pilz result is quoted in benchmarks/README.md as its JSON says."""
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    for path in sorted((REPO / "benchmarks" / "results" / "posch_pilz").glob("*.json")):
+        r = json.loads(path.read_text())
+        c = r["certainty"]
+        row = (
+            f"| zoo, {r['family']}, {r['hidden']} units | {100 * r['test_error']:.2f}% "
+            f"| {r['nll']:.4f} | {r['ece']:.4f} | {c['certain_correct']} / "
+            f"{c['uncertain_correct']} | {c['certain_wrong']} / {c['uncertain_wrong']} |"
+        )
+        assert row in readme, row
+        assert r["iterations"] == 100_000 and r["test_size"] == 10_000 and r["samples"] == 200
