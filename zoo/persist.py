@@ -234,28 +234,38 @@ def rng_state(generator: torch.Generator) -> dict:
     """The states of torch's, Python's and NumPy's global generators and of ``generator``."""
     kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
     version, internal, gauss_next = random.getstate()
-    state = {
-        "torch": torch.get_rng_state(),
+    return {
+        **torch_rng_state(),
         "python": [version, torch.tensor(internal, dtype=torch.int64), gauss_next],
         "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
         "generator": generator.get_state(),
     }
+
+
+def torch_rng_state() -> dict:
+    """torch's global generators: ``"torch"`` (CPU) and, where CUDA is, ``"cuda"`` (all)."""
+    state = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
+def set_torch_rng_state(state: dict) -> None:
+    """Restore what :func:`torch_rng_state` recorded (CUDA's only where CUDA is)."""
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+
+
 def set_rng_state(state: dict, generator: torch.Generator) -> None:
     """Restore what :func:`rng_state` recorded."""
-    torch.set_rng_state(state["torch"].cpu())
+    set_torch_rng_state(state)
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(int(v) for v in internal.tolist()), gauss_next))
     kind, keys, pos, has_gauss, cached = state["numpy"]
     keys = keys.cpu().numpy().astype(np.uint32)
     np.random.set_state((kind, keys, pos, has_gauss, cached))  # noqa: NPY002
     generator.set_state(state["generator"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 def _device_of(model):

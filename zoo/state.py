@@ -68,7 +68,7 @@ def write_checkpoint(
     rank_rng: list | None = None,
 ) -> None:
     """Write everything a resumed fit needs to ``path``, atomically. ``rank_rng``: the
-    generator states of every rank of a distributed fit (:func:`rank_generator_state`)."""
+    generator states of every rank of a distributed fit (:func:`zoo.persist.torch_rng_state`)."""
     trainable = {}
     if isinstance(model, torch.nn.Module):
         trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
@@ -90,24 +90,13 @@ def write_checkpoint(
     )
 
 
-def rank_generator_state() -> dict:
-    """This process's weight-draw generators (torch's CPU and, where there is one, CUDA's)."""
-    state = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
 def restore_rank_generator(payload: dict, ranks) -> bool:
     """Put this rank's weight-draw generator state back from a checkpoint written by as many
     ranks; ``False`` (nothing restored) when the checkpoint holds no state for this layout."""
     states = payload.get("rank_rng")
     if not states or len(states) != ranks.world_size:
         return False
-    state = states[ranks.rank]
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+    persist.set_torch_rng_state(states[ranks.rank])
     return True
 
 

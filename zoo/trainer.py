@@ -16,7 +16,7 @@ from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
-from zoo.state import TrainingState, rank_generator_state, write_checkpoint
+from zoo.state import TrainingState, write_checkpoint
 
 
 class Trainer:
@@ -175,7 +175,7 @@ class Trainer:
         self.state.wall_time = self._wall_time()
         rank_rng = None
         if self.ranks.distributed and gather:
-            rank_rng = self.ranks.gather(rank_generator_state())
+            rank_rng = self.ranks.gather(persist.torch_rng_state())
         if not self.ranks.is_global_zero:
             return
         write_checkpoint(
