@@ -23,7 +23,7 @@ import torch
 import guides.registry
 from zoo.distributed import INSTALL_HINT
 from zoo.models.base import BayesianModel
-from zoo.objective import Objective, loss_context
+from zoo.objective import Objective
 from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
 from zoo.predictive import predict
 from zoo.result import FitResult
@@ -125,14 +125,9 @@ class BayesianModule(L.LightningModule):
             self.log("train/kl", self.kl(x, y), sync_dist=True)
         return loss / self.num_data if self.per_example else loss
 
-    @torch.no_grad()
     def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """A one-draw estimate of ``KL(q || p)`` (closed form with ``elbo="meanfield"``): the
-        objective with the likelihood scaled to zero and the KL weight one."""
-        objective = self.objective
-        objective.scale.data_scale, objective.scale.kl_weight = 0.0, 1.0
-        with loss_context():
-            return objective._loss_fn(*objective._wired, x, y).detach()
+        """A one-draw estimate of ``KL(q || p)`` (:meth:`zoo.Objective.kl`)."""
+        return self.objective.kl(x, y)
 
     def configure_optimizers(self):
         o = self.optim

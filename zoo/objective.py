@@ -200,6 +200,17 @@ class Objective:
         with loss_context(validate):
             return self._loss_fn(*self._wired, x, y)
 
+    @torch.no_grad()
+    def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A one-draw estimate of ``KL(q || p)`` on ``(x, y)`` (closed form with
+        ``elbo="meanfield"``): the eager loss with the likelihood scaled to zero and the KL
+        weight one."""
+        if self._wired is None:
+            self.setup(x, y)
+        self.scale.data_scale, self.scale.kl_weight = 0.0, 1.0
+        with loss_context():
+            return self._loss_fn(*self._wired, x, y).detach()
+
     def _refused(self) -> None:
         """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
         if self.jit is True:
