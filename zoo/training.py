@@ -202,6 +202,13 @@ def fit(
     FitResult
     """
     settings = {k: v for k, v in locals().items() if k not in DISTRIBUTION}
+    # The checks of the arguments alone, here: before any process is started.
+    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
+    check_threads(threads)
+    for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
+        if value is not None:
+            _check_positive(**{name: value})
+    settings["optimizer"] = check_optimizer(optimizer)  # the class
     if distributed.requested(devices, num_nodes, strategy):
         return distributed.launch(
             functools.partial(_fit_with, settings),
@@ -260,13 +267,8 @@ def _fit(
     threads,
     jit,
 ) -> FitResult:
-    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``."""
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
-    check_threads(threads)
-    for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
-        if value is not None:
-            _check_positive(**{name: value})
-    opt_cls = check_optimizer(optimizer)
+    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
+    arguments ``fit`` has checked (``optimizer`` is the optimiser class)."""
     dev = ranks.device if ranks.distributed else resolve_device(device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
@@ -295,15 +297,16 @@ def _fit(
         if checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)
-        opt = make_optimizer(opt_cls, groups, lr, optimizer_options or {})
+        opt = make_optimizer(optimizer, groups, lr, optimizer_options or {})
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
             ranks.broadcast_(p for _, p in named_parameters(guide, model))
-            torch.manual_seed(ranks.seed(seed))
+            rank_seed = ranks.seed(seed)
+            torch.manual_seed(rank_seed)
             if dev.type == "cuda":
-                torch.cuda.manual_seed(ranks.seed(seed))
+                torch.cuda.manual_seed(rank_seed)
         num_threads = step_threads(threads, dev, objective.forward_flops)
 
         options = dict(

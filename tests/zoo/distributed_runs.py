@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 import zoo
-from tests.zoo.linear_gaussian import correlated_data, decaying, guide_gaussian, model_for
+from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, correlated_data, guide_gaussian, model_for
 from zoo.models import BayesianMLP
 from zoo.priors import NormalPrior
 
@@ -53,9 +53,7 @@ def conjugate(out: Path, steps: int) -> dict:
         (x, y),
         num_steps=steps,
         batch_size=50,
-        lr=0.03,
-        lr_schedule=decaying,
-        guide_options={"init_scale": 0.05},
+        **MEAN_FIELD_FIT,
         **DIST,
     )
     mean, cov = guide_gaussian(fit.guide)

@@ -78,3 +78,8 @@ def exact_elbo_tensor(x, y, mean, cov):
 
 def decaying(step, rate=0.998):
     return rate**step
+
+
+#: The mean-field recipe the distributed test and its one-process twin share (the comparison
+#: between them holds only if both fit with it).
+MEAN_FIELD_FIT = {"lr": 0.03, "lr_schedule": decaying, "guide_options": {"init_scale": 0.05}}

@@ -16,8 +16,8 @@ from torch.utils.data import IterableDataset, TensorDataset
 import zoo
 from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import (
+    MEAN_FIELD_FIT,
     correlated_data,
-    decaying,
     exact_elbo,
     exact_posterior,
     guide_gaussian,
@@ -50,9 +50,7 @@ def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_pat
         (x, y),
         num_steps=1500,
         batch_size=100,
-        lr=0.03,
-        lr_schedule=decaying,
-        guide_options={"init_scale": 0.05},
+        **MEAN_FIELD_FIT,
         progress=False,
     )
     optimum = exact_elbo(x, y, mean, torch.diag(mf_var))
@@ -210,6 +208,10 @@ def test_distributed_arguments_are_checked_before_anything_starts():
         zoo.fit(model_for(3), "diagonal", (x, y), devices=2, accelerator="gpu", progress=False)
     with pytest.raises(ValueError, match="disagree"):
         zoo.fit(model_for(3), "diagonal", (x, y), devices=2, device="cuda:1", progress=False)
+    with pytest.raises(ValueError, match="lr must be a positive number"):  # no process started
+        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, lr=-1.0, progress=False)
+    with pytest.raises(ValueError, match="optimizer must be one of"):
+        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, optimizer="lbfgs", progress=False)
     with pytest.raises(ValueError, match="data parallel"):
         zoo.fit(model_for(3), "diagonal", (x, y), strategy="fsdp", progress=False)
     fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=2, progress=False)
