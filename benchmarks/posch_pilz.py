@@ -142,7 +142,9 @@ def evaluate(fit, test, samples: int, seed: int) -> dict:
 
 
 def loss_curve(losses: list[float], points: int = 100) -> dict[str, list[float]]:
-    """The per-step ``-ELBO / N`` averaged over ``points`` equal windows of steps."""
+    """The per-step losses ``zoo.fit`` reports (``-ELBO`` on the full-data scale, the KL term
+    weighted by ``1 / KL_DOWN_WEIGHT``; ``per_example`` only scales the gradients) averaged over
+    ``points`` equal windows of steps."""
     if not losses:
         return {"step": [], "loss": []}
     t = torch.tensor(losses, dtype=torch.float64)
