@@ -57,11 +57,11 @@ PAPER = {
     },
     250: {
         "test_error": {"bayesian": 0.0061, "frequentist": 0.0070},
-        "tau_rho": {
-            "conv1": (0.03, -0.44, None, None),
-            "conv2": (0.35, -0.21, None, None),
-            "fc1": (2.02, -0.15, None, None),
-            "fc2": (0.06, -0.18, None, None),
+        "tau_rho": {  # the paper's Table II labels these rows "200" neurons; its text says 250
+            "conv1": (0.03, -0.44, 0.05, 0.03),
+            "conv2": (0.35, -0.21, 0.05, -0.01),
+            "fc1": (2.02, -0.15, 0.06, -0.01),
+            "fc2": (0.06, -0.18, 0.05, 0.01),
         },
         "certainty": {
             "certain_correct": 9587,

@@ -6,6 +6,7 @@ epochs of MNIST) take minutes and are not run here.
 """
 
 import json
+import re
 import subprocess
 import sys
 
@@ -16,6 +17,9 @@ import torch
 import guides
 import zoo
 from tests.conftest import REPO
+
+#: Posch & Pilz's Table I: Bayesian and frequentist test errors by first-layer width.
+PAPER_ERRORS = {100: (0.0070, 0.0084), 250: (0.0061, 0.0070)}
 
 
 def _run(*args: str, timeout: int = 300) -> str:
@@ -222,11 +226,50 @@ def test_scaling_prints_a_row_per_process_count(mnist_root):
     assert row.endswith("| 1.00 | 1.00x | cpu |") and "load before" in out
 
 
+def _paper_runs() -> list[dict]:
+    return [
+        json.loads(path.read_text())
+        for path in sorted((REPO / "benchmarks" / "results" / "posch_pilz").glob("*.json"))
+    ]
+
+
+def test_notebook_03_shows_and_quotes_the_committed_paper_runs():
+    """Notebook 03's saved tables come from the committed JSONs, and every two-decimal test
+    error its prose or the README's notebook table quote is a committed run's or the paper's."""
+    nb = json.loads((REPO / "notebooks" / "03_tridiagonal_posch_pilz.ipynb").read_text())
+    outputs = "\n".join(
+        "".join(out.get("data", {}).get("text/plain", ""))
+        for cell in nb["cells"]
+        if cell["cell_type"] == "code"
+        for out in cell.get("outputs", [])
+    )
+    prose = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    readme_row = next(
+        line
+        for line in (REPO / "README.md").read_text().splitlines()
+        if line.startswith("| [03_tridiagonal_posch_pilz]")
+    )
+    runs = _paper_runs()
+    assert runs, "no committed Posch & Pilz run"
+    quoted = {f"{100 * v:.2f}%" for h in (100, 250) for v in PAPER_ERRORS[h]}
+    for r in runs:
+        error = f"{100 * r['test_error']:.2f}%"
+        quoted.add(error)
+        row = next(
+            line
+            for line in outputs.splitlines()
+            if line.startswith(f"zoo, {r['family']}, {r['hidden']} units ")
+        )
+        assert row.split()[4:7] == [error, f"{r['nll']:.4f}", f"{r['ece']:.4f}"], row
+        assert f"{error} ({r['family']}, {r['hidden']} units" in readme_row, readme_row
+    for text in (prose, readme_row):
+        assert set(re.findall(r"\d\.\d\d%", text)) <= quoted, text
+
+
 def test_benchmarks_readme_quotes_the_committed_paper_runs():
     """Every committed Posch & Pilz result is quoted in benchmarks/README.md as its JSON says."""
     readme = (REPO / "benchmarks" / "README.md").read_text()
-    for path in sorted((REPO / "benchmarks" / "results" / "posch_pilz").glob("*.json")):
-        r = json.loads(path.read_text())
+    for r in _paper_runs():
         c = r["certainty"]
         row = (
             f"| zoo, {r['family']}, {r['hidden']} units | {100 * r['test_error']:.2f}% "
