@@ -18,9 +18,6 @@ import guides
 import zoo
 from tests.conftest import REPO
 
-#: Posch & Pilz's Table I: Bayesian and frequentist test errors by first-layer width.
-PAPER_ERRORS = {100: (0.0070, 0.0084), 250: (0.0061, 0.0070)}
-
 
 def _run(*args: str, timeout: int = 300) -> str:
     proc = subprocess.run(
@@ -251,7 +248,8 @@ def test_notebook_03_shows_and_quotes_the_committed_paper_runs():
     )
     runs = _paper_runs()
     assert runs, "no committed Posch & Pilz run"
-    quoted = {f"{100 * v:.2f}%" for h in (100, 250) for v in PAPER_ERRORS[h]}
+    paper = _script("posch_pilz").PAPER  # Table I: Bayesian and frequentist errors by width
+    quoted = {f"{100 * v:.2f}%" for table in paper.values() for v in table["test_error"].values()}
     for r in runs:
         error = f"{100 * r['test_error']:.2f}%"
         quoted.add(error)
