@@ -112,17 +112,29 @@ class CompiledLoss:
                 total = total + surrogate / self.elbo.num_particles
         return total
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
-        """The loss of this minibatch through its graph (compiled on first use), or ``None``
-        when its graph was refused, or could not be checked yet because the loss is not finite:
-        the caller evaluates it eagerly then."""
+    def graph_for(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
+        """The checked graph for minibatches shaped like ``(x, y)`` (compiled on first use),
+        called as ``graph(*params, x, y, data_scale, kl_weight)`` with the scales as 0-d
+        tensors of the parameters' dtype; ``None`` when it was refused, or could not be checked
+        yet because the loss is not finite."""
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device)
         if key not in self.graphs:
             graph = self._compile(x, y, data_scale, kl_weight)
             if graph is UNCHECKED:
                 return None  # no verdict on a non-finite loss: eager now, compile again later
             self.graphs[key] = graph
-        graph = self.graphs[key]
+        return self.graphs[key]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the scales a graph takes (the parameters')."""
+        return self.params[0].dtype if self.params else torch.get_default_dtype()
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
+        """The loss of this minibatch through its graph (compiled on first use), or ``None``
+        when its graph was refused, or could not be checked yet because the loss is not finite:
+        the caller evaluates it eagerly then."""
+        graph = self.graph_for(x, y, data_scale, kl_weight)
         if graph is None:
             return None
         try:
@@ -133,8 +145,7 @@ class CompiledLoss:
             raise
 
     def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
-        dtype = self.params[0].dtype if self.params else torch.get_default_dtype()
-        return torch.tensor([data_scale, kl_weight], dtype=dtype, device=x.device).unbind()
+        return torch.tensor([data_scale, kl_weight], dtype=self.dtype, device=x.device).unbind()
 
     def _compile(self, x, y, data_scale: float, kl_weight: float):
         inputs = (*self.params, x, y, *self._scales(x, data_scale, kl_weight))

@@ -306,3 +306,26 @@ def _split_batch(batch):
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
     raise ValueError("each batch of the data must be a pair (x, y)")
+
+
+def fit_batches(
+    model, data, batch_size: int, device, seed, ranks
+) -> tuple[Batches, torch.Generator]:
+    """``zoo.fit``'s checked, shuffled minibatches on ``device`` (this rank's shard, for
+    ``ranks``: a :class:`zoo.distributed.Ranks`) and the generator that shuffles them."""
+    tensors = as_tensors(data)
+    if tensors is not None:
+        check_data(model, *tensors)
+    generator = torch.Generator()
+    generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
+    shard = (ranks.rank, ranks.world_size)
+    batches = Batches(data, batch_size, device, generator, model, shard, seed or 0)
+    if len(batches) == 0:
+        raise ValueError("the data set is empty: fit needs at least one example")
+    if tensors is None and not batches.check_batches:
+        check_dataset(model, batches.loader.dataset, batches.loader.collate_fn)
+    x0, y0 = batches.first()
+    check_input_shape(model, x0, y0)
+    if isinstance(model, BayesianModel):
+        model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
+    return batches, generator

@@ -80,6 +80,8 @@ class DivergenceGuard:
         self.last_good = LastGood(params)
         self.guide, self.on_divergence, self.result = guide, on_divergence, result
         self.in_a_row = 0
+        #: Steps between the copies named in messages (``None``: ``LAST_GOOD_EVERY``).
+        self.copy_every: int | None = None
 
     def step_is_finite(self, step: int, epoch: int, value: float, grad_norm: float) -> bool:
         """``True``: take the update. ``False``: the step was skipped (``"skip"``); raises
@@ -108,7 +110,7 @@ class DivergenceGuard:
             return
         message = (
             f"the parameters after the last update (step {last_step}) give a non-finite "
-            f"loss ({value}). {restored_message(self.last_good.step)}"
+            f"loss ({value}). {restored_message(self.last_good.step, self.copy_every)}"
         )
         self.last_good.restore()
         if self.on_divergence == "raise":
@@ -128,24 +130,28 @@ class DivergenceGuard:
             )
 
 
-def divergence_message(step: int, epoch: int, value: float, guide, good: int | None) -> str:
-    """What diverged where, and where the guide is now."""
+def divergence_message(
+    step: int, epoch: int, value: float, guide, good: int | None, every: int | None = None
+) -> str:
+    """What diverged where (the sites whose gradients in ``.grad`` are not finite, unless
+    ``guide`` is ``None``), and where the guide is now."""
     bad = sorted(
         {
             name.rsplit(".", 1)[0].removeprefix("sites.")
-            for name, p in guide.named_parameters()
+            for name, p in (guide.named_parameters() if guide is not None else ())
             if p.grad is not None and not torch.isfinite(p.grad).all()
         }
     )
     where = f"; non-finite gradients at sites {bad}" if bad else ""
     return (
         f"the fit diverged at step {step} (epoch {epoch}): loss = {value}{where}. "
-        f"{restored_message(good)}"
+        f"{restored_message(good, every)}"
     )
 
 
-def restored_message(good: int | None) -> str:
-    """Where a diverged fit leaves the guide, and what to try."""
+def restored_message(good: int | None, every: int | None = None) -> str:
+    """Where a diverged fit leaves the guide (copies taken every ``every`` steps, by default
+    ``LAST_GOOD_EVERY``), and what to try."""
     if good is None:
         return (
             "The parameters the fit started from already give it (no finite step yet); check "
@@ -153,6 +159,6 @@ def restored_message(good: int | None) -> str:
         )
     return (
         f"The guide is back at the parameters of step {good}, which gave a finite loss and "
-        f"gradients (a copy is kept every {LAST_GOOD_EVERY} steps). Try a smaller lr, "
+        f"gradients (a copy is kept every {every or LAST_GOOD_EVERY} steps). Try a smaller lr, "
         "clip_grad_norm, a smaller init_scale, or on_divergence='skip'."
     )

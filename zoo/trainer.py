@@ -11,8 +11,10 @@ from tqdm import tqdm
 
 from zoo import persist
 from zoo.data_checks import Batches
+from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
+from zoo.graphed import GraphedStep
 from zoo.objective import Objective
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
@@ -21,7 +23,12 @@ from zoo.state import TrainingState, write_checkpoint
 
 class Trainer:
     """Takes the steps of a fit: one minibatch, one loss, one guarded update per step, with
-    checkpoints, callbacks, a progress bar and Ctrl-C. Built by :func:`fit`."""
+    checkpoints, callbacks, a progress bar and Ctrl-C. Built by :func:`fit`.
+
+    With a :class:`~zoo.deferred.DeferredGuard` the host reads the losses in groups
+    (:meth:`deferred_step`, settled at group ends, epoch ends, checkpoints, the last step and
+    Ctrl-C; every step when there are callbacks), and with a :class:`~zoo.graphed.GraphedStep`
+    the steps of its shape replay a CUDA graph."""
 
     def __init__(
         self,
@@ -40,6 +47,7 @@ class Trainer:
         checkpoint,
         checkpoint_every: int | None,
         ranks: Ranks | None = None,
+        graphed: GraphedStep | None = None,
     ):
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.params, self.guard, self.batches = params, guard, batches
@@ -47,6 +55,8 @@ class Trainer:
         self.clip_grad_norm, self.per_example = clip_grad_norm, per_example
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.ranks = ranks if ranks is not None else Ranks()
+        self.graphed = graphed
+        self.deferred = isinstance(guard, DeferredGuard)
         # The result shows the state's history as it grows.
         result.losses, result.epoch_losses = state.losses, state.epoch_losses
         result.skipped_steps = state.skipped_steps
@@ -62,6 +72,8 @@ class Trainer:
             total=total, initial=state.step, disable=not show, unit="step", dynamic_ncols=True
         )
         self._start = time.perf_counter()
+        if self.deferred:
+            self.guard.begin(state.step)
         stop = False
         try:
             while state.step < total and not stop:
@@ -70,16 +82,25 @@ class Trainer:
                 for index, (xb, yb) in enumerate(self.batches.epoch(state.epoch)):
                     if index < state.done_in_epoch:
                         continue
-                    value = self.step(xb, yb)
+                    if self.deferred:
+                        self.deferred_step(xb, yb)
+                    else:
+                        value = self.step(xb, yb)
                     state.done_in_epoch = index + 1
                     bar.update(1)
-                    if state.step % 10 == 0 or state.step == total:
+                    if self.deferred:
+                        if not self._read_due(total, callbacks):
+                            continue
+                        value = self.guard.flush(state)
+                    if self.deferred or state.step % 10 == 0 or state.step == total:
                         bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
                     stop = self._after_step(value, total, callbacks)
                     if stop or state.step >= total:
                         break
         except KeyboardInterrupt:
             self.result.interrupted = True
+            if self.deferred:
+                self.guard.flush(state)
             self.save_checkpoint(gather=False)  # other ranks may not be here to gather
         finally:
             bar.close()
@@ -107,12 +128,7 @@ class Trainer:
             loss = self._averaged_loss(xb, yb)
         else:
             loss = self._loss(xb, yb)
-        if self.clip_grad_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
-        else:  # the norm only, to detect a non-finite gradient
-            norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in self.params if p.grad is not None]
-            )
+        norm = self._grad_norm()  # clipped if asked; the norm detects a non-finite gradient
         value, grad_norm = torch.stack([loss.detach(), norm]).tolist()
         if self.guard.step_is_finite(state.step, state.epoch, value, grad_norm):
             self.optimizer.step()
@@ -122,6 +138,47 @@ class Trainer:
             state.epoch_partial.append(value)
         state.step += 1
         return value
+
+    def deferred_step(self, xb: torch.Tensor, yb: torch.Tensor) -> None:
+        """One minibatch without a host read: the optimiser skips a non-finite update on the
+        device's flag, and the loss waits in the guard until :meth:`DeferredGuard.flush`."""
+        state = self.state
+        self._last_batch = (xb, yb)
+        graphed = self.graphed
+        if graphed is not None and state.step > 0 and graphed.accepts(xb, yb):
+            kl_weight = self.objective.kl_weight_at(state.step)
+            loss, norm = graphed.step(xb, yb, kl_weight)
+        else:
+            if graphed is not None:
+                graphed.eager_zero_grad()
+            else:
+                self.optimizer.zero_grad(set_to_none=True)
+            loss = self._loss(xb, yb)
+            norm = self._grad_norm()
+            self.guard.mark(loss, norm)
+            self.optimizer.step()
+        self.guard.remember(state.step, state.epoch, loss, norm)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        state.step += 1
+
+    def _read_due(self, total: int, callbacks: list) -> bool:
+        """Whether the deferred losses must be read now: a full group, an epoch's end, a
+        checkpoint, the last step, or callbacks (which see every step's loss)."""
+        state, every = self.state, self.checkpoint_every
+        return (
+            self.guard.due
+            or bool(callbacks)
+            or state.step >= total
+            or state.done_in_epoch == self.batches.steps_per_epoch
+            or (every is not None and state.step % every == 0)
+        )
+
+    def _grad_norm(self) -> torch.Tensor:
+        """The global gradient norm, clipped to ``clip_grad_norm`` if given."""
+        if self.clip_grad_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
+        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
 
     def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         """This process's loss, its gradients in ``.grad``."""

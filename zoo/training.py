@@ -19,10 +19,10 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist
-from zoo.data_checks import Batches, as_tensors, check_data, check_dataset, check_input_shape
+from zoo.data_checks import fit_batches
+from zoo.deferred import check_check_every
 from zoo.distributed import Ranks
-from zoo.divergence import DivergenceGuard
-from zoo.models.base import BayesianModel
+from zoo.graphed import step_parts
 from zoo.objective import Objective
 from zoo.optim import (
     check_finite_parameters,
@@ -32,7 +32,7 @@ from zoo.optim import (
     named_parameters,
     param_groups,
 )
-from zoo.result import FitResult, FitState
+from zoo.result import FitResult, FitState, load
 from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
 from zoo.threads import check_threads, intra_op_threads, step_threads
@@ -74,6 +74,8 @@ def fit(
     resume: str | os.PathLike | None = None,
     threads: int | str | None = "auto",
     jit: bool | str = "auto",
+    check_every: int | str = "auto",
+    cuda_graph: bool = False,
     accelerator: str = "auto",
     devices: int | str = 1,
     num_nodes: int = 1,
@@ -184,6 +186,16 @@ def fit(
         eager loss (with a warning) if a graph fails its check against it; ``True`` compiles
         any size and raises instead; ``False`` never compiles. The first step is always eager
         (it runs Pyro's validation). ``result.options["jit"]`` says which ran.
+    check_every : "auto" or int, default "auto"
+        Steps between the host's reads of the loss (each read waits for the device). With
+        ``k > 1`` the divergence test runs on the device, the fused optimiser skips a
+        non-finite update there, and the host reads ``k`` steps at once, also at epoch ends,
+        checkpoints and the end, and every step for ``callbacks`` (:mod:`zoo.deferred`).
+        ``"auto"``: 1 on the CPU and across ranks, else :data:`zoo.deferred.CUDA_CHECK_EVERY`.
+    cuda_graph : bool, default False
+        Capture the whole step (loss, gradients, norm, update) as a CUDA graph and replay it
+        (:mod:`zoo.graphed`). Needs CUDA, the compiled loss (``jit``), one process and "adam",
+        "adamw" or "sgd"; refused before training otherwise.
 
     accelerator, devices, num_nodes, strategy
         Fit across processes on Lightning Fabric (names and values as Lightning's: e.g.
@@ -205,6 +217,9 @@ def fit(
     # The checks of the arguments alone, here: before any process is started.
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
     check_threads(threads)
+    check_check_every(check_every)
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
     for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
         if value is not None:
             _check_positive(**{name: value})
@@ -216,15 +231,9 @@ def fit(
             devices=devices,
             num_nodes=num_nodes,
             strategy=strategy,
-            rebuild=functools.partial(_load_fit, model),
+            rebuild=functools.partial(load, model=model),
         )
     return _fit(Ranks(), **settings)
-
-
-def _load_fit(model, path) -> FitResult:
-    from zoo.result import load
-
-    return load(path, model=model)
 
 
 #: ``fit``'s arguments that choose the processes, not the fit.
@@ -266,6 +275,8 @@ def _fit(
     resume,
     threads,
     jit,
+    check_every,
+    cuda_graph,
 ) -> FitResult:
     """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
     arguments ``fit`` has checked (``optimizer`` is the optimiser class)."""
@@ -275,7 +286,7 @@ def _fit(
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
     with seeded(seed, dev):
-        batches, generator = _batches(model, data, batch_size, dev, seed, ranks)
+        batches, generator = fit_batches(model, data, batch_size, dev, seed, ranks)
         x0, y0 = batches.first()
 
         resumed = read_checkpoint(resume) if resume else None
@@ -333,12 +344,25 @@ def _fit(
         else:
             state = TrainingState(epoch_start_state=generator.get_state())
         params = [p for g in groups for p in g["params"]]
+        graphed, guard = step_parts(
+            objective,
+            opt,
+            params,
+            result,
+            on_divergence=on_divergence,
+            check_every=check_every,
+            cuda_graph=cuda_graph,
+            distributed=ranks.distributed,
+            num_data=len(batches),
+            clip_grad_norm=clip_grad_norm,
+            per_example=per_example,
+        )
         trainer = Trainer(
             objective=objective,
             optimizer=opt,
             scheduler=sched,
             params=params,
-            guard=DivergenceGuard(params, guide, on_divergence, result),
+            guard=guard,
             batches=batches,
             generator=generator,
             state=state,
@@ -348,6 +372,7 @@ def _fit(
             checkpoint=checkpoint,
             checkpoint_every=checkpoint_every,
             ranks=ranks,
+            graphed=graphed,
         )
         try:
             with intra_op_threads(num_threads):
@@ -362,28 +387,6 @@ def resolve_device(device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def _batches(
-    model, data, batch_size: int, device, seed, ranks: Ranks
-) -> tuple[Batches, torch.Generator]:
-    """Checked, shuffled minibatches on ``device`` and the generator that shuffles them."""
-    tensors = as_tensors(data)
-    if tensors is not None:
-        check_data(model, *tensors)
-    generator = torch.Generator()
-    generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
-    shard = (ranks.rank, ranks.world_size)
-    batches = Batches(data, batch_size, device, generator, model, shard, seed or 0)
-    if len(batches) == 0:
-        raise ValueError("the data set is empty: fit needs at least one example")
-    if tensors is None and not batches.check_batches:
-        check_dataset(model, batches.loader.dataset, batches.loader.collate_fn)
-    x0, y0 = batches.first()
-    check_input_shape(model, x0, y0)
-    if isinstance(model, BayesianModel):
-        model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
-    return batches, generator
 
 
 def _check_positive(**values) -> None:

@@ -114,3 +114,59 @@ def test_the_compiled_loss_on_cuda_equals_the_eager_one(family, options):
         for ga, gb in zip(grads_a, grads_b):
             torch.testing.assert_close(gb, ga, rtol=1e-3, atol=1e-3)
     assert compiled.jit_state == "compiled"
+
+
+def cuda_graph_pair(family, options, n=200, **extra):
+    """The same fit eagerly (one host read per step) and as a replayed CUDA graph; 200 = 3 x 64
+    + 8, so every fourth step runs eagerly between replays."""
+    kwargs = dict(
+        num_steps=24,
+        batch_size=64,
+        progress=False,
+        guide_options=options,
+        lr_schedule="exponential",
+        kl_weight=lambda i: min(1.0, i / 10),
+    )
+    kwargs.update(extra)
+    eager = zoo.fit(zoo.models.LeNet5(hidden=32), family, data(n), check_every=1, **kwargs)
+    graphed = zoo.fit(zoo.models.LeNet5(hidden=32), family, data(n), cuda_graph=True, **kwargs)
+    return eager, graphed
+
+
+@pytest.mark.parametrize("family,options", FAMILIES)
+def test_the_cuda_graph_step_gives_the_eager_fit(family, options):
+    """Captured once, replayed every step: the same draws (torch's CUDA generator advances
+    with each replay), losses and parameters as the eager fit within float tolerance."""
+    eager, graphed = cuda_graph_pair(family, options)
+    assert graphed.options["cuda_graph"] is True and graphed.options["check_every"] == 20
+    assert graphed.losses == pytest.approx(eager.losses, rel=1e-3)
+    a, b = eager.guide.state_dict(), graphed.guide.state_dict()
+    for k in a:
+        assert torch.allclose(a[k], b[k], rtol=1e-3, atol=1e-4), k
+
+
+def test_the_cuda_graph_step_with_sgd_and_clipping():
+    eager, graphed = cuda_graph_pair("diagonal", {}, optimizer="sgd", lr=1e-3, clip_grad_norm=1.0)
+    assert graphed.losses == pytest.approx(eager.losses, rel=1e-3)
+
+
+def test_a_diverging_cuda_graph_fit_stops_with_finite_parameters():
+    model = zoo.models.LeNet5(hidden=32)
+    with pytest.raises(zoo.FitDivergedError, match="diverged at step") as err:
+        zoo.fit(
+            model,
+            "diagonal",
+            data(),
+            num_steps=40,
+            batch_size=32,
+            optimizer="sgd",
+            lr=1e4,
+            cuda_graph=True,
+            progress=False,
+        )
+    assert all(torch.isfinite(p).all() for p in err.value.result.guide.parameters())
+
+
+def test_check_every_auto_reads_in_groups_on_cuda():
+    fit = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), num_steps=30, progress=False)
+    assert fit.options["check_every"] == 20 and len(fit.losses) == 30
