@@ -55,6 +55,22 @@ def test_step_time_on_the_tiny_net_alone_and_contended():
         assert len(row.split("|")) == 8  # name, idle, contended, slowdown, two ratios
 
 
+def test_graph_size_counts_match_the_readme():
+    """The operation counts are deterministic: the table in benchmarks/README.md must show the
+    script's (the timings there are one run's)."""
+    out = _run("benchmarks/graph_size.py", "--rounds", "1", "--passes", "2")
+    rows = [
+        line
+        for line in out.splitlines()
+        if line.startswith("| ") and not line.startswith(("| family", "| ---"))
+    ]
+    assert len(rows) == 8 and rows[0].startswith("| diagonal |")
+    readme = (REPO / "benchmarks" / "README.md").read_text()
+    for row in rows:
+        counts = "|".join(row.split("|")[:5])  # family, ops, Python calls, ops ratio
+        assert counts in readme, row
+
+
 def test_threads_prints_a_row_per_size_with_the_rules_choice():
     args = ["--sizes", "tiny", "lenet5", "--rounds", "1", "--steps", "2", "--no-contended"]
     out = _run("benchmarks/threads.py", *args)
