@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from zoo.deferred import DeferredGuard, resolve_check_every
+from zoo.deferred import DeferredGuard, check_check_every, resolve_check_every
 from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
 
@@ -193,6 +193,18 @@ class GraphedStep:
         """Before an eager step between replays: zero the gradients where they are (the graph
         writes and reads them at their captured addresses)."""
         self.optimizer.zero_grad(set_to_none=self.graph is None)
+
+
+def check_step_options(check_every, cuda_graph, distributed: bool) -> None:
+    """``zoo.fit``'s checks of ``check_every`` and ``cuda_graph`` that need no device or model,
+    run before any process is started (``distributed``: the fit will start several)."""
+    check_check_every(check_every)
+    if not isinstance(cuda_graph, bool):
+        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+    if distributed and cuda_graph:
+        raise ValueError("cuda_graph=True applies to fits in one process")
+    if distributed and check_every not in ("auto", 1):
+        raise ValueError("check_every > 1 applies to fits in one process (ranks meet every step)")
 
 
 def step_parts(

@@ -20,9 +20,8 @@ from pyro.infer.autoguide import AutoGuide
 import guides as guide_registry
 from zoo import distributed, persist
 from zoo.data_checks import fit_batches
-from zoo.deferred import check_check_every
 from zoo.distributed import Ranks
-from zoo.graphed import step_parts
+from zoo.graphed import check_step_options, step_parts
 from zoo.objective import Objective
 from zoo.optim import (
     check_finite_parameters,
@@ -217,9 +216,7 @@ def fit(
     # The checks of the arguments alone, here: before any process is started.
     _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
     check_threads(threads)
-    check_check_every(check_every)
-    if not isinstance(cuda_graph, bool):
-        raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
+    check_step_options(check_every, cuda_graph, distributed.requested(devices, num_nodes, strategy))
     for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
         if value is not None:
             _check_positive(**{name: value})

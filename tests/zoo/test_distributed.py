@@ -214,6 +214,9 @@ def test_distributed_arguments_are_checked_before_anything_starts():
         zoo.fit(model_for(3), "diagonal", (x, y), devices=2, optimizer="lbfgs", progress=False)
     with pytest.raises(ValueError, match="data parallel"):
         zoo.fit(model_for(3), "diagonal", (x, y), strategy="fsdp", progress=False)
+    for options in ({"check_every": 10}, {"cuda_graph": True}):
+        with pytest.raises(ValueError, match="applies to fits in one process"):
+            zoo.fit(model_for(3), "diagonal", (x, y), devices=2, progress=False, **options)
     fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=2, progress=False)
     assert fit.options["world_size"] == 1
     with pytest.raises(RuntimeError, match="no process group here"):
