@@ -248,8 +248,10 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
         r"([\d.]+)",
         proc.stdout,
     ).groups()
-    for said, got in zip(quoted.groups(), (*printed, *sds)):
-        assert float(said) == pytest.approx(float(got), abs=2e-3), (said, got)
+    # Between CPUs the 3,000 steps' rounding moves them (README: measured on two machines).
+    tolerance = [dict(abs=2e-3), dict(abs=0.01)] + [dict(rel=0.08)] * 3
+    for said, got, tol in zip(quoted.groups(), (*printed, *sds), tolerance):
+        assert float(said) == pytest.approx(float(got), **tol), (said, got)
     # the demo follows the data (RMSE within 20% of the toy's noise, 0.1: the regression
     # default prior, N(0, 2 / fan_in), costs the toy 0.118 against N(0, 1)'s 0.108 and is the
     # better one on real data, README "Regression defaults") and widens the band between the
