@@ -175,7 +175,12 @@ class DeferredGuard(DivergenceGuard):
                 )
         if first_bad is not None:
             self._settle_bad(state, *first_bad, ended_bad=not math.isfinite(sum(values[-1])))
-        self.begin(state.step)
+        # The candidate is now verified or stale (its step was read). A new one at most every
+        # `every` steps: reads come more often at epoch ends, checkpoints and with callbacks.
+        good = self.last_good.step
+        self.candidate_step = None
+        if good is None or state.step - good >= self.every:
+            self.begin(state.step)
         return values[-1][0]
 
     def _verify(self) -> None:

@@ -201,3 +201,44 @@ def test_the_graphed_step_resumes_from_its_checkpoint(graph_on_cpu, tmp_path):
     resumed = fit(data, num_steps=40, lr_schedule="exponential", cuda_graph=True, resume=ckpt)
     assert resumed.losses == whole.losses
     assert same_parameters(resumed, whole)
+
+
+def test_callbacks_read_every_step_but_copies_stay_every_k(monkeypatch):
+    """A callback sees each step's loss (the host reads every step), while the parameter copy
+    is still taken at most every ``check_every`` steps."""
+    copies = []
+    begin = zoo.deferred.DeferredGuard.begin
+    monkeypatch.setattr(
+        zoo.deferred.DeferredGuard,
+        "begin",
+        lambda self, step: (copies.append(step), begin(self, step)),
+    )
+    seen = []
+    result = fit(
+        regression(), num_steps=30, check_every=5, callbacks=[lambda s: seen.append(s.loss)]
+    )
+    assert seen == result.losses and len(seen) == 30
+    assert copies == [0, 5, 10, 15, 20, 25, 30]
+
+
+def test_a_divergence_seen_by_a_callback_step_restores_the_first_parameters():
+    x, y = regression(64)
+    guide = guides.AutoDiagonal(BayesianMLP(3, (16,), 1))
+    with torch.no_grad():
+        guide(x, y)
+    initial = {k: v.clone() for k, v in guide.state_dict().items()}
+    seen = []
+    with pytest.raises(zoo.FitDivergedError, match="diverged at step 1") as err:
+        fit(
+            (x, y),
+            model=guide.model,
+            family=guide,
+            optimizer="sgd",
+            lr=1e3,
+            batch_size=16,
+            check_every=10,
+            callbacks=[lambda s: seen.append(s.step)],
+        )
+    assert seen == [1]  # step 0 reached the callback; step 1 raised at its read
+    for k, v in err.value.result.guide.state_dict().items():
+        assert torch.equal(v, initial[k]), k
