@@ -95,12 +95,8 @@ class GraphedStep:
         per_example: bool = False,
         capture: bool | None = None,
     ):
-        self.objective, self.optimizer, self.params, self.guard = (
-            objective,
-            optimizer,
-            params,
-            guard,
-        )
+        self.objective, self.optimizer, self.guard = objective, optimizer, guard
+        self.params = params
         self.num_data, self.clip, self.per_example = num_data, clip_grad_norm, per_example
         self.device = params[0].device
         self.capture = self.device.type == "cuda" if capture is None else capture
