@@ -18,10 +18,10 @@ shape (the last, smaller batch of an epoch) compiles one more.
 When a graph is built, its value is checked once against the eager loss (Pyro's
 ``differentiable_loss``), both on the same draws (other than the ones the trace saw), after
 ``CHECK_RUNS`` runs of the graph: TorchScript's executor optimises a graph after its first
-run, and an optimised plan can differ from the first (``tests/zoo/test_compiled.py`` has a
-case). A guide with a site that is not reparameterised (its surrogate is not the loss) or a
-program whose Python reads tensor values that the graph would freeze shows there, and is
-evaluated eagerly instead.
+run, and an optimised plan can draw its random numbers in another order than the traced one
+(``tests/zoo/test_compiled.py`` has a case). A guide with a site that is not reparameterised
+(its surrogate is not the loss) or a program whose Python reads tensor values that the graph
+would freeze shows there, and is evaluated eagerly instead.
 :func:`compile_refusal` lists what is never compiled.
 """
 

@@ -202,9 +202,10 @@ def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
 def test_a_graph_whose_optimised_plan_differs_is_refused(monkeypatch):
     """TorchScript's executor profiles a graph on its first run and optimises it for the runs
     after. With the prior's squared norm in plain operations (no custom function between them),
-    the block-diagonal graph is right on its first run and off by 0.2-1% from the second on
-    (the executor's passes; the exact cause was not found): checked on its first run only it
-    would be kept, so the check runs a graph ``CHECK_RUNS`` times and compares the last run."""
+    the optimised block-diagonal graph draws the noise site's random number before the weights'
+    (traced: last), so from its second run on it evaluates the loss on other draws than the eager
+    loss for the same seed (0.2-1% off here). Checked on its first run only it would be kept, so
+    the check runs a graph ``CHECK_RUNS`` times and compares the last run."""
     default_runs = zoo.compiled.CHECK_RUNS
     monkeypatch.setattr(zoo.priors, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
