@@ -26,18 +26,13 @@ import guides
 import zoo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_time import NETS, bayesian_model, make_net  # noqa: E402  (the same nets)
+from step_time import NETS, ZOO_ROWS, bayesian_model, make_net  # noqa: E402  (the same nets)
 
-#: (label, family, guide options): the families of step_time.py's rows, default estimator.
+#: (label, family, guide options): step_time.py's zoo rows with the default estimator and ELBO.
 ROWS = [
-    ("diagonal", "diagonal", {}),
-    ("tridiagonal posch", "tridiagonal", {}),
-    ("tridiagonal free", "tridiagonal", {"parameterization": "free"}),
-    ("lowrank r=10", "lowrank", {"rank": 10}),
-    ("matrix normal", "matrix_normal", {}),
-    ("block diagonal b=16", "block_diagonal", {}),
-    ("MC dropout p=0.1", "mc_dropout", {}),
-    ("map (point mass)", "map", {}),
+    (name.removeprefix("zoo "), family, options)
+    for name, (family, options, fit_options) in ZOO_ROWS.items()
+    if not fit_options
 ]
 #: Graph nodes that are bookkeeping, not tensor work.
 BOOKKEEPING = {

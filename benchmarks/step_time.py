@@ -246,6 +246,37 @@ class ZooStep:
 #: Steps of the shorter fit in ZooStep.run_unobserved (past the graph's warm-up and capture).
 WARM = 10
 
+#: The zoo.fit rows: name -> (family, guide options, fit options).
+ZOO_ROWS = {
+    "zoo diagonal": ("diagonal", {}, {}),
+    "zoo tridiagonal posch": ("tridiagonal", {}, {}),
+    "zoo tridiagonal free": ("tridiagonal", {"parameterization": "free"}, {}),
+    "zoo lowrank r=10": ("lowrank", {"rank": 10}, {}),
+    "zoo matrix normal": ("matrix_normal", {}, {}),
+    "zoo block diagonal b=16": ("block_diagonal", {}, {}),
+    "zoo MC dropout p=0.1": ("mc_dropout", {}, {}),
+    "zoo MC dropout, local reparam. (a mask per example)": (
+        "mc_dropout",
+        {},
+        {"estimator": "local"},
+    ),
+    "zoo MC dropout, closed-form KL": ("mc_dropout", {}, {"elbo": "meanfield"}),
+    "zoo MC dropout, local reparam., closed-form KL": (
+        "mc_dropout",
+        {},
+        {"estimator": "local", "elbo": "meanfield"},
+    ),
+    "zoo map (point mass)": ("map", {}, {}),
+    "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
+    "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
+    "zoo matrix normal, local reparam., closed-form KL": (
+        "matrix_normal",
+        {},
+        {"estimator": "local", "elbo": "meanfield"},
+    ),
+}
+
+
 #: What zoo.fit did before issue 18: the eager loss on torch's thread setting.
 EAGER = {"jit": False, "threads": None}
 
@@ -266,34 +297,7 @@ def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
         methods["bayesian-torch"] = lambda: bayesian_torch_step(net, x, y)
     except ImportError:
         print("bayesian-torch is not installed: its row is left out")
-    zoo_rows = {
-        "zoo diagonal": ("diagonal", {}, {}),
-        "zoo tridiagonal posch": ("tridiagonal", {}, {}),
-        "zoo tridiagonal free": ("tridiagonal", {"parameterization": "free"}, {}),
-        "zoo lowrank r=10": ("lowrank", {"rank": 10}, {}),
-        "zoo matrix normal": ("matrix_normal", {}, {}),
-        "zoo block diagonal b=16": ("block_diagonal", {}, {}),
-        "zoo MC dropout p=0.1": ("mc_dropout", {}, {}),
-        "zoo MC dropout, local reparam. (a mask per example)": (
-            "mc_dropout",
-            {},
-            {"estimator": "local"},
-        ),
-        "zoo MC dropout, closed-form KL": ("mc_dropout", {}, {"elbo": "meanfield"}),
-        "zoo MC dropout, local reparam., closed-form KL": (
-            "mc_dropout",
-            {},
-            {"estimator": "local", "elbo": "meanfield"},
-        ),
-        "zoo map (point mass)": ("map", {}, {}),
-        "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
-        "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
-        "zoo matrix normal, local reparam., closed-form KL": (
-            "matrix_normal",
-            {},
-            {"estimator": "local", "elbo": "meanfield"},
-        ),
-    }
+    zoo_rows = dict(ZOO_ROWS)
     if device.type == "cuda":  # the whole step replayed from a CUDA graph (zoo.graphed)
         zoo_rows["zoo diagonal, CUDA graph"] = ("diagonal", {}, {"cuda_graph": True})
         for name in ("zoo tridiagonal posch", "zoo lowrank r=10", "zoo matrix normal"):
@@ -404,10 +408,11 @@ def time_round(methods: dict, zoo_steps: dict, times: dict, steps: int, device, 
                 step()
             sync(device)
             times[name] += [(time.perf_counter() - t) / steps] * steps
-        for _ in range(steps if device.type != "cuda" else 0):
-            t = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - t)
+        else:
+            for _ in range(steps):
+                t = time.perf_counter()
+                step()
+                times[name].append(time.perf_counter() - t)
         peaks.read(name)
     for name, runner in zoo_steps.items():
         peaks.reset()

@@ -59,26 +59,13 @@ def resolve_check_every(
     """Steps between reads of the loss on the host: ``"auto"`` reads every step on the CPU
     (where a read costs nothing), in distributed fits (whose ranks meet every step anyway) and
     with optimisers that cannot skip on the device; every :data:`CUDA_CHECK_EVERY` steps on
-    CUDA (or with a CUDA graph, ``graph``) otherwise. A count above 1, or a graph, that cannot
-    be honoured is an error."""
-    skips = supports_device_skip(optimizer)
-    if graph and not skips:
-        raise ValueError(
-            "cuda_graph=True needs an optimiser that skips a non-finite update on the device: "
-            f"optimizer='adam', 'adamw' or 'sgd' (built fused, the default); got "
-            f"{type(optimizer).__name__}"
-        )
+    CUDA (or with a CUDA graph, ``graph``) otherwise. An explicit count is returned as it is:
+    :class:`DeferredGuard` refuses an optimiser that cannot skip, and ``zoo.fit`` a count above
+    1 for a distributed fit before it starts."""
     if check_every == "auto":
         on_device = graph or device.type != "cpu"
+        skips = supports_device_skip(optimizer)
         return CUDA_CHECK_EVERY if on_device and skips and not distributed else 1
-    if check_every > 1 and distributed:
-        raise ValueError("check_every > 1 applies to fits in one process (ranks meet every step)")
-    if check_every > 1 and not skips:
-        raise ValueError(
-            "check_every > 1 needs an optimiser that skips a non-finite update on the device: "
-            "optimizer='adam', 'adamw' or 'sgd' (built fused, the default); got "
-            f"{type(optimizer).__name__}"
-        )
     return int(check_every)
 
 
@@ -108,7 +95,11 @@ class DeferredGuard(DivergenceGuard):
     def __init__(self, params, guide, on_divergence: str, result, optimizer, every: int):
         super().__init__(params, guide, on_divergence, result)
         if not supports_device_skip(optimizer):
-            raise ValueError("the deferred divergence check needs a fused Adam, AdamW or SGD")
+            raise ValueError(
+                "check_every > 1 and cuda_graph=True need an optimiser that skips a non-finite "
+                "update on the device: optimizer='adam', 'adamw' or 'sgd' (built fused, the "
+                f"default); got {type(optimizer).__name__}"
+            )
         device = params[0].device
         self.every = self.copy_every = int(every)
         #: 1.0 when this step's loss or gradient norm is not finite (read by the fused kernels).

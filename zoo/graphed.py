@@ -35,24 +35,24 @@ import torch
 from zoo.deferred import DeferredGuard, check_check_every, resolve_check_every
 from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
+from zoo.optim import grad_norm
 
 #: Eager steps on a side stream before the capture (the TorchScript executor profiles and
 #: optimises a graph on its first runs, and the optimiser creates its state on the first).
 WARMUP_STEPS = 3
 
 
-def device_refusal(device: torch.device, distributed: bool) -> str | None:
-    """Why a fit on ``device`` cannot replay a CUDA graph (``None``: it can)."""
+def device_refusal(device: torch.device) -> str | None:
+    """Why a fit on ``device`` cannot replay a CUDA graph (``None``: it can). A distributed fit
+    is refused before it starts (:func:`check_step_options`)."""
     if device.type != "cuda":
         return f"cuda_graph=True needs a CUDA device; this fit runs on {device}"
-    if distributed:
-        return "cuda_graph=True applies to fits in one process"
     return None
 
 
-def graph_refusal(objective: Objective, device: torch.device, distributed: bool) -> str | None:
+def graph_refusal(objective: Objective, device: torch.device) -> str | None:
     """Why ``cuda_graph=True`` cannot be honoured (``None``: it can)."""
-    reason = device_refusal(device, distributed)
+    reason = device_refusal(device)
     if reason is None and objective.compiled is None:
         reason = (
             "cuda_graph=True needs the compiled loss, and this one is eager: "
@@ -157,12 +157,7 @@ class GraphedStep:
         """Loss, gradients, norm (clipped), the device-side skip flag and the update."""
         loss = self.fn(*self.params, self.x, self.y, self.data_scale, self.kl_weight)
         (loss / self.num_data if self.per_example else loss).backward()
-        if self.clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.clip)
-        else:
-            norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in self.params if p.grad is not None]
-            )
+        norm = grad_norm(self.params, self.clip)
         self.guard.mark(loss, norm)
         self.optimizer.step()
         self.loss.copy_(loss.detach())
@@ -222,12 +217,12 @@ def step_parts(
     ``check_every`` and ``cuda_graph`` in ``result.options``. Raises ``ValueError`` before
     training when ``cuda_graph`` or ``check_every`` cannot be honoured."""
     device = params[0].device
-    reason = graph_refusal(objective, device, distributed) if cuda_graph else None
+    reason = graph_refusal(objective, device) if cuda_graph else None
     if reason is not None:
         raise ValueError(reason)
     every = resolve_check_every(check_every, device, optimizer, distributed, cuda_graph)
     guide = objective.guide
-    if every > 1 or cuda_graph:
+    if every > 1 or cuda_graph:  # the guard refuses an optimiser that cannot skip on the device
         guard = DeferredGuard(params, guide, on_divergence, result, optimizer, every)
     else:
         guard = DivergenceGuard(params, guide, on_divergence, result)

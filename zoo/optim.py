@@ -120,3 +120,12 @@ def check_finite_parameters(guide, model) -> None:
             "diverged fit or a bad initialisation cannot be fitted further: build a new guide "
             "(or load an earlier checkpoint)"
         )
+
+
+def grad_norm(params: list[torch.Tensor], clip: float | None = None) -> torch.Tensor:
+    """The global norm of the gradients in ``.grad`` (a 0-d tensor, before clipping), the
+    gradients clipped to ``clip`` if given; no host read, so it also runs inside a CUDA graph.
+    A fit tests it for a non-finite gradient."""
+    if clip is not None:
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+    return torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])

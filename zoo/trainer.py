@@ -16,6 +16,7 @@ from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.graphed import GraphedStep
 from zoo.objective import Objective
+from zoo.optim import grad_norm
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
 from zoo.state import TrainingState, write_checkpoint
@@ -128,9 +129,9 @@ class Trainer:
             loss = self._averaged_loss(xb, yb)
         else:
             loss = self._loss(xb, yb)
-        norm = self._grad_norm()  # clipped if asked; the norm detects a non-finite gradient
-        value, grad_norm = torch.stack([loss.detach(), norm]).tolist()
-        if self.guard.step_is_finite(state.step, state.epoch, value, grad_norm):
+        norm = grad_norm(self.params, self.clip_grad_norm)
+        value, norm_value = torch.stack([loss.detach(), norm]).tolist()
+        if self.guard.step_is_finite(state.step, state.epoch, value, norm_value):
             self.optimizer.step()
             if self.scheduler is not None:
                 self.scheduler.step()
@@ -154,7 +155,7 @@ class Trainer:
             else:
                 self.optimizer.zero_grad(set_to_none=True)
             loss = self._loss(xb, yb)
-            norm = self._grad_norm()
+            norm = grad_norm(self.params, self.clip_grad_norm)
             self.guard.mark(loss, norm)
             self.optimizer.step()
         self.guard.remember(state.step, state.epoch, loss, norm)
@@ -173,12 +174,6 @@ class Trainer:
             or state.done_in_epoch == self.batches.steps_per_epoch
             or (every is not None and state.step % every == 0)
         )
-
-    def _grad_norm(self) -> torch.Tensor:
-        """The global gradient norm, clipped to ``clip_grad_norm`` if given."""
-        if self.clip_grad_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self.params, self.clip_grad_norm)
-        return torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
 
     def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
         """This process's loss, its gradients in ``.grad``."""

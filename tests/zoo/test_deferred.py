@@ -148,7 +148,7 @@ def test_auto_reads_every_step_on_the_cpu():
 
 
 def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
-    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device, distributed: None)
+    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device: None)
     with pytest.raises(ValueError, match="needs the compiled loss"):
         fit(regression(), cuda_graph=True, jit=False)
 
@@ -157,7 +157,7 @@ def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
 def graph_on_cpu(monkeypatch):
     """``cuda_graph=True`` on the CPU: the GraphedStep's static buffers, tensor learning rates
     and in-step skip flag, run eagerly (``capture`` is only on CUDA)."""
-    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device, distributed: None)
+    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device: None)
 
 
 @pytest.mark.parametrize("label", list(CASES))
