@@ -13,8 +13,9 @@ from zoo.elbo import ElboScale
 from zoo.objective import Objective
 from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.predictive import predict
+from zoo.recipes import REGRESSION_FIT
 from zoo.result import FitResult, FitState, load
-from zoo.training import REGRESSION_FIT, fit
+from zoo.training import fit
 
 __all__ = [
     "REGRESSION_FIT",

@@ -26,6 +26,28 @@ def prior_value(text: str):
     )
 
 
+def positive_int(text: str) -> int:
+    """A whole number of at least 1 (``--epochs``, ``--batch-size``, ``--steps``, ...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number above 0 (``--lr``, ``--kl-weight``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def noise_value(text: str) -> float | str:
     """``--noise``: a positive standard deviation, ``learned`` or ``heteroscedastic``."""
     if text in ("learned", "heteroscedastic"):

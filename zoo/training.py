@@ -31,16 +31,12 @@ from zoo.optim import (
     named_parameters,
     param_groups,
 )
+from zoo.recipes import check_positive, resolve_length, warn_if_short
 from zoo.result import FitResult, FitState, load
 from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
 from zoo.threads import check_threads, intra_op_threads, step_threads
 from zoo.trainer import Trainer
-
-#: The full-batch recipe for small regression data sets (``zoo.fit(..., batch_size=len(x),
-#: **REGRESSION_FIT)``): Adam at ``lr`` 1e-2 decaying tenfold over 3,000 steps, the demo's
-#: recipe; ``benchmarks/regression.py`` fits with it unless told otherwise.
-REGRESSION_FIT: dict = {"num_steps": 3000, "lr": 1e-2, "lr_schedule": "exponential"}
 
 
 def fit(
@@ -48,10 +44,10 @@ def fit(
     guide: str | type | Callable | AutoGuide,
     data,
     *,
-    epochs: int = 1,
+    epochs: int | None = None,
     num_steps: int | None = None,
-    batch_size: int = 128,
-    lr: float = 1e-3,
+    batch_size: int | None = None,
+    lr: float | None = None,
     optimizer: str | type = "adam",
     optimizer_options: Mapping | None = None,
     lr_schedule: Callable[[int], float] | str | None = None,
@@ -98,14 +94,19 @@ def fit(
         ``cls(model, **guide_options)``), a callable ``model -> guide``, or a guide instance.
     data : (X, y), Dataset or DataLoader
         Training data; ``N = len(data)``.
-    epochs : int, default 1
+    epochs : int, optional
         Passes over the data (ignored when ``num_steps`` is given).
     num_steps : int, optional
-        Total optimiser steps, cycling over the data as needed.
-    batch_size : int, default 128
-        Minibatch size (a DataLoader keeps its own).
-    lr : float, default 1e-3
-        Learning rate.
+        Total optimiser steps, cycling over the data as needed. With neither ``epochs`` nor
+        ``num_steps``: small regression data (at most :data:`zoo.recipes.SMALL_DATA` = 2,048
+        examples) gets the full-batch recipe :data:`zoo.REGRESSION_FIT` (every example in one batch,
+        3,000 steps, ``lr`` 1e-2 decaying tenfold, each unless given); anything larger one
+        epoch, with a warning when that is under 200 steps (:mod:`zoo.recipes`).
+        ``result.options["recipe"]`` says which applied.
+    batch_size : int, optional
+        Minibatch size (a DataLoader keeps its own); default 128, or all of small data.
+    lr : float, optional
+        Learning rate; default 1e-3, or 1e-2 with the small-data recipe.
     optimizer : {"adam", "adamw", "sgd"} or torch optimizer class
     optimizer_options : mapping, optional
         Extra optimizer arguments, e.g. ``{"momentum": 0.9}``.
@@ -214,12 +215,20 @@ def fit(
     """
     settings = {k: v for k, v in locals().items() if k not in DISTRIBUTION}
     # The checks of the arguments alone, here: before any process is started.
-    _check_positive(epochs=epochs, batch_size=batch_size, lr=lr, num_particles=num_particles)
+    check_positive(num_particles=num_particles)
     check_threads(threads)
     check_step_options(check_every, cuda_graph, distributed.requested(devices, num_nodes, strategy))
-    for name, value in (("num_steps", num_steps), ("checkpoint_every", checkpoint_every)):
-        if value is not None:
-            _check_positive(**{name: value})
+    given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
+    check_positive(**given, checkpoint_every=checkpoint_every)
+    length = resolve_length(data, model, **given, lr_schedule=lr_schedule)
+    settings.update(
+        epochs=length.epochs,
+        num_steps=length.num_steps,
+        batch_size=length.batch_size,
+        lr=length.lr,
+        lr_schedule=length.lr_schedule,
+        recipe=length.recipe,
+    )
     settings["optimizer"] = check_optimizer(optimizer)  # the class
     if distributed.requested(devices, num_nodes, strategy):
         return distributed.launch(
@@ -274,6 +283,7 @@ def _fit(
     jit,
     check_every,
     cuda_graph,
+    recipe="given",
 ) -> FitResult:
     """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
     arguments ``fit`` has checked (``optimizer`` is the optimiser class)."""
@@ -307,6 +317,8 @@ def _fit(
         groups = param_groups(guide, model, lr, lr_multipliers)
         opt = make_optimizer(optimizer, groups, lr, optimizer_options or {})
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+        if resume is None and ranks.rank == 0:
+            warn_if_short(recipe, total, len(batches), batches.batch_size)
         sched = make_scheduler(opt, lr_schedule, total)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
@@ -321,6 +333,7 @@ def _fit(
             guide=getattr(guide, "family", None) or type(guide).__name__,
             epochs=epochs,
             num_steps=total,
+            recipe=recipe,
             batch_size=batches.batch_size,
             lr=lr,
             num_particles=num_particles,
@@ -384,12 +397,3 @@ def resolve_device(device) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
-
-
-def _check_positive(**values) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
-        integers = ("epochs", "batch_size", "num_particles", "num_steps", "checkpoint_every")
-        if name in integers and value != int(value):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")

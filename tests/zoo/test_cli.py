@@ -165,8 +165,38 @@ def test_mistakes_are_usage_errors_before_any_work(capsys, monkeypatch):
 
 def test_help_shows_the_defaults():
     parser = build_parser()
+    for command in ("fit", "compare", "demo"):
+        text = parser._subparsers._group_actions[0].choices[command].format_help()
+        assert "(default: None)" not in text, command
     text = parser._subparsers._group_actions[0].choices["fit"].format_help()
-    assert "(default: diagonal)" in text and "(default: 128)" in text
+    assert "(default: diagonal)" in text and "default: 128" in " ".join(text.split())
+    demo = parser._subparsers._group_actions[0].choices["demo"].format_help()
+    assert "N(0, 2 / fan_in)" in " ".join(demo.split())  # the regression MLP's real prior
+
+
+@pytest.mark.parametrize(
+    "argv,expected",
+    [
+        (["fit", "--data", "toy", "--guide", "lowrank", "--guide-option", "rank=five"], "five"),
+        (["fit", "--data", "toy", "--epochs", "0"], "--epochs"),
+        (["fit", "--data", "toy", "--batch-size", "0"], "--batch-size"),
+        (["fit", "--data", "toy", "--lr", "-1"], "--lr"),
+        (["fit", "--data", "toy", "--limit", "-5"], "--limit"),
+        (["fit", "--data", "toy", "--strategy", "dpp"], "dpp"),
+        (["demo", "--steps", "0"], "--steps"),
+        (["compare", "--data", "cifar10", "--root", "{tmp}", "--guides", "diagonal"], "CIFAR10"),
+    ],
+)
+def test_usage_mistakes_are_one_error_line_of_that_command(argv, expected, capsys, tmp_path):
+    from zoo.cli import main
+
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert f"zoo {argv[0]}: error:" in err and expected in err
+    assert "Traceback" not in err and f"usage: zoo {argv[0]}" in err
 
 
 def test_toy_fit_needs_no_model_and_takes_the_noise(tmp_path):

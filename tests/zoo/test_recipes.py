@@ -1,0 +1,126 @@
+"""zoo.recipes: what a fit does when the caller gives no length, batch size or rate."""
+
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import zoo
+from zoo.recipes import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_LR,
+    MIN_DEFAULT_STEPS,
+    REGRESSION_FIT,
+    SMALL_DATA,
+    ShortFitWarning,
+    data_size,
+    resolve_length,
+)
+
+
+def regression(n=64, features=1):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, features, generator=g)
+    return x, torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(n, generator=g)
+
+
+def test_data_size_of_every_form():
+    x, y = regression(10)
+    ds = TensorDataset(x, y)
+    assert data_size((x, y)) == data_size(ds) == data_size(DataLoader(ds, batch_size=3)) == 10
+
+
+def test_small_regression_data_gets_the_full_batch_recipe():
+    model = zoo.models.BayesianMLP(1, (8,))
+    length = resolve_length(
+        regression(100),
+        model,
+        epochs=None,
+        num_steps=None,
+        batch_size=None,
+        lr=None,
+        lr_schedule=None,
+    )
+    assert (length.num_steps, length.batch_size, length.lr, length.lr_schedule) == (
+        REGRESSION_FIT["num_steps"],
+        100,
+        REGRESSION_FIT["lr"],
+        REGRESSION_FIT["lr_schedule"],
+    )
+    # Given values are kept; a given length means no recipe.
+    kept = resolve_length(
+        regression(100),
+        model,
+        epochs=None,
+        num_steps=None,
+        batch_size=10,
+        lr=0.5,
+        lr_schedule="cosine",
+    )
+    assert (kept.num_steps, kept.batch_size, kept.lr, kept.lr_schedule) == (3000, 10, 0.5, "cosine")
+    given = resolve_length(
+        regression(100),
+        model,
+        epochs=2,
+        num_steps=None,
+        batch_size=None,
+        lr=None,
+        lr_schedule=None,
+    )
+    assert (given.epochs, given.num_steps, given.batch_size, given.lr, given.recipe) == (
+        2,
+        None,
+        DEFAULT_BATCH_SIZE,
+        DEFAULT_LR,
+        "given",
+    )
+
+
+def test_classification_and_large_data_keep_one_epoch():
+    classifier = zoo.models.BayesianMLP(1, (8,), 3, task="classification")
+    x, _ = regression(100)
+    length = resolve_length(
+        (x, torch.zeros(100, dtype=torch.long)),
+        classifier,
+        epochs=None,
+        num_steps=None,
+        batch_size=None,
+        lr=None,
+        lr_schedule=None,
+    )
+    assert (length.epochs, length.num_steps, length.recipe) == (1, None, "default")
+    large = resolve_length(
+        regression(SMALL_DATA + 1),
+        zoo.models.BayesianMLP(1, (8,)),
+        epochs=None,
+        num_steps=None,
+        batch_size=None,
+        lr=None,
+        lr_schedule=None,
+    )
+    assert large.recipe == "default" and large.batch_size == DEFAULT_BATCH_SIZE
+
+
+def test_a_full_batch_regression_fit_with_no_options_is_fitted():
+    """The issue's case: a full-batch fit once ran one step at lr 1e-3 and learned nothing."""
+    x, y = regression(160)
+    fit = zoo.fit(zoo.models.BayesianMLP(1, (16,), noise=0.1), "diagonal", (x, y), progress=False)
+    assert fit.steps == REGRESSION_FIT["num_steps"]
+    assert fit.options["recipe"] == "small regression data"
+    assert fit.options["batch_size"] == 160 and fit.options["lr"] == REGRESSION_FIT["lr"]
+    rmse = fit.evaluate((x, y), num_samples=50, progress=False)["rmse"]
+    assert rmse < 0.5 * y.std().item()  # fitted, where predicting the mean gives y's sd
+
+
+def test_a_short_default_fit_warns_and_says_what_to_pass():
+    n = SMALL_DATA + 1  # one epoch at batch 128: 17 steps
+    x, y = regression(n)
+    model = zoo.models.BayesianMLP(1, (4,), noise=0.1)
+    with pytest.warns(ShortFitWarning, match="num_steps=") as record:
+        zoo.fit(model, "diagonal", (x, y), progress=False)
+    assert f"{-(-n // 128)} optimiser step" in str(record[0].message)
+    with warnings.catch_warnings():  # a length the caller chose is theirs: no warning
+        warnings.simplefilter("error", ShortFitWarning)
+        zoo.fit(model, "diagonal", (x, y), epochs=1, progress=False)
+    assert MIN_DEFAULT_STEPS > -(-n // 128)
