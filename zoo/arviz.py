@@ -45,6 +45,7 @@ def to_inference_data(
     seed: int | None = 0,
     progress: bool = True,
     distributed: bool = False,
+    threads: int | str | None = "auto",
 ) -> az.InferenceData:
     """An ``az.InferenceData`` of a fitted guide.
 
@@ -70,6 +71,8 @@ def to_inference_data(
     distributed : bool
         Called on every rank of a distributed run: the predictions are computed in shards and
         gathered once (:func:`zoo.predictive.predict`); every rank returns the same groups.
+    threads : "auto", int or None
+        CPU threads of the predictions, as ``zoo.fit``'s (:mod:`zoo.threads`).
     """
     from zoo.data_checks import check_labelled_data, gather_tensors
     from zoo.predictive import predict
@@ -83,7 +86,13 @@ def to_inference_data(
         draws = guide.sample_posterior(num_samples)
         if data is not None:
             pred = predict(
-                model, guide, x, params=draws, progress=progress, distributed=distributed
+                model,
+                guide,
+                x,
+                params=draws,
+                progress=progress,
+                distributed=distributed,
+                threads=threads,
             )
             y = y.to(pred.outputs.device)
             log_lik = pred.log_likelihood(y).cpu().numpy()

@@ -45,7 +45,8 @@ def compare(
     progress : bool
         A line per family as its fit starts, and the fit's and evaluation's progress bars.
     **fit_options
-        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, ...).
+        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, ...); ``threads``
+        also sets the evaluations' CPU threads (``zoo.fit``'s rule by default).
 
     Returns
     -------
@@ -77,7 +78,8 @@ def compare(
             guide_options=options,
             **{"progress": progress, **fit_options, **own},
         )
-        metrics = result.evaluate(test, num_samples=num_samples, progress=progress)
+        threads = {**fit_options, **own}.get("threads", "auto")  # fit's rule, for both
+        metrics = result.evaluate(test, num_samples=num_samples, progress=progress, threads=threads)
         last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
         rows.append(
             {

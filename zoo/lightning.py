@@ -10,8 +10,9 @@
 likelihood scaled by ``num_data / B``, see :mod:`zoo.elbo`); under ``strategy="ddp"`` Lightning
 averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
 ``zoo.fit(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
-extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard, compiled loss and
-thread rule are not part of this route.
+extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard and compiled loss
+are not part of this route; its thread rule is (``threads``, applied from ``setup`` to
+``teardown``, the caller's setting restored).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_gro
 from zoo.predictive import predict
 from zoo.result import FitResult
 from zoo.rng import seeded
+from zoo.threads import check_threads, step_threads
 
 try:
     import lightning as L
@@ -60,6 +62,10 @@ class BayesianModule(L.LightningModule):
         Weight draws for validation and ``trainer.predict``.
     seed : int, default 0
         Seeds the validation and prediction draws (the same draws on every rank).
+    threads : "auto", int or None, default "auto"
+        Torch's intra-op CPU threads from ``setup`` to ``teardown`` of every Trainer stage, as
+        ``zoo.fit``'s rule decides them (:mod:`zoo.threads`: one thread for a small network on
+        the CPU); the caller's setting is restored at ``teardown``.
 
     Logged: ``train/elbo`` (full-data scale), ``train/kl`` (``KL(q || p)`` estimate, every
     ``log_every_n_steps``), and at each validation the model's held-out metrics
@@ -87,8 +93,10 @@ class BayesianModule(L.LightningModule):
         guide_options: Mapping | None = None,
         num_samples: int = 32,
         seed: int = 0,
+        threads: int | str | None = "auto",
     ):
         super().__init__()
+        check_threads(threads)
         if int(num_data) < 1:
             raise ValueError(f"num_data must be the training set's size, got {num_data!r}")
         self.model, self.num_data = model, int(num_data)
@@ -114,6 +122,19 @@ class BayesianModule(L.LightningModule):
         self.losses: list[float] = []
         self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._draws = None
+        self.threads, self._threads_before = threads, None
+
+    # ---- the thread rule, from setup to teardown --------------------------------------------
+    def setup(self, stage: str) -> None:
+        count = step_threads(self.threads, self.device, self.objective.forward_flops)
+        if count is not None and self._threads_before is None:
+            self._threads_before = torch.get_num_threads()
+            torch.set_num_threads(count)
+
+    def teardown(self, stage: str) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
 
     # ---- training ---------------------------------------------------------------------------
     def training_step(self, batch, batch_idx: int) -> torch.Tensor:

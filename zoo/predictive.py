@@ -14,6 +14,7 @@ from zoo.distributed import Ranks
 from zoo.models.base import BayesianModel
 from zoo.prediction import Prediction
 from zoo.rng import seeded
+from zoo.threads import intra_op_threads, prediction_threads
 
 #: Seconds before the prediction progress bar appears: short predictions print nothing.
 PROGRESS_DELAY = 2.0
@@ -108,6 +109,7 @@ def predict(
     progress: bool = True,
     seed: int | None = None,
     distributed: bool = False,
+    threads: int | str | None = "auto",
 ) -> Prediction:
     """Draw ``num_samples`` networks from ``guide`` and evaluate them on ``x``.
 
@@ -132,6 +134,9 @@ def predict(
     ``zoo.fit(devices=...)``, under ``torchrun``...): rank 0's weight draws go to every rank,
     each evaluates its contiguous ``1/W`` of ``x``, and the outputs are gathered once, so every
     rank returns the prediction one process would make with those draws.
+
+    ``threads``: torch's intra-op CPU threads for the passes, as ``zoo.fit``'s (``"auto"``: one
+    thread when a pass is small, :mod:`zoo.threads`), the caller's setting restored after.
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
@@ -153,6 +158,17 @@ def predict(
     if batch_size is None:
         batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x0, params)
     step = max(1, int(sample_batch_size))
+    first = {k: v[0] for k, v in params.items()}
+    num_threads = prediction_threads(threads, device, model.network, x0[:2].to(device), first)
+    with intra_op_threads(num_threads):
+        outputs = _passes(model, x, x0, params, num_samples, batch_size, step, device, progress)
+    outputs = ranks.gather_rows(outputs, n, dim=1)
+    return model.likelihood.predict(outputs, params)
+
+
+def _passes(model, x, x0, params, num_samples, batch_size, step, device, progress) -> torch.Tensor:
+    """The network's outputs ``(S, n, ...)`` on this rank's ``x``, in blocks of ``batch_size``
+    inputs x ``step`` draws."""
     starts = range(0, x.shape[0], batch_size)
     draws = range(0, num_samples, step)
     bar = tqdm(
@@ -183,5 +199,4 @@ def predict(
     else:  # an empty shard (fewer inputs than ranks)
         probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
         outputs = probe.new_empty((num_samples, 0, *probe.shape[1:]))
-    outputs = ranks.gather_rows(outputs, n, dim=1)
-    return model.likelihood.predict(outputs, params)
+    return outputs

@@ -77,11 +77,13 @@ class FitResult:
         sample_batch_size: int | None = None,
         seed: int | None = None,
         distributed: bool = False,
+        threads: int | str | None = "auto",
     ):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
         blocks of inputs (see :func:`zoo.predictive.predict`: the same options; its progress
         bar appears after two seconds). ``distributed=True`` on every rank of a distributed
-        run shards ``x`` across the ranks and gathers the outputs once."""
+        run shards ``x`` across the ranks and gathers the outputs once. ``threads`` follows
+        ``zoo.fit``'s rule (:mod:`zoo.threads`), the caller's setting restored after."""
         from zoo.predictive import predict
 
         return predict(
@@ -94,6 +96,7 @@ class FitResult:
             progress=progress,
             seed=seed,
             distributed=distributed,
+            threads=threads,
         )
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
@@ -127,6 +130,7 @@ class FitResult:
         seed: int | None = 0,
         progress: bool = True,
         distributed: bool = False,
+        threads: int | str | None = "auto",
     ):
         """ArviZ ``InferenceData`` of this fit; see :func:`zoo.arviz.to_inference_data`."""
         from zoo.arviz import to_inference_data
@@ -139,6 +143,7 @@ class FitResult:
             seed=seed,
             progress=progress,
             distributed=distributed,
+            threads=threads,
         )
 
     def evaluate(
@@ -149,6 +154,7 @@ class FitResult:
         seed: int | None = 0,
         progress: bool = True,
         distributed: bool = False,
+        threads: int | str | None = "auto",
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``), as the
         model's likelihood defines them (``zoo.likelihoods``).
@@ -160,7 +166,8 @@ class FitResult:
         without changing the caller's random state (``None``: the global generator).
         ``distributed=True``, on every rank of a distributed run: each rank predicts its shard
         of ``data`` with rank 0's draws and the outputs are gathered once, so every rank
-        returns the metrics one process computes with those draws.
+        returns the metrics one process computes with those draws. ``threads`` as in
+        :meth:`predict`.
         """
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
@@ -171,6 +178,7 @@ class FitResult:
             progress=progress,
             seed=seed,
             distributed=distributed,
+            threads=threads,
         )
         return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
 

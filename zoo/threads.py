@@ -6,7 +6,10 @@ the pool; when another process holds a core (a browser, a second job, a shared C
 them is descheduled and the whole step waits for it. A large network's matrix products do gain
 from the threads. ``zoo.fit(..., threads="auto")`` (the default) therefore runs the step on one
 thread when the network's forward pass is small, and leaves torch's setting alone otherwise; on
-CUDA it changes nothing. The caller's setting is restored after the fit.
+CUDA it changes nothing. The caller's setting is restored after the fit. Prediction
+(``predict``, ``evaluate``, ``to_arviz``, ``compare``'s evaluations) takes the same rule, with
+``F`` the forward pass of one block of inputs under one weight draw
+(:func:`prediction_threads`), and the same ``threads=`` argument.
 
 The rule, with ``F`` the floating-point operations of one forward pass of the minibatch
 (matrix products and convolutions, counted by ``torch.utils.flop_counter.FlopCounterMode``)::
@@ -82,3 +85,19 @@ def intra_op_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def prediction_threads(
+    threads: int | str | None,
+    device: torch.device,
+    network: Callable,
+    x: torch.Tensor,
+    params: dict,
+) -> int | None:
+    """The intra-op thread count for a prediction whose passes run ``network`` under one weight
+    draw ``params``: :func:`step_threads`'s rule counted as ``zoo.fit`` counts it, on the
+    network's forward pass of the first two inputs of ``x`` (``zoo.fit`` counts the pass of
+    the two examples its objective is set up on), so a model predicts on as many threads as it
+    was fitted on."""
+    probe = x[:2]
+    return step_threads(threads, device, lambda: forward_flops(network, probe, params))

@@ -89,3 +89,40 @@ def test_a_trainer_resumes_the_module_from_its_lightning_checkpoint(tmp_path, mn
     trainer = run(6, "a", resumed, ckpt_path=tmp_path / "a" / "last.ckpt")
     assert trainer.global_step == 6 and resumed.losses[:4] == first.losses
     assert len(resumed.to_fit_result().losses) == 6
+
+
+@pytest.mark.parametrize("threads, expected", [("auto", 1), (3, 3), (None, 2)])
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:.*treespec:FutureWarning")  # Lightning 2.6 on torch 2.14
+def test_the_trainer_route_takes_the_fits_thread_rule_and_restores_the_count(threads, expected):
+    """BayesianModule(threads=...) sets torch's intra-op threads as zoo.fit's rule decides, from
+    setup to teardown (a small network: one thread), and leaves the caller's count after."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from zoo.lightning import BayesianModule
+
+    x, y = torch.randn(32, 13), torch.randn(32)
+    model = zoo.models.BayesianMLP(13, (8,), noise=1.0)
+    module = BayesianModule(model, "diagonal", len(x), example=(x, y), threads=threads)
+    seen = []
+    step = module.training_step
+    module.training_step = lambda *a: (seen.append(torch.get_num_threads()), step(*a))[1]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        trainer = L.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_steps=3,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+        )
+        trainer.fit(module, DataLoader(TensorDataset(x, y), batch_size=16))
+        assert seen == [expected] * 3 and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(ValueError, match="threads"):
+        BayesianModule(model, "diagonal", len(x), example=(x, y), threads=0)

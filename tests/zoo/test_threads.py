@@ -85,3 +85,48 @@ def test_the_callers_count_is_back_after_a_fit_that_raises(two_threads):
 def test_a_bad_thread_count_is_refused_before_training(threads):
     with pytest.raises(ValueError, match="threads must be 'auto', None or a positive int"):
         fit_tiny(num_steps=1, threads=threads)
+
+
+def prediction_threads_seen(fit, call):
+    """Torch's thread count during each prediction pass of ``call(fit)`` (its network, wrapped;
+    the probes of two or three inputs of the checks and rules are not passes)."""
+    seen, network = [], fit.model.network
+
+    def counting(x, params):
+        if x.shape[0] > 3:
+            seen.append(torch.get_num_threads())
+        return network(x, params)
+
+    fit.model.network = counting
+    try:
+        call(fit)
+    finally:
+        del fit.model.network
+    return seen
+
+
+@pytest.mark.parametrize("route", ["predict", "evaluate", "to_arviz"])
+def test_prediction_takes_the_fits_rule_and_restores_the_callers_count(two_threads, route):
+    fit = fit_tiny(num_steps=2)
+    x = torch.randn(40, 13)
+    data = (x, torch.randn(40))
+    calls = {
+        "predict": lambda f, **kw: f.predict(x, num_samples=3, progress=False, **kw),
+        "evaluate": lambda f, **kw: f.evaluate(data, num_samples=3, progress=False, **kw),
+        "to_arviz": lambda f, **kw: f.to_arviz(data, num_samples=3, progress=False, **kw),
+    }
+    call = calls[route]
+    seen = prediction_threads_seen(fit, call)  # "auto": a small pass, one thread
+    assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+    for threads, expected in ((None, 2), (3, 3)):
+        seen = prediction_threads_seen(fit, lambda f, t=threads: call(f, threads=t))
+        assert set(seen) == {expected} and torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match="threads"):
+        call(fit, threads=0)
+
+
+def test_a_large_prediction_pass_keeps_torchs_setting(two_threads, monkeypatch):
+    monkeypatch.setattr(zoo.threads, "SMALL_FORWARD_FLOPS", 0)
+    fit = fit_tiny(num_steps=2, threads=1)
+    seen = prediction_threads_seen(fit, lambda f: f.predict(torch.randn(8, 13), 2, progress=False))
+    assert set(seen) == {2}
