@@ -78,6 +78,12 @@ def read(path: str | os.PathLike, kind: str, map_location=None, allow_pickle: bo
                 "data"
             ) from None
         payload = torch.load(path, map_location=map_location, weights_only=False)
+    except Exception as err:  # truncated, bit-flipped or empty: whatever the reader hits
+        raise ValueError(
+            f"{path} is damaged and cannot be read as a {kind} file ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else 'empty or truncated'}); it may have been "
+            "cut short or changed on disk: use another copy, or write it again"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a bnn-zoo {kind} file")
     if payload.get("kind") != kind:

@@ -66,7 +66,8 @@ class ClassificationPrediction(Prediction):
 
     def class_intervals(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
         """Central ``level`` credible interval of each class probability over the ``S``
-        sampled networks: ``(lower, upper)``, each ``(N, C)``."""
+        sampled networks: ``(lower, upper)``, each ``(N, C)``; ``level`` in (0, 1)."""
+        check_level(level)
         alpha = (1 - level) / 2
         q = torch.tensor([alpha, 1 - alpha], dtype=self.sample_probs.dtype)
         lower, upper = torch.quantile(self.sample_probs, q.to(self.sample_probs.device), dim=0)
@@ -103,7 +104,9 @@ class RegressionPrediction(Prediction):
         return self.epistemic_variance + self.aleatoric_variance
 
     def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-        """Central ``level`` interval of the predictive, by a moment-matched Normal."""
+        """Central ``level`` interval of the predictive, by a moment-matched Normal; ``level``
+        in (0, 1) (0.95, not 95)."""
+        check_level(level)
         z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
         sd = self.variance.sqrt()
         return self.mean - z * sd, self.mean + z * sd
@@ -111,3 +114,14 @@ class RegressionPrediction(Prediction):
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+def check_level(level: float) -> None:
+    """Refuse a credible level outside (0, 1), such as 95 for 95%."""
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        hint = (
+            f" (for {level}% pass {level / 100:g})"
+            if isinstance(level, (int, float)) and 1 < level < 100
+            else ""
+        )
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}{hint}")

@@ -58,6 +58,18 @@ class FitResult:
     interrupted: bool = False
     skipped_steps: list[int] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        """A few lines: family, model, steps, the last loss, time and device (not every loss)."""
+        last = f"{self.losses[-1]:.6g}" if self.losses else "none"
+        state = ", interrupted" if self.interrupted else ""
+        skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
+        return (
+            f"FitResult(guide={self.options.get('guide', self.family)}, "
+            f"model={type(self.model).__name__},\n"
+            f"          steps={self.steps}{skipped}{state}, final loss (-ELBO)={last},\n"
+            f"          wall_time={self.wall_time:.1f} s, device={self.device})"
+        )
+
     @property
     def steps(self) -> int:
         """Optimiser updates taken."""

@@ -111,6 +111,27 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
     return payload
 
 
+def check_resumed_family(path, saved_guide: dict, guide) -> None:
+    """Refuse to resume a checkpoint of one family as a fit of another: ``guide`` is what the
+    resumed ``zoo.fit`` was given (a family name or a class; an instance or a factory is not
+    compared)."""
+    import inspect
+
+    import guides
+
+    saved = saved_guide.get("spec", {}).get("family")
+    if saved is None or not (isinstance(guide, str) or inspect.isclass(guide)):
+        return
+    cls = guides.get(guide) if isinstance(guide, str) else guide
+    given = getattr(cls, "family", None)
+    if given is not None and given != saved:
+        raise ValueError(
+            f"resume={str(path)!r} is a checkpoint of the {saved!r} family, but this fit was "
+            f"given {given!r}; pass guide={saved!r} to resume it, or drop resume= to start a "
+            f"new {given!r} fit"
+        )
+
+
 def restore(payload: dict, model, optimizer, scheduler, generator) -> TrainingState:
     """Put a checkpoint's model parameters, optimiser, schedule and RNG states back; returns
     the training state."""

@@ -34,7 +34,13 @@ from zoo.optim import (
 from zoo.recipes import check_positive, resolve_length, warn_if_short
 from zoo.result import FitResult, FitState, load
 from zoo.rng import seeded
-from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
+from zoo.state import (
+    TrainingState,
+    check_resumed_family,
+    read_checkpoint,
+    restore,
+    restore_rank_generator,
+)
 from zoo.threads import check_threads, intra_op_threads, step_threads
 from zoo.trainer import Trainer
 
@@ -298,6 +304,7 @@ def _fit(
 
         resumed = read_checkpoint(resume) if resume else None
         if resumed is not None:
+            check_resumed_family(resume, resumed["guide"], guide)
             guide = persist.build_guide(model, resumed["guide"])
         else:
             guide = guide_registry.instantiate(guide, model, dict(guide_options or {}))
@@ -396,4 +403,10 @@ def resolve_device(device) -> torch.device:
     """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r}, but this machine has no usable CUDA device (torch "
+            f"{torch.__version__} sees none); use device='auto' or 'cpu'"
+        )
+    return device

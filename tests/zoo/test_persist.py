@@ -270,3 +270,49 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
             **OPTIONS,
         )
     assert not steps
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty"])
+def test_a_damaged_fit_file_names_the_path_and_says_it_is_damaged(tmp_path, damage):
+    x, y = torch.randn(16, 3), torch.randn(16)
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), num_steps=2, progress=False
+    )
+    path = fit.save(tmp_path / "fit.pt")
+    data = bytearray(path.read_bytes())
+    if damage == "truncated":
+        data = data[: len(data) // 2]
+    elif damage == "flipped":
+        for i in range(len(data) // 3, len(data) // 3 + 64):
+            data[i] ^= 0xFF
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match="damaged") as err:
+        zoo.load(path)
+    assert str(path) in str(err.value)
+
+
+def test_resuming_a_checkpoint_of_another_family_is_refused_with_both_names(tmp_path):
+    x, y = torch.randn(16, 3), torch.randn(16)
+    ckpt = tmp_path / "ckpt.pt"
+    options = dict(num_steps=2, progress=False, checkpoint=ckpt)
+    zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), **options)
+    with pytest.raises(ValueError, match="'diagonal' family.*'lowrank'"):
+        zoo.fit(
+            zoo.models.BayesianMLP(3, (4,), noise=1.0),
+            "lowrank",
+            (x, y),
+            resume=ckpt,
+            num_steps=3,
+            progress=False,
+        )
+    resumed = zoo.fit(
+        zoo.models.BayesianMLP(3, (4,), noise=1.0),
+        "diagonal",
+        (x, y),
+        resume=ckpt,
+        num_steps=3,
+        progress=False,
+    )
+    assert resumed.steps == 3

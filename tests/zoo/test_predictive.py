@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+import zoo
 from zoo.prediction import ClassificationPrediction, RegressionPrediction
 
 
@@ -95,3 +97,45 @@ def test_predict_without_a_fitted_guide_says_so():
         predict(model, guides.AutoDiagonal(model), x)
     with pytest.raises(TypeError, match="needs a fitted guide.*not 'diagonal'"):
         predict(model, "diagonal", x)
+
+
+@pytest.mark.parametrize("level", [95, 0, 1, -0.5, float("nan")])
+def test_interval_levels_outside_zero_one_are_refused(level):
+    reg = zoo.models.BayesianMLP(2, (4,), noise=1.0)
+    x = torch.randn(8, 2)
+    fit = zoo.fit(reg, "diagonal", (x, torch.randn(8)), num_steps=1, progress=False)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        fit.predict(x, 4, progress=False).interval(level)
+    clf = zoo.models.BayesianMLP(2, (4,), 3, task="classification")
+    fit = zoo.fit(clf, "diagonal", (x, torch.randint(0, 3, (8,))), num_steps=1, progress=False)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        fit.predict(x, 4, progress=False).class_intervals(level)
+
+
+def test_fit_result_repr_is_a_few_lines():
+    x = torch.randn(64, 2)
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(2, (4,), noise=1.0),
+        "diagonal",
+        (x, torch.randn(64)),
+        num_steps=500,
+        batch_size=8,
+        progress=False,
+    )
+    text = repr(fit)
+    assert len(text.splitlines()) <= 4 and len(text) < 400
+    assert "steps=500" in text and "diagonal" in text and "BayesianMLP" in text
+
+
+def test_a_cuda_device_without_a_gpu_is_a_sentence(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    x = torch.randn(8, 2)
+    with pytest.raises(ValueError, match="no usable CUDA device"):
+        zoo.fit(
+            zoo.models.BayesianMLP(2, (4,), noise=1.0),
+            "diagonal",
+            (x, torch.randn(8)),
+            num_steps=1,
+            progress=False,
+            device="cuda",
+        )
