@@ -72,8 +72,12 @@ class Batches:
                 self.size = x.shape[0]
             else:
                 self.size = _dataset_length(data)
+                stream = isinstance(data, IterableDataset)  # its own order: no index to shuffle
                 self.loader = DataLoader(
-                    data, batch_size=self.batch_size, shuffle=True, generator=generator
+                    data,
+                    batch_size=self.batch_size,
+                    shuffle=not stream,
+                    generator=None if stream else generator,
                 )
         if self.world_size > 1 and self.loader is not None:
             self._shard_loader(seed)
@@ -217,14 +221,50 @@ def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> No
     ``(x, y)`` pair of finite values whose targets the model's likelihood takes; an error
     names the item index. This costs one pass of data loading; in-memory tensors are checked
     without one, and an ``IterableDataset`` (no index) is checked batch by batch instead."""
-    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn)
+    loader = iter(DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn))
     offset = 0
-    for batch in loader:
+    while True:
+        try:
+            batch = next(loader)
+        except StopIteration:
+            break
+        except Exception as err:  # an item that raises, or items that do not stack
+            locate_bad_item(dataset, offset, min(offset + batch_size, len(dataset)), err)
+            raise
         xb, yb = _split_batch(batch)
         check_finite(xb, "x", "the data set", offset)
         check_finite(yb, "y", "the data set", offset)
         check_targets(model, yb, offset)
         offset += xb.shape[0]
+
+
+def locate_bad_item(dataset, start: int, stop: int, err: Exception) -> None:
+    """Raise a ``ValueError`` naming the first item in ``dataset[start:stop]`` that raises,
+    is not an ``(x, y)`` pair, or has other shapes than ``dataset[start]`` (so a batch could not
+    be stacked); return if none does (``err`` is then re-raised by the caller)."""
+    first = None
+    for index in range(start, stop):
+        try:
+            item = dataset[index]
+        except Exception as cause:
+            raise ValueError(
+                f"item {index} of the data set raised {type(cause).__name__}: {cause}; fix the "
+                "Dataset's __getitem__ (or drop that item) before fitting"
+            ) from cause
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(
+                f"item {index} of the data set is a {type(item).__name__}, not an (x, y) pair; "
+                "a Dataset for fit returns (input, target) from __getitem__"
+            )
+        shapes = tuple(tuple(getattr(part, "shape", ())) for part in item)
+        if first is None:
+            first = shapes
+        elif shapes != first:
+            raise ValueError(
+                f"item {index} of the data set has shapes x {shapes[0]}, y {shapes[1]}, where item "
+                f"{start} has x {first[0]}, y {first[1]}; every item needs the same shapes "
+                f"(the batches stack them): resize or drop item {index} ({err})"
+            )
 
 
 def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -297,8 +337,12 @@ def _dataset_length(dataset) -> int:
     try:
         return len(dataset)
     except TypeError:
+        stream = isinstance(dataset, IterableDataset)
         raise TypeError(
-            "fit needs a Dataset with a length (the data size N scales the ELBO)"
+            f"fit needs a{'n IterableDataset' if stream else ' Dataset'} with a length: the data "
+            "size N scales the ELBO (each minibatch's likelihood by N / B); give the class a "
+            "__len__ returning the number of examples"
+            + (" (it is read in its own order: shuffle inside __iter__)" if stream else "")
         ) from None
 
 

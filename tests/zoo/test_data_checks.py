@@ -169,3 +169,66 @@ def test_missing_mnist_files_name_the_root_and_zoo_data(tmp_path, monkeypatch):
         zoo.data.mnist(download=False)
     with pytest.raises(FileNotFoundError, match="root= \\(or the ZOO_DATA"):
         zoo.data.mnist(tmp_path / "elsewhere", download=False)
+
+
+class _Faulty(torch.utils.data.Dataset):
+    """40 items; item 13 raises, or has a longer x, or is not a pair."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        if i == 13 and self.kind == "raises":
+            raise KeyError("record 13 is missing")
+        x = torch.zeros(4 if i == 13 and self.kind == "shape" else 3)
+        if i == 13 and self.kind == "single":
+            return x
+        return x, torch.tensor(i % 2)
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("raises", "item 13 of the data set raised KeyError"),
+        ("shape", r"item 13 of the data set has shapes x \(4,\)"),
+        ("single", "item 13 of the data set is a Tensor, not an \\(x, y\\) pair"),
+    ],
+)
+@pytest.mark.parametrize("form", ["dataset", "loader"])
+def test_a_faulty_dataset_item_is_named_before_training(kind, message, form):
+    import zoo
+
+    data = _Faulty(kind)
+    if form == "loader":
+        data = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
+    with pytest.raises(ValueError, match=message):
+        zoo.fit(model, "diagonal", data, num_steps=3, progress=False)
+
+
+class _Flow(torch.utils.data.IterableDataset):
+    def __init__(self, length=True):
+        self.length = length
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(0)
+        for i in range(40):
+            yield torch.randn(3, generator=g), torch.tensor(i % 2)
+
+    def __len__(self):
+        if not self.length:
+            raise TypeError("no length")
+        return 40
+
+
+def test_a_bare_iterable_dataset_is_fitted_in_its_own_order_and_needs_a_length():
+    import zoo
+
+    model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
+    fit = zoo.fit(model, "diagonal", _Flow(), num_steps=6, batch_size=10, progress=False)
+    assert fit.steps == 6
+    with pytest.raises(TypeError, match="IterableDataset with a length.*__len__"):
+        zoo.fit(model, "diagonal", _Flow(length=False), num_steps=2, progress=False)
