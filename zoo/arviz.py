@@ -153,7 +153,18 @@ def loo(idata: az.InferenceData, **kwargs):
 
 
 def plot_ppc(idata: az.InferenceData, **kwargs):
-    """``az.plot_ppc`` of the observations; returns the matplotlib Figure."""
+    """Posterior predictive check of the observations; returns the matplotlib Figure.
+
+    Real-valued observations: ``az.plot_ppc`` (``kwargs`` go to it). Class labels (integer
+    observations): one bar per class, the observed count beside the replicated counts' median
+    with their central 90% over the draws (:func:`zoo.plots.class_ppc`), since ArviZ's
+    histograms choose bin widths that can merge neighbouring classes."""
+    observed = idata.observed_data["obs"].values
+    if observed.dtype.kind in "iub":
+        from zoo.plots import class_ppc
+
+        replicated = idata.posterior_predictive["obs"].values
+        return class_ppc(observed.ravel(), replicated.reshape(-1, observed.size), **kwargs)
     kwargs.setdefault("num_pp_samples", min(50, idata.posterior_predictive.sizes["draw"]))
     ax = az.plot_ppc(idata, **kwargs)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax

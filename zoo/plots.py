@@ -93,19 +93,29 @@ def reliability_diagram(
     width = 1.0 / n_bins
     axc = None
     if ax is None:
-        fig = new_figure(figsize=(5, 5.5), layout="constrained")
+        fig = new_figure(figsize=(7.5, 5.5), layout="constrained")
         ax, axc = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     else:
         fig = ax.figure
     acc = torch.nan_to_num(rel["accuracy"]).numpy()
     ax.bar(centers, acc, width=width, edgecolor="k", color="C0", alpha=0.8, label="accuracy")
     gap = torch.nan_to_num(rel["confidence"] - rel["accuracy"]).numpy()
-    ax.bar(centers, gap, bottom=acc, width=width, color="C3", alpha=0.3, label="gap")
+    ax.bar(
+        centers,
+        gap,
+        bottom=acc,
+        width=width,
+        color="C3",
+        alpha=0.3,
+        label="gap to the bin's mean confidence\n(above a bar: over-confident,\n"
+        "inside it: under-confident)",
+    )
     ax.plot([0, 1], [0, 1], "k--", lw=1, label="perfect calibration")
     ece = metrics.ece(probs.cpu(), labels.cpu(), n_bins)
     ax.set_ylabel("accuracy")
     ax.set_title(title or f"Reliability (ECE = {ece:.4f})")
-    ax.legend(loc="upper left", fontsize="small")
+    # Beside the panel, where it covers no bar.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     if axc is not None:
         axc.bar(centers, rel["count"].numpy(), width=width, color="C7", edgecolor="k")
         axc.set_yscale("log")
@@ -150,6 +160,43 @@ def class_probability_boxplots(
     return fig
 
 
+def class_ppc(observed, replicated, num_classes: int | None = None, ax=None) -> Figure:
+    """Posterior predictive check of class labels, one bin per class: the observed count of each
+    class (bars) and the count in each replicated data set (``replicated``: ``(S, N)`` labels
+    drawn from the posterior predictive), as its median with the central 90% over the ``S``
+    draws (error bars)."""
+    observed = torch.as_tensor(observed).long().reshape(-1)
+    replicated = torch.as_tensor(replicated).long().reshape(-1, observed.numel())
+    k = num_classes or int(max(observed.max(), replicated.max())) + 1
+    counts = torch.stack([torch.bincount(r, minlength=k) for r in replicated]).double()
+    low, mid, high = torch.quantile(counts, torch.tensor([0.05, 0.5, 0.95], dtype=counts.dtype), 0)
+    fig, ax = _figure_and_axis(ax, (max(4.0, 0.5 * k + 2), 3.2))
+    classes = torch.arange(k).numpy()
+    ax.bar(
+        classes,
+        torch.bincount(observed, minlength=k).numpy(),
+        width=0.6,
+        color="C0",
+        alpha=0.6,
+        label="observed",
+    )
+    yerr = torch.stack([mid - low, high - mid]).numpy()
+    ax.errorbar(
+        classes,
+        mid.numpy(),
+        yerr=yerr,
+        fmt="o",
+        color="C1",
+        capsize=3,
+        label=f"replicated (median, 90% of {counts.shape[0]} draws)",
+    )
+    ax.set_xticks(classes)
+    ax.set_xlabel("class")
+    ax.set_ylabel("count")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 def training_curves(
     losses: dict[str, list[float]] | list[float], smooth: int = 20, ax=None
 ) -> Figure:
@@ -164,7 +211,14 @@ def training_curves(
         ax.plot(range(k, len(t) + 1), avg.numpy(), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("-ELBO (full-data scale)")
-    ax.set_yscale("symlog")
+    values = torch.tensor([v for vs in losses.values() for v in vs], dtype=torch.float64)
+    values = values[torch.isfinite(values)]
+    # A log axis only where the losses span a decade or more: under a decade a log axis shows
+    # no labelled tick at all; a sign change needs symlog.
+    if values.numel() and values.min() > 0 and values.max() >= 10 * values.min():
+        ax.set_yscale("log")
+    elif values.numel() and values.min() <= 0 < values.max() and values.abs().max() >= 10:
+        ax.set_yscale("symlog")
     ax.legend(fontsize="small")
     return fig
 

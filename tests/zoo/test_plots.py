@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+import zoo
 from zoo import plots
 from zoo.prediction import RegressionPrediction
 
@@ -84,3 +86,66 @@ def test_plot_errors_say_what_is_wrong():
     assert [ax.get_title() for ax in fig.axes] == ["accuracy", "steps_per_second"]
     with pytest.raises(ValueError, match="no columns \\['seconds_per_step'\\]"):
         plots.comparison_chart(table, ["seconds_per_step"])
+
+
+def labelled_ticks_in_view(ax) -> int:
+    """Major y ticks with a label inside the axis' view (what a reader can read off)."""
+    fig = ax.figure
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    return sum(
+        1
+        for tick, label in zip(ax.get_yticks(), ax.get_yticklabels())
+        if lo <= tick <= hi and label.get_text()
+    )
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [300.0 - i * 0.5 for i in range(200)],  # under a decade
+        [1e5 * 0.97**i + 50 for i in range(200)],  # several decades
+        [20.0 - 0.2 * i for i in range(200)],  # through zero
+    ],
+)
+def test_training_curves_always_have_readable_y_ticks(losses):
+    from zoo import plots
+
+    fig = plots.training_curves({"fit": losses})
+    assert labelled_ticks_in_view(fig.axes[0]) >= 2
+
+
+def test_the_reliability_legend_explains_the_gap_and_covers_no_bar():
+    from zoo import plots
+
+    g = torch.Generator().manual_seed(0)
+    probs = torch.softmax(3 * torch.randn(500, 10, generator=g), -1)
+    labels = torch.randint(0, 10, (500,), generator=g)
+    fig = plots.reliability_diagram(probs, labels)
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    legend = ax.get_legend()
+    assert "over-confident" in " ".join(t.get_text() for t in legend.get_texts())
+    box = legend.get_window_extent()
+    for bar in ax.patches:
+        assert not box.overlaps(bar.get_window_extent())
+
+
+def test_the_class_ppc_has_one_bin_per_class():
+    import zoo.arviz as zaz
+
+    x, y = torch.randn(120, 3), torch.arange(120) % 7
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(3, (8,), 7, task="classification"),
+        "diagonal",
+        (x, y),
+        num_steps=3,
+        progress=False,
+    )
+    idata = fit.to_arviz((x, y), num_samples=30, progress=False)
+    fig = zaz.plot_ppc(idata)
+    ax = fig.axes[0]
+    bars = [p for p in ax.patches]
+    assert len(bars) == 7  # one per class
+    assert [round(b.get_height()) for b in bars] == torch.bincount(y).tolist()
+    assert list(ax.get_xticks()) == list(range(7))
