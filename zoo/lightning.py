@@ -180,8 +180,8 @@ class BayesianModule(L.LightningModule):
         outputs = torch.cat([o for o, _ in self._val], dim=1)
         targets = torch.cat([t for _, t in self._val])
         if self.trainer.world_size > 1:  # every rank's outputs (equal shards: the sampler pads)
-            outputs = _merge(self.all_gather(outputs), dim=1)
-            targets = _merge(self.all_gather(targets), dim=0)
+            outputs = _merge(_all_gather(outputs), dim=1)
+            targets = _merge(_all_gather(targets), dim=0)
         pred = self.model.likelihood.predict(outputs, self._draws)
         for name, value in self.model.likelihood.metrics(pred, targets).items():
             self.log(f"val/{name}", value, sync_dist=True)  # the same on every rank
@@ -243,6 +243,17 @@ def _example(model, example):
         )
     dtype = next(model.parameters()).dtype
     return torch.zeros(2, *model.input_shape, dtype=dtype), torch.zeros(2, dtype=torch.long)
+
+
+def _all_gather(tensor: torch.Tensor) -> torch.Tensor:
+    """Every rank's ``tensor`` (all of one shape) stacked as ``(W, ...)``, by the process
+    group's ``all_gather`` (Lightning's ``self.all_gather`` goes through
+    ``torch.distributed.nn.functional.all_gather``, deprecated, one warning per call; no
+    gradient is needed here)."""
+    dist = torch.distributed
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.stack(parts)
 
 
 def _merge(gathered: torch.Tensor, dim: int) -> torch.Tensor:

@@ -213,12 +213,17 @@ class Objective:
 
     def _refused(self) -> None:
         """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
+        family = getattr(self.guide, "family", None) or type(self.guide).__name__
+        which = f"{family} guide, estimator={self.estimator!r}, elbo={self.elbo!r}"
         if self.jit is True:
-            raise RuntimeError(f"jit=True cannot compile this loss: {self.compiled.refused}")
+            raise RuntimeError(
+                f"jit=True cannot compile this loss ({which}): {self.compiled.refused}"
+            )
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"the loss is evaluated eagerly: {self.compiled.refused} (jit=False silences this)",
+                f"the loss ({which}) is evaluated eagerly: {self.compiled.refused} (jit=False "
+                "silences this)",
                 RuntimeWarning,
                 stacklevel=4,
             )

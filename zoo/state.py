@@ -100,14 +100,17 @@ def restore_rank_generator(payload: dict, ranks) -> bool:
     return True
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict:
-    """The payload of a checkpoint, on the CPU (RNG states must stay CPU tensors)."""
+def read_checkpoint(path: str | os.PathLike, guide=None) -> dict:
+    """The payload of a checkpoint, on the CPU (RNG states must stay CPU tensors); with
+    ``guide`` (what the resuming fit was given), refused when it names another family."""
     payload = persist.read(path, "checkpoint", map_location="cpu")
     if "state" not in payload:
         raise ValueError(
             f"{path} is a checkpoint of bnn-zoo before version {persist.VERSION}, which cannot be "
             "resumed; start the fit again (zoo.load(path, allow_pickle=True) reads its guide)"
         )
+    if guide is not None:
+        check_resumed_family(path, payload["guide"], guide)
     return payload
 
 

@@ -1,11 +1,8 @@
 """``zoo.fit``: the training loop around :class:`zoo.objective.Objective`.
 
-``fit`` reads its arguments, builds the pieces (data batches, guide, objective, optimiser,
-divergence guard, training state) and runs a :class:`zoo.trainer.Trainer`, which takes the
-steps, writes the checkpoints and handles Ctrl-C. Each piece lives in its own module:
-``zoo.objective`` (the loss), ``zoo.optim`` (parameter groups, optimiser, schedule),
-``zoo.divergence`` (no NaN parameters), ``zoo.state`` (what a checkpoint holds),
-``zoo.result`` (``FitResult``, ``load``).
+``fit`` reads its arguments (defaults: :mod:`zoo.recipes`), builds the pieces (batches, guide,
+objective, optimiser, divergence guard, state) and runs a :class:`zoo.trainer.Trainer` (steps,
+checkpoints, Ctrl-C); each piece has its own module.
 """
 
 from __future__ import annotations
@@ -34,13 +31,7 @@ from zoo.optim import (
 from zoo.recipes import check_positive, resolve_length, warn_if_short
 from zoo.result import FitResult, FitState, load
 from zoo.rng import seeded
-from zoo.state import (
-    TrainingState,
-    check_resumed_family,
-    read_checkpoint,
-    restore,
-    restore_rank_generator,
-)
+from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
 from zoo.threads import check_threads, intra_op_threads, step_threads
 from zoo.trainer import Trainer
 
@@ -147,12 +138,9 @@ def fit(
         Called as ``cb(FitState)`` after every step; a truthy return stops the fit.
     on_divergence : {"raise", "skip"}
         On a NaN/inf loss or gradient the guide goes back to parameters whose loss and
-        gradients were finite (an in-memory copy taken every ``LAST_GOOD_EVERY`` = 10 steps;
-        the message names the step), then: raise
-        :class:`FitDivergedError`, or skip the step and go on from there (a warning at the end
-        counts the skipped steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise). The last update,
-        which no step evaluates, is checked by one more loss evaluation after the loop (its
-        random draws do not change the RNG state a checkpoint or the caller sees).
+        gradients were finite (the message names the step), then: raise
+        :class:`FitDivergedError`, or skip the step and go on (a warning counts the skipped
+        steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise); see :mod:`zoo.divergence`.
     clip_grad_norm : float, optional
         Clip the global gradient norm to this value.
     per_example : bool, default False
@@ -166,14 +154,13 @@ def fit(
         linear and convolution layers). Sites out of reach keep ``"reparam"``; the served sites
         are listed in ``result.options["estimator_sites"]``. Needs ``num_particles=1``.
     checkpoint : path, optional
-        Write a checkpoint (plain data, see :mod:`zoo.state`: guide, optimiser, schedule, RNG
-        states, position in the data) here,
-        atomically, every ``checkpoint_every`` steps (default: at the end of every epoch), at
-        the end, and on Ctrl-C.
+        Write a checkpoint (plain data, :mod:`zoo.state`) here, atomically, every
+        ``checkpoint_every`` steps (default: every epoch's end), at the end, and on Ctrl-C.
     checkpoint_every : int, optional
         Steps between checkpoints.
     resume : path, optional
-        Continue from a checkpoint written by a fit with the same arguments. With in-memory data
+        Continue from a checkpoint written by a fit with the same arguments (the same family:
+        another is refused). With in-memory data
         on the CPU the resumed fit ends with the same parameters as an uninterrupted one.
         Ctrl-C during a fit returns the partial result (``result.interrupted`` is True).
     threads : "auto", int or None, default "auto"
@@ -302,9 +289,8 @@ def _fit(
         batches, generator = fit_batches(model, data, batch_size, dev, seed, ranks)
         x0, y0 = batches.first()
 
-        resumed = read_checkpoint(resume) if resume else None
+        resumed = read_checkpoint(resume, guide) if resume else None
         if resumed is not None:
-            check_resumed_family(resume, resumed["guide"], guide)
             guide = persist.build_guide(model, resumed["guide"])
         else:
             guide = guide_registry.instantiate(guide, model, dict(guide_options or {}))
