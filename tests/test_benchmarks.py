@@ -292,3 +292,15 @@ def test_benchmarks_readme_quotes_the_committed_paper_runs():
         )
         assert row in readme, row
         assert r["iterations"] == 100_000 and r["test_size"] == 10_000 and r["samples"] == 200
+
+
+def test_executor_order_prints_both_plans_per_family():
+    out = _run(
+        "benchmarks/executor_order.py",
+        *("--device", "cpu", "--net", "tiny", "--steps", "3", "--rounds", "1"),
+        *("--families", "diagonal", "block_diagonal"),
+    )
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0] for r in rows] == ["| diagonal", "| block_diagonal"], out
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0 and row[5].startswith("compiled"), out
