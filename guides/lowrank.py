@@ -90,7 +90,9 @@ class LowRankNormal(StructuredGaussian):
             if cap is None:
                 g = self.scaled_factor
                 cap = gram(g) + torch.eye(self.rank, dtype=g.dtype, device=g.device)
-            self._chol = torch.linalg.cholesky(cap)
+            # cholesky_ex: no check that waits for the device (C >= I is positive definite; a
+            # non-finite C gives a non-finite loss, which the divergence guard handles).
+            self._chol = torch.linalg.cholesky_ex(cap).L
         return self._chol
 
     def _reduced_norm(self, z):
