@@ -16,8 +16,8 @@ optimised parameter (guide and model), the minibatch, and the two scales of :mod
 shape (the last, smaller batch of an epoch) compiles one more.
 
 A graph runs re-planned by TorchScript's graph executor where :data:`OPTIMISED_EXECUTION`
-allows (after its first run the executor re-plans it; on CUDA it fuses elementwise kernels, a
-LeNet-5 step 1.2-1.45x faster, ``benchmarks/README.md``), but the re-planned order of
+allows (after its first run the executor re-plans it; on CUDA it fuses elementwise kernels:
+``benchmarks/executor_order.py`` times both, ``benchmarks/README.md``), but the re-planned order of
 independent random operations can differ from the traced one (the block-diagonal guide's noise
 draw moved ahead of the weights'; MC dropout's masks and pre-activation noise under
 ``estimator="local"`` swapped between layers), and the graph then evaluates the loss on other
