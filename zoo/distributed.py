@@ -219,24 +219,24 @@ class Ranks:
         _unflatten_gradients(params, meta[2 + self.world_size :] > 0, buckets, self.world_size)
         return (meta[0] / self.world_size).to(loss.dtype)
 
-    def mean(self, value: float) -> float:
-        """The mean of a float over the ranks."""
+    def mean(self, value: float, step: int | None = None) -> float:
+        """The mean of a float over the ranks; ``step``: the fit's step, named if a rank fails."""
         if not self.distributed:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
-        self._collective(torch.distributed.all_reduce, t)
+        self._collective(torch.distributed.all_reduce, t, step=step)
         return float(t) / self.world_size
 
-    def any(self, flag: bool) -> bool:
+    def any(self, flag: bool, step: int | None = None) -> bool:
         """Whether ``flag`` is true on any rank."""
-        return self.mean(float(bool(flag))) > 0 if self.distributed else bool(flag)
+        return self.mean(float(bool(flag)), step) > 0 if self.distributed else bool(flag)
 
-    def gather(self, obj) -> list:
+    def gather(self, obj, step: int | None = None) -> list:
         """``obj`` of every rank, in rank order, on every rank."""
         if not self.distributed:
             return [obj]
         out = [None] * self.world_size
-        self._collective(torch.distributed.all_gather_object, out, obj)
+        self._collective(torch.distributed.all_gather_object, out, obj, step=step)
         return out
 
     def _collective(self, op, *args, step: int | None = None, **kwargs) -> None:

@@ -204,7 +204,7 @@ class Trainer:
         if (every is not None and state.step % every == 0) or (every is None and epoch_end):
             self.save_checkpoint()
         stop = any(cb(fit_state) for cb in callbacks)
-        return self.ranks.any(stop) if callbacks else False
+        return self.ranks.any(stop, state.step) if callbacks else False
 
     def final_check(self) -> None:
         """The last update is checked by no step: evaluate its loss, invisibly to the RNG."""
@@ -215,7 +215,7 @@ class Trainer:
             final = float(
                 self.objective.loss(*self._last_batch, len(self.batches), step=self.state.step)
             )
-        final = self.ranks.mean(final)
+        final = self.ranks.mean(final, self.state.step)
         persist.set_rng_state(rng, self.generator)
         self.guard.final_check(final, self.state.step - 1)
 
@@ -227,7 +227,7 @@ class Trainer:
         self.state.wall_time = self._wall_time()
         rank_rng = None
         if self.ranks.distributed and gather:
-            rank_rng = self.ranks.gather(persist.torch_rng_state())
+            rank_rng = self.ranks.gather(persist.torch_rng_state(), self.state.step)
         if not self.ranks.is_global_zero:
             return
         write_checkpoint(
