@@ -14,6 +14,9 @@ from zoo.objective import Objective
 from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.predictive import predict
 from zoo.recipes import REGRESSION_FIT
+from zoo.reference_result import Reference
+from zoo.reference_sampling import Budget as ReferenceBudget
+from zoo.reference_sampling import ReferenceTooLargeError, reference
 from zoo.result import FitResult, FitState, load
 from zoo.training import fit
 
@@ -26,6 +29,9 @@ __all__ = [
     "FitState",
     "Objective",
     "Prediction",
+    "Reference",
+    "ReferenceBudget",
+    "ReferenceTooLargeError",
     "RegressionPrediction",
     "compare",
     "data",
@@ -36,5 +42,6 @@ __all__ = [
     "models",
     "predict",
     "priors",
+    "reference",
 ]
 __version__ = "0.2.0"

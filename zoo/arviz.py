@@ -102,10 +102,7 @@ def to_inference_data(
     dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
     groups = {"posterior": posterior}
     if data is not None:
-        groups["log_likelihood"] = {"obs": log_lik[None]}
-        groups["posterior_predictive"] = {"obs": replicated[None]}
-        groups["observed_data"] = {"obs": y.cpu().numpy()}
-        dims["obs"] = ["obs_id"] + [f"obs_dim_{i}" for i in range(1, y.dim())]
+        _add_data_groups(groups, dims, log_lik[None], replicated[None], y)
     attrs = {
         "guide": type(guide).__name__,
         "steps": fit.steps,
@@ -115,6 +112,70 @@ def to_inference_data(
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         return az.from_dict(**groups, dims=dims, attrs=attrs)
+
+
+def reference_inference_data(
+    ref, data=None, var_names=None, seed: int | None = 0, progress: bool = True
+) -> az.InferenceData:
+    """An ``az.InferenceData`` of a :class:`~zoo.reference_result.Reference`: ``posterior``
+    with dims ``(chain, draw, ...)`` (so ``az.summary`` gives R-hat and ESS), ``sample_stats``
+    (``diverging`` as booleans, ``tree_depth``, ``step_size``, ``energy``, ``lp``,
+    ``acceptance_rate``), and with ``data = (X, y)`` the groups :func:`to_inference_data` adds,
+    one entry per draw of every chain (``seed`` fixes the replicated ``y``)."""
+    from zoo.data_checks import check_labelled_data, gather_tensors
+    from zoo.rng import seeded
+
+    c, d = ref.shape
+    keep = _select(list(ref.draws), var_names)
+    posterior = {name: ref.draws[name].cpu().numpy() for name in keep}
+    dims = {name: site_dims(name, ref.draws[name].shape[2:]) for name in keep}
+    stats = {name: value.cpu().numpy() for name, value in ref.stats.items()}
+    stats["diverging"] = stats["diverging"].astype(bool)
+    stats["tree_depth"] = stats["tree_depth"].astype(np.int64)
+    groups = {"posterior": posterior, "sample_stats": stats}
+    if data is not None:
+        x, y = gather_tensors(data)
+        check_labelled_data(ref.model, x, y, ref.device)
+        pred = ref.predict(x, progress=progress)
+        y = y.to(pred.outputs.device)
+        log_lik = pred.log_likelihood(y).cpu().numpy()
+        with seeded(seed, pred.outputs.device):
+            replicated = pred.likelihood.sample().cpu().numpy()
+        per_chain = lambda a: a.reshape(c, d, *a.shape[1:])  # noqa: E731
+        _add_data_groups(groups, dims, per_chain(log_lik), per_chain(replicated), y)
+    attrs = {"inference": "NUTS (pyro.infer.mcmc)", "inference_library": "pyro + bnn-zoo"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        return az.from_dict(**groups, dims=dims, attrs=attrs)
+
+
+def _add_data_groups(groups: dict, dims: dict, log_lik, replicated, y) -> None:
+    """``log_likelihood``, ``posterior_predictive`` and ``observed_data`` of ``obs``; the
+    first two are ``(chain, draw, N, ...)`` arrays."""
+    groups["log_likelihood"] = {"obs": log_lik}
+    groups["posterior_predictive"] = {"obs": replicated}
+    groups["observed_data"] = {"obs": y.cpu().numpy()}
+    dims["obs"] = ["obs_id"] + [f"obs_dim_{i}" for i in range(1, y.dim())]
+
+
+def chain_diagnostics(quantities: dict) -> dict[str, float]:
+    """For each ``(C, D, ...)`` array of ``quantities``: ``<name>_r_hat``, the largest rank-
+    normalised split R-hat over its elements, and ``<name>_ess_bulk``, the smallest bulk ESS
+    (Vehtari et al. 2021, as ``az.rhat`` and ``az.ess`` compute them; R-hat below 1.01 and
+    ESS above 100 per chain are the usual bars)."""
+    arrays = {
+        name: np.asarray(value.cpu() if hasattr(value, "cpu") else value)
+        for name, value in quantities.items()
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        dataset = az.convert_to_dataset(arrays)
+        rhat, ess = az.rhat(dataset), az.ess(dataset, method="bulk")
+    out = {}
+    for name in arrays:
+        out[f"{name}_r_hat"] = float(np.nanmax(rhat[name].values))
+        out[f"{name}_ess_bulk"] = float(np.nanmin(ess[name].values))
+    return out
 
 
 def summary(idata: az.InferenceData, var_names=None, kind: str = "stats", **kwargs):

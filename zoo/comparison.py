@@ -9,6 +9,9 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 from tqdm import tqdm
 
+from zoo.agreement import distances
+from zoo.data_checks import check_labelled_data, gather_tensors
+
 
 def compare(
     model_factory: Callable,
@@ -20,6 +23,7 @@ def compare(
     chart: str | os.PathLike | None = None,
     return_fits: bool = False,
     progress: bool = True,
+    reference=None,
     **fit_options,
 ):
     """Fit each family with the same data, seed and options; one row per family.
@@ -42,6 +46,12 @@ def compare(
         Where to save a bar chart of the test metrics (PNG, PDF, ...).
     return_fits : bool
         Also return ``{label: FitResult}``.
+    reference : zoo.Reference, optional
+        An HMC reference of the same model and training data (:func:`zoo.reference`): each
+        row also gets its distances to it on ``test`` (:func:`zoo.agreement.distances`:
+        ``agreement`` and ``total_variation``, or ``w2``, ``sd_ratio`` and
+        ``reference_coverage``), and the reference gets its own last row (``"HMC reference"``,
+        its sampling time as ``fit_seconds``, its distances to itself).
     progress : bool
         A line per family as its fit starts, and the fit's and evaluation's progress bars.
     **fit_options
@@ -53,7 +63,8 @@ def compare(
     pandas.DataFrame
         Indexed by family label: ``parameters`` (variational), ``fit_seconds``,
         ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last epoch, full-data
-        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`. ``final_elbo``
+        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`, then the distances
+        to ``reference`` when one is given. ``final_elbo``
         compares Gaussian families only: MC dropout's contains ``-n log sigma`` (its ``q`` is
         nearly degenerate) and a point mass's is a log joint density (no entropy); compare the
         test metrics across those.
@@ -66,6 +77,12 @@ def compare(
         from guides import available
 
         guides = available()
+    x_test, y_test = gather_tensors(test)
+    ref_pred = None
+    if reference is not None:
+        ref_pred = reference.predict(
+            x_test, progress=progress, threads=fit_options.get("threads", "auto")
+        )
     rows, fits = [], {}
     for i, spec in enumerate(guides):
         label, family, options, own = _row(spec)
@@ -79,7 +96,7 @@ def compare(
             **{"progress": progress, **fit_options, **own},
         )
         threads = {**fit_options, **own}.get("threads", "auto")  # fit's rule, for both
-        metrics = result.evaluate(test, num_samples=num_samples, progress=progress, threads=threads)
+        metrics = _evaluate(result, x_test, y_test, num_samples, progress, threads, ref_pred)
         last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
         rows.append(
             {
@@ -92,6 +109,8 @@ def compare(
             }
         )
         fits[label] = result
+    if reference is not None:
+        rows.append(_reference_row(reference, ref_pred, y_test))
     table = pd.DataFrame(rows).set_index("family")
     if chart is not None:
         from zoo.plots import comparison_chart
@@ -99,6 +118,30 @@ def compare(
         fig = comparison_chart(table)
         fig.savefig(chart, dpi=120)
     return (table, fits) if return_fits else table
+
+
+def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[str, float]:
+    """:meth:`zoo.FitResult.evaluate`'s metrics (the same seed-0 draws), and the distances to
+    the reference's prediction when there is one, from one prediction."""
+    check_labelled_data(result.model, x, y, result.device)
+    pred = result.predict(x, num_samples=num_samples, progress=progress, seed=0, threads=threads)
+    metrics = result.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+    return metrics if ref_pred is None else {**metrics, **distances(pred, ref_pred)}
+
+
+def _reference_row(reference, pred, y) -> dict:
+    """The reference's own row: its metrics, sampling time and distances to itself."""
+    metrics = reference.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+    nan = float("nan")
+    return {
+        "family": "HMC reference",
+        "parameters": nan,
+        "fit_seconds": reference.wall_time,
+        "steps_per_second": nan,
+        "final_elbo": nan,
+        **metrics,
+        **distances(pred, pred),
+    }
 
 
 def _row(spec) -> tuple[str, object, dict, dict]:

@@ -58,21 +58,26 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     return path
 
 
-def read(path: str | os.PathLike, kind: str, map_location=None, allow_pickle: bool = False):
-    """The payload dict of a ``kind`` file (``"fit"`` or ``"checkpoint"``).
+def read(
+    path: str | os.PathLike, kind: str | tuple[str, ...], map_location=None, allow_pickle=False
+):
+    """The payload dict of a ``kind`` file (``"fit"``, ``"checkpoint"``, ``"reference"``,
+    ``"hmc-chain"``, or a tuple of those it may be).
 
     Files of this version are read with ``weights_only=True``. A version-1 file (pickled
     objects) needs ``allow_pickle=True``, which unpickles it and so runs code from the file.
     """
     path = Path(path)
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    label = " or ".join(kinds)
     if not path.exists():
-        raise FileNotFoundError(f"no {kind} file at {path}")
+        raise FileNotFoundError(f"no {label} file at {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
         if not allow_pickle:
             raise ValueError(
-                f"{path} holds pickled Python objects (a {kind} file of bnn-zoo before version "
+                f"{path} holds pickled Python objects (a {label} file of bnn-zoo before version "
                 f"{VERSION}, or not a bnn-zoo file). Opening it runs code from the file: if you "
                 f"trust it, pass allow_pickle=True, then save it again to rewrite it as plain "
                 "data"
@@ -80,14 +85,14 @@ def read(path: str | os.PathLike, kind: str, map_location=None, allow_pickle: bo
         payload = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # truncated, bit-flipped or empty: whatever the reader hits
         raise ValueError(
-            f"{path} is damaged and cannot be read as a {kind} file ({type(err).__name__}: "
+            f"{path} is damaged and cannot be read as a {label} file ({type(err).__name__}: "
             f"{str(err).splitlines()[0] if str(err) else 'empty or truncated'}); it may have been "
             "cut short or changed on disk: use another copy, or write it again"
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a bnn-zoo {kind} file")
-    if payload.get("kind") != kind:
-        raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {kind} file")
+        raise ValueError(f"{path} is not a bnn-zoo {label} file")
+    if payload.get("kind") not in kinds:
+        raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {label} file")
     if payload.get("version", 0) > VERSION:
         raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
     return payload

@@ -116,7 +116,8 @@ def predict(
     Work is done in blocks of ``sample_batch_size`` networks x ``batch_size`` inputs, each one
     vectorised pass (``torch.func.vmap`` over the draws), so memory stays bounded for large
     inputs and many samples. The same weight draws are used for every input. ``params``
-    (``{site: (S, *shape)}``) evaluates given draws instead of new ones.
+    (``{site: (S, *shape)}``) evaluates given draws instead of new ones (``guide`` may then be
+    ``None``, as for :meth:`zoo.reference_result.Reference.predict`).
 
     Defaults, from ``benchmarks/predict_time.py``: ``sample_batch_size=None`` evaluates one draw
     per pass (a plain forward), which was as fast or faster than ``vmap`` over draws on the CPU
@@ -140,7 +141,10 @@ def predict(
     """
     if num_samples < 1:
         raise ValueError(f"num_samples must be positive, got {num_samples}")
-    device = _fitted_guide_device(guide)
+    if params is None:
+        device = _fitted_guide_device(guide)
+    else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed
+        device = next(iter(params.values())).device
     check_inputs(model, x, device)
     x0 = x
     ranks = Ranks.of_process_group() if distributed else Ranks()

@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from pyro.infer.autoguide import AutoGuide
 
 from zoo import persist
 from zoo.data_checks import check_labelled_data, gather_tensors
+
+if TYPE_CHECKING:
+    from zoo.reference_result import Reference
 
 
 @dataclass
@@ -200,8 +204,10 @@ def load(
     model: Callable | None = None,
     map_location: str | torch.device = "cpu",
     allow_pickle: bool = False,
-) -> FitResult:
-    """Load a fit written by :meth:`FitResult.save`, on ``map_location`` (CPU by default).
+) -> FitResult | Reference:
+    """Load a fit written by :meth:`FitResult.save` (or a reference written by
+    :meth:`zoo.reference_result.Reference.save`, returned as that), on ``map_location`` (CPU by
+    default).
 
     Parameters
     ----------
@@ -218,7 +224,13 @@ def load(
         unpickling runs code from the file, so pass ``True`` only for files you trust (then
         ``save`` again to rewrite them as plain data).
     """
-    payload = persist.read(path, "fit", map_location="cpu", allow_pickle=allow_pickle)
+    payload = persist.read(
+        path, ("fit", "reference"), map_location="cpu", allow_pickle=allow_pickle
+    )
+    if payload.get("kind") == "reference":
+        from zoo.reference_result import reference_from_payload
+
+        return reference_from_payload(payload, model, map_location)
     if payload.get("version", 1) < 2:
         return _load_v1(payload, model, map_location)
     model = persist.restore_model(payload["model"], model)
