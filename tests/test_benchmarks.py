@@ -304,3 +304,18 @@ def test_executor_order_prints_both_plans_per_family():
     assert [r[0] for r in rows] == ["| diagonal", "| block_diagonal"], out
     for row in rows:
         assert float(row[2]) > 0 and float(row[3]) > 0 and row[5].startswith("compiled"), out
+
+
+def test_reference_prints_the_convergence_and_a_row_per_family(tmp_path):
+    out = _run(
+        "benchmarks/reference.py",
+        *("--datasets", "moons", "--chains", "2", "--warmup", "10", "--draws", "6"),
+        *("--families", "diagonal", "map", "--max-tree-depth", "5", "--quiet"),
+        *("--workdir", str(tmp_path / "chains"), "--out", str(tmp_path / "ref.json")),
+    )
+    assert "== moons: 320 train / 80 test" in out and "lp_r_hat" in out
+    for row in ("diagonal", "map", "HMC reference"):
+        assert re.search(rf"^{re.escape(row)}\s", out, re.M), row
+    saved = json.loads((tmp_path / "ref.json").read_text())
+    assert saved["moons"]["reference"]["draws"] == 6
+    assert set(saved["moons"]["table"]) == {"diagonal", "map", "HMC reference"}

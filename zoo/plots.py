@@ -246,3 +246,69 @@ def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> 
             label.set_horizontalalignment("right")
             label.set_rotation_mode("anchor")
     return fig
+
+
+def band_against_reference(
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    x_grid: torch.Tensor,
+    prediction,
+    reference,
+    level: float = 0.95,
+    title: str | None = None,
+    ax=None,
+) -> Figure:
+    """A predictive's central ``level`` band and mean (blue) over a reference predictive's
+    (grey: an HMC reference's, :func:`zoo.reference`), both ``zoo.RegressionPrediction`` on the
+    1-D inputs ``x_grid`` ``(N,)`` or ``(N, 1)``, with the training data."""
+    xs = x_grid.reshape(-1).cpu()
+    fig, ax = _figure_and_axis(ax, (7, 4))
+    for pred, color, label, alpha in (
+        (reference, "0.5", "reference", 0.35),
+        (prediction, "C0", "approximation", 0.3),
+    ):
+        if pred.mean.numel() != xs.numel():
+            raise ValueError(
+                f"the {label}'s prediction has {pred.mean.numel()} values for {xs.numel()} grid "
+                "points (one target per input is drawn)"
+            )
+        lower, upper = (t.reshape(-1).cpu() for t in pred.interval(level))
+        ax.fill_between(
+            xs, lower, upper, color=color, alpha=alpha, lw=0, label=f"{label} {level:.0%}"
+        )
+        ax.plot(xs, pred.mean.reshape(-1).cpu(), color=color, lw=1.5)
+    ax.scatter(x_train.reshape(-1).cpu(), y_train.reshape(-1).cpu(), s=6, c="k", label="data")
+    ax.set_xlabel("x")
+    ax.set_ylabel("y")
+    if title:
+        ax.set_title(title)
+    ax.legend(loc="upper left", fontsize="x-small")
+    return fig
+
+
+def uncertainty_map(
+    x_train: torch.Tensor,
+    y_train: torch.Tensor,
+    grid: tuple[torch.Tensor, torch.Tensor],
+    values: torch.Tensor,
+    title: str | None = None,
+    vmax: float | None = None,
+    ax=None,
+) -> Figure:
+    """A per-input uncertainty (e.g. ``prediction.entropy``, in nats) over a 2-D grid, with the
+    training points coloured by class. ``grid``: the ``(H, W)`` coordinate arrays of
+    ``torch.meshgrid(..., indexing="xy")``; ``values``: ``H W`` numbers in the grid's order."""
+    gx, gy = (g.cpu() for g in grid)
+    if values.numel() != gx.numel():
+        raise ValueError(f"got {values.numel()} values for a grid of {tuple(gx.shape)} points")
+    fig, ax = _figure_and_axis(ax, (4.5, 4))
+    mesh = ax.pcolormesh(
+        gx, gy, values.reshape(gx.shape).cpu(), cmap="viridis", vmin=0, vmax=vmax, shading="auto"
+    )
+    ax.scatter(*x_train.cpu().T[:2], c=y_train.cpu(), cmap="coolwarm", s=6, edgecolors="w", lw=0.3)
+    fig.colorbar(mesh, ax=ax, shrink=0.8)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize="small")
+    return fig
