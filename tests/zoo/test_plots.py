@@ -149,3 +149,21 @@ def test_the_class_ppc_has_one_bin_per_class():
     assert len(bars) == 7  # one per class
     assert [round(b.get_height()) for b in bars] == torch.bincount(y).tolist()
     assert list(ax.get_xticks()) == list(range(7))
+
+
+def test_reference_plots_draw_and_refuse_mismatched_sizes(tmp_path):
+    torch.manual_seed(0)
+    grid = torch.linspace(-3, 3, 50)
+    means = torch.randn(20, 50)
+    pred = RegressionPrediction(means, sample_means=means, sample_scales=torch.full((20, 50), 0.1))
+    ref = RegressionPrediction(means, sample_means=means * 1.1, sample_scales=torch.ones(20, 50))
+    x, y = torch.randn(30, 1), torch.randn(30)
+    assert written(plots.band_against_reference(x, y, grid, pred, ref), tmp_path, "band")
+    with pytest.raises(ValueError, match="49 grid points"):
+        plots.band_against_reference(x, y, grid[:49], pred, ref)
+    gx, gy = torch.meshgrid(torch.linspace(-1, 1, 30), torch.linspace(-1, 1, 20), indexing="xy")
+    values = torch.rand(600)
+    fig = plots.uncertainty_map(torch.randn(40, 2), torch.randint(2, (40,)), (gx, gy), values)
+    assert written(fig, tmp_path, "map")
+    with pytest.raises(ValueError, match="599 values for a grid of \\(20, 30\\)"):
+        plots.uncertainty_map(torch.randn(40, 2), torch.randint(2, (40,)), (gx, gy), values[1:])
