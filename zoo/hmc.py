@@ -67,6 +67,7 @@ class _RecordingNUTS(NUTS):
 
 
 def chain_path(folder: Path, chain: int) -> Path:
+    """Where chain ``chain``'s checkpoint lives in ``folder``."""
     return Path(folder) / f"chain{chain}.pt"
 
 
