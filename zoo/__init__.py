@@ -8,6 +8,7 @@ fit.evaluate(zoo.data.mnist(train=False))
 
 from zoo import data, likelihoods, metrics, models, priors
 from zoo.comparison import compare
+from zoo.convergence import Convergence
 from zoo.divergence import FitDivergedError
 from zoo.elbo import ElboScale
 from zoo.objective import Objective
@@ -23,6 +24,7 @@ from zoo.training import fit
 __all__ = [
     "REGRESSION_FIT",
     "ClassificationPrediction",
+    "Convergence",
     "ElboScale",
     "FitDivergedError",
     "FitResult",

@@ -12,6 +12,8 @@ default to ``None``, resolved here from the data size alone, before any training
   came from the defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns
   and says what to pass.
 
+``device="auto"`` is CUDA when there is one, else the CPU (:func:`resolve_device`).
+
 ``result.options["recipe"]`` says which applied (``"small regression data"``,
 ``"default"``, or ``"given"`` when the caller set the length).
 """
@@ -35,6 +37,7 @@ __all__ = [
     "ShortFitWarning",
     "check_positive",
     "data_size",
+    "resolve_device",
     "resolve_length",
     "warn_if_short",
 ]
@@ -146,3 +149,16 @@ def check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number, got {value!r}")
         if name in integers and value != int(value):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r}, but this machine has no usable CUDA device (torch "
+            f"{torch.__version__} sees none); use device='auto' or 'cpu'"
+        )
+    return device

@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from zoo import persist
+from zoo.convergence import Convergence
 from zoo.data_checks import Batches
 from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
@@ -49,6 +50,7 @@ class Trainer:
         checkpoint_every: int | None,
         ranks: Ranks | None = None,
         graphed: GraphedStep | None = None,
+        convergence: Convergence | None = None,
     ):
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.params, self.guard, self.batches = params, guard, batches
@@ -57,6 +59,7 @@ class Trainer:
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.ranks = ranks if ranks is not None else Ranks()
         self.graphed = graphed
+        self.convergence = convergence
         self.deferred = isinstance(guard, DeferredGuard)
         # The result shows the state's history as it grows.
         result.losses, result.epoch_losses = state.losses, state.epoch_losses
@@ -75,7 +78,7 @@ class Trainer:
         self._start = time.perf_counter()
         if self.deferred:
             self.guard.begin(state.step)
-        stop = False
+        stop, reason = False, None
         try:
             while state.step < total and not stop:
                 # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -96,6 +99,10 @@ class Trainer:
                     if self.deferred or state.step % 10 == 0 or state.step == total:
                         bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
                     stop = self._after_step(value, total, callbacks)
+                    if stop:
+                        reason = "callback"
+                    elif self._converged():
+                        stop, reason = True, "converged"
                     if stop or state.step >= total:
                         break
         except KeyboardInterrupt:
@@ -106,6 +113,7 @@ class Trainer:
         finally:
             bar.close()
             self.result.wall_time = self._wall_time()
+            self._record_stop(reason, total)
         if self._last_batch is not None and not self.result.interrupted:
             self.final_check()
         if not self.result.interrupted:
@@ -113,6 +121,19 @@ class Trainer:
         if self.ranks.is_global_zero:
             self.guard.warn_skipped(state.step)
             self.warn_prior()
+
+    def _converged(self) -> bool:
+        """The convergence rule's verdict at a window's end (``num_steps="auto"``)."""
+        rule = self.convergence
+        return rule is not None and rule.due(self.state.step) and rule.converged(self.state.losses)
+
+    def _record_stop(self, reason: str | None, total: int) -> None:
+        """``options["stopped"]`` and ``options["stopped_at"]``: why and when the fit ended."""
+        if self.result.interrupted:
+            reason = "interrupted"
+        elif reason is None:
+            reason = "cap" if self.convergence is not None else "num_steps"
+        self.result.options.update(stopped=reason, stopped_at=self.state.step)
 
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""
@@ -173,6 +194,7 @@ class Trainer:
             or state.step >= total
             or state.done_in_epoch == self.batches.steps_per_epoch
             or (every is not None and state.step % every == 0)
+            or (self.convergence is not None and self.convergence.due(state.step))
         )
 
     def _loss(self, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,8 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist
+from zoo.convergence import Convergence
+from zoo.convergence import resolve as resolve_convergence
 from zoo.data_checks import fit_batches
 from zoo.distributed import Ranks
 from zoo.graphed import check_step_options, step_parts
@@ -28,7 +30,7 @@ from zoo.optim import (
     named_parameters,
     param_groups,
 )
-from zoo.recipes import check_positive, resolve_length, warn_if_short
+from zoo.recipes import check_positive, resolve_device, resolve_length, warn_if_short
 from zoo.result import FitResult, FitState, load
 from zoo.rng import seeded
 from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
@@ -42,7 +44,7 @@ def fit(
     data,
     *,
     epochs: int | None = None,
-    num_steps: int | None = None,
+    num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
     optimizer: str | type = "adam",
@@ -93,8 +95,12 @@ def fit(
         Training data; ``N = len(data)``.
     epochs : int, optional
         Passes over the data (ignored when ``num_steps`` is given).
-    num_steps : int, optional
-        Total optimiser steps, cycling over the data as needed. With neither ``epochs`` nor
+    num_steps : int, "auto" or zoo.Convergence, optional
+        Total optimiser steps, cycling over the data as needed; ``"auto"`` (or a
+        :class:`zoo.Convergence` with its own window, tolerance, patience and cap) stops when
+        the mean ``-ELBO`` of a window of steps no longer improves on the previous window's,
+        at most at the cap (:mod:`zoo.convergence`; ``result.options["stopped"]`` says why a
+        fit ended). With neither ``epochs`` nor
         ``num_steps``: small regression data (at most :data:`zoo.recipes.SMALL_DATA` = 2,048
         examples) gets the full-batch recipe :data:`zoo.REGRESSION_FIT` (every example in one batch,
         3,000 steps, ``lr`` 1e-2 decaying tenfold, each unless given); anything larger one
@@ -211,6 +217,7 @@ def fit(
     check_positive(num_particles=num_particles)
     check_threads(threads)
     check_step_options(check_every, cuda_graph, distributed.requested(devices, num_nodes, strategy))
+    num_steps, convergence = resolve_convergence(num_steps)
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
     check_positive(**given, checkpoint_every=checkpoint_every)
     length = resolve_length(data, model, **given, lr_schedule=lr_schedule)
@@ -221,6 +228,7 @@ def fit(
         lr=length.lr,
         lr_schedule=length.lr_schedule,
         recipe=length.recipe,
+        convergence=convergence,
     )
     settings["optimizer"] = check_optimizer(optimizer)  # the class
     if distributed.requested(devices, num_nodes, strategy):
@@ -277,6 +285,7 @@ def _fit(
     check_every,
     cuda_graph,
     recipe="given",
+    convergence=None,
 ) -> FitResult:
     """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
     arguments ``fit`` has checked (``optimizer`` is the optimiser class)."""
@@ -376,6 +385,7 @@ def _fit(
             checkpoint_every=checkpoint_every,
             ranks=ranks,
             graphed=graphed,
+            convergence=convergence,
         )
         try:
             with intra_op_threads(num_threads):
@@ -383,16 +393,3 @@ def _fit(
         finally:
             result.options["jit"] = objective.jit_state
         return result
-
-
-def resolve_device(device) -> torch.device:
-    """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device={str(device)!r}, but this machine has no usable CUDA device (torch "
-            f"{torch.__version__} sees none); use device='auto' or 'cpu'"
-        )
-    return device
