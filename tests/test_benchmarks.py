@@ -319,3 +319,32 @@ def test_reference_prints_the_convergence_and_a_row_per_family(tmp_path):
     saved = json.loads((tmp_path / "ref.json").read_text())
     assert saved["moons"]["reference"]["draws"] == 6
     assert set(saved["moons"]["table"]) == {"diagonal", "map", "HMC reference"}
+
+
+def test_the_reference_tables_in_the_readme_are_the_saved_runs():
+    """benchmarks/README.md's HMC-reference tables show benchmarks/results/reference.json."""
+    saved = json.loads((REPO / "benchmarks/results/reference.json").read_text())
+    text = (REPO / "benchmarks/README.md").read_text()
+    section = text[text.index("## Every family against an HMC reference") :]
+    label = {"mc_dropout (p = 0.1)": "mc_dropout"}
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("| ")]
+    checked = 0
+    for cells in rows:
+        name = label.get(cells[0].strip(), cells[0].strip())
+        if name not in saved["diabetes"]["table"] or name == "HMC reference":
+            continue
+        values = [c.strip() for c in cells[1:]]
+        if len(values) == 8:  # regression: params, fit s, RMSE, NLL, coverage, W2, sd, ref cov
+            row = saved["diabetes"]["table"][name]
+            keys = ["rmse", "nll", "coverage_95", "w2", "sd_ratio", "reference_coverage"]
+            assert values[2:] == [f"{row[k]:.3f}" for k in keys], name
+        else:  # digits then moons: params, acc, NLL, ECE, agreement, TV
+            for offset, data in ((1, "digits"), (7, "moons")):
+                row = saved[data]["table"][name]
+                keys = ["accuracy", "nll", "ece", "agreement", "total_variation"]
+                assert values[offset : offset + 5] == [f"{row[k]:.3f}" for k in keys], name
+        checked += 1
+    assert checked == 18  # nine families, in the regression and the classification table
+    for data in ("diabetes", "digits", "moons"):
+        ref = saved[data]["reference"]
+        assert f"{ref['outputs_r_hat']:.3f}" in section and f"{ref['lp_r_hat']:.3f}" in section
