@@ -72,13 +72,19 @@ def regression_band(
     ax.plot(xs, mean, color="C0", lw=2, label="predictive mean")
     if truth is not None:
         ax.plot(xs, truth.reshape(-1).cpu(), "k--", lw=1, label="true function")
-    ax.scatter(x_train.reshape(-1).cpu(), y_train.reshape(-1).cpu(), s=8, c="k", label="data")
+    _data_and_labels(ax, x_train, y_train, title, point_size=8, legend_size="small")
+    return fig
+
+
+def _data_and_labels(ax, x_train, y_train, title, point_size: float, legend_size: str) -> None:
+    """The training points of a 1-D band plot, its axis labels, title and legend."""
+    x, y = x_train.reshape(-1).cpu(), y_train.reshape(-1).cpu()
+    ax.scatter(x, y, s=point_size, c="k", label="data")
     ax.set_xlabel("x")
     ax.set_ylabel("y")
     if title:
         ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="small")
-    return fig
+    ax.legend(loc="upper left", fontsize=legend_size)
 
 
 def reliability_diagram(
@@ -277,12 +283,7 @@ def band_against_reference(
             xs, lower, upper, color=color, alpha=alpha, lw=0, label=f"{label} {level:.0%}"
         )
         ax.plot(xs, pred.mean.reshape(-1).cpu(), color=color, lw=1.5)
-    ax.scatter(x_train.reshape(-1).cpu(), y_train.reshape(-1).cpu(), s=6, c="k", label="data")
-    ax.set_xlabel("x")
-    ax.set_ylabel("y")
-    if title:
-        ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="x-small")
+    _data_and_labels(ax, x_train, y_train, title, point_size=6, legend_size="x-small")
     return fig
 
 
