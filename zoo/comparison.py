@@ -80,6 +80,7 @@ def compare(
     x_test, y_test = gather_tensors(test)
     ref_pred = None
     if reference is not None:
+        _check_same_sites(reference.model, model_factory())
         ref_pred = reference.predict(
             x_test, progress=progress, threads=fit_options.get("threads", "auto")
         )
@@ -127,6 +128,17 @@ def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[st
     pred = result.predict(x, num_samples=num_samples, progress=progress, seed=0, threads=threads)
     metrics = result.model.likelihood.metrics(pred, y.to(pred.outputs.device))
     return metrics if ref_pred is None else {**metrics, **distances(pred, ref_pred)}
+
+
+def _check_same_sites(sampled, model) -> None:
+    """Refuse a reference sampled on another architecture than ``model_factory``'s."""
+    theirs, ours = getattr(sampled, "site_shapes", None), getattr(model, "site_shapes", None)
+    if theirs is not None and ours is not None and dict(theirs) != dict(ours):
+        differ = sorted(set(theirs.items()) ^ set(ours.items()))
+        raise ValueError(
+            "the reference was sampled on another model than model_factory builds (sites that "
+            f"differ: {differ}); sample it on model_factory() with the same training data"
+        )
 
 
 def _reference_row(reference, pred, y) -> dict:

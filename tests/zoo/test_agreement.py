@@ -110,3 +110,10 @@ def test_compare_adds_the_distances_and_the_reference_row():
     assert table.loc["diagonal", "w2"] < 0.2 and 0.85 < table.loc["diagonal", "sd_ratio"] < 1.15
     metrics = ref.evaluate((xt, yt), progress=False)
     assert table.loc["HMC reference", "rmse"] == pytest.approx(metrics["rmse"])
+
+
+def test_compare_refuses_a_reference_of_another_model():
+    x, y = correlated_data(n=60, d=2)
+    ref = zoo.reference(model_for(2), (x, y), chains=1, warmup=10, draws=4, progress=False)
+    with pytest.raises(ValueError, match="another model than model_factory builds"):
+        zoo.compare(lambda: model_for(3), ["map"], (x, y), (x, y), reference=ref, progress=False)
