@@ -95,22 +95,27 @@ def resolve_length(
     batch_size: int | None,
     lr: float | None,
     lr_schedule,
+    auto: bool = False,
 ) -> Length:
     """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
-    docstring); given values are kept as they are."""
+    docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
+    convergence rule (:mod:`zoo.convergence`), so small regression data keeps the full-batch
+    recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a schedule
+    over the cap would still be high where the rule stops)."""
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
-    if epochs is None and num_steps is None and small:
+    if epochs is None and (num_steps is None or auto) and small:
+        default_schedule = None if auto else REGRESSION_FIT["lr_schedule"]
         return Length(
             epochs=1,
-            num_steps=REGRESSION_FIT["num_steps"],
+            num_steps=num_steps if auto else REGRESSION_FIT["num_steps"],
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
             lr=lr if lr is not None else REGRESSION_FIT["lr"],
-            lr_schedule=lr_schedule if lr_schedule is not None else REGRESSION_FIT["lr_schedule"],
-            recipe="small regression data",
+            lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
+            recipe="small regression data" + (", length auto" if auto else ""),
         )
     recipe = "default" if epochs is None and num_steps is None else "given"
     return Length(

@@ -220,7 +220,8 @@ def fit(
     num_steps, convergence = resolve_convergence(num_steps)
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
     check_positive(**given, checkpoint_every=checkpoint_every)
-    length = resolve_length(data, model, **given, lr_schedule=lr_schedule)
+    auto = convergence is not None
+    length = resolve_length(data, model, **given, lr_schedule=lr_schedule, auto=auto)
     settings.update(
         epochs=length.epochs,
         num_steps=length.num_steps,

@@ -72,3 +72,14 @@ def test_a_resumed_fit_keeps_its_windows(tmp_path):
     resumed = _fit(rule, checkpoint=path, checkpoint_every=50, resume=path)
     assert resumed.steps == whole.steps and resumed.options["stopped"] == "converged"
     assert resumed.losses == whole.losses
+
+
+def test_auto_keeps_the_small_regression_recipe_at_a_constant_rate():
+    x, y = zoo.data.toy_regression(n=64)
+    rule = Convergence(window=20, patience=1, tolerance=0.5, cap=400)  # stops soon
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(1, (8,)), "diagonal", (x, y), num_steps=rule, progress=False
+    )
+    assert fit.options["recipe"] == "small regression data, length auto"
+    assert fit.options["batch_size"] == 64 and fit.options["lr"] == 1e-2
+    assert fit.options["stopped"] == "converged" and fit.steps < 400
