@@ -14,7 +14,8 @@ default (``default``: ``prior=None``); "deterministic" is a
 point-mass network with a learned noise (weight decay from the fixed or the default prior),
 MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are
 over splits; every row sees the same splits. The fit recipe is ``zoo.REGRESSION_FIT`` unless
-``--num-steps``/``--lr`` change it.
+``--num-steps``/``--lr`` change it; ``--num-steps auto`` stops each fit by ``zoo.convergence``'s
+rule at a constant rate (the record's ``steps`` and ``stopped`` say where and why).
 
 Fits run in ``--workers`` processes of one thread each (this small net is dominated by per-step
 overhead, which threads do not help); note the machine's load with the figures.
@@ -101,6 +102,8 @@ def run_one(job: dict) -> dict:
         xtr.shape[1], [job["hidden"]], out, task="regression", noise="learned", prior=prior
     )
     recipe = dict(zoo.REGRESSION_FIT)
+    if job.get("num_steps") == "auto":  # zoo.convergence's rule; a constant rate (lr 1e-2)
+        recipe = {"num_steps": "auto", "lr": recipe["lr"]}
     recipe.update({k: job[k] for k in ("num_steps", "lr") if job.get(k) is not None})
     options = {"p": 0.05} if job["family"] == "mc_dropout" else {}
     start = time.perf_counter()
@@ -127,6 +130,8 @@ def run_one(job: dict) -> dict:
         "coverage": metrics.interval_coverage(lower, upper, yte),
         "noise": float(pred.sample_scales.mean()),
         "seconds": seconds,
+        "steps": fit.steps,
+        "stopped": fit.options.get("stopped"),
     }
 
 
@@ -228,7 +233,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--families", nargs="+", default=guides.available())
     parser.add_argument("--priors", nargs="+", default=list(PRIORS), choices=PRIORS)
     parser.add_argument("--hidden", type=int, default=50)
-    parser.add_argument("--num-steps", type=int, default=None, help="default: REGRESSION_FIT")
+    parser.add_argument(
+        "--num-steps",
+        type=lambda v: v if v == "auto" else int(v),
+        default=None,
+        help="an int, or 'auto' (stop on convergence, zoo.convergence); default: REGRESSION_FIT",
+    )
     parser.add_argument("--lr", type=float, default=None, help="default: REGRESSION_FIT")
     parser.add_argument("--samples", type=int, default=200, help="networks drawn per test point")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))

@@ -348,3 +348,13 @@ def test_the_reference_tables_in_the_readme_are_the_saved_runs():
     for data in ("diabetes", "digits", "moons"):
         ref = saved[data]["reference"]
         assert f"{ref['outputs_r_hat']:.3f}" in section and f"{ref['lp_r_hat']:.3f}" in section
+
+
+def test_regression_stops_each_fit_on_convergence_with_num_steps_auto(tmp_path):
+    args = ["--datasets", "linnerud", "--splits", "1", "--families", "diagonal", "--priors"]
+    args += ["default", "--num-steps", "auto", "--samples", "4", "--workers", "1"]
+    checkpoint = tmp_path / "fits.jsonl"
+    _run("benchmarks/regression.py", *args, "--checkpoint", str(checkpoint))
+    fits = [json.loads(line) for line in checkpoint.read_text().splitlines()]
+    assert {f["num_steps"] for f in fits} == {"auto"}
+    assert all(f["stopped"] in ("converged", "cap") and 0 < f["steps"] <= 20_000 for f in fits)
