@@ -220,13 +220,13 @@ def _count(counter, chain: int, by: int = 1) -> None:
         counter[chain] += by
 
 
-def model_sites(model, x, y) -> dict[str, torch.Size]:
-    """The latent sites of ``model(x, y)`` and their shapes (one trace, no gradient, the
-    caller's random state untouched)."""
-    with forked(x.device), torch.no_grad():
+def prior_draw(model, x, y) -> dict[str, torch.Tensor]:
+    """One draw of every latent site of ``model(x, y)`` from the prior (one trace, no
+    gradient, the caller's random state untouched)."""
+    with forked(x.device), torch.no_grad(), pyro.poutine.block():
         trace = pyro.poutine.trace(model).get_trace(x, y)
     return {
-        name: site["value"].shape
+        name: site["value"]
         for name, site in trace.nodes.items()
         if site["type"] == "sample" and not site["is_observed"] and not site_is_subsample(site)
     }

@@ -121,7 +121,7 @@ def build_guide(model, payload: dict):
     it from its spec, one call on zeros of the example input's shape creates its parameters
     (the global RNG state is left as it was), and the saved values are loaded."""
     guide = guides.build(model, payload["spec"])
-    device = _device_of(model)
+    device = device_of(model)
     example = [
         torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
         for shape, dtype in payload["input"]
@@ -185,7 +185,7 @@ def model_signature(model, guide) -> dict[str, tuple[int, ...]]:
     from pyro.poutine.util import site_is_subsample
 
     args = guide.prototype_trace.nodes["_INPUT"]["args"]
-    device = _device_of(model)
+    device = device_of(model)
     args = tuple(torch.zeros_like(a, device=device) if torch.is_tensor(a) else a for a in args)
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
@@ -279,7 +279,8 @@ def set_rng_state(state: dict, generator: torch.Generator) -> None:
     generator.set_state(state["generator"].cpu())
 
 
-def _device_of(model):
+def device_of(model) -> torch.device | None:
+    """The device of a module's first parameter or buffer; None for anything else."""
     if isinstance(model, torch.nn.Module):
         for t in list(model.parameters()) + list(model.buffers()):
             return t.device

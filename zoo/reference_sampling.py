@@ -15,7 +15,6 @@ limits that :func:`reference` enforces before sampling.
 
 from __future__ import annotations
 
-import math
 import multiprocessing
 import os
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from zoo import hmc
+from zoo import hmc, persist
 from zoo.data_checks import check_data, gather_tensors
 from zoo.reference_result import Reference
 from zoo.threads import forward_flops, intra_op_threads
@@ -116,7 +115,7 @@ def reference(
             f"draws={draws}, warmup={warmup}, chunk={chunk}"
         )
     x, y = _in_memory(data, budget)
-    device = _device_of(model)
+    device = persist.device_of(model) or torch.device("cpu")
     x, y = x.to(device), y.to(device)
     check_data(model, x, y)
     check_budget(model, x, y, budget)
@@ -140,8 +139,8 @@ def reference(
 
 def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> None:
     """Refuse a model or data past ``budget``, saying which limit and what to do."""
-    sites = hmc.model_sites(model, x[:2], y[:2])
-    size = sum(math.prod(shape) for shape in sites.values())
+    draw = hmc.prior_draw(model, x[:2], y[:2])
+    size = sum(value.numel() for value in draw.values())
     if size > budget.parameters:
         raise ReferenceTooLargeError(
             f"the model has {size:,} latent scalars, past the reference's budget of "
@@ -149,7 +148,7 @@ def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> Non
             "up to 2^max_tree_depth full-data gradients): sample a smaller network, or pass "
             "budget=zoo.ReferenceBudget(parameters=...) to go on knowingly"
         )
-    per_example = forward_flops(model.network, x[:2], _prior_draw(model, x, y)) / 2
+    per_example = forward_flops(model.network, x[:2], draw) / 2
     flops = 3 * len(x) * per_example
     if flops > budget.gradient_flops:
         raise ReferenceTooLargeError(
@@ -158,16 +157,6 @@ def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> Non
             f"{budget.gradient_flops:.2g}: use fewer examples or a smaller network, or pass "
             "budget=zoo.ReferenceBudget(gradient_flops=...) to go on knowingly"
         )
-
-
-def _prior_draw(model, x, y) -> dict:
-    from pyro import poutine
-
-    from zoo.rng import forked
-
-    with forked(x.device), torch.no_grad(), poutine.block():
-        trace = poutine.trace(model).get_trace(x[:2], y[:2])
-    return {name: site["value"] for name, site in trace.nodes.items() if site["type"] == "sample"}
 
 
 def _in_memory(data, budget: Budget) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,11 +182,6 @@ def _refuse_bytes(size: int, n: int, budget: Budget) -> None:
             "HMC gradient needs all of them: use a subset, or pass "
             "budget=zoo.ReferenceBudget(data_bytes=...) to go on knowingly"
         )
-
-
-def _device_of(model) -> torch.device:
-    tensors = list(model.parameters()) + list(model.buffers()) if hasattr(model, "buffers") else []
-    return tensors[0].device if tensors else torch.device("cpu")
 
 
 def _workers(processes, chains: int, device: torch.device) -> int:
