@@ -225,10 +225,10 @@ class MCDropoutWeight(TorchDistribution):
         return cov.expand(self.batch_shape + cov.shape)
 
 
-def check_dropout(p: float, sigma: float) -> None:
+def check_dropout(p: float, sigma: float, name: str = "p") -> None:
     """Refuse a dropout probability outside ``[0, 1)`` or a non-positive ``sigma``."""
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
-        raise ValueError(f"the dropout probability p must lie in [0, 1), got {p!r}")
+        raise ValueError(f"the dropout probability {name} must lie in [0, 1), got {p!r}")
     if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma > 0:
         raise ValueError(f"sigma must be a positive number, got {sigma!r}")
 
@@ -299,8 +299,16 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     model : callable
         The Pyro model.
     p : float, default 0.1
-        Dropout probability of every layer's inputs (use ``guides.AutoMixed`` for a different
-        ``p`` per layer).
+        Dropout probability of the inputs of every layer but the first (and of the first's,
+        see ``input_p``; use
+        ``guides.AutoMixed`` for a different ``p`` per layer).
+    input_p : float, optional
+        Dropout probability of the first layer's inputs: the network's own input. By default
+        ``p`` when they are features (a first layer with a weight of two dimensions, as Gal's
+        UCI regression nets drop input features) and 0 when they are image channels (a
+        convolution), as in Gal & Ghahramani's LeNet experiments (dropout after every layer,
+        not on the image): dropping input *channels* of a one-channel image drops the whole
+        image, and a fraction ``input_p`` of every prediction's draws would see no input.
     sigma : float, default 1e-3
         Standard deviation of the narrow Gaussians (fixed).
     init_loc_fn, init_module, create_plates
@@ -311,6 +319,41 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
 
     site_class = MCDropoutSite
     variants = {"": {}, "p05": {"p": 0.5}}
+
+    def __init__(self, model, *, input_p: float | None = None, **options):
+        if input_p is not None:
+            check_dropout(input_p, options.get("sigma", 1e-3), "input_p")
+        super().__init__(model, **options)
+        self.input_p = None if input_p is None else float(input_p)
+        if input_p is not None:
+            self.options["input_p"] = self.input_p  # saved with the guide's spec
+
+    def __setstate__(self, state):
+        state = dict(state)
+        state.setdefault("input_p", state.get("family_options", {}).get("p", 0.1))  # version 1
+        super().__setstate__(state)
+
+    def input_site(self) -> str | None:
+        """The first weight (two or more dimensions) in the model's order: the layer that reads
+        the network's input, whose dropout probability is ``input_p``."""
+        for name, site in self.prototype_trace.iter_stochastic_nodes():
+            if site["value"].dim() >= 2:
+                return name
+        return None
+
+    def site_options_for(self, name: str, cls) -> dict:
+        options = super().site_options_for(name, cls)
+        if cls is self.site_class and name == self.input_site():
+            shape = self.prototype_trace.nodes[name]["value"].shape
+            options = {**options, "p": self.input_dropout(options.get("p", 0.1), shape)}
+        return options
+
+    def input_dropout(self, p: float, shape: torch.Size) -> float:
+        """The first layer's dropout probability: ``input_p`` if given, else ``p`` for input
+        features (a weight of two dimensions) and 0 for input channels (a convolution's)."""
+        if self.input_p is not None:
+            return self.input_p
+        return p if len(shape) == 2 else 0.0
 
     @classmethod
     def site_spec(cls, **options):

@@ -103,11 +103,36 @@ def resolve_schedule(
     return SCHEDULES[lr_schedule](max(int(total), 1))
 
 
-def make_scheduler(optimizer, lr_schedule, total: int = 1):
+def make_scheduler(optimizer, lr_schedule, total: int = 1, cuts=None):
     """A ``LambdaLR`` multiplying every group's ``lr`` by the schedule's factor at each step
-    (:func:`resolve_schedule`), or ``None``."""
+    (:func:`resolve_schedule`), times ``cuts.lr_factor(step)`` when ``cuts`` is given (the
+    rate cuts of a convergence rule, :class:`zoo.convergence.ConvergenceTracker`), or
+    ``None`` when neither is."""
     factor = resolve_schedule(lr_schedule, total)
+    if cuts is not None:
+        factor = _times(factor, cuts.lr_factor)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
+
+
+def _times(schedule: Callable[[int], float] | None, cut: Callable[[int], float]):
+    if schedule is None:
+        return cut
+    return lambda step: schedule(step) * cut(step)
+
+
+def apply_factor(scheduler) -> None:
+    """Set every group's ``lr`` to what ``scheduler`` (a ``LambdaLR``) gives at its current
+    step, now rather than at its next ``step()`` (a factor has changed in between); a tensor
+    ``lr`` (a CUDA-graph step's) is filled in place."""
+    step = scheduler.last_epoch
+    for group, base, fn in zip(
+        scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
+    ):
+        value = base * fn(step)
+        if torch.is_tensor(group["lr"]):
+            group["lr"].fill_(value)
+        else:
+            group["lr"] = value
 
 
 def check_finite_parameters(guide, model) -> None:

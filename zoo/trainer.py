@@ -10,14 +10,14 @@ import torch
 from tqdm import tqdm
 
 from zoo import persist
-from zoo.convergence import Convergence
+from zoo.convergence import ConvergenceTracker
 from zoo.data_checks import Batches
 from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.graphed import GraphedStep
 from zoo.objective import Objective
-from zoo.optim import grad_norm
+from zoo.optim import apply_factor, grad_norm
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
 from zoo.state import TrainingState, write_checkpoint
@@ -50,7 +50,7 @@ class Trainer:
         checkpoint_every: int | None,
         ranks: Ranks | None = None,
         graphed: GraphedStep | None = None,
-        convergence: Convergence | None = None,
+        convergence: ConvergenceTracker | None = None,
     ):
         self.objective, self.optimizer, self.scheduler = objective, optimizer, scheduler
         self.params, self.guard, self.batches = params, guard, batches
@@ -79,6 +79,12 @@ class Trainer:
         if self.deferred:
             self.guard.begin(state.step)
         stop, reason = False, None
+        if self.convergence is not None and state.step > 0:  # resumed: replay the rule
+            converged = self.convergence.update(state.losses)
+            if self.scheduler is not None:
+                apply_factor(self.scheduler)
+            if converged and self.convergence.due(state.step):
+                stop, reason = True, "converged"
         try:
             while state.step < total and not stop:
                 # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -123,9 +129,16 @@ class Trainer:
             self.warn_prior()
 
     def _converged(self) -> bool:
-        """The convergence rule's verdict at a window's end (``num_steps="auto"``)."""
+        """The convergence rule's verdict at a window's end (``num_steps="auto"``); a rate cut
+        it makes there applies from the next step (as on a resume from this step)."""
         rule = self.convergence
-        return rule is not None and rule.due(self.state.step) and rule.converged(self.state.losses)
+        if rule is None or not rule.due(self.state.step):
+            return False
+        cuts = len(rule.cuts)
+        converged = rule.update(self.state.losses)
+        if len(rule.cuts) != cuts and self.scheduler is not None:
+            apply_factor(self.scheduler)
+        return converged
 
     def _record_stop(self, reason: str | None, total: int) -> None:
         """``options["stopped"]`` and ``options["stopped_at"]``: why and when the fit ended."""
@@ -134,6 +147,8 @@ class Trainer:
         elif reason is None:
             reason = "cap" if self.convergence is not None else "num_steps"
         self.result.options.update(stopped=reason, stopped_at=self.state.step)
+        if self.convergence is not None:
+            self.result.options["lr_cuts"] = self.convergence.cuts
 
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""

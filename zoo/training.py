@@ -16,7 +16,7 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist
-from zoo.convergence import Convergence
+from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.convergence import resolve as resolve_convergence
 from zoo.data_checks import fit_batches
 from zoo.distributed import Ranks
@@ -97,10 +97,10 @@ def fit(
         Passes over the data (ignored when ``num_steps`` is given).
     num_steps : int, "auto" or zoo.Convergence, optional
         Total optimiser steps, cycling over the data as needed; ``"auto"`` (or a
-        :class:`zoo.Convergence` with its own window, tolerance, patience and cap) stops when
-        the mean ``-ELBO`` of a window of steps no longer improves on the previous window's,
-        at most at the cap (:mod:`zoo.convergence`; ``result.options["stopped"]`` says why a
-        fit ended). With neither ``epochs`` nor
+        :class:`zoo.Convergence` with its own settings) cuts the rate tenfold when the mean
+        ``-ELBO`` of a window of steps stops improving on the previous window's, and stops at
+        the next such plateau, at most at the cap (:mod:`zoo.convergence`;
+        ``result.options["stopped"]`` says why a fit ended). With neither ``epochs`` nor
         ``num_steps``: small regression data (at most :data:`zoo.recipes.SMALL_DATA` = 2,048
         examples) gets the full-batch recipe :data:`zoo.REGRESSION_FIT` (every example in one batch,
         3,000 steps, ``lr`` 1e-2 decaying tenfold, each unless given); anything larger one
@@ -322,7 +322,8 @@ def _fit(
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         if resume is None and ranks.rank == 0:
             warn_if_short(recipe, total, len(batches), batches.batch_size)
-        sched = make_scheduler(opt, lr_schedule, total)
+        tracker = convergence and ConvergenceTracker(convergence, len(batches))
+        sched = make_scheduler(opt, lr_schedule, total, tracker)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
             ranks.broadcast_(p for _, p in named_parameters(guide, model))
@@ -386,7 +387,7 @@ def _fit(
             checkpoint_every=checkpoint_every,
             ranks=ranks,
             graphed=graphed,
-            convergence=convergence,
+            convergence=tracker,
         )
         try:
             with intra_op_threads(num_threads):

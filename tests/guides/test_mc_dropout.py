@@ -212,3 +212,42 @@ def test_a_fit_with_the_local_estimator_serves_every_weight_of_a_convnet():
     objective = zoo.Objective(model, fit.guide, estimator="local")
     objective.setup(x, y)
     assert objective.served == {"conv1.weight", "conv2.weight", "fc1.weight", "fc2.weight"}
+
+
+def _weight_p(guide, model, x, y) -> dict[str, float]:
+    guide(x, y)
+    return {n: guide.site_posterior(n).p for n in guide.site_names if n.endswith("weight")}
+
+
+def test_the_image_is_not_dropped_but_input_features_are():
+    """The first layer's dropout: none over a convolution's input channels (a one-channel image
+    would be dropped whole), ``p`` over input features, ``input_p`` when given."""
+    lenet, images, labels = LeNet5(), torch.randn(2, 1, 28, 28), torch.tensor([1, 2])
+    p = _weight_p(guides.AutoMCDropout(lenet, p=0.2), lenet, images, labels)
+    assert p == {"conv1.weight": 0.0, "conv2.weight": 0.2, "fc1.weight": 0.2, "fc2.weight": 0.2}
+    given = _weight_p(guides.AutoMCDropout(lenet, input_p=0.1), lenet, images, labels)
+    assert given["conv1.weight"] == 0.1 and given["fc2.weight"] == 0.1
+    mlp, x, y = BayesianMLP(3, (4,), 1, task="regression"), torch.randn(2, 3), torch.randn(2)
+    p = _weight_p(guides.AutoMCDropout(mlp, p=0.2), mlp, x, y)
+    assert list(p.values()) == [0.2, 0.2]
+    assert list(_weight_p(guides.AutoMCDropout(mlp, input_p=0.0), mlp, x, y).values()) == [0, 0.1]
+    # No draw of the first convolution has a dropped (all but sigma-blur) input channel.
+    guide = guides.AutoMCDropout(lenet)
+    guide(images, labels)
+    draws = guide.site_posterior("conv1.weight").distribution().rsample((200,))
+    assert draws.abs().amax(dim=(1, 3, 4)).min() > 10 * 1e-3
+
+
+def test_input_p_is_checked_and_saved(tmp_path):
+    import zoo
+
+    with pytest.raises(ValueError, match="input_p must lie in"):
+        guides.AutoMCDropout(LeNet5(), input_p=1.0)
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    fit = zoo.fit(
+        LeNet5(), "mc_dropout", (x, y), num_steps=1, progress=False, guide_options={"input_p": 0.05}
+    )
+    fit.save(tmp_path / "fit.zoo")
+    loaded = zoo.load(tmp_path / "fit.zoo")
+    assert loaded.guide.input_p == 0.05
+    assert loaded.guide.site_posterior("conv1.weight").p == 0.05
