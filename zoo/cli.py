@@ -116,6 +116,7 @@ def _fit_options(args) -> dict:
     """``zoo.fit``'s options from the flags; unset ones (None) leave ``fit`` its defaults."""
     return dict(
         epochs=args.epochs,
+        num_steps=args.num_steps,
         batch_size=args.batch_size,
         lr=args.lr,
         num_particles=args.num_particles,

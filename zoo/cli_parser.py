@@ -13,6 +13,7 @@ from zoo.cli_values import (
     positive_float,
     positive_int,
     prior_value,
+    steps_value,
 )
 
 #: The 1-D toy's recipe, shared by ``demo``, ``fit --data toy`` and ``compare --data toy``: 160
@@ -112,6 +113,13 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="passes over the training data (default: zoo.fit's: one epoch, or the full-batch "
         "recipe of 3,000 steps for regression data of at most 2,048 examples, as --data toy)",
+    )
+    p.add_argument(
+        "--num-steps",
+        type=steps_value,
+        default=None,
+        help="optimiser steps instead of --epochs, or 'auto': cut the rate at a plateau of the "
+        "ELBO and stop at the next (zoo.convergence; at most 20,000 steps)",
     )
     p.add_argument(
         "--batch-size",

@@ -37,6 +37,12 @@ def positive_int(text: str) -> int:
     return value
 
 
+def steps_value(text: str) -> int | str:
+    """``--num-steps``: a whole number of at least 1, or ``auto`` (stop on convergence,
+    :mod:`zoo.convergence`)."""
+    return "auto" if text == "auto" else positive_int(text)
+
+
 def positive_float(text: str) -> float:
     """A finite number above 0 (``--lr``, ``--kl-weight``)."""
     try:

@@ -115,6 +115,7 @@ class ConvergenceTracker:
         return self.plateaus[: self.rule.decays]
 
     def due(self, step: int) -> bool:
+        """Whether the rule reads the losses after ``step`` steps (a window's end)."""
         return self.rule.due(step)
 
     def update(self, losses: Sequence[float]) -> bool:

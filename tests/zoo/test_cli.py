@@ -179,6 +179,7 @@ def test_help_shows_the_defaults():
     [
         (["fit", "--data", "toy", "--guide", "lowrank", "--guide-option", "rank=five"], "five"),
         (["fit", "--data", "toy", "--epochs", "0"], "--epochs"),
+        (["fit", "--data", "toy", "--num-steps", "forever"], "--num-steps"),
         (["fit", "--data", "toy", "--batch-size", "0"], "--batch-size"),
         (["fit", "--data", "toy", "--lr", "-1"], "--lr"),
         (["fit", "--data", "toy", "--limit", "-5"], "--limit"),
@@ -311,3 +312,22 @@ def test_fit_passes_the_process_options_to_zoo_fit(tmp_path, monkeypatch, capsys
     assert main(argv + ["--strategy", "ddp", "--accelerator", "cpu"]) == 0
     assert seen == {"devices": 2, "num_nodes": 3, "strategy": "ddp", "accelerator": "cpu"}
     assert "| steps |" in capsys.readouterr().out
+
+
+def test_fit_takes_num_steps_auto(monkeypatch, tmp_path, capsys):
+    """``--num-steps auto`` reaches zoo.fit as the convergence rule (here a small one)."""
+    import zoo
+    from zoo.cli import main
+
+    seen = {}
+    real_fit = zoo.fit
+
+    def recording_fit(*args, **kwargs):
+        seen["num_steps"] = kwargs["num_steps"]
+        rule = zoo.Convergence(window=20, patience=1, tolerance=10.0, cap=200)  # stops soon
+        return real_fit(*args, **{**kwargs, "num_steps": rule})
+
+    monkeypatch.setattr(zoo, "fit", recording_fit)
+    argv = ["fit", "--data", "toy", "--num-steps", "auto", "--samples", "4", "--arviz-samples"]
+    assert main(argv + ["4", "--quiet", "--out-dir", str(tmp_path)]) == 0
+    assert seen == {"num_steps": "auto"}
