@@ -88,10 +88,17 @@ def _data_and_labels(ax, x_train, y_train, title, point_size: float, legend_size
 
 
 def reliability_diagram(
-    probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15, title=None, ax=None
+    probs: torch.Tensor,
+    labels: torch.Tensor,
+    n_bins: int = 15,
+    title=None,
+    ax=None,
+    legend: bool = True,
 ) -> Figure:
     """Accuracy against confidence per equal-width bin, with the ECE in the title; below it the
-    bin counts (a second panel, left out when drawing into a given ``ax``)."""
+    bin counts (a second panel, left out when drawing into a given ``ax``). The legend stands
+    beside the panel; in a row of panels give it to the last one only (``legend=False`` for
+    the others), where it covers no neighbour."""
     from zoo import metrics
 
     rel = metrics.reliability(probs.cpu(), labels.cpu(), n_bins)
@@ -121,7 +128,8 @@ def reliability_diagram(
     ax.set_ylabel("accuracy")
     ax.set_title(title or f"Reliability (ECE = {ece:.4f})")
     # Beside the panel, where it covers no bar.
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     if axc is not None:
         axc.bar(centers, rel["count"].numpy(), width=width, color="C7", edgecolor="k")
         axc.set_yscale("log")

@@ -68,6 +68,10 @@ def test_plots_draw_into_a_given_axis_and_register_no_pyplot_figure():
     probs = torch.softmax(torch.randn(50, 3), -1)
     assert plots.reliability_diagram(probs, torch.randint(0, 3, (50,)), ax=right) is fig
     assert len(left.collections) >= 2 and len(right.patches) > 0
+    assert right.get_legend() is not None
+    first = Figure().subplots()
+    plots.reliability_diagram(probs, torch.randint(0, 3, (50,)), ax=first, legend=False)
+    assert first.get_legend() is None  # a row's panels leave the legend to the last one
     plots.entropy_histograms(torch.rand(10), torch.rand(10))
     assert plt.get_fignums() == open_before
 
