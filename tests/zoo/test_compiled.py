@@ -218,7 +218,7 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     at once."""
     monkeypatch.setitem(zoo.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
     default_runs = zoo.compiled.CHECK_RUNS
-    monkeypatch.setattr(zoo.priors, "squared_norm", lambda x: x.square().sum(-1))
+    monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
 
     def later_losses(runs):
