@@ -250,7 +250,9 @@ class Trainer:
         rng = persist.rng_state(self.generator)
         with torch.no_grad():
             final = float(
-                self.objective.loss(*self._last_batch, len(self.batches), step=self.state.step)
+                self.objective.loss(
+                    *self._last_batch, len(self.batches), step=self.state.step, eager=True
+                )
             )
         final = self.ranks.mean(final, self.state.step)
         persist.set_rng_state(rng, self.generator)
