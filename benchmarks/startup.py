@@ -7,7 +7,10 @@ Per net, with ``zoo.fit``'s defaults (diagonal family, ``jit="auto"``, ``threads
 the CPU: the wall time of a one-step fit (guide set-up, checks, the FLOP count, the first step
 and the check of its update), the median step of a long fit (``--long`` steps; the steps after
 the first half, from a callback's timestamps) and their ratio, the start-up in steady steps
-(target: at most 10). A 60-step fit is timed too, against 60 steady steps. Each figure is the
+(target: at most 10). A 60-step fit is timed too, against 60 steady steps, and a long fit with
+``jit=False``: its steady step, what the default fit's graph cost beyond it (zero where
+``"auto"`` does not compile: the MLP on the CPU), and after how many steps the graph's saving
+repays that (``zoo.compiled.COMPILE_MIN_STEPS`` is chosen from it). Each figure is the
 median over ``--rounds`` rounds, the nets alternating, after a warm-up round that is not counted
 (a process's first fit also pays one-time imports and initialisation); note the machine's load
 with them. Before each timed fit the garbage collector runs (untimed): a full collection in a
@@ -61,9 +64,22 @@ def measure(net: str, long: int) -> dict[str, float]:
     one = fit_time(net, 1)[0]
     one_eager = fit_time(net, 1, jit=False)[0]
     short = fit_time(net, 60)[0]
-    gaps = fit_time(net, long)[1]
+    total, gaps = fit_time(net, long)
+    total_eager, gaps_eager = fit_time(net, long, jit=False)
     steady = statistics.median(gaps[len(gaps) // 2 :])
-    return {"one": one, "one_eager": one_eager, "short": short, "steady": steady}
+    steady_eager = statistics.median(gaps_eager[len(gaps_eager) // 2 :])
+    # What the long fit's graph cost beyond the eager fit, and the steps it takes to repay it.
+    compile_cost = total - total_eager + long * (steady_eager - steady)
+    saving = steady_eager - steady
+    return {
+        "one": one,
+        "one_eager": one_eager,
+        "short": short,
+        "steady": steady,
+        "steady_eager": steady_eager,
+        "compile": compile_cost,
+        "break_even": compile_cost / saving if saving > 0 else float("inf"),
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -81,8 +97,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
             rounds[net].append(measure(net, args.long))
     rows = []
     print("| net | one-step fit ms | jit=False ms | steady step ms | start-up in steps "
-          "| 60-step fit / 60 steady steps |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+          "| 60-step fit / 60 steady steps | eager step ms | graph ms "
+          "| repaid after steps |")  # fmt: skip
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for net, values in rounds.items():
         row = {k: statistics.median(v[k] for v in values) for k in values[0]}
         row = {"net": net, **row, "ratio": row["one"] / row["steady"]}
@@ -90,7 +107,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(row)
         print(
             f"| {net} | {row['one'] * 1e3:.1f} | {row['one_eager'] * 1e3:.1f} "
-            f"| {row['steady'] * 1e3:.2f} | {row['ratio']:.1f} | {row['short_ratio']:.2f} |"
+            f"| {row['steady'] * 1e3:.2f} | {row['ratio']:.1f} | {row['short_ratio']:.2f} "
+            f"| {row['steady_eager'] * 1e3:.2f} | {row['compile'] * 1e3:.0f} "
+            f"| {row['break_even']:.0f} |"
         )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
     return rows
