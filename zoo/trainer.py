@@ -10,8 +10,8 @@ import torch
 from tqdm import tqdm
 
 from zoo import persist
+from zoo.batches import Batches
 from zoo.convergence import ConvergenceTracker
-from zoo.data_checks import Batches
 from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard

@@ -16,9 +16,9 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist
+from zoo.batches import fit_batches
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.convergence import resolve as resolve_convergence
-from zoo.data_checks import fit_batches
 from zoo.distributed import Ranks
 from zoo.graphed import check_step_options, step_parts
 from zoo.objective import Objective
