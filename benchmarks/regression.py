@@ -10,7 +10,7 @@ a learned noise is fitted full-batch, and the test points are scored in the orig
 the targets: RMSE, the log predictive density per target value (the mixture over sampled
 networks; higher is better) and the coverage of the central 95% interval. Each row is a family
 with a fixed ``N(0, 1)`` prior, a fixed ``N(0, 1/fan_in)`` (``layerwise``), a learned scale per
-layer (type-II maximum likelihood), a hierarchical one (``zoo.prior_scales``) or the model's
+layer (type-II maximum likelihood), a hierarchical one (``zoo.priors.fitted``) or the model's
 default (``default``: ``prior=None``); "deterministic" is a
 point-mass network with a learned noise (weight decay from the fixed or the default prior),
 MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are

@@ -7,7 +7,7 @@ against a dense ``MultivariateNormal``; the others (MC dropout, the point mass) 
 modules with their own independent references.
 
 Families that a test module defines for a while (outside ``guides/``) are left out here; such a
-module runs the shared checks of ``tests/harness.py`` on its family itself.
+module runs the shared checks on its family itself.
 """
 
 from __future__ import annotations

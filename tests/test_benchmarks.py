@@ -358,3 +358,11 @@ def test_regression_stops_each_fit_on_convergence_with_num_steps_auto(tmp_path):
     fits = [json.loads(line) for line in checkpoint.read_text().splitlines()]
     assert {f["num_steps"] for f in fits} == {"auto"}
     assert all(f["stopped"] in ("converged", "cap") and 0 < f["steps"] <= 20_000 for f in fits)
+
+
+def test_startup_prints_a_row_per_net():
+    out = _run("benchmarks/startup.py", "--rounds", "1", "--long", "6")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0] for r in rows] == ["| tiny", "| mlp"], out
+    for row in rows:
+        assert len(row) == 9 and all(float(v.strip(" |")) > 0 for v in row[1:6]), out

@@ -41,6 +41,66 @@ def test_guides_is_a_one_way_graph():
         assert imported <= set(GUIDES_LAYERS), (family, imported)
 
 
+def module_imports() -> dict[str, set[str]]:
+    """``module -> the zoo/guides modules it imports when it is imported`` (statements at
+    module level, outside ``if TYPE_CHECKING``; an import inside a function runs later)."""
+    paths = {}
+    for package in ("zoo", "guides"):
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def known(name: str) -> str | None:  # the module a dotted name lives in
+        while name and name not in paths:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {}
+    for module, path in paths.items():
+        targets = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                targets.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets.update(known(f"{node.module}.{a.name}") for a in node.names)
+        graph[module] = targets - {None, module}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (``[a, b, ..., a]``), or None (a depth-first search)."""
+    visiting, done = [], set()
+
+    def visit(module):
+        if module in visiting:
+            return visiting[visiting.index(module) :] + [module]
+        if module in done:
+            return None
+        visiting.append(module)
+        for target in sorted(graph.get(module, ())):
+            cycle = visit(target)
+            if cycle:
+                return cycle
+        visiting.pop()
+        done.add(module)
+        return None
+
+    return next((c for c in map(visit, sorted(graph)) if c), None)
+
+
+def test_no_import_cycle_in_zoo_or_guides():
+    graph = module_imports()
+    assert "zoo.priors.fitted" in graph["zoo.priors"]  # the graph is read, not empty
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_finds_a_cycle():
+    graph = {"zoo.a": {"zoo.b"}, "zoo.b": {"zoo.c"}, "zoo.c": {"zoo.a"}, "zoo.d": {"zoo.a"}}
+    assert find_cycle(graph) == ["zoo.a", "zoo.b", "zoo.c", "zoo.a"]
+    assert find_cycle({"zoo.a": {"zoo.b"}, "zoo.b": set()}) is None
+
+
 @pytest.mark.parametrize("package", ["zoo", "guides"])
 def test_no_module_over_400_lines(package):
     for path in (REPO / package).rglob("*.py"):

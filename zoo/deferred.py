@@ -69,7 +69,7 @@ def resolve_check_every(
     return int(check_every)
 
 
-def check_check_every(check_every) -> None:
+def validate_check_every(check_every) -> None:
     """Refuse a ``check_every`` that is neither ``"auto"`` nor a positive integer."""
     if check_every == "auto":
         return

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from zoo.deferred import DeferredGuard, check_check_every, resolve_check_every
+from zoo.deferred import DeferredGuard, resolve_check_every, validate_check_every
 from zoo.divergence import DivergenceGuard
 from zoo.objective import Objective
 from zoo.optim import grad_norm
@@ -189,7 +189,7 @@ class GraphedStep:
 def check_step_options(check_every, cuda_graph, distributed: bool) -> None:
     """``zoo.fit``'s checks of ``check_every`` and ``cuda_graph`` that need no device or model,
     run before any process is started (``distributed``: the fit will start several)."""
-    check_check_every(check_every)
+    validate_check_every(check_every)
     if not isinstance(cuda_graph, bool):
         raise ValueError(f"cuda_graph must be True or False, got {cuda_graph!r}")
     if distributed and cuda_graph:

@@ -25,7 +25,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
-from zoo.compiled import CompiledLoss, compile_refusal, size_refusal
+from zoo.compiled import CompiledLoss, compile_refusal, length_refusal, size_refusal
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
@@ -59,8 +59,10 @@ class Objective:
         (:mod:`zoo.compiled`): the same value and gradients as the eager loss, without its
         per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
         particle (:func:`zoo.compiled.compile_refusal`) whose step is small on the CPU or on
-        any CUDA device (:func:`zoo.compiled.size_refusal`), eagerly otherwise or when a graph
-        fails its check (with a warning); ``True``: whatever the size, raising instead of
+        any CUDA device (:func:`zoo.compiled.size_refusal`) and whose run, when
+        :meth:`setup` is told its length, is long enough to repay the tracing
+        (:func:`zoo.compiled.length_refusal`), eagerly otherwise or when a graph fails its
+        check (with a warning); ``True``: whatever the size and length, raising instead of
         falling back; ``False``: always eager.
 
     Notes
@@ -110,12 +112,20 @@ class Objective:
         self._eager_reason: str | None = "not set up yet"
         self._flops: int | None = None
         self._warned = False
+        self._steps: int | None = None
 
-    def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    def setup(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, steps: int | None = None
+    ) -> None:
         """Create the guide's parameters on an example batch (its prototype trace, if not yet
         made) and find the sites the estimator serves. ``loss`` calls it on first use; call it
-        yourself before building an optimiser over ``guide.parameters()``."""
-        with torch.no_grad(), direct_parameters():
+        yourself before building an optimiser over ``guide.parameters()``. ``steps``: how many
+        steps the loss will be evaluated for, if known; under ``jit="auto"`` fewer than
+        :data:`zoo.compiled.COMPILE_MIN_STEPS` stay eager (the graph would not repay its
+        tracing)."""
+        self._steps = steps
+        # Pyro's argument checks run on the first step (``validate``), not on this trace too.
+        with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
                 self.guide(x, y)
             skip = frozenset()
@@ -150,7 +160,7 @@ class Objective:
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
         if refusal is None and self.jit == "auto":
-            refusal = size_refusal(x.device, self.forward_flops)
+            refusal = length_refusal(self._steps) or size_refusal(x.device, self.forward_flops)
         return refusal
 
     def forward_flops(self) -> int:
@@ -180,17 +190,19 @@ class Objective:
         num_data: int,
         step: int = 0,
         validate: bool = False,
+        eager: bool = False,
     ) -> torch.Tensor:
         """``-ELBO`` estimated on the minibatch ``(x, y)`` of a data set of ``num_data``
         examples (likelihood scaled by ``num_data / len(x)``), a differentiable scalar.
 
         ``step`` picks the KL weight of a schedule; ``validate`` turns on Pyro's argument and
-        support checks for this call (``zoo.fit`` does so on its first step).
+        support checks for this call (``zoo.fit`` does so on its first step); ``eager``
+        evaluates it without a graph (a single evaluation, which a graph would not repay).
         """
         if self._wired is None:
             self.setup(x, y)
         data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
-        if self.compiled is not None and not validate and y is not None:
+        if self.compiled is not None and not (validate or eager) and y is not None:
             value = self.compiled(x, y, data_scale, kl_weight)
             if value is not None:
                 return value

@@ -40,11 +40,26 @@ SMALL_FORWARD_FLOPS = 20_000_000
 def forward_flops(model: Callable, *args, **kwargs) -> int:
     """Floating-point operations (matrix products, convolutions) of one call of ``model``,
     counted without gradients, without recording Pyro sites and without advancing torch's
-    random generators."""
+    random generators. A ``zoo`` model's network is counted on the ``meta`` device (shapes
+    only, no arithmetic and no weight draws): its products are the model's."""
+    net = getattr(model, "net", None)
+    if isinstance(net, torch.nn.Module) and args and torch.is_tensor(args[0]):
+        return _meta_flops(net, args[0])
     counter = FlopCounterMode(display=False)
     device = args[0].device if args and torch.is_tensor(args[0]) else None
     with forked(device), torch.no_grad(), poutine.block(), counter:
         model(*args, **kwargs)
+    return int(counter.get_total_flops())
+
+
+def _meta_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
+    params = {
+        name: torch.empty_like(value, device="meta")
+        for name, value in [*net.named_parameters(), *net.named_buffers()]
+    }
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        torch.func.functional_call(net, params, (torch.empty_like(x, device="meta"),))
     return int(counter.get_total_flops())
 
 

@@ -10,8 +10,8 @@ import torch
 from tqdm import tqdm
 
 from zoo import persist
+from zoo.batches import Batches
 from zoo.convergence import ConvergenceTracker
-from zoo.data_checks import Batches
 from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
@@ -250,7 +250,9 @@ class Trainer:
         rng = persist.rng_state(self.generator)
         with torch.no_grad():
             final = float(
-                self.objective.loss(*self._last_batch, len(self.batches), step=self.state.step)
+                self.objective.loss(
+                    *self._last_batch, len(self.batches), step=self.state.step, eager=True
+                )
             )
         final = self.ranks.mean(final, self.state.step)
         persist.set_rng_state(rng, self.generator)

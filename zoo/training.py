@@ -16,9 +16,9 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist
+from zoo.batches import fit_batches
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.convergence import resolve as resolve_convergence
-from zoo.data_checks import fit_batches
 from zoo.distributed import Ranks
 from zoo.graphed import check_step_options, step_parts
 from zoo.objective import Objective
@@ -181,10 +181,11 @@ def fit(
         ``torch.jit.trace`` (:mod:`zoo.compiled`): the same loss and gradients for the same
         draws, without the per-step Python of Pyro's traces. ``"auto"`` compiles ``zoo`` models
         with a ``guides`` family and ``num_particles=1`` whose forward pass on the CPU is under
-        :data:`zoo.compiled.COMPILE_BELOW_FLOPS` (on CUDA at any size), and falls back to the
-        eager loss (with a warning) if a graph fails its check against it; ``True`` compiles
-        any size and raises instead; ``False`` never compiles. The first step is always eager
-        (it runs Pyro's validation). ``result.options["jit"]`` says which ran.
+        :data:`zoo.compiled.COMPILE_BELOW_FLOPS` (on CUDA at any size) in fits of at least
+        :data:`zoo.compiled.COMPILE_MIN_STEPS` steps, and falls back to the eager loss (with a
+        warning) if a graph fails its check against it; ``True`` compiles any size and length
+        and raises instead; ``False`` never compiles. The first step and the check of the last
+        update are always eager. ``result.options["jit"]`` says which ran.
     check_every : "auto" or int, default "auto"
         Steps between the host's reads of the loss (each read waits for the device). With
         ``k > 1`` the divergence test runs on the device, the fused optimiser skips a
@@ -314,12 +315,12 @@ def _fit(
             kl_weight=kl_weight,
             jit=jit,
         )
-        objective.setup(x0, y0)
+        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
+        objective.setup(x0, y0, steps=None if cuda_graph else total)  # a resume: the same
         if checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)
         opt = make_optimizer(optimizer, groups, lr, optimizer_options or {})
-        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         if resume is None and ranks.rank == 0:
             warn_if_short(recipe, total, len(batches), batches.batch_size)
         tracker = convergence and ConvergenceTracker(convergence, len(batches))

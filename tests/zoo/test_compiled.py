@@ -132,7 +132,8 @@ def test_a_graph_that_freezes_a_value_is_refused_with_a_warning():
         match=r"the loss \(diagonal guide, estimator='reparam', elbo='trace'\) is evaluated "
         "eagerly: the compiled loss",
     ):
-        fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, batch_size=20, progress=False)
+        steps = zoo.compiled.COMPILE_MIN_STEPS  # a fit long enough to be compiled
+        fit = zoo.fit(model, "diagonal", (x, y), num_steps=steps, batch_size=20, progress=False)
     assert fit.options["jit"].startswith("eager (the compiled loss")
     guide = guides.get("diagonal")(model)
     strict = zoo.Objective(model, guide, jit=True)
@@ -160,6 +161,34 @@ def test_bad_jit_values_are_refused():
         zoo.fit(
             BayesianMLP(3, (4,), 2, task="regression"), "diagonal", data(), num_steps=1, jit="yes"
         )
+
+
+def test_auto_leaves_a_short_fit_eager_and_true_compiles_it():
+    """A graph costs about COMPILE_MIN_STEPS of the steps it makes cheaper: a shorter fit
+    stays eager under "auto" (its start-up is a handful of steps, benchmarks/startup.py)."""
+    short = zoo.compiled.COMPILE_MIN_STEPS - 1
+    model = BayesianMLP(3, (6,), 2, task="regression")
+    fit = zoo.fit(model, "diagonal", data(), num_steps=short, batch_size=20, progress=False)
+    assert fit.options["jit"] == (
+        f"eager (a short fit: {short} steps, fewer than COMPILE_MIN_STEPS = {short + 1})"
+    )
+    forced = zoo.fit(model, "diagonal", data(), num_steps=3, jit=True, progress=False)
+    assert forced.options["jit"] == "compiled"
+    long = zoo.fit(model, "diagonal", data(), num_steps=short + 1, batch_size=20, progress=False)
+    assert long.options["jit"] == "compiled"
+
+
+def test_a_one_step_fit_traces_nothing(monkeypatch):
+    """The first step is eager (it validates the model) and so is the check of the last
+    update: a one-step fit compiles no graph, even under jit=True."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a one-step fit traced a graph")
+
+    monkeypatch.setattr(torch.jit, "trace", refuse)
+    model = BayesianMLP(3, (6,), 2, task="regression")
+    fit = zoo.fit(model, "diagonal", data(), num_steps=1, jit=True, progress=False)
+    assert fit.steps == 1 and not fit.skipped_steps
 
 
 def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
@@ -218,7 +247,7 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     at once."""
     monkeypatch.setitem(zoo.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
     default_runs = zoo.compiled.CHECK_RUNS
-    monkeypatch.setattr(zoo.priors, "squared_norm", lambda x: x.square().sum(-1))
+    monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
 
     def later_losses(runs):

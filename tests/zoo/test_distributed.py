@@ -23,7 +23,7 @@ from tests.zoo.linear_gaussian import (
     guide_gaussian,
     model_for,
 )
-from zoo.data_checks import Batches
+from zoo.batches import Batches
 from zoo.distributed import Ranks, requested
 from zoo.state import read_checkpoint
 

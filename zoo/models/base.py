@@ -50,7 +50,7 @@ class BayesianModel(nn.Module):
     prior : Prior or float, optional
         Weight prior: a :class:`~zoo.priors.Prior`, a number (a Normal prior's standard
         deviation), ``"learned"`` or ``"hierarchical"`` (a scale per layer fitted to the data,
-        :mod:`zoo.prior_scales`). Default :func:`zoo.priors.default_prior` of the task:
+        :mod:`zoo.priors.fitted`). Default :func:`zoo.priors.default_prior` of the task:
         ``NormalPrior(1.0)`` for classification, ``LayerwiseNormalPrior(REGRESSION_GAIN)``
         (``N(0, gain^2 / fan_in)``) for regression.
     noise : float or {"learned", "heteroscedastic"}, default "learned"

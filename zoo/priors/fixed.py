@@ -1,5 +1,6 @@
-"""Weight priors. Each prior is an ``nn.Module`` whose numbers are buffers (or parameters, for
-the scales :mod:`zoo.prior_scales` fits), so ``model.to(device)`` moves them with the model and
+"""Weight priors of fixed scales, and the :class:`Prior` interface. Each prior is an
+``nn.Module`` whose numbers are buffers (or parameters, for the scales :mod:`zoo.priors.fitted`
+fits), so ``model.to(device)`` moves them with the model and
 every prior sample is drawn on the model's device.
 
 A prior returns, per site, a distribution whose event shape is the whole weight tensor:
@@ -97,7 +98,7 @@ class Prior(nn.Module):
     """Base class of the weight priors.
 
     A prior answers ``distribution(shape, fan_in)``: the prior of a site of this shape whose
-    layer has this fan-in. Priors with hyperparameters of their own (:mod:`zoo.prior_scales`)
+    layer has this fan-in. Priors with hyperparameters of their own (:mod:`zoo.priors.fitted`)
     also use the hooks the model calls, in this order:
 
     - :meth:`bind` once, when a model takes the prior: the model's sites and fan-ins;
@@ -276,32 +277,3 @@ def default_prior(task: str) -> Prior:
     if task == "regression":
         return LayerwiseNormalPrior(REGRESSION_GAIN)
     return NormalPrior(1.0)
-
-
-def resolve_prior(prior: Prior | float | str | None, task: str = "classification") -> Prior:
-    """The prior a model takes.
-
-    ``None`` -> :func:`default_prior` of ``task``; a number -> ``NormalPrior(number)``;
-    ``"learned"`` -> ``LearnedNormalPrior()`` and ``"hierarchical"`` ->
-    ``HierarchicalNormalPrior()`` (a scale per layer fitted to the data,
-    :mod:`zoo.prior_scales`); a Prior as is.
-    """
-    if prior is None:
-        return default_prior(task)
-    if isinstance(prior, Prior):
-        return prior
-    if isinstance(prior, str) and prior in NAMED:
-        return NAMED[prior]()
-    if isinstance(prior, (int, float)) and not isinstance(prior, bool):
-        return NormalPrior(float(prior))
-    raise TypeError(
-        "prior must be a zoo.priors.Prior, a positive number (a Normal prior's scale) or one of "
-        f"{sorted(NAMED)}, got {prior!r}"
-    )
-
-
-# The fitted scales live in their own module, which needs the classes above.
-from zoo.prior_scales import HierarchicalNormalPrior, LearnedNormalPrior  # noqa: E402
-
-#: Priors a model takes by name (``prior="learned"``).
-NAMED = {"learned": LearnedNormalPrior, "hierarchical": HierarchicalNormalPrior}
