@@ -27,7 +27,9 @@ continues with the same windows and the same rate.
 ``result.options["stopped"]`` says why a fit ended: ``"converged"`` (this rule), ``"cap"``,
 ``"num_steps"`` (the given length), ``"callback"`` or ``"interrupted"``, and
 ``result.options["stopped_at"]`` the step, and ``result.options["lr_cuts"]`` the steps at which
-the rate was cut.
+the rate was cut. A fit of a given length (no rule) reports ``result.options["plateau_at"]``: the
+first step at which the default rule would have found a plateau, or ``None`` when its loss was
+still improving at the end (give it more steps, or ``num_steps="auto"``).
 """
 
 from __future__ import annotations

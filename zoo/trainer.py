@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from zoo import persist
 from zoo.batches import Batches
-from zoo.convergence import ConvergenceTracker
+from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.deferred import DeferredGuard
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
@@ -141,7 +141,8 @@ class Trainer:
         return converged
 
     def _record_stop(self, reason: str | None, total: int) -> None:
-        """``options["stopped"]`` and ``options["stopped_at"]``: why and when the fit ended."""
+        """``options["stopped"]`` and ``options["stopped_at"]``: why and when the fit ended;
+        ``options["lr_cuts"]`` under a convergence rule, else ``options["plateau_at"]``."""
         if self.result.interrupted:
             reason = "interrupted"
         elif reason is None:
@@ -149,6 +150,9 @@ class Trainer:
         self.result.options.update(stopped=reason, stopped_at=self.state.step)
         if self.convergence is not None:
             self.result.options["lr_cuts"] = self.convergence.cuts
+        else:  # where num_steps="auto" would first have cut the rate (None: still improving)
+            found = Convergence().plateaus(self.state.losses, len(self.batches))
+            self.result.options["plateau_at"] = found[0] if found else None
 
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""

@@ -95,7 +95,10 @@ def test_auto_cuts_the_rate_then_stops_a_converged_fit_and_says_why():
     same = _fit(Convergence(window=100, tolerance=1e-3, patience=2, cap=cut + 50, factor=1.0))
     assert same.losses[: cut + 1] == fit.losses[: cut + 1]
     assert same.losses[cut + 1 : cut + 50] != fit.losses[cut + 1 : cut + 50]
-    assert _fit(40).options["stopped"] == "num_steps"
+    short = _fit(40)
+    assert short.options["stopped"] == "num_steps" and short.options["plateau_at"] is None
+    fixed = _fit(2000)  # a fixed length: where the default rule would have cut the rate
+    assert fixed.options["plateau_at"] == Convergence().plateaus(fixed.losses, 300)[0] < 2000
 
 
 def test_the_cap_holds():
