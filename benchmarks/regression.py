@@ -16,7 +16,8 @@ point-mass network with a learned noise (weight decay from the fixed or the defa
 MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are
 over splits; every row sees the same splits. The fit recipe is ``zoo.REGRESSION_FIT`` unless
 ``--num-steps``/``--lr`` change it; ``--num-steps auto`` stops each fit by ``zoo.convergence``'s
-rule at a constant rate (the record's ``steps`` and ``stopped`` say where and why).
+rule (the record's ``steps`` and ``stopped`` say where and why), and ``--compare-lengths
+FIXED.json AUTO.json`` prints two such runs side by side, split by split.
 
 Fits run in ``--workers`` processes of one thread each (this small net is dominated by per-step
 overhead, which threads do not help); note the machine's load with the figures.
@@ -230,6 +231,42 @@ def print_baselines(datasets: list[str], splits: int | None) -> None:
         print(f"| {d} | training mean | - | {n} | {rmse:.2f} ± {se:.2f} | - | - | - | - |")
 
 
+def length_table(fixed: list[dict], auto: list[dict]) -> list[str]:
+    """Markdown rows comparing the fits of two saved runs split by split (``--json`` of a run
+    with the fixed recipe and one with ``--num-steps auto``): means, the paired differences
+    (auto - fixed, with their standard errors), the steps ``auto`` took, and the time ratio."""
+    before = {(r["dataset"], r["label"], r["split"]): r for r in fixed}
+    groups: dict[tuple, list] = {}
+    for r in auto:
+        groups.setdefault((r["dataset"], r["label"]), []).append((before[_split_key(r)], r))
+    lines = [
+        "| data | family | test RMSE: 3,000 steps -> auto | log-lik. per value | 95% coverage "
+        "| auto: steps (min-max) | fit time, auto / fixed |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for (dataset, label), pairs in groups.items():
+        cells = []
+        for key, digits in (("rmse", 2), ("ll", 3)):
+            a, b = (statistics.fmean(p[i][key] for p in pairs) for i in (0, 1))
+            diffs = [q[key] - p[key] for p, q in pairs]
+            se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
+            cells.append(
+                f"{a:.{digits}f} -> {b:.{digits}f} ({b - a:+.{digits}f} ± {se:.{digits}f})"
+            )
+        cov = [statistics.fmean(p[i]["coverage"] for p in pairs) for i in (0, 1)]
+        steps = [q["steps"] for _, q in pairs]
+        ratio = sum(q["seconds"] for _, q in pairs) / sum(p["seconds"] for p, _ in pairs)
+        lines.append(
+            f"| {dataset} | {label} | {cells[0]} | {cells[1]} | {cov[0]:.3f} -> {cov[1]:.3f} "
+            f"| {statistics.fmean(steps):.0f} ({min(steps)}-{max(steps)}) | {ratio:.1f} |"
+        )
+    return lines
+
+
+def _split_key(r: dict) -> tuple:
+    return r["dataset"], r["label"], r["split"]
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     import guides
 
@@ -257,7 +294,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
         help="a JSON-lines file: each fit is appended as it ends, and fits already in it are "
         "not run again (resume an interrupted run with the same arguments)",
     )
+    parser.add_argument(
+        "--compare-lengths",
+        nargs=2,
+        metavar=("FIXED_JSON", "AUTO_JSON"),
+        help="print the fixed-recipe run against the num_steps='auto' run (two --json files) "
+        "and fit nothing",
+    )
     args = parser.parse_args(argv)
+    if args.compare_lengths:
+        fixed, auto = (json.load(open(path))["fits"] for path in args.compare_lengths)
+        print("\n".join(length_table(fixed, auto)))
+        return []
     families = [f for f in args.families if f not in ("mixed",)]
     jobs = [
         {

@@ -1,0 +1,75 @@
+"""The tables and figures that README.md and benchmarks/README.md quote from issue 35's saved runs
+are those runs' (``benchmarks/results/*.json``), as the scripts print them."""
+
+import contextlib
+import io
+import json
+import re
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import mnist_accuracy  # noqa: E402
+import regression  # noqa: E402
+
+RESULTS = REPO / "benchmarks" / "results"
+BENCH_README = (REPO / "benchmarks" / "README.md").read_text()
+
+
+def _rows(path: str) -> list[dict]:
+    return json.loads((RESULTS / path).read_text())["rows"]
+
+
+def _numbers(line: str) -> list[float]:
+    return [float(v) for v in re.findall(r"(?<![\w.])-?\d+\.\d+", line)]
+
+
+def test_the_length_table_is_the_two_saved_regression_runs():
+    fixed, auto = (
+        json.loads((RESULTS / f"regression_{name}_length.json").read_text())["fits"]
+        for name in ("fixed", "auto")
+    )
+    lines = regression.length_table(fixed, auto)
+    assert len(lines) == 2 + 3 * 7  # three data sets, seven rows each
+    for line in lines:
+        assert line in BENCH_README, line
+
+
+def test_the_dropout_tables_are_the_saved_mnist_runs():
+    section = BENCH_README.split("### MC dropout on MNIST")[1].split("### Fits that run")[0]
+    tables = [
+        [line for line in block.splitlines() if line.startswith("| ") and "---" not in line][1:]
+        for block in section.split("\n\n")
+        if block.lstrip().startswith("| ")
+    ]
+    study, factors, seeds = tables
+    for line, row in zip(study, _rows("mnist_dropout.json"), strict=True):
+        assert _numbers(line)[-4:] == [
+            round(row[k], 4) for k in ("accuracy", "nll", "ece", "brier")
+        ]
+    for line, row in zip(
+        factors,
+        _rows("mnist_dropout_factors.json")[:6] + _rows("mnist_dropout_factors.json")[6::2],
+        strict=True,
+    ):
+        assert _numbers(line)[-4:] == [
+            round(row[k], 4) for k in ("accuracy", "nll", "ece", "brier")
+        ]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        mnist_accuracy.print_seed_summary(_rows("mnist_dropout_seeds.json"))
+    assert [line for line in out.getvalue().splitlines()[2:]] == seeds
+
+
+def test_the_readmes_mc_dropout_figures_are_the_studys():
+    rows = {r["row"]: r for r in _rows("mnist_dropout.json")}
+    before = rows["mc_dropout, p=0.1 on every layer incl. the image, a mask per step"]
+    after = rows["mc_dropout, p=0.1, none on the image, a mask per step"]
+    torch_before = rows["plain PyTorch dropout, p=0.1 on every layer incl. the image"]
+    torch_after = rows["plain PyTorch dropout, p=0.1, none on the image"]
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert f"NLL {before['nll']:.3f} -> {after['nll']:.3f}" in text
+    assert f"ECE {before['ece']:.3f} -> {after['ece']:.3f}" in text
+    assert f"({torch_before['nll']:.3f} / {torch_before['ece']:.3f} with the image" in text
+    assert f"dropped, {torch_after['nll']:.3f} / {torch_after['ece']:.3f} without" in text
