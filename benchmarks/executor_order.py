@@ -57,7 +57,6 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
         progress=False,
         device=device,
         callbacks=[mark],
-        jit=True,  # the compiled step is what is timed, however short the run
         **options,
     )
     return (marks[1] - marks[0]) / steps * 1e3, fit.options["jit"]

@@ -10,7 +10,7 @@ the first half, from a callback's timestamps) and their ratio, the start-up in s
 (target: at most 10). A 60-step fit is timed too, against 60 steady steps, and a long fit with
 ``jit=False``: its steady step, what the default fit's graph cost beyond it (zero where
 ``"auto"`` does not compile: the MLP on the CPU), and after how many steps the graph's saving
-repays that (``zoo.compiled.COMPILE_MIN_STEPS`` is chosen from it). Each figure is the
+repays that: below it, ``jit=False`` is the faster choice for a short fit. Each figure is the
 median over ``--rounds`` rounds, the nets alternating, after a warm-up round that is not counted
 (a process's first fit also pays one-time imports and initialisation); note the machine's load
 with them. Before each timed fit the garbage collector runs (untimed): a full collection in a

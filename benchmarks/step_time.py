@@ -181,15 +181,6 @@ def bayesian_torch_step(net, x, y):
 
 
 # ---- zoo.fit ----------------------------------------------------------------------------
-def long_fit_jit(model, guide, x, y) -> bool:
-    """What ``jit="auto"`` decides for a fit of unknown (long) length on ``(x, y)``: the rows
-    time a long fit's steady step, from fits of a few steps each (which ``"auto"`` would leave
-    eager, ``zoo.compiled.COMPILE_MIN_STEPS``)."""
-    objective = zoo.Objective(model, guide)
-    objective.setup(x, y)
-    return objective.compiled is not None
-
-
 class ZooStep:
     """Runs zoo.fit on one batch repeatedly; step times come from inside its loop."""
 
@@ -203,7 +194,7 @@ class ZooStep:
         with torch.no_grad():
             self.guide(x, y)
         self.times: list[float] = []
-        self.fit_options = {"jit": long_fit_jit(self.model, self.guide, x, y), **fit_options}
+        self.fit_options = fit_options
 
     def run(self, steps):
         if self.device.type == "cuda":

@@ -48,9 +48,6 @@ from zoo.rng import forked
 #: On the CPU, ``jit="auto"`` compiles a step whose forward pass (one minibatch) is below this many
 #: floating-point operations, where the Python around the arithmetic is most of the step.
 COMPILE_BELOW_FLOPS = 20_000_000
-#: ``jit="auto"`` leaves a fit of fewer steps than this eager: tracing and checking a graph
-#: costs about as much as this many of the steps it makes cheaper (``benchmarks/startup.py``).
-COMPILE_MIN_STEPS = 200
 #: Relative difference between the compiled and the eager loss above which a graph is refused.
 CHECK_RTOL = 1e-4
 #: Runs of a new graph before its value is checked: TorchScript's executor profiles a graph on its
@@ -78,14 +75,6 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     if num_particles != 1:
         return "num_particles > 1 (vectorised particles use torch.func.vmap)"
     return None
-
-
-def length_refusal(steps: int | None) -> str | None:
-    """Why ``jit="auto"`` leaves a fit of ``steps`` steps eager (``None``: its length does not
-    decide; unknown lengths are compiled)."""
-    if steps is None or steps >= COMPILE_MIN_STEPS:
-        return None
-    return f"a short fit: {steps} steps, fewer than COMPILE_MIN_STEPS = {COMPILE_MIN_STEPS}"
 
 
 def size_refusal(device: torch.device, flops: Callable[[], int]) -> str | None:

@@ -25,7 +25,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
-from zoo.compiled import CompiledLoss, compile_refusal, length_refusal, size_refusal
+from zoo.compiled import CompiledLoss, compile_refusal, size_refusal
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
@@ -59,11 +59,10 @@ class Objective:
         (:mod:`zoo.compiled`): the same value and gradients as the eager loss, without its
         per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
         particle (:func:`zoo.compiled.compile_refusal`) whose step is small on the CPU or on
-        any CUDA device (:func:`zoo.compiled.size_refusal`) and whose run, when
-        :meth:`setup` is told its length, is long enough to repay the tracing
-        (:func:`zoo.compiled.length_refusal`), eagerly otherwise or when a graph fails its
-        check (with a warning); ``True``: whatever the size and length, raising instead of
-        falling back; ``False``: always eager.
+        any CUDA device (:func:`zoo.compiled.size_refusal`), eagerly otherwise or when a graph
+        fails its check (with a warning); ``True``: whatever the size, raising instead of
+        falling back; ``False``: always eager. The decision never depends on the run's length,
+        so a fit extended by a resume computes what the longer fit computes.
 
     Notes
     -----
@@ -112,18 +111,11 @@ class Objective:
         self._eager_reason: str | None = "not set up yet"
         self._flops: int | None = None
         self._warned = False
-        self._steps: int | None = None
 
-    def setup(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, steps: int | None = None
-    ) -> None:
+    def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
         """Create the guide's parameters on an example batch (its prototype trace, if not yet
         made) and find the sites the estimator serves. ``loss`` calls it on first use; call it
-        yourself before building an optimiser over ``guide.parameters()``. ``steps``: how many
-        steps the loss will be evaluated for, if known; under ``jit="auto"`` fewer than
-        :data:`zoo.compiled.COMPILE_MIN_STEPS` stay eager (the graph would not repay its
-        tracing)."""
-        self._steps = steps
+        yourself before building an optimiser over ``guide.parameters()``."""
         # Pyro's argument checks run on the first step (``validate``), not on this trace too.
         with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
@@ -160,7 +152,7 @@ class Objective:
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
         if refusal is None and self.jit == "auto":
-            refusal = length_refusal(self._steps) or size_refusal(x.device, self.forward_flops)
+            refusal = size_refusal(x.device, self.forward_flops)
         return refusal
 
     def forward_flops(self) -> int:

@@ -181,11 +181,12 @@ def fit(
         ``torch.jit.trace`` (:mod:`zoo.compiled`): the same loss and gradients for the same
         draws, without the per-step Python of Pyro's traces. ``"auto"`` compiles ``zoo`` models
         with a ``guides`` family and ``num_particles=1`` whose forward pass on the CPU is under
-        :data:`zoo.compiled.COMPILE_BELOW_FLOPS` (on CUDA at any size) in fits of at least
-        :data:`zoo.compiled.COMPILE_MIN_STEPS` steps, and falls back to the eager loss (with a
-        warning) if a graph fails its check against it; ``True`` compiles any size and length
-        and raises instead; ``False`` never compiles. The first step and the check of the last
-        update are always eager. ``result.options["jit"]`` says which ran.
+        :data:`zoo.compiled.COMPILE_BELOW_FLOPS` (on CUDA at any size), and falls back to the
+        eager loss (with a warning) if a graph fails its check against it; ``True`` compiles
+        any size and raises instead; ``False`` never compiles. The first step and the check of
+        the last update are always eager (a one-step fit traces nothing); tracing the graph
+        costs some tens of steps of a small net (``benchmarks/startup.py``), so for a short fit
+        of one, ``jit=False`` is faster. ``result.options["jit"]`` says which ran.
     check_every : "auto" or int, default "auto"
         Steps between the host's reads of the loss (each read waits for the device). With
         ``k > 1`` the divergence test runs on the device, the fused optimiser skips a
@@ -316,7 +317,7 @@ def _fit(
             jit=jit,
         )
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
-        objective.setup(x0, y0, steps=None if cuda_graph else total)  # a resume: the same
+        objective.setup(x0, y0)
         if checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)

@@ -132,8 +132,7 @@ def test_a_graph_that_freezes_a_value_is_refused_with_a_warning():
         match=r"the loss \(diagonal guide, estimator='reparam', elbo='trace'\) is evaluated "
         "eagerly: the compiled loss",
     ):
-        steps = zoo.compiled.COMPILE_MIN_STEPS  # a fit long enough to be compiled
-        fit = zoo.fit(model, "diagonal", (x, y), num_steps=steps, batch_size=20, progress=False)
+        fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, batch_size=20, progress=False)
     assert fit.options["jit"].startswith("eager (the compiled loss")
     guide = guides.get("diagonal")(model)
     strict = zoo.Objective(model, guide, jit=True)
@@ -163,19 +162,12 @@ def test_bad_jit_values_are_refused():
         )
 
 
-def test_auto_leaves_a_short_fit_eager_and_true_compiles_it():
-    """A graph costs about COMPILE_MIN_STEPS of the steps it makes cheaper: a shorter fit
-    stays eager under "auto" (its start-up is a handful of steps, benchmarks/startup.py)."""
-    short = zoo.compiled.COMPILE_MIN_STEPS - 1
+def test_auto_compiles_a_short_fit_as_a_long_one():
+    """The decision does not depend on the run's length: a fit extended by a resume computes
+    what the longer fit computes."""
     model = BayesianMLP(3, (6,), 2, task="regression")
-    fit = zoo.fit(model, "diagonal", data(), num_steps=short, batch_size=20, progress=False)
-    assert fit.options["jit"] == (
-        f"eager (a short fit: {short} steps, fewer than COMPILE_MIN_STEPS = {short + 1})"
-    )
-    forced = zoo.fit(model, "diagonal", data(), num_steps=3, jit=True, progress=False)
-    assert forced.options["jit"] == "compiled"
-    long = zoo.fit(model, "diagonal", data(), num_steps=short + 1, batch_size=20, progress=False)
-    assert long.options["jit"] == "compiled"
+    fit = zoo.fit(model, "diagonal", data(), num_steps=3, batch_size=20, progress=False)
+    assert fit.options["jit"] == "compiled"
 
 
 def test_a_one_step_fit_traces_nothing(monkeypatch):
