@@ -46,17 +46,18 @@ def problem(net: str):
     return lambda: zoo.models.BayesianMLP(784, (400, 400), 10, task="classification"), (x, y), 128
 
 
-def fit_time(net: str, steps: int, **options) -> tuple[float, list[float]]:
-    """Wall time of a ``steps``-step fit and the gaps between its steps' callbacks."""
+def fit_time(net: str, steps: int, **options) -> tuple[float, list[float], str]:
+    """Wall time of a ``steps``-step fit, the gaps between its steps' callbacks, and how its
+    loss ran (``result.options["jit"]``)."""
     make, data, batch = problem(net)
     stamps: list[float] = []
     callbacks = [lambda state: stamps.append(time.perf_counter())] if steps > 1 else []
     gc.collect()  # the earlier fits' garbage is not this fit's start-up (see the docstring)
     start = time.perf_counter()
-    zoo.fit(make(), "diagonal", data, num_steps=steps, batch_size=batch, progress=False,
-            seed=0, callbacks=callbacks, **options)  # fmt: skip
+    fit = zoo.fit(make(), "diagonal", data, num_steps=steps, batch_size=batch, progress=False,
+                  seed=0, callbacks=callbacks, **options)  # fmt: skip
     total = time.perf_counter() - start
-    return total, [b - a for a, b in zip(stamps, stamps[1:])]
+    return total, [b - a for a, b in zip(stamps, stamps[1:])], fit.options["jit"]
 
 
 def measure(net: str, long: int) -> dict[str, float]:
@@ -64,21 +65,24 @@ def measure(net: str, long: int) -> dict[str, float]:
     one = fit_time(net, 1)[0]
     one_eager = fit_time(net, 1, jit=False)[0]
     short = fit_time(net, 60)[0]
-    total, gaps = fit_time(net, long)
-    total_eager, gaps_eager = fit_time(net, long, jit=False)
+    total, gaps, jit = fit_time(net, long)
+    total_eager, gaps_eager, _ = fit_time(net, long, jit=False)
     steady = statistics.median(gaps[len(gaps) // 2 :])
     steady_eager = statistics.median(gaps_eager[len(gaps_eager) // 2 :])
-    # What the long fit's graph cost beyond the eager fit, and the steps it takes to repay it.
-    compile_cost = total - total_eager + long * (steady_eager - steady)
+    # What the long fit's graph cost beyond the eager fit, and the steps it takes to repay it
+    # (nothing to repay where "auto" left the loss eager).
+    compiled = jit == "compiled"
+    compile_cost = total - total_eager + long * (steady_eager - steady) if compiled else 0.0
     saving = steady_eager - steady
     return {
+        "compiled": float(compiled),
         "one": one,
         "one_eager": one_eager,
         "short": short,
         "steady": steady,
         "steady_eager": steady_eager,
         "compile": compile_cost,
-        "break_even": compile_cost / saving if saving > 0 else float("inf"),
+        "break_even": compile_cost / saving if compiled and saving > 0 else float("nan"),
     }
 
 
@@ -105,11 +109,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         row = {"net": net, **row, "ratio": row["one"] / row["steady"]}
         row["short_ratio"] = row["short"] / (60 * row["steady"])
         rows.append(row)
+        graph = f"{row['compile'] * 1e3:.0f}" if row["compiled"] else "- (eager)"
+        repaid = f"{row['break_even']:.0f}" if row["compiled"] else "-"
         print(
             f"| {net} | {row['one'] * 1e3:.1f} | {row['one_eager'] * 1e3:.1f} "
             f"| {row['steady'] * 1e3:.2f} | {row['ratio']:.1f} | {row['short_ratio']:.2f} "
-            f"| {row['steady_eager'] * 1e3:.2f} | {row['compile'] * 1e3:.0f} "
-            f"| {row['break_even']:.0f} |"
+            f"| {row['steady_eager'] * 1e3:.2f} | {graph} | {repaid} |"
         )
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
     return rows
