@@ -111,17 +111,11 @@ class Objective:
         self._eager_reason: str | None = "not set up yet"
         self._flops: int | None = None
         self._warned = False
-        self._batch_size: int | None = None
 
-    def setup(
-        self, x: torch.Tensor, y: torch.Tensor | None = None, batch_size: int | None = None
-    ) -> None:
+    def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
         """Create the guide's parameters on an example batch (its prototype trace, if not yet
         made) and find the sites the estimator serves. ``loss`` calls it on first use; call it
-        yourself before building an optimiser over ``guide.parameters()``. ``batch_size``: the
-        minibatch the loss will see, when ``x`` is a smaller probe of it (the step's size, which
-        ``jit="auto"`` and ``zoo.fit``'s thread rule read, is the minibatch's)."""
-        self._batch_size = batch_size
+        yourself before building an optimiser over ``guide.parameters()``."""
         # Pyro's argument checks run on the first step (``validate``), not on this trace too.
         with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
@@ -163,12 +157,10 @@ class Objective:
 
     def forward_flops(self) -> int:
         """Floating-point operations of the model's forward pass on the batch given to
-        :meth:`setup`, or on its ``batch_size`` (:func:`zoo.threads.forward_flops`), counted
-        once."""
+        :meth:`setup` (:func:`zoo.threads.forward_flops`), counted once."""
         if self._flops is None:
-            x, y = self._setup_batch
-            flops = forward_flops(self.model, x, y, batch_size=self._batch_size)
-            self._flops, self._setup_batch = flops, None  # counted: the batch is not kept
+            self._flops = forward_flops(self.model, *self._setup_batch)
+            self._setup_batch = None  # counted: the batch is not kept
         return self._flops
 
     @property

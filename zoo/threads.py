@@ -37,25 +37,19 @@ from zoo.rng import forked
 SMALL_FORWARD_FLOPS = 20_000_000
 
 
-def forward_flops(model: Callable, *args, batch_size: int | None = None, **kwargs) -> int:
+def forward_flops(model: Callable, *args, **kwargs) -> int:
     """Floating-point operations (matrix products, convolutions) of one call of ``model``,
     counted without gradients, without recording Pyro sites and without advancing torch's
-    random generators; with ``batch_size``, of a call on that many examples shaped like the
-    first argument's (a probe of a few). A ``zoo`` model's network is counted on the ``meta``
-    device (shapes only, no arithmetic and no weight draws): its products are the model's;
-    another model is run on the arguments and its count scaled to ``batch_size``."""
-    x = args[0] if args and torch.is_tensor(args[0]) else None
+    random generators. A ``zoo`` model's network is counted on the ``meta`` device (shapes
+    only, no arithmetic and no weight draws): its products are the model's."""
     net = getattr(model, "net", None)
-    if isinstance(net, torch.nn.Module) and x is not None and x.dim() > 0:
-        shape = (batch_size or x.shape[0], *x.shape[1:])
-        return _meta_flops(net, torch.empty(shape, dtype=x.dtype, device="meta"))
+    if isinstance(net, torch.nn.Module) and args and torch.is_tensor(args[0]):
+        return _meta_flops(net, args[0])
     counter = FlopCounterMode(display=False)
-    with forked(x.device if x is not None else None), torch.no_grad(), poutine.block(), counter:
+    device = args[0].device if args and torch.is_tensor(args[0]) else None
+    with forked(device), torch.no_grad(), poutine.block(), counter:
         model(*args, **kwargs)
-    count = int(counter.get_total_flops())
-    if batch_size and x is not None and x.dim() > 0 and x.shape[0]:
-        count = count * batch_size // x.shape[0]
-    return count
+    return int(counter.get_total_flops())
 
 
 def _meta_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
@@ -65,7 +59,7 @@ def _meta_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
     }
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
-        torch.func.functional_call(net, params, (x,))
+        torch.func.functional_call(net, params, (torch.empty_like(x, device="meta"),))
     return int(counter.get_total_flops())
 
 

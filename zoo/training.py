@@ -317,7 +317,7 @@ def _fit(
             jit=jit,
         )
         total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
-        objective.setup(x0, y0, batch_size=batches.batch_size)  # x0: a probe of 2 examples
+        objective.setup(x0, y0)
         if checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)

@@ -33,26 +33,6 @@ def test_forward_flops_counts_the_matrix_products_and_draws_nothing():
     assert not [n for n, s in tape.trace.nodes.items() if s["type"] == "sample"]
 
 
-def test_a_fit_judges_its_step_by_the_minibatch_not_by_its_probe():
-    """zoo.fit sets up on a probe of 2 examples; the step the rules judge is the minibatch's:
-    the 784-400-400-10 MLP at batch 128 is a large CPU step (eager, torch's threads), the
-    same net at batch 8 a small one (compiled, one thread)."""
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(256, 784, generator=g), torch.randint(0, 10, (256,), generator=g)
-    flops = 2 * 128 * (784 * 400 + 400 * 400 + 400 * 10)
-    for batch, jit in ((128, f"eager (a large step on the CPU: its forward pass is "
-                                 f"{flops / 1e6:.3g} MFLOP"), (8, "compiled")):  # fmt: skip
-        model = zoo.models.BayesianMLP(784, (400, 400), 10, task="classification")
-        fit = zoo.fit(model, "map", (x, y), num_steps=1, batch_size=batch, progress=False)
-        assert fit.options["jit"].startswith(jit)
-        assert fit.options["threads"] == (1 if batch == 8 else torch.get_num_threads())
-    # A model without a zoo network is run on the probe and its count scaled to the batch.
-    plain, probe = tiny_model(), torch.randn(2, 13)
-    whole = zoo.threads.forward_flops(plain, torch.randn(32, 13), torch.randn(32))
-    scaled = zoo.threads.forward_flops(plain, probe, torch.randn(2), batch_size=32)
-    assert scaled == whole
-
-
 def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
     cpu = torch.device("cpu")
     small = zoo.threads.SMALL_FORWARD_FLOPS - 1
