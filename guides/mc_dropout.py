@@ -299,9 +299,8 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     model : callable
         The Pyro model.
     p : float, default 0.1
-        Dropout probability of the inputs of every layer but the first (and of the first's,
-        see ``input_p``; use
-        ``guides.AutoMixed`` for a different ``p`` per layer).
+        Dropout probability of the inputs of every layer but the first (for the first, see
+        ``input_p``; use ``guides.AutoMixed`` for a different ``p`` per layer).
     input_p : float, optional
         Dropout probability of the first layer's inputs: the network's own input. By default
         ``p`` when they are features (a first layer with a weight of two dimensions, as Gal's

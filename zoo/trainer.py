@@ -79,12 +79,8 @@ class Trainer:
         if self.deferred:
             self.guard.begin(state.step)
         stop, reason = False, None
-        if self.convergence is not None and state.step > 0:  # resumed: replay the rule
-            converged = self.convergence.update(state.losses)
-            if self.scheduler is not None:
-                apply_factor(self.scheduler)
-            if converged and self.convergence.due(state.step):
-                stop, reason = True, "converged"
+        if state.step > 0 and self._converged(resumed=True):
+            stop, reason = True, "converged"
         try:
             while state.step < total and not stop:
                 # Resuming mid-epoch replays the epoch's shuffle and skips the batches done.
@@ -128,17 +124,19 @@ class Trainer:
             self.guard.warn_skipped(state.step)
             self.warn_prior()
 
-    def _converged(self) -> bool:
-        """The convergence rule's verdict at a window's end (``num_steps="auto"``); a rate cut
-        it makes there applies from the next step (as on a resume from this step)."""
+    def _converged(self, resumed: bool = False) -> bool:
+        """The convergence rule's verdict at a window's end (``num_steps="auto"``), replayed
+        from the losses; ``resumed``: at a resumed fit's start, wherever it is. A rate cut it
+        finds applies from the next step, found now or before a resume (a resumed tracker
+        starts with no cuts, so its earlier cuts are applied again)."""
         rule = self.convergence
-        if rule is None or not rule.due(self.state.step):
+        if rule is None or not (resumed or rule.due(self.state.step)):
             return False
         cuts = len(rule.cuts)
         converged = rule.update(self.state.losses)
         if len(rule.cuts) != cuts and self.scheduler is not None:
             apply_factor(self.scheduler)
-        return converged
+        return converged and rule.due(self.state.step)
 
     def _record_stop(self, reason: str | None, total: int) -> None:
         """``options["stopped"]`` and ``options["stopped_at"]``: why and when the fit ended;

@@ -316,12 +316,12 @@ def _fit(
             kl_weight=kl_weight,
             jit=jit,
         )
-        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         objective.setup(x0, y0)
         if checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, lr, lr_multipliers)
         opt = make_optimizer(optimizer, groups, lr, optimizer_options or {})
+        total = num_steps if num_steps is not None else epochs * batches.steps_per_epoch
         if resume is None and ranks.rank == 0:
             warn_if_short(recipe, total, len(batches), batches.batch_size)
         tracker = convergence and ConvergenceTracker(convergence, len(batches))
