@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.likelihoods import Categorical
 from zoo.models.lenet import MaxPool2x2
+from zoo.prediction import ClassificationPrediction
 
 
 class DropoutLeNet5(nn.Module):
@@ -94,14 +96,13 @@ def train(
 
 
 @torch.no_grad()
-def mc_probs(
+def predict(
     net: DropoutLeNet5, x: torch.Tensor, num_samples: int, seed: int = 0, batch_size: int = 1000
-) -> torch.Tensor:
-    """The mean over ``num_samples`` dropout passes of the softmax, ``(N, 10)``."""
+) -> ClassificationPrediction:
+    """``num_samples`` dropout passes over ``x``, as the library's categorical predictive (so
+    that its metrics are the library's: ``zoo.likelihoods.Categorical.metrics``); the caller's
+    random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        total = torch.zeros(len(x), 10)
-        for _ in range(num_samples):
-            parts = [net(xb).softmax(-1) for xb in x.split(batch_size)]
-            total += torch.cat(parts)
-    return total / num_samples
+        logits = [torch.cat([net(xb) for xb in x.split(batch_size)]) for _ in range(num_samples)]
+    return Categorical().predict(torch.stack(logits), None)

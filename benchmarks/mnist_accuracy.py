@@ -28,11 +28,9 @@ import json
 import os
 import time
 
-import torch
-
 import guides
 import zoo
-from zoo import metrics
+from zoo.likelihoods import Categorical
 
 #: The study's library rows: (label, guide options, fit options).
 LIBRARY_ROWS = [
@@ -73,16 +71,6 @@ FACTOR_ROWS = [
 DRAWS = (10, 50, 200)
 
 
-def scores(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """Accuracy, NLL, ECE and Brier score of predictive probabilities ``(N, 10)``."""
-    return {
-        "accuracy": metrics.accuracy(probs, labels),
-        "nll": metrics.nll(probs, labels),
-        "ece": metrics.ece(probs, labels),
-        "brier": metrics.brier(probs, labels),
-    }
-
-
 def library_fit(train, family, guide_options, fit_options, args, model_options=None):
     """``(fit, seconds)`` of LeNet-5 with ``family`` on ``train``."""
     start = time.perf_counter()
@@ -108,7 +96,7 @@ def scored(fit, seconds: float, label: str, test, samples: int) -> dict:
     x, y = test.tensors
     pred = fit.predict(x, num_samples=samples, seed=0, progress=False)
     row = {"row": label, "fit_s": seconds, "steps": fit.steps, "draws": samples}
-    return {**row, **scores(pred.probs, y)}
+    return {**row, **fit.model.likelihood.metrics(pred, y)}
 
 
 def dropout_factors(train, test, args) -> list[dict]:
@@ -127,18 +115,17 @@ def dropout_factors(train, test, args) -> list[dict]:
     return rows
 
 
-def torch_row(train, test, label, p, args) -> dict:
-    from dropout_reference import mc_probs
-    from dropout_reference import train as train_reference
+def torch_row(data, test, label, p, args) -> dict:
+    from dropout_reference import predict, train
 
     start = time.perf_counter()
-    net = train_reference(train, p, epochs=args.epochs, seed=args.seed)
+    net = train(data, p, epochs=args.epochs, seed=args.seed)
     seconds = time.perf_counter() - start
     x, y = test.tensors
-    probs = mc_probs(net, x, args.samples, seed=0)
-    steps = args.epochs * -(-len(train) // 128)
+    pred = predict(net, x, args.samples, seed=0)
+    steps = args.epochs * -(-len(data) // 128)
     row = {"row": label, "fit_s": seconds, "steps": steps, "draws": args.samples}
-    return {**row, **scores(probs, y)}
+    return {**row, **Categorical().metrics(pred, y)}
 
 
 def dropout_study(train, test, args) -> list[dict]:

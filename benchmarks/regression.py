@@ -4,20 +4,19 @@
     python benchmarks/regression.py --datasets diabetes --splits 2 --families diagonal
 
 Per data set (diabetes: 442 x 10 -> 1; linnerud: 20 x 3 -> 3; friedman1: 1,000 x 10 -> 1) and
-random 90/10 split (seeded),
-inputs and targets are standardised on the training part, a one-hidden-layer MLP of 50 units with
-a learned noise is fitted full-batch, and the test points are scored in the original units of
-the targets: RMSE, the log predictive density per target value (the mixture over sampled
-networks; higher is better) and the coverage of the central 95% interval. Each row is a family
-with a fixed ``N(0, 1)`` prior, a fixed ``N(0, 1/fan_in)`` (``layerwise``), a learned scale per
-layer (type-II maximum likelihood), a hierarchical one (``zoo.priors.fitted``) or the model's
-default (``default``: ``prior=None``); "deterministic" is a
-point-mass network with a learned noise (weight decay from the fixed or the default prior),
-MC dropout (``p = 0.05``) the literature's baseline. Means and standard errors are
-over splits; every row sees the same splits. The fit recipe is ``zoo.REGRESSION_FIT`` unless
-``--num-steps``/``--lr`` change it; ``--num-steps auto`` stops each fit by ``zoo.convergence``'s
-rule (the record's ``steps`` and ``stopped`` say where and why), and ``--compare-lengths
-FIXED.json AUTO.json`` prints two such runs side by side, split by split.
+random 90/10 split (seeded), inputs and targets are standardised on the training part, a
+one-hidden-layer MLP of 50 units with a learned noise is fitted full-batch, and the test points are
+scored in the original units of the targets: RMSE, the log predictive density per target value (the
+mixture over sampled networks; higher is better) and the coverage of the central 95% interval. Each
+row is a family with a fixed ``N(0, 1)`` prior, a fixed ``N(0, 1/fan_in)`` (``layerwise``), a
+learned scale per layer (type-II maximum likelihood), a hierarchical one (``zoo.priors.fitted``) or
+the model's default (``default``: ``prior=None``); "deterministic" is a point-mass network with a
+learned noise (weight decay from the fixed or the default prior), MC dropout (``p = 0.05``) the
+literature's baseline. Means and standard errors are over splits; every row sees the same splits.
+The fit recipe is ``zoo.REGRESSION_FIT`` unless ``--num-steps``/``--lr`` change it;
+``--num-steps auto`` stops each fit by ``zoo.convergence``'s rule (the record's ``steps`` and
+``stopped`` say where and why), and ``--compare-lengths FIXED.json AUTO.json`` prints two such
+runs side by side, split by split.
 
 Fits run in ``--workers`` processes of one thread each (this small net is dominated by per-step
 overhead, which threads do not help); note the machine's load with the figures.
@@ -178,6 +177,13 @@ def run_jobs(jobs: list[dict], workers: int, checkpoint: str | None = None) -> l
     return [done[_job_key(job)] for job in jobs]
 
 
+def mean_se(values: list[float]) -> tuple[float, float]:
+    """The mean of ``values`` and its standard error (NaN for a single value)."""
+    n = len(values)
+    se = statistics.stdev(values) / math.sqrt(n) if n > 1 else math.nan
+    return statistics.fmean(values), se
+
+
 def summarise(results: list[dict]) -> list[dict]:
     """Mean and standard error over splits per (dataset, label, prior)."""
     table = []
@@ -188,11 +194,7 @@ def summarise(results: list[dict]) -> list[dict]:
         ]
         row = {"dataset": dataset, "family": label, "prior": prior, "splits": len(group)}
         for key in ("rmse", "ll", "coverage", "noise", "seconds"):
-            values = [r[key] for r in group]
-            row[key] = statistics.fmean(values)
-            row[key + "_se"] = (
-                statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else math.nan
-            )
+            row[key], row[key + "_se"] = mean_se([r[key] for r in group])
         table.append(row)
     return table
 
@@ -219,8 +221,7 @@ def mean_baseline(dataset: str, splits: int) -> tuple[float, float]:
     for s in range(splits):
         _, (_, y_test), y_mean, _ = split(x, y, s)
         values.append(float((y_test - y_mean).pow(2).mean().sqrt()))
-    se = statistics.stdev(values) / math.sqrt(splits) if splits > 1 else math.nan
-    return statistics.fmean(values), se
+    return mean_se(values)
 
 
 def print_baselines(datasets: list[str], splits: int | None) -> None:
@@ -235,7 +236,7 @@ def length_table(fixed: list[dict], auto: list[dict]) -> list[str]:
     """Markdown rows comparing the fits of two saved runs split by split (``--json`` of a run
     with the fixed recipe and one with ``--num-steps auto``): means, the paired differences
     (auto - fixed, with their standard errors), the steps ``auto`` took, and the time ratio."""
-    before = {(r["dataset"], r["label"], r["split"]): r for r in fixed}
+    before = {_split_key(r): r for r in fixed}
     groups: dict[tuple, list] = {}
     for r in auto:
         groups.setdefault((r["dataset"], r["label"]), []).append((before[_split_key(r)], r))
@@ -248,11 +249,8 @@ def length_table(fixed: list[dict], auto: list[dict]) -> list[str]:
         cells = []
         for key, digits in (("rmse", 2), ("ll", 3)):
             a, b = (statistics.fmean(p[i][key] for p in pairs) for i in (0, 1))
-            diffs = [q[key] - p[key] for p, q in pairs]
-            se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-            cells.append(
-                f"{a:.{digits}f} -> {b:.{digits}f} ({b - a:+.{digits}f} ± {se:.{digits}f})"
-            )
+            diff, se = mean_se([q[key] - p[key] for p, q in pairs])
+            cells.append(f"{a:.{digits}f} -> {b:.{digits}f} ({diff:+.{digits}f} ± {se:.{digits}f})")
         cov = [statistics.fmean(p[i]["coverage"] for p in pairs) for i in (0, 1)]
         steps = [q["steps"] for _, q in pairs]
         ratio = sum(q["seconds"] for _, q in pairs) / sum(p["seconds"] for p, _ in pairs)

@@ -47,7 +47,7 @@ def test_the_reference_keeps_dropout_at_test_time_and_the_callers_random_state()
     net = dropout_reference.DropoutLeNet5({"fc1": 0.5})
     x = torch.randn(4, 1, 28, 28)
     state = torch.get_rng_state()
-    a, b = (dropout_reference.mc_probs(net, x, 1, seed=s) for s in (0, 1))
+    a, b = (dropout_reference.predict(net, x, 1, seed=s).probs for s in (0, 1))
     assert torch.equal(torch.get_rng_state(), state)
     assert not torch.allclose(a, b)  # other masks, other outputs
     assert torch.allclose(a.sum(-1), torch.ones(4))
