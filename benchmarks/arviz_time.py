@@ -35,7 +35,13 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(args.points, 1, 28, 28, generator=g)
     y = torch.randint(0, 10, (args.points,), generator=g)
-    fit = zoo.fit(zoo.models.LeNet5(), "diagonal", (x, y), num_steps=3, progress=False)
+    fit = zoo.fit(
+        zoo.models.LeNet5(),
+        "diagonal",
+        (x, y),
+        num_steps=3,
+        run=zoo.Run(progress=False),
+    )
     weights = sum(p.numel() for p in fit.model.net.parameters())
     _, t_posterior = timed(lambda: fit.to_arviz(num_samples=args.draws, progress=False))
     idata, t_idata = timed(lambda: fit.to_arviz((x, y), num_samples=args.draws, progress=False))

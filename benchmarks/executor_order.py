@@ -54,9 +54,8 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
         (x, y),
         num_steps=warm + steps + 1,
         batch_size=batch,
-        progress=False,
-        device=device,
-        callbacks=[mark],
+        run=zoo.Run(progress=False, callbacks=[mark]),
+        engine=zoo.Engine(device=device),
         **options,
     )
     return (marks[1] - marks[0]) / steps * 1e3, fit.options["jit"]

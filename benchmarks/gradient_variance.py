@@ -38,7 +38,14 @@ def main() -> None:
     x_all, y_all = train.tensors
     x_all = x_all.reshape(len(x_all), -1)
     model = zoo.models.BayesianMLP(784, (400, 400), 10, task="classification")
-    fit = zoo.fit(model, args.family, (x_all, y_all), num_steps=args.warmup, progress=False, seed=0)
+    fit = zoo.fit(
+        model,
+        args.family,
+        (x_all, y_all),
+        num_steps=args.warmup,
+        run=zoo.Run(progress=False),
+        seed=0,
+    )
     guide = fit.guide
     x, y = x_all[: args.batch_size], y_all[: args.batch_size]
     names = [n for n, _ in guide.named_parameters()]

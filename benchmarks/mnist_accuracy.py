@@ -77,11 +77,10 @@ def library_fit(train, family, guide_options, fit_options, args, model_options=N
     options = {"epochs": args.epochs, **fit_options}
     fit = zoo.fit(
         zoo.models.LeNet5(**(model_options or {})),
-        family,
+        guides.family(family, **guide_options),
         train,
         seed=args.seed,
-        guide_options=guide_options,
-        progress=False,
+        run=zoo.Run(progress=False),
         **options,
     )
     return fit, time.perf_counter() - start

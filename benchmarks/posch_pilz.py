@@ -182,12 +182,16 @@ def run(args: argparse.Namespace) -> dict:
         train,
         num_steps=args.iterations,
         seed=args.seed,
-        device=args.device,
-        threads=args.threads if args.threads == "auto" else int(args.threads),
-        progress=args.progress,
-        checkpoint=checkpoint,
-        checkpoint_every=args.checkpoint_every,
-        resume=checkpoint if checkpoint.exists() else None,
+        engine=zoo.Engine(
+            device=args.device,
+            threads=args.threads if args.threads == "auto" else int(args.threads),
+        ),
+        run=zoo.Run(
+            progress=args.progress,
+            checkpoint=checkpoint,
+            checkpoint_every=args.checkpoint_every,
+            resume=checkpoint if checkpoint.exists() else None,
+        ),
         **recipe(args.family),
     )
     if fit.interrupted:

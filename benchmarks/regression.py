@@ -35,6 +35,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
 
+import guides
+
 #: The weight priors a row can have: ``N(0, 1)``, ``N(0, 1/fan_in)``, a learned scale per
 #: layer, a latent scale per layer, and the model's own default (``prior=None``).
 PRIORS = ("fixed", "layerwise", "learned", "hierarchical", "default")
@@ -117,12 +119,11 @@ def run_one(job: dict) -> dict:
     start = time.perf_counter()
     fit = zoo.fit(
         model,
-        job["family"],
+        guides.family(job["family"], **options),
         (xtr, ytr),
         batch_size=len(xtr),
         seed=job["split"],
-        guide_options=options,
-        progress=False,
+        run=zoo.Run(progress=False),
         **recipe,
     )
     seconds = time.perf_counter() - start

@@ -51,7 +51,13 @@ def decompose(split: int, prior: str, family: str, samples: int, num_steps: int 
         recipe["num_steps"] = num_steps
     start = time.perf_counter()
     fit = zoo.fit(
-        model, family, (xtr, ytr), batch_size=len(xtr), seed=split, progress=False, **recipe
+        model,
+        family,
+        (xtr, ytr),
+        batch_size=len(xtr),
+        seed=split,
+        run=zoo.Run(progress=False),
+        **recipe,
     )
     seconds = time.perf_counter() - start
     train = fit.predict(xtr, num_samples=samples, seed=0, progress=False)

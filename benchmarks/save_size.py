@@ -24,7 +24,13 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as folder:
         for family in guides.available():
-            fit = zoo.fit(zoo.models.LeNet5(), family, (x, y), num_steps=2, progress=False)
+            fit = zoo.fit(
+                zoo.models.LeNet5(),
+                family,
+                (x, y),
+                num_steps=2,
+                run=zoo.Run(progress=False),
+            )
             path = fit.save(Path(folder) / f"{family}.pt")
             params = sum(p.numel() * p.element_size() for p in fit.guide.parameters())
             size = path.stat().st_size

@@ -54,8 +54,8 @@ def fit_time(net: str, steps: int, **options) -> tuple[float, list[float], str]:
     callbacks = [lambda state: stamps.append(time.perf_counter())] if steps > 1 else []
     gc.collect()  # the earlier fits' garbage is not this fit's start-up (see the docstring)
     start = time.perf_counter()
-    fit = zoo.fit(make(), "diagonal", data, num_steps=steps, batch_size=batch, progress=False,
-                  seed=0, callbacks=callbacks, **options)  # fmt: skip
+    fit = zoo.fit(make(), "diagonal", data, num_steps=steps, batch_size=batch, seed=0,
+                  run=zoo.Run(progress=False, callbacks=callbacks), **options)  # fmt: skip
     total = time.perf_counter() - start
     return total, [b - a for a, b in zip(stamps, stamps[1:])], fit.options["jit"]
 

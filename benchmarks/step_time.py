@@ -211,10 +211,9 @@ class ZooStep:
             self.data,
             num_steps=steps + 1,
             batch_size=len(self.data[0]),
-            progress=False,
-            device=self.device,
-            callbacks=[stamp],
-            kl_weight=1.0,
+            run=zoo.Run(progress=False, callbacks=[stamp]),
+            engine=zoo.Engine(device=self.device),
+            loss=zoo.Loss(kl_weight=1.0),
             **self.fit_options,
         )
         self.times += [b - a for a, b in zip(stamps[:-1], stamps[1:])]
@@ -233,9 +232,9 @@ class ZooStep:
                 self.data,
                 num_steps=n,
                 batch_size=len(self.data[0]),
-                progress=False,
-                device=self.device,
-                kl_weight=1.0,
+                run=zoo.Run(progress=False),
+                engine=zoo.Engine(device=self.device),
+                loss=zoo.Loss(kl_weight=1.0),
                 **self.fit_options,
             )
             sync(self.device)

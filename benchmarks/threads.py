@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from zoo.compiled import COMPILE_BELOW_FLOPS
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
-from zoo.threads import SMALL_FORWARD_FLOPS, forward_flops
+from zoo.step_rules import SMALL_STEP_FLOPS
+from zoo.threads import forward_flops
 
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import Competitor, ZooStep  # noqa: E402  (the same process and fit)
@@ -102,7 +102,7 @@ def main() -> None:
         f"\n{args.family} family, {args.rounds} rounds x {args.steps} steps, medians in ms / step; "
         f"{os.cpu_count()} CPUs, threads 1 and {most}; load {os.getloadavg()[0]:.2f} "
         f"(1-minute average); the rules (jit='auto', threads='auto'): one thread below "
-        f"{SMALL_FORWARD_FLOPS / 1e6:g} MFLOP, compiled below {COMPILE_BELOW_FLOPS / 1e6:g} MFLOP\n"
+        f"{SMALL_STEP_FLOPS / 1e6:g} MFLOP, compiled below {SMALL_STEP_FLOPS / 1e6:g} MFLOP\n"
     )
     columns = [(n, kind, c) for c in conditions for kind in kinds for n in counts]
     print(
@@ -116,8 +116,8 @@ def main() -> None:
         cells = [
             f"{1e3 * statistics.median(times[(size, n, opt, c)]):.2f}" for n, opt, c in columns
         ]
-        rule = "1" if setting.flops < SMALL_FORWARD_FLOPS else f"{most}"
-        rule += ", compiled" if setting.flops < COMPILE_BELOW_FLOPS else ", eager"
+        rule = "1" if setting.flops < SMALL_STEP_FLOPS else f"{most}"
+        rule += ", compiled" if setting.flops < SMALL_STEP_FLOPS else ", eager"
         head = f"| {size}, {SIZES[size][2]} | {setting.flops / 1e6:.3g} | "
         print(head + " | ".join(cells) + f" | {rule} |")
 

@@ -27,7 +27,9 @@ def main() -> None:
     print("| run | accuracy | NLL | ECE | final -ELBO | fit s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label, family, extra in RUNS:
-        fit = zoo.fit(factory(), family, train, progress=False, seed=0, **{**options, **extra})
+        fit = zoo.fit(
+            factory(), family, train, run=zoo.Run(progress=False), seed=0, **{**options, **extra}
+        )
         m = fit.evaluate(test, progress=False)
         print(
             f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "

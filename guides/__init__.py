@@ -35,11 +35,13 @@ from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
 from guides.mixed import AutoMixed
 from guides.point_mass import AutoMAP, PointMass
-from guides.registry import available, build, families, get, instantiate
+from guides.registry import Family, available, build, families, family, get, instantiate
 from guides.site import SitePosterior
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 
 __all__ = [
+    "Family",
+    "family",
     "AutoBlockDiagonal",
     "AutoDiagonal",
     "AutoLowRank",

@@ -94,5 +94,40 @@ def instantiate(guide, model, options: dict):
     )
 
 
+class Family:
+    """A family with its options, built for a model when called: what :func:`family` returns
+    and ``zoo.fit`` takes as its guide."""
+
+    def __init__(self, guide: str | type, options: dict):
+        self.guide, self.options = guide, dict(options)
+
+    @property
+    def cls(self) -> type:
+        """The family's guide class."""
+        return get(self.guide) if isinstance(self.guide, str) else self.guide
+
+    def __call__(self, model):
+        return self.cls(model, **self.options)
+
+    def __repr__(self) -> str:
+        name = self.guide if isinstance(self.guide, str) else self.guide.__name__
+        options = "".join(f", {k}={v!r}" for k, v in self.options.items())
+        return f"guides.family({name!r}{options})"
+
+
+def family(guide: str | type, **options) -> Family:
+    """A family name (or guide class) with its options, as ``zoo.fit``, ``zoo.compare`` and
+    ``BayesianModule`` take a guide: ``zoo.fit(model, guides.family("lowrank", rank=5), data)``
+    builds ``AutoLowRank(model, rank=5)`` (a name is looked up now; the options are checked
+    when the guide is built, before any step)."""
+    import inspect
+
+    if not (isinstance(guide, str) or inspect.isclass(guide)):
+        raise TypeError(f"guides.family takes a family name or a guide class, got {guide!r}")
+    spec = Family(guide, options)
+    _ = spec.cls  # an unknown name fails here
+    return spec
+
+
 def _qualified(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"

@@ -18,13 +18,16 @@ def _fresh_rng():
 @pytest.fixture(autouse=True)
 def _cpu_by_default(request, monkeypatch):
     """The suite checks CPU semantics (references are CPU tensors) on GPU machines too:
-    zoo.fit's default device is pinned to the CPU, except in tests/zoo/test_cuda.py."""
+    zoo.fit's default device (``zoo.Engine(device="auto")``) is pinned to the CPU, except in
+    tests/zoo/test_cuda.py."""
     if request.module.__name__.endswith("test_cuda"):
         yield
         return
-    from zoo.training import fit
+    import zoo.training
+    from zoo.recipes import resolve_device
 
-    monkeypatch.setitem(fit.__kwdefaults__, "device", "cpu")
+    pinned = lambda device: resolve_device("cpu" if device == "auto" else device)  # noqa: E731
+    monkeypatch.setattr(zoo.training, "resolve_device", pinned)
     yield
 
 

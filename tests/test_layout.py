@@ -1,6 +1,7 @@
 """The shape of the code: a one-way import graph in guides/, small modules, documented API."""
 
 import ast
+import dataclasses
 import inspect
 from pathlib import Path
 
@@ -140,3 +141,47 @@ def test_no_module_is_named_like_a_function_it_exports():
         module = importlib.import_module(f"zoo.{path.stem}")
         assert not inspect.isfunction(getattr(zoo, path.stem, None)), path.stem
         assert path.stem not in getattr(module, "__all__", [])
+
+
+def optimizer_step_calls(source: str) -> list[int]:
+    """Lines of ``source`` that call ``.step()`` on an optimiser (a name with "opt" in it)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr == "step" and "opt" in ast.unparse(node.func.value).lower():
+                lines.append(node.lineno)
+    return lines
+
+
+def test_the_step_engine_is_the_only_caller_of_optimizer_step():
+    """One body takes the update (zoo/engine.py); no other module of the library does."""
+    callers = {
+        str(path.relative_to(REPO)): found
+        for package in ("zoo", "guides")
+        for path in (REPO / package).rglob("*.py")
+        if (found := optimizer_step_calls(path.read_text()))
+    }
+    assert list(callers) == ["zoo/engine.py"] and len(callers["zoo/engine.py"]) == 1, callers
+    # the scan finds calls, not mentions
+    assert optimizer_step_calls("self.optimizer.step()\nopt.step()\n'opt.step()'\n") == [1, 2]
+
+
+def test_fit_takes_at_most_twelve_parameters_and_its_groups_are_shared():
+    """zoo.fit's few arguments plus one parameter per option group; BayesianModule and the
+    command line take the same groups (the CLI's flags are the groups' declared ones)."""
+    from zoo.cli import build_parser
+    from zoo.lightning import BayesianModule
+    from zoo.options import GROUPS
+
+    params = inspect.signature(zoo.fit).parameters
+    assert len(params) <= 12, list(params)
+    assert set(GROUPS) <= set(params)
+    module = inspect.signature(BayesianModule.__init__).parameters
+    assert {"optim", "loss"} <= set(module)
+    fit_flags = {
+        a.dest for a in build_parser()._subparsers._group_actions[0].choices["fit"]._actions
+    }
+    for cls in GROUPS.values():
+        for field in dataclasses.fields(cls):
+            if "cli" in field.metadata:
+                assert field.name in fit_flags, (cls.__name__, field.name)

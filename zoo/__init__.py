@@ -6,12 +6,13 @@ fit = zoo.fit(model, "tridiagonal", zoo.data.mnist(), epochs=2)
 fit.evaluate(zoo.data.mnist(train=False))
 """
 
-from zoo import data, likelihoods, metrics, models, priors
+from zoo import data, engine, likelihoods, metrics, models, priors
 from zoo.comparison import compare
 from zoo.convergence import Convergence
 from zoo.divergence import FitDivergedError
 from zoo.elbo import ElboScale
 from zoo.objective import Objective
+from zoo.options import Engine, Loss, Optim, Run
 from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.predictive import predict
 from zoo.recipes import REGRESSION_FIT
@@ -26,17 +27,22 @@ __all__ = [
     "ClassificationPrediction",
     "Convergence",
     "ElboScale",
+    "Engine",
     "FitDivergedError",
     "FitResult",
     "FitState",
+    "Loss",
     "Objective",
+    "Optim",
     "Prediction",
     "Reference",
     "ReferenceBudget",
     "ReferenceTooLargeError",
     "RegressionPrediction",
+    "Run",
     "compare",
     "data",
+    "engine",
     "fit",
     "likelihoods",
     "load",

@@ -28,17 +28,18 @@ def demo(args: argparse.Namespace) -> int:
     model = zoo.models.BayesianMLP(
         1, hidden=TOY_HIDDEN, task="regression", noise=args.noise, prior=args.prior
     )
+    import guides
+
     fit = zoo.fit(
         model,
-        args.guide,
+        guides.family(args.guide, **TOY_GUIDE_OPTIONS),
         (x, y),
         num_steps=args.steps,
         batch_size=len(x),
         lr=args.lr,
-        lr_schedule=zoo.REGRESSION_FIT["lr_schedule"],  # a tenfold decay over the run
         seed=args.seed,
-        guide_options=TOY_GUIDE_OPTIONS,
-        progress=not args.quiet,
+        optim=zoo.Optim(lr_schedule=zoo.REGRESSION_FIT["lr_schedule"]),  # tenfold decay
+        run=zoo.Run(progress=not args.quiet),
     )
     x_test, y_test = zoo.data.toy_regression(n=TOY_TEST_POINTS, seed=args.seed + 1)
     metrics = fit.evaluate((x_test, y_test), num_samples=200, progress=not args.quiet)
@@ -113,19 +114,20 @@ def _guide_options(args, family: str) -> dict:
 
 
 def _fit_options(args) -> dict:
-    """``zoo.fit``'s options from the flags; unset ones (None) leave ``fit`` its defaults."""
-    return dict(
+    """``zoo.fit``'s arguments from the flags: its own (unset ones, None, leave ``fit`` its
+    defaults) and every option group, built from the flags the group declared
+    (:func:`zoo.options.from_flags`)."""
+    from zoo.cli_parser import from_flags
+    from zoo.options import GROUPS
+
+    own = dict(
         epochs=args.epochs,
         num_steps=args.num_steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        num_particles=args.num_particles,
-        kl_weight=args.kl_weight,
-        elbo=args.elbo,
         seed=args.seed,
-        device=args.device,
-        progress=not args.quiet,
     )
+    return {**own, **{name: from_flags(cls, args) for name, cls in GROUPS.items()}}
 
 
 def fit_command(args: argparse.Namespace) -> int:
@@ -137,19 +139,13 @@ def fit_command(args: argparse.Namespace) -> int:
 
     train, test = _load_data(args)
     model = _model_factory(args, train)()
-    devices = int(args.devices) if args.devices.isdigit() else args.devices
+    import guides
+
     fit = zoo.fit(
-        model,
-        args.guide,
-        train,
-        guide_options=_guide_options(args, args.guide),
-        devices=devices,
-        num_nodes=args.num_nodes,
-        strategy=args.strategy,
-        accelerator=args.accelerator,
+        model, guides.family(args.guide, **_guide_options(args, args.guide)), train,
         **_fit_options(args),
-    )
-    shared = dict(progress=not args.quiet, distributed=fit.options["world_size"] > 1)
+    )  # fmt: skip
+    shared = dict(progress=args.progress, distributed=fit.options["world_size"] > 1)
     metrics = fit.evaluate(test, num_samples=args.samples, **shared)
     x, y = gather_tensors(test)  # any data form, as tensors
     n = min(len(x), args.arviz_points)
@@ -186,6 +182,7 @@ def compare_command(args: argparse.Namespace) -> int:
         test,
         num_samples=args.samples,
         chart=out / f"{stem}.png",
+        progress=args.progress,
         **_fit_options(args),
     )
     print(table.to_markdown() if _has_tabulate() else table.to_string())

@@ -4,6 +4,7 @@ before any data is read. The commands themselves live in :mod:`zoo.cli`."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Callable
 
 from zoo.cli_values import (
@@ -15,6 +16,7 @@ from zoo.cli_values import (
     prior_value,
     steps_value,
 )
+from zoo.options import GROUPS
 
 #: The 1-D toy's recipe, shared by ``demo``, ``fit --data toy`` and ``compare --data toy``: 160
 #: training points, 500 test points, full batch (``zoo.fit``'s small-data recipe,
@@ -81,7 +83,7 @@ def _probe_family(family: str, options: dict) -> None:
         raise ValueError(f"--guide-option for {family}: {err}") from None
 
 
-def _add_training_options(p: argparse.ArgumentParser) -> None:
+def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
     p.add_argument(
         "--model",
         default=None,
@@ -134,19 +136,10 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
         help="Adam learning rate (default: 1e-3, or 1e-2 decaying tenfold for small regression "
         "data)",
     )
-    p.add_argument("--num-particles", type=positive_int, default=1, help="ELBO samples per step")
-    p.add_argument("--kl-weight", type=positive_float, default=1.0, help="factor on the KL term")
-    p.add_argument(
-        "--elbo",
-        default="trace",
-        choices=("trace", "meanfield"),
-        help="Monte Carlo KL (trace) or closed-form KL (meanfield)",
-    )
     p.add_argument(
         "--samples", type=positive_int, default=100, help="posterior samples per test input"
     )
     p.add_argument("--seed", type=int, default=0, help="random seed")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
     p.add_argument("--out-dir", default="runs", help="where to write results")
     p.add_argument(
         "--noise",
@@ -155,7 +148,9 @@ def _add_training_options(p: argparse.ArgumentParser) -> None:
         help="--data toy: observation noise sd (the toy's own is 0.1), 'learned' or "
         "'heteroscedastic'",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    for name, cls in GROUPS.items():  # every option group's flags, as the group declares them
+        g = p.add_argument_group(f"{name} (zoo.{cls.__name__})")
+        add_flags(g, cls, one_fit=one_fit)
 
 
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
@@ -216,7 +211,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         description="Fit a Bayesian network with one posterior family, print the test "
         "metrics, save the fit (zoo.load) and an ArviZ netCDF of the posterior and predictive.",
     )
-    _add_training_options(f)
+    _add_training_options(f, one_fit=True)
     f.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
     f.add_argument(
         "--guide-option",
@@ -231,11 +226,6 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         default=1000,
         help="test points in the netCDF's predictive groups",
     )
-    g = f.add_argument_group("across processes (Lightning; needs the distributed extra)")
-    g.add_argument("--devices", default="1", help="devices per node: a count, or 'auto'")
-    g.add_argument("--num-nodes", type=positive_int, default=1, help="machines")
-    g.add_argument("--strategy", default="auto", help="ddp, ddp_spawn, ... (as Lightning's)")
-    g.add_argument("--accelerator", default="auto", help="cpu, gpu or auto")
     f.set_defaults(func=commands["fit"], parser=f)
 
     c = sub.add_parser(
@@ -245,7 +235,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         description="Fit each family with the same data, seed and options; print a table of "
         "parameters, speed, final ELBO and test metrics; save it as CSV with a chart.",
     )
-    _add_training_options(c)
+    _add_training_options(c, one_fit=False)
     c.add_argument(
         "--guides",
         nargs="+",
@@ -272,3 +262,23 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "default" in text or action.default is argparse.SUPPRESS:
             return text
         return super()._get_help_string(action)
+
+
+def add_flags(parser, cls: type, one_fit: bool = True) -> None:
+    """Add a ``--flag`` to ``parser`` for each field of ``cls`` that declares one (with
+    ``one_fit=False``, for a command that runs several fits, none of the fields that only make
+    sense for one: the processes, the checkpoint path)."""
+    for f in dataclasses.fields(cls):
+        spec = dict(f.metadata.get("cli", {}))
+        if not spec or (spec.pop("one_fit", False) and not one_fit):
+            continue
+        flag = spec.pop("flag", "--" + f.name.replace("_", "-"))
+        parser.add_argument(flag, dest=f.name, default=f.default, **spec)
+
+
+def from_flags(cls: type, args: argparse.Namespace):
+    """The ``cls`` group of parsed flags (fields without a flag keep their defaults)."""
+    given = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)
+    }
+    return cls(**given)

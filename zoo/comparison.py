@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from zoo.agreement import distances
 from zoo.data_checks import check_labelled_data, gather_tensors
+from zoo.options import Engine, Run, group
 
 
 def compare(
@@ -55,8 +56,10 @@ def compare(
     progress : bool
         A line per family as its fit starts, and the fit's and evaluation's progress bars.
     **fit_options
-        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, ...); ``threads``
-        also sets the evaluations' CPU threads (``zoo.fit``'s rule by default).
+        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, the option groups
+        ``optim``, ``loss``, ``engine``, ``run``); the engine's ``threads`` also sets the
+        evaluations' CPU threads (``zoo.fit``'s rule by default). A ``run`` group replaces
+        ``progress``'s for the fits.
 
     Returns
     -------
@@ -69,6 +72,7 @@ def compare(
         nearly degenerate) and a point mass's is a log joint density (no entropy); compare the
         test metrics across those.
     """
+    from guides import family as guide_family
     from zoo.training import fit as run_fit
 
     if train is None or test is None:
@@ -81,22 +85,16 @@ def compare(
     ref_pred = None
     if reference is not None:
         _check_same_sites(reference.model, model_factory())
-        ref_pred = reference.predict(
-            x_test, progress=progress, threads=fit_options.get("threads", "auto")
-        )
+        ref_pred = reference.predict(x_test, progress=progress, threads=_threads(fit_options))
     rows, fits = [], {}
     for i, spec in enumerate(guides):
         label, family, options, own = _row(spec)
         if progress:
             tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
-        result = run_fit(
-            model_factory(),
-            family,
-            train,
-            guide_options=options,
-            **{"progress": progress, **fit_options, **own},
-        )
-        threads = {**fit_options, **own}.get("threads", "auto")  # fit's rule, for both
+        args = {"run": Run(progress=progress), **fit_options, **own}
+        guide = guide_family(family, **options) if options else family
+        result = run_fit(model_factory(), guide, train, **args)
+        threads = _threads(args)  # fit's rule, for both
         metrics = _evaluate(result, x_test, y_test, num_samples, progress, threads, ref_pred)
         last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
         rows.append(
@@ -119,6 +117,14 @@ def compare(
         fig = comparison_chart(table)
         fig.savefig(chart, dpi=120)
     return (table, fits) if return_fits else table
+
+
+def _threads(fit_options: dict):
+    """The ``threads`` setting of these ``zoo.fit`` options (the engine group's, or the
+    deprecated flat keyword's)."""
+    if "threads" in fit_options:
+        return fit_options["threads"]
+    return group(Engine, fit_options.get("engine")).threads
 
 
 def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[str, float]:

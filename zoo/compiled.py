@@ -45,9 +45,6 @@ import torch
 from zoo.elbo import ElboScale
 from zoo.rng import forked
 
-#: On the CPU, ``jit="auto"`` compiles a step whose forward pass (one minibatch) is below this many
-#: floating-point operations, where the Python around the arithmetic is most of the step.
-COMPILE_BELOW_FLOPS = 20_000_000
 #: Relative difference between the compiled and the eager loss above which a graph is refused.
 CHECK_RTOL = 1e-4
 #: Runs of a new graph before its value is checked: TorchScript's executor profiles a graph on its
@@ -75,22 +72,6 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     if num_particles != 1:
         return "num_particles > 1 (vectorised particles use torch.func.vmap)"
     return None
-
-
-def size_refusal(device: torch.device, flops: Callable[[], int]) -> str | None:
-    """Why ``jit="auto"`` leaves a step eager for its size (``None``: compile it). On the CPU a
-    large step is arithmetic that the graph does not make faster (and for the structured
-    families on the 784-400-400-10 MLP, slower: ``benchmarks/README.md``); on CUDA the host
-    work that the graph removes is most of the step whatever the size."""
-    if device.type != "cpu":
-        return None
-    count = flops()
-    if count < COMPILE_BELOW_FLOPS:
-        return None
-    return (
-        f"a large step on the CPU: its forward pass is {count / 1e6:.3g} MFLOP, at least "
-        f"COMPILE_BELOW_FLOPS = {COMPILE_BELOW_FLOPS / 1e6:g} M"
-    )
 
 
 class CompiledLoss:

@@ -1,10 +1,24 @@
 """The divergence guard of a fit: no NaN parameters are ever returned.
 
-After every step the loss and the gradient norm are checked. A non-finite one sends the guide
-back to an in-memory copy of parameters that gave a finite loss and gradients (taken every
-``LAST_GOOD_EVERY`` finite steps), then either raises :class:`FitDivergedError` or skips the step
-(``on_divergence="skip"``, at most ``MAX_CONSECUTIVE_SKIPS`` in a row). The last update, which
-no step evaluates, is checked once more after the loop (:meth:`DivergenceGuard.final_check`).
+Every step's loss and gradient norm are tested. Where the test runs is the step engine's
+business (:mod:`zoo.engine`): on the host, which reads each step and takes the update only if
+both are finite; or on the device, where the fused optimiser skips a non-finite update on a
+flag and the host reads the steps in groups. Either way the guard settles the steps the host has
+read, in order, here and only here (a per-step check is a group of one):
+
+- finite losses join the history;
+- the first non-finite step raises :class:`FitDivergedError` (``on_divergence="raise"``; the
+  steps after it in its group, taken on the device, are discarded), or is recorded as skipped
+  (``"skip"``; ``MAX_CONSECUTIVE_SKIPS`` in a row raise);
+- the guide goes back to a copy of parameters whose loss and gradients were finite.
+
+Copies are taken before a step's update, at most every ``copy_every`` steps (the host's read
+cadence, or :data:`LAST_GOOD_EVERY` when it reads every step), and count as good once that
+step is read finite; two are kept, the verified one and the candidate. With skips decided on
+the device a learning-rate schedule advances on skipped steps too (the host does not know yet),
+and the guide goes back only when a group ends on a non-finite step (earlier ones were followed
+by finite steps from parameters the skip left unchanged). The last update, which no step
+evaluates, is checked after the loop (:meth:`DivergenceGuard.final_check`).
 """
 
 from __future__ import annotations
@@ -16,93 +30,118 @@ import torch
 
 #: With ``on_divergence="skip"``, this many non-finite steps in a row stop the fit.
 MAX_CONSECUTIVE_SKIPS = 100
-#: Steps between the in-memory copies of the parameters that a diverged fit goes back to.
+#: Steps between the copies of the parameters that a diverged fit goes back to, when the host
+#: reads every step (a copy costs a read and a write of every parameter).
 LAST_GOOD_EVERY = 10
 ON_DIVERGENCE = ("raise", "skip")
 
 
 class FitDivergedError(FloatingPointError):
     """The loss or a gradient became NaN or infinite. ``result`` holds the fit up to the last
-    finite step: its guide is back at the parameters that gave the last finite loss and
-    gradients at one of the last ``LAST_GOOD_EVERY`` finite steps (the message says which)."""
+    finite step: its guide is back at parameters that gave a finite loss and gradients (the
+    message says which step's)."""
 
-    def __init__(self, message: str, result):
+    def __init__(self, message: str, result=None):
         super().__init__(message)
         self.result = result
 
 
-class LastGood:
-    """A copy of the parameters whose loss and gradients were finite, taken before the update
-    of every ``every``-th finite step and restored when a step is not finite, so that a diverged
-    fit never leaves the guide at parameters that give a non-finite loss (an update can leave
-    finite parameters whose next loss is NaN). Copying every step would cost a read and a write
-    of all parameters per step; every tenth costs a tenth of that."""
-
-    def __init__(self, params: list[torch.Tensor], every: int | None = None):
-        self.params = [p.detach() for p in params]  # views: optimisers update in place
-        self.every = LAST_GOOD_EVERY if every is None else every
-        self.copies = [torch.empty_like(p) for p in params]
-        self.step: int | None = None
-        self.offers = 0
-
-    @torch.no_grad()
-    def offer(self, step: int) -> None:
-        """Called with the parameters of a finite step, before its update."""
-        if self.offers % self.every == 0:
-            torch._foreach_copy_(self.copies, self.params)
-            self.step = step
-        self.offers += 1
-
-    @torch.no_grad()
-    def restore(self) -> None:
-        """Put the copied values back (nothing happens before the first copy)."""
-        if self.step is not None:
-            torch._foreach_copy_(self.params, self.copies)
-
-
 class DivergenceGuard:
-    """Decides, step by step, whether an update may be taken, and where a diverged fit ends.
+    """Settles the steps the host has read, and keeps the copy a diverged fit goes back to.
 
     Parameters
     ----------
     params : list of Tensor
-        Every optimised parameter.
+        Every optimised parameter (viewed: optimisers update in place).
     guide : module
         Named in messages (the sites whose gradients are not finite).
     on_divergence : {"raise", "skip"}
-    result : FitResult
-        Attached to :class:`FitDivergedError`; ``result.skipped_steps`` records skipped steps.
+    copy_every : int, optional
+        Steps between copies (default :data:`LAST_GOOD_EVERY`, read when the guard is built).
     """
 
-    def __init__(self, params: list[torch.Tensor], guide, on_divergence: str, result):
+    def __init__(self, params, guide, on_divergence: str, copy_every: int | None = None):
         if on_divergence not in ON_DIVERGENCE:
             raise ValueError(f"on_divergence must be 'raise' or 'skip', got {on_divergence!r}")
-        self.last_good = LastGood(params)
-        self.guide, self.on_divergence, self.result = guide, on_divergence, result
+        self.params = [p.detach() for p in params]
+        self.guide, self.on_divergence = guide, on_divergence
+        self.copy_every = LAST_GOOD_EVERY if copy_every is None else int(copy_every)
+        self.good = [torch.empty_like(p) for p in self.params]
+        self.candidate = [torch.empty_like(p) for p in self.params]
+        self.good_step: int | None = None
+        self.candidate_step: int | None = None
         self.in_a_row = 0
-        #: Steps between the copies named in messages (``None``: ``LAST_GOOD_EVERY``).
-        self.copy_every: int | None = None
 
-    def step_is_finite(self, step: int, epoch: int, value: float, grad_norm: float) -> bool:
-        """``True``: take the update. ``False``: the step was skipped (``"skip"``); raises
-        :class:`FitDivergedError` otherwise. The parameters are restored in both bad cases."""
-        if math.isfinite(value) and math.isfinite(grad_norm):
-            self.in_a_row = 0
-            self.last_good.offer(step)
+    @torch.no_grad()
+    def begin(self, step: int) -> None:
+        """Copy the parameters as they are before step ``step``'s update: the candidate that
+        step's finite loss will verify."""
+        torch._foreach_copy_(self.candidate, self.params)
+        self.candidate_step = step
+
+    def offer(self, step: int) -> None:
+        """Before step ``step``'s update, with the earlier steps settled: take a copy if none is
+        pending and the last verified one is ``copy_every`` steps old."""
+        good = self.good_step
+        if self.candidate_step is None and (good is None or step - good >= self.copy_every):
+            self.begin(step)
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put the verified copy back (nothing happens before the first)."""
+        if self.good_step is not None:
+            torch._foreach_copy_(self.params, self.good)
+
+    def settle(self, read: list[tuple[int, int, float, float]], state) -> bool:
+        """Settle the steps ``(step, epoch, loss, grad_norm)`` read from the device, in order:
+        finite losses join ``state``'s history, non-finite steps raise
+        :class:`FitDivergedError` (the first, ``"raise"``) or join ``state.skipped_steps``.
+        ``.grad`` holds the last step's gradients. Returns whether the last step was finite."""
+        first_bad = None
+        for step, epoch, value, norm in read:
+            if math.isfinite(value) and math.isfinite(norm):
+                if step == self.candidate_step:
+                    self._verify()
+                if first_bad is None or self.on_divergence == "skip":
+                    self.in_a_row = 0
+                    state.losses.append(value)
+                    state.epoch_partial.append(value)
+                continue
+            if first_bad is None:
+                first_bad = (step, epoch, value, step == read[-1][0])
+            if self.on_divergence == "skip":
+                self._skip(step, state)
+        last_finite = math.isfinite(read[-1][2]) and math.isfinite(read[-1][3])
+        self.candidate_step = None  # verified, or stale: its step was read
+        if first_bad is None:
             return True
-        message = divergence_message(step, epoch, value, self.guide, self.last_good.step)
-        self.last_good.restore()
+        step, epoch, value, last = first_bad
         if self.on_divergence == "raise":
-            raise FitDivergedError(message, self.result)
-        self.result.skipped_steps.append(step)
+            # The gradients in .grad are the bad step's only when it was the last read.
+            guide = self.guide if last else None
+            message = divergence_message(step, epoch, value, guide, self.good_step, self.copy_every)
+            self.restore()
+            state.step = step
+            raise FitDivergedError(message)
+        if not last_finite:
+            self.restore()
+        return last_finite
+
+    def _skip(self, step: int, state) -> None:
+        state.skipped_steps.append(step)
         self.in_a_row += 1
         if self.in_a_row >= MAX_CONSECUTIVE_SKIPS:
+            self.restore()
             raise FitDivergedError(
                 f"{self.in_a_row} steps in a row had a non-finite loss or gradient "
-                f"(on_divergence='skip' gives up); the last: {message}",
-                self.result,
+                f"(on_divergence='skip' gives up); the last at step {step}. "
+                f"{restored_message(self.good_step, self.copy_every)}"
             )
-        return False
+
+    def _verify(self) -> None:
+        """The candidate's parameters gave a finite loss: it becomes the copy to go back to."""
+        self.good, self.candidate = self.candidate, self.good
+        self.good_step, self.candidate_step = self.candidate_step, None
 
     def final_check(self, value: float, last_step: int) -> None:
         """The loss after the last update: restore, then raise or warn, if it is not finite."""
@@ -110,24 +149,24 @@ class DivergenceGuard:
             return
         message = (
             f"the parameters after the last update (step {last_step}) give a non-finite "
-            f"loss ({value}). {restored_message(self.last_good.step, self.copy_every)}"
+            f"loss ({value}). {restored_message(self.good_step, self.copy_every)}"
         )
-        self.last_good.restore()
+        self.restore()
         if self.on_divergence == "raise":
-            raise FitDivergedError(message, self.result)
+            raise FitDivergedError(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
-    def warn_skipped(self, steps: int) -> None:
-        """One warning at the end of a fit that skipped steps."""
-        skipped = self.result.skipped_steps
-        if skipped:
-            warnings.warn(
-                f"{len(skipped)} of {steps} steps were skipped for a non-finite loss or gradient "
-                f"(the first at step {skipped[0]}; all in result.skipped_steps). Consider a "
-                "smaller lr or clip_grad_norm.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+
+def warn_skipped(skipped: list[int], steps: int) -> None:
+    """One warning at the end of a fit that skipped steps."""
+    if skipped:
+        warnings.warn(
+            f"{len(skipped)} of {steps} steps were skipped for a non-finite loss or gradient "
+            f"(the first at step {skipped[0]}; all in result.skipped_steps). Consider a "
+            "smaller lr or clip_grad_norm.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def divergence_message(

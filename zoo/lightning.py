@@ -17,7 +17,8 @@ are not part of this route; its thread rule is (``threads``, applied from ``setu
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import functools
+from collections.abc import Mapping
 
 import torch
 
@@ -26,10 +27,12 @@ from zoo.distributed import INSTALL_HINT
 from zoo.models.base import BayesianModel
 from zoo.objective import Objective
 from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
+from zoo.options import Loss, Optim, accepts_flat_keywords, group
 from zoo.predictive import predict
 from zoo.result import FitResult
 from zoo.rng import seeded
-from zoo.threads import check_threads, step_threads
+from zoo.step_rules import threads_for
+from zoo.threads import check_threads
 
 try:
     import lightning as L
@@ -46,17 +49,20 @@ class BayesianModule(L.LightningModule):
     ----------
     model : BayesianModel
         A ``zoo.models`` network (or any zoo model).
-    guide : str, AutoGuide class or instance
-        As in ``zoo.fit`` (a family name is built with ``guide_options``).
+    guide : str, guides.family(...), AutoGuide class or instance
+        As in ``zoo.fit``.
     num_data : int
         ``N``, the training set's size: the likelihood of a batch of ``B`` is scaled by
         ``N / B``.
     example : (x, y) tensors, optional
         A small batch to create the guide's parameters on (needed before the optimiser is
         built); by default zeros shaped like ``model.input_shape``.
-    lr, optimizer, optimizer_options, lr_schedule, lr_multipliers, per_example
-        As in ``zoo.fit``; a named ``lr_schedule`` runs over ``trainer.estimated_stepping_batches``.
-    elbo, estimator, num_particles, kl_weight, guide_options
+    lr : float, default 1e-3
+    optim : zoo.Optim or dict, optional
+        As in ``zoo.fit`` (:mod:`zoo.options`); a named ``lr_schedule`` runs over
+        ``trainer.estimated_stepping_batches``. ``clip_grad_norm`` is Lightning's here: pass
+        ``lightning.Trainer(gradient_clip_val=...)``.
+    loss : zoo.Loss or dict, optional
         As in ``zoo.fit`` (``kl_weight`` may be ``step -> weight``).
     num_samples : int, default 32
         Weight draws for validation and ``trainer.predict``.
@@ -73,6 +79,7 @@ class BayesianModule(L.LightningModule):
     ``val/rmse``, ``val/nll``, ``val/coverage_95``) computed on the outputs of every rank.
     """
 
+    @functools.partial(accepts_flat_keywords, groups={"optim": Optim, "loss": Loss})
     def __init__(
         self,
         model,
@@ -81,44 +88,36 @@ class BayesianModule(L.LightningModule):
         *,
         example: tuple[torch.Tensor, torch.Tensor] | None = None,
         lr: float = 1e-3,
-        optimizer: str | type = "adam",
-        optimizer_options: Mapping | None = None,
-        lr_schedule: Callable[[int], float] | str | None = None,
-        lr_multipliers: Mapping[str, float] | None = None,
-        per_example: bool = False,
-        elbo: str = "trace",
-        estimator: str = "reparam",
-        num_particles: int = 1,
-        kl_weight: float | Callable[[int], float] = 1.0,
-        guide_options: Mapping | None = None,
+        optim: Optim | Mapping | None = None,
+        loss: Loss | Mapping | None = None,
         num_samples: int = 32,
         seed: int = 0,
         threads: int | str | None = "auto",
     ):
         super().__init__()
         check_threads(threads)
+        optim, loss = group(Optim, optim), group(Loss, loss)
+        if optim.clip_grad_norm is not None:
+            raise ValueError(
+                "BayesianModule leaves clipping to Lightning: pass "
+                "lightning.Trainer(gradient_clip_val=..., gradient_clip_algorithm='norm')"
+            )
         if int(num_data) < 1:
             raise ValueError(f"num_data must be the training set's size, got {num_data!r}")
         self.model, self.num_data = model, int(num_data)
-        self.guide = guides.registry.instantiate(guide, model, dict(guide_options or {}))
+        self.guide = guides.registry.instantiate(guide, model, {})
         self.objective = Objective(
             model,
             self.guide,
-            elbo=elbo,
-            estimator=estimator,
-            num_particles=num_particles,
-            kl_weight=kl_weight,
+            elbo=loss.elbo,
+            estimator=loss.estimator,
+            num_particles=loss.num_particles,
+            kl_weight=loss.kl_weight,
             jit=False,
         )
         self.objective.setup(*_example(model, example))
-        self.optim = dict(
-            lr=lr,
-            optimizer=check_optimizer(optimizer),
-            optimizer_options=dict(optimizer_options or {}),
-            lr_schedule=lr_schedule,
-            lr_multipliers=lr_multipliers,
-        )
-        self.per_example, self.num_samples, self.seed = per_example, num_samples, seed
+        self.lr, self.optim = lr, optim
+        self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
         self.losses: list[float] = []
         self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._draws = None
@@ -126,7 +125,7 @@ class BayesianModule(L.LightningModule):
 
     # ---- the thread rule, from setup to teardown --------------------------------------------
     def setup(self, stage: str) -> None:
-        count = step_threads(self.threads, self.device, self.objective.forward_flops)
+        count = threads_for(self.threads, self.device, self.objective.forward_flops)
         if count is not None and self._threads_before is None:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(count)
@@ -152,10 +151,11 @@ class BayesianModule(L.LightningModule):
 
     def configure_optimizers(self):
         o = self.optim
-        groups = param_groups(self.guide, self.model, o["lr"], o["lr_multipliers"])
-        opt = make_optimizer(o["optimizer"], groups, o["lr"], o["optimizer_options"])
+        groups = param_groups(self.guide, self.model, self.lr, o.lr_multipliers)
+        options = dict(o.optimizer_options or {})
+        opt = make_optimizer(check_optimizer(o.optimizer), groups, self.lr, options)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
-        sched = make_scheduler(opt, o["lr_schedule"], total)
+        sched = make_scheduler(opt, o.lr_schedule, total)
         if sched is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
@@ -210,7 +210,7 @@ class BayesianModule(L.LightningModule):
         options = dict(
             guide=getattr(self.guide, "family", None) or type(self.guide).__name__,
             num_steps=self.global_step,
-            lr=self.optim["lr"],
+            lr=self.lr,
             elbo=self.objective.elbo,
             estimator=self.objective.estimator,
             per_example=self.per_example,

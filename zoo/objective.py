@@ -25,10 +25,11 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
-from zoo.compiled import CompiledLoss, compile_refusal, size_refusal
+from zoo.compiled import CompiledLoss, compile_refusal
 from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
+from zoo.step_rules import jit_size_refusal
 from zoo.threads import forward_flops
 
 ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO}
@@ -59,7 +60,7 @@ class Objective:
         (:mod:`zoo.compiled`): the same value and gradients as the eager loss, without its
         per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
         particle (:func:`zoo.compiled.compile_refusal`) whose step is small on the CPU or on
-        any CUDA device (:func:`zoo.compiled.size_refusal`), eagerly otherwise or when a graph
+        any CUDA device (:func:`zoo.step_rules.jit_size_refusal`), eagerly otherwise or when a graph
         fails its check (with a warning); ``True``: whatever the size, raising instead of
         falling back; ``False``: always eager. The decision never depends on the run's length,
         so a fit extended by a resume computes what the longer fit computes.
@@ -152,7 +153,7 @@ class Objective:
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
         if refusal is None and self.jit == "auto":
-            refusal = size_refusal(x.device, self.forward_flops)
+            refusal = jit_size_refusal(x.device, self.forward_flops)
         return refusal
 
     def forward_flops(self) -> int:

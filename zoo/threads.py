@@ -14,7 +14,7 @@ CUDA it changes nothing. The caller's setting is restored after the fit. Predict
 The rule, with ``F`` the floating-point operations of one forward pass of the minibatch
 (matrix products and convolutions, counted by ``torch.utils.flop_counter.FlopCounterMode``)::
 
-    threads = 1                         if F < SMALL_FORWARD_FLOPS
+    threads = 1                         if F < SMALL_STEP_FLOPS
               torch.get_num_threads()   otherwise (the caller's setting)
 
 ``benchmarks/threads.py`` measures the step time at one and at several threads, alone and beside
@@ -32,9 +32,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from zoo.rng import forked
-
-#: Forward passes below this many floating-point operations (per minibatch) run on one thread.
-SMALL_FORWARD_FLOPS = 20_000_000
+from zoo.step_rules import threads_for
 
 
 def forward_flops(model: Callable, *args, **kwargs) -> int:
@@ -71,22 +69,6 @@ def check_threads(threads) -> None:
         raise ValueError(f"threads must be 'auto', None or a positive int, got {threads!r}")
 
 
-def step_threads(
-    threads: int | str | None, device: torch.device, flops: Callable[[], int]
-) -> int | None:
-    """The intra-op thread count for a fit's step: ``None`` to leave torch's setting.
-
-    ``threads`` is ``"auto"`` (the module's rule; ``flops`` is called only then, on the CPU),
-    a positive int, or ``None``.
-    """
-    check_threads(threads)
-    if threads != "auto":
-        return threads
-    if device.type != "cpu":
-        return None
-    return 1 if flops() < SMALL_FORWARD_FLOPS else None
-
-
 @contextlib.contextmanager
 def intra_op_threads(threads: int | None) -> Iterator[None]:
     """Torch's intra-op thread count set to ``threads`` inside the block (``None``: unchanged),
@@ -110,9 +92,9 @@ def prediction_threads(
     params: dict,
 ) -> int | None:
     """The intra-op thread count for a prediction whose passes run ``network`` under one weight
-    draw ``params``: :func:`step_threads`'s rule counted as ``zoo.fit`` counts it, on the
-    network's forward pass of the first two inputs of ``x`` (``zoo.fit`` counts the pass of
-    the two examples its objective is set up on), so a model predicts on as many threads as it
-    was fitted on."""
+    draw ``params``: :func:`zoo.step_rules.threads_for`'s rule counted as ``zoo.fit`` counts
+    it, on the network's forward pass of the first two inputs of ``x`` (``zoo.fit`` counts the
+    pass of the two examples its objective is set up on), so a model predicts on as many threads
+    as it was fitted on."""
     probe = x[:2]
-    return step_threads(threads, device, lambda: forward_flops(network, probe, params))
+    return threads_for(threads, device, lambda: forward_flops(network, probe, params))

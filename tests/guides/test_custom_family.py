@@ -95,7 +95,14 @@ def data(n=48):
 
 def test_fit_by_name_mixed_and_save_load(isotropic, tmp_path):
     model = BayesianMLP(3, (6,), 2, task="classification")
-    fit = zoo.fit(model, "isotropic", data(), num_steps=20, lr=0.05, progress=False)
+    fit = zoo.fit(
+        model,
+        "isotropic",
+        data(),
+        num_steps=20,
+        lr=0.05,
+        run=zoo.Run(progress=False),
+    )
     loaded = zoo.load(fit.save(tmp_path / "fit.pt"))
     assert type(loaded.guide) is isotropic
     for name, value in fit.guide.median().items():
@@ -103,7 +110,13 @@ def test_fit_by_name_mixed_and_save_load(isotropic, tmp_path):
     scale = loaded.guide.site_posterior("fc1.weight").scale
     assert scale.shape == () and scale > 0
     mixed = guides.AutoMixed(model, {"fc2.*": "isotropic", "*": "diagonal"})
-    fit = zoo.fit(model, mixed, data(), num_steps=5, progress=False)
+    fit = zoo.fit(
+        model,
+        mixed,
+        data(),
+        num_steps=5,
+        run=zoo.Run(progress=False),
+    )
     kinds = {n: type(fit.guide.site_posterior(n)).__name__ for n in fit.guide.site_names}
     assert kinds["fc2.weight"] == "IsotropicSite" and kinds["fc1.weight"] == "DiagonalSite"
     reloaded = zoo.load(fit.save(tmp_path / "mixed.pt"))
@@ -152,11 +165,10 @@ def test_zoo_fit_and_pyro_svi_reach_the_same_posterior(isotropic):
         (x, y),
         num_steps=15,
         batch_size=len(x),
-        optimizer="sgd",
+        optim=zoo.Optim(optimizer="sgd", optimizer_options={"foreach": False}),
+        run=zoo.Run(progress=False),
         lr=1e-3,
-        optimizer_options={"foreach": False},
         seed=None,
-        progress=False,
     )
     pyro.set_rng_seed(4)
     torch.randint(2**31, ())  # fit with seed=None draws its shuffling seed first

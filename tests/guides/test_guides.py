@@ -94,7 +94,14 @@ def test_fit_predict_for_every_family(make_guide):
     spec = MODELS["mlp_classification"]
     model = spec[0]()
     x, y = batch(spec, n=64)
-    fit = zoo.fit(model, make_guide, (x, y), epochs=3, batch_size=16, progress=False)
+    fit = zoo.fit(
+        model,
+        make_guide,
+        (x, y),
+        epochs=3,
+        batch_size=16,
+        run=zoo.Run(progress=False),
+    )
     assert fit.steps == 12 and all(torch.isfinite(torch.tensor(fit.losses)))
     pred = fit.predict(x[:5], num_samples=7)
     assert pred.probs.shape == (5, 4)
@@ -232,8 +239,8 @@ def test_two_fits_of_one_family_do_not_share_parameters():
     """zoo's own functions never use Pyro's global param store."""
     model = BayesianMLP(3, (4,), 1)
     x, y = torch.randn(5, 3), torch.randn(5)
-    a = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=1)
-    b = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=2)
+    a = zoo.fit(model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False), seed=1)
+    b = zoo.fit(model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False), seed=2)
     with torch.no_grad():
         a.guide.site_posterior("fc1.weight").loc.fill_(3.0)
     assert not torch.equal(b.guide.median()["fc1.weight"], a.guide.median()["fc1.weight"])

@@ -207,7 +207,14 @@ def test_a_fit_with_the_local_estimator_serves_every_weight_of_a_convnet():
 
     model = LeNet5()
     x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
-    fit = zoo.fit(model, "mc_dropout", (x, y), num_steps=2, estimator="local", progress=False)
+    fit = zoo.fit(
+        model,
+        "mc_dropout",
+        (x, y),
+        num_steps=2,
+        loss=zoo.Loss(estimator="local"),
+        run=zoo.Run(progress=False),
+    )
     assert fit.steps == 2
     objective = zoo.Objective(model, fit.guide, estimator="local")
     objective.setup(x, y)
@@ -245,7 +252,11 @@ def test_input_p_is_checked_and_saved(tmp_path):
         guides.AutoMCDropout(LeNet5(), input_p=1.0)
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
     fit = zoo.fit(
-        LeNet5(), "mc_dropout", (x, y), num_steps=1, progress=False, guide_options={"input_p": 0.05}
+        LeNet5(),
+        guides.family("mc_dropout", input_p=0.05),
+        (x, y),
+        num_steps=1,
+        run=zoo.Run(progress=False),
     )
     fit.save(tmp_path / "fit.zoo")
     loaded = zoo.load(tmp_path / "fit.zoo")

@@ -44,7 +44,13 @@ def test_map_fit_finds_the_posterior_mode_of_bayesian_linear_regression():
     x, y = correlated_data(n=500, d=3, corr=0.9, seed=2)
     mean, _ = exact_posterior(x, y)  # Gaussian posterior: mode = mean
     fit = zoo.fit(
-        model_for(3), "map", (x, y), num_steps=600, batch_size=500, lr=0.05, progress=False
+        model_for(3),
+        "map",
+        (x, y),
+        num_steps=600,
+        batch_size=500,
+        lr=0.05,
+        run=zoo.Run(progress=False),
     )
     got = torch.cat([fit.guide.median()["fc1.weight"].reshape(-1), fit.guide.median()["fc1.bias"]])
     assert torch.allclose(got, mean, atol=2e-3)
@@ -62,7 +68,15 @@ def test_constrained_sites_stay_point_masses():
     # and a fit learns the noise: finite losses, the MAP noise near the data's 0.3
     x = torch.randn(256, 3)
     y = x[:, 0] + 0.3 * torch.randn(256)
-    fit = zoo.fit(model, "map", (x, y), num_steps=800, batch_size=256, lr=0.02, progress=False)
+    fit = zoo.fit(
+        model,
+        "map",
+        (x, y),
+        num_steps=800,
+        batch_size=256,
+        lr=0.02,
+        run=zoo.Run(progress=False),
+    )
     assert 0.2 < fit.guide.median()["noise"] < 0.45
 
 
@@ -86,14 +100,28 @@ def test_bayesian_last_layer_in_one_call(tmp_path):
     }
     for name, p in net.named_parameters():
         assert torch.equal(guide.median()[name], p.detach())
-    fit = zoo.fit(model, guide, (x, y), num_steps=20, batch_size=16, progress=False)
+    fit = zoo.fit(
+        model,
+        guide,
+        (x, y),
+        num_steps=20,
+        batch_size=16,
+        run=zoo.Run(progress=False),
+    )
     draws = fit.guide.sample_posterior(5)
     assert not any(d.requires_grad for d in draws.values())
     assert (draws["fc1.weight"] == draws["fc1.weight"][0]).all()  # the body is a point
     assert draws["fc2.weight"].std(0).min() > 0  # the last layer is not
     # a fixed body: its learning rate multiplied by zero
     frozen = guides.AutoMixed.last_layer(model, "lowrank", {"rank": 2}, init_module=net)
-    zoo.fit(model, frozen, (x, y), num_steps=5, lr_multipliers={"sites.fc1.*": 0.0}, progress=False)
+    zoo.fit(
+        model,
+        frozen,
+        (x, y),
+        num_steps=5,
+        optim=zoo.Optim(lr_multipliers={"sites.fc1.*": 0.0}),
+        run=zoo.Run(progress=False),
+    )
     assert torch.equal(frozen.median()["fc1.weight"], net.fc1.weight.detach())
     assert not torch.equal(frozen.median()["fc2.weight"], net.fc2.weight.detach())
     loaded = zoo.load(fit.save(tmp_path / "bll.pt"))

@@ -117,9 +117,8 @@ def failing(out: Path, steps: int) -> dict:
         (x, y),
         num_steps=steps,
         batch_size=20,
-        jit=False,
-        on_divergence="skip",
-        callbacks=[record],
+        engine=zoo.Engine(jit=False),
+        run=zoo.Run(on_divergence="skip", callbacks=[record]),
         **DIST,
     )
     return {"steps": fit.steps}
@@ -136,9 +135,9 @@ def lenet(out: Path, steps: int, resume: bool = False) -> dict:
         train,
         num_steps=steps,
         batch_size=16,
-        checkpoint=checkpoint,
-        checkpoint_every=5,
-        resume=checkpoint if resume else None,
+        run=zoo.Run(
+            checkpoint=checkpoint, checkpoint_every=5, resume=checkpoint if resume else None
+        ),
         **DIST,
     )
     return {

@@ -19,7 +19,7 @@ def mlp_fit():
         num_steps=200,
         batch_size=60,
         lr=0.02,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     return fit, x, y
 
@@ -74,7 +74,13 @@ def test_summary_loo_and_plots_run(mlp_fit, tmp_path):
 def test_lenet_inference_data():
     x = torch.randn(12, 1, 28, 28)
     y = torch.randint(0, 10, (12,))
-    fit = zoo.fit(LeNet5(), "matrix_normal", (x, y), num_steps=2, progress=False)
+    fit = zoo.fit(
+        LeNet5(),
+        "matrix_normal",
+        (x, y),
+        num_steps=2,
+        run=zoo.Run(progress=False),
+    )
     idata = fit.to_arviz((x, y), num_samples=8)
     assert idata.posterior["conv2.weight"].dims[2:] == (
         "conv2_out",

@@ -1,3 +1,4 @@
+import dataclasses
 import subprocess
 import sys
 
@@ -303,8 +304,12 @@ def test_fit_passes_the_process_options_to_zoo_fit(tmp_path, monkeypatch, capsys
     real_fit = zoo.fit
 
     def recording_fit(*args, **kwargs):
-        seen.update({k: kwargs[k] for k in ("devices", "num_nodes", "strategy", "accelerator")})
-        return real_fit(*args, **{**kwargs, "devices": 1, "num_nodes": 1, "strategy": "auto"})
+        engine = kwargs["engine"]  # zoo.Engine, built from the flags
+        seen.update(
+            {k: getattr(engine, k) for k in ("devices", "num_nodes", "strategy", "accelerator")}
+        )
+        one = dataclasses.replace(engine, devices=1, num_nodes=1, strategy="auto")
+        return real_fit(*args, **{**kwargs, "engine": one})
 
     monkeypatch.setattr(zoo, "fit", recording_fit)
     argv = ["fit", "--data", "toy", "--epochs", "1", "--samples", "4", "--arviz-samples", "4"]

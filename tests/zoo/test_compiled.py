@@ -108,7 +108,14 @@ def test_jit_true_refuses_what_it_cannot_compile_and_auto_falls_back():
     auto.loss(x, y, 10)
     assert auto.jit_state == "eager (the model is not a zoo.models.BayesianModel)"
     model = BayesianMLP(3, (4,), 2, task="regression")
-    fit = zoo.fit(model, "diagonal", data(), num_steps=2, num_particles=2, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        data(),
+        num_steps=2,
+        loss=zoo.Loss(num_particles=2),
+        run=zoo.Run(progress=False),
+    )
     assert fit.options["jit"] == "eager (num_particles > 1 (vectorised particles use " \
         "torch.func.vmap))"  # fmt: skip
 
@@ -132,7 +139,14 @@ def test_a_graph_that_freezes_a_value_is_refused_with_a_warning():
         match=r"the loss \(diagonal guide, estimator='reparam', elbo='trace'\) is evaluated "
         "eagerly: the compiled loss",
     ):
-        fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, batch_size=20, progress=False)
+        fit = zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            num_steps=3,
+            batch_size=20,
+            run=zoo.Run(progress=False),
+        )
     assert fit.options["jit"].startswith("eager (the compiled loss")
     guide = guides.get("diagonal")(model)
     strict = zoo.Objective(model, guide, jit=True)
@@ -147,8 +161,11 @@ def test_a_compiled_fit_takes_the_eager_fits_steps():
     ends = {}
     for jit in (False, True):
         model = BayesianMLP(3, (6,), 2, task="regression")
-        fit = zoo.fit(model, "lowrank", data(), num_steps=30, batch_size=8, optimizer="sgd",
-                      lr=1e-4, jit=jit, progress=False)  # fmt: skip
+        fit = zoo.fit(
+            model, "lowrank", data(), num_steps=30, batch_size=8, lr=1e-4,
+            optim=zoo.Optim(optimizer="sgd"), engine=zoo.Engine(jit=jit),
+            run=zoo.Run(progress=False),
+        )  # fmt: skip
         ends[jit] = [p.detach().clone() for p in fit.guide.parameters()]
         assert fit.options["jit"] == ("compiled" if jit else "eager (jit=False)")
     for a, b in zip(ends[False], ends[True]):
@@ -158,7 +175,11 @@ def test_a_compiled_fit_takes_the_eager_fits_steps():
 def test_bad_jit_values_are_refused():
     with pytest.raises(ValueError, match="jit must be 'auto', True or False"):
         zoo.fit(
-            BayesianMLP(3, (4,), 2, task="regression"), "diagonal", data(), num_steps=1, jit="yes"
+            BayesianMLP(3, (4,), 2, task="regression"),
+            "diagonal",
+            data(),
+            num_steps=1,
+            engine=zoo.Engine(jit="yes"),
         )
 
 
@@ -166,7 +187,14 @@ def test_auto_compiles_a_short_fit_as_a_long_one():
     """The decision does not depend on the run's length: a fit extended by a resume computes
     what the longer fit computes."""
     model = BayesianMLP(3, (6,), 2, task="regression")
-    fit = zoo.fit(model, "diagonal", data(), num_steps=3, batch_size=20, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        data(),
+        num_steps=3,
+        batch_size=20,
+        run=zoo.Run(progress=False),
+    )
     assert fit.options["jit"] == "compiled"
 
 
@@ -179,13 +207,20 @@ def test_a_one_step_fit_traces_nothing(monkeypatch):
 
     monkeypatch.setattr(torch.jit, "trace", refuse)
     model = BayesianMLP(3, (6,), 2, task="regression")
-    fit = zoo.fit(model, "diagonal", data(), num_steps=1, jit=True, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        data(),
+        num_steps=1,
+        engine=zoo.Engine(jit=True),
+        run=zoo.Run(progress=False),
+    )
     assert fit.steps == 1 and not fit.skipped_steps
 
 
 def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
     """On the CPU a large step is arithmetic: "auto" does not compile it (the rule's threshold
-    is zoo.compiled.COMPILE_BELOW_FLOPS); jit=True does."""
+    is zoo.step_rules.SMALL_STEP_FLOPS); jit=True does."""
     model = BayesianMLP(784, (400, 400), 10)
     x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
     guide = guides.get("diagonal")(model)
@@ -221,8 +256,10 @@ def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: Interrupted(real_trace(*a, **k)))
     checkpoint = tmp_path / "fit.ckpt"
     model = BayesianMLP(3, (6,), 2, task="regression")
-    fit = zoo.fit(model, "diagonal", data(), num_steps=30, batch_size=8, jit=True,
-                  checkpoint=checkpoint, progress=False)  # fmt: skip
+    fit = zoo.fit(
+        model, "diagonal", data(), num_steps=30, batch_size=8, engine=zoo.Engine(jit=True),
+        run=zoo.Run(checkpoint=checkpoint, progress=False),
+    )  # fmt: skip
     assert fit.interrupted and 0 < fit.steps < 30 and checkpoint.exists()
 
 

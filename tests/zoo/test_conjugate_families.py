@@ -4,6 +4,7 @@ exact posterior and the exact ELBO of the fitted Gaussian."""
 import pytest
 import torch
 
+import guides
 import zoo
 from tests.families import GAUSSIAN, PRIMARY
 from tests.zoo.linear_gaussian import (
@@ -47,14 +48,13 @@ def fitted(problem):
             options["init_loc_fn"] = lambda site, start=medians: start[site["name"]]
         fit = zoo.fit(
             model_for(D),
-            family,
+            guides.family(family, **options),
             (x, y),
             num_steps=4000,
             batch_size=1000,
             lr=0.05,
-            lr_schedule=lambda step: 0.999**step,
-            guide_options=options,
-            progress=False,
+            optim=zoo.Optim(lr_schedule=lambda step: 0.999**step),
+            run=zoo.Run(progress=False),
         )
         if key == "diagonal":
             medians = fit.guide.median()

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import zoo
+from tests.groups import grouped
 from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, correlated_data, model_for
 from zoo.convergence import Convergence, ConvergenceTracker, resolve
 
@@ -79,7 +80,7 @@ def test_options_are_checked():
 def _fit(num_steps, **options):
     x, y = correlated_data(n=300, d=3, corr=0.5)
     fit_options = {**MEAN_FIELD_FIT, "batch_size": 300, "progress": False, **options}
-    return zoo.fit(model_for(3), "diagonal", (x, y), num_steps=num_steps, **fit_options)
+    return zoo.fit(model_for(3), "diagonal", (x, y), num_steps=num_steps, **grouped(**fit_options))
 
 
 def test_auto_cuts_the_rate_then_stops_a_converged_fit_and_says_why():
@@ -128,7 +129,11 @@ def test_auto_keeps_the_small_regression_recipe_at_a_constant_rate():
     x, y = zoo.data.toy_regression(n=64)
     rule = Convergence(window=20, patience=1, tolerance=0.5, cap=400)  # stops soon
     fit = zoo.fit(
-        zoo.models.BayesianMLP(1, (8,)), "diagonal", (x, y), num_steps=rule, progress=False
+        zoo.models.BayesianMLP(1, (8,)),
+        "diagonal",
+        (x, y),
+        num_steps=rule,
+        run=zoo.Run(progress=False),
     )
     assert fit.options["recipe"] == "small regression data, length auto"
     assert fit.options["batch_size"] == 64 and fit.options["lr"] == 1e-2

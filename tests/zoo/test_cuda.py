@@ -8,6 +8,7 @@ import torch
 import guides
 import zoo
 from tests.families import CASES
+from tests.groups import grouped
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -24,7 +25,12 @@ def data(n=256):
 def test_fit_and_predict_stay_on_the_gpu(family, options):
     model = zoo.models.LeNet5(hidden=32)
     fit = zoo.fit(
-        model, family, data(), num_steps=20, batch_size=64, progress=False, guide_options=options
+        model,
+        guides.family(family, **options),
+        data(),
+        num_steps=20,
+        batch_size=64,
+        run=zoo.Run(progress=False),
     )
     assert fit.device.type == "cuda"
     assert all(p.is_cuda for p in fit.guide.parameters())
@@ -47,9 +53,8 @@ def test_estimators_on_the_gpu(estimator, elbo):
         data(),
         num_steps=20,
         batch_size=64,
-        progress=False,
-        estimator=estimator,
-        elbo=elbo,
+        run=zoo.Run(progress=False),
+        loss=zoo.Loss(estimator=estimator, elbo=elbo),
     )
     assert fit.options["estimator_sites"]
     assert all(math.isfinite(v) for v in fit.losses)
@@ -57,7 +62,13 @@ def test_estimators_on_the_gpu(estimator, elbo):
 
 def test_saved_on_gpu_loads_on_cpu(tmp_path):
     model = zoo.models.LeNet5(hidden=32)
-    fit = zoo.fit(model, "matrix_normal", data(), num_steps=5, progress=False)
+    fit = zoo.fit(
+        model,
+        "matrix_normal",
+        data(),
+        num_steps=5,
+        run=zoo.Run(progress=False),
+    )
     path = fit.save(tmp_path / "fit.pt")
     loaded = zoo.load(path)  # map_location="cpu" by default
     assert all(not p.is_cuda for p in loaded.guide.parameters())
@@ -77,13 +88,14 @@ def test_interrupted_gpu_fit_resumes_from_its_checkpoint(tmp_path):
         zoo.models.LeNet5(hidden=32),
         "diagonal",
         data(),
-        checkpoint=ckpt,
-        callbacks=stop_at_5,
+        run=zoo.Run(checkpoint=ckpt, callbacks=stop_at_5),
         **options,
     )
     assert part.steps == 5
-    resumed = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), resume=ckpt, **options)
-    full = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), **options)
+    resumed = zoo.fit(
+        zoo.models.LeNet5(hidden=32), "diagonal", data(), run=zoo.Run(resume=ckpt), **options
+    )
+    full = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), **grouped(**options))
     assert resumed.steps == 12 and resumed.device.type == "cuda"
     # cuDNN's convolution kernels are not bitwise deterministic: equal up to float noise
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
@@ -128,8 +140,12 @@ def cuda_graph_pair(family, options, n=200, **extra):
         kl_weight=lambda i: min(1.0, i / 10),
     )
     kwargs.update(extra)
-    eager = zoo.fit(zoo.models.LeNet5(hidden=32), family, data(n), check_every=1, **kwargs)
-    graphed = zoo.fit(zoo.models.LeNet5(hidden=32), family, data(n), cuda_graph=True, **kwargs)
+    eager = zoo.fit(
+        zoo.models.LeNet5(hidden=32), family, data(n), engine=zoo.Engine(check_every=1), **kwargs
+    )
+    graphed = zoo.fit(
+        zoo.models.LeNet5(hidden=32), family, data(n), engine=zoo.Engine(cuda_graph=True), **kwargs
+    )
     return eager, graphed
 
 
@@ -159,14 +175,20 @@ def test_a_diverging_cuda_graph_fit_stops_with_finite_parameters():
             data(),
             num_steps=40,
             batch_size=32,
-            optimizer="sgd",
+            optim=zoo.Optim(optimizer="sgd"),
+            engine=zoo.Engine(cuda_graph=True),
+            run=zoo.Run(progress=False),
             lr=1e4,
-            cuda_graph=True,
-            progress=False,
         )
     assert all(torch.isfinite(p).all() for p in err.value.result.guide.parameters())
 
 
 def test_check_every_auto_reads_in_groups_on_cuda():
-    fit = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), num_steps=30, progress=False)
+    fit = zoo.fit(
+        zoo.models.LeNet5(hidden=32),
+        "diagonal",
+        data(),
+        num_steps=30,
+        run=zoo.Run(progress=False),
+    )
     assert fit.options["check_every"] == 20 and len(fit.losses) == 30

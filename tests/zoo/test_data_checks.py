@@ -96,7 +96,13 @@ def test_a_dataset_is_checked_before_training_and_the_item_is_named(kind, messag
     model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
     steps = []
     with pytest.raises(ValueError, match=message):
-        zoo.fit(model, "diagonal", data, num_steps=3, progress=False, callbacks=[steps.append])
+        zoo.fit(
+            model,
+            "diagonal",
+            data,
+            num_steps=3,
+            run=zoo.Run(progress=False, callbacks=[steps.append]),
+        )
     assert not steps  # before the first step
 
 
@@ -106,7 +112,13 @@ def test_an_iterable_dataset_is_checked_batch_by_batch():
     model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
     loader = torch.utils.data.DataLoader(_Stream(), batch_size=10)
     with pytest.raises(ValueError, match="batch 2 of the data.*got 7"):
-        zoo.fit(model, "diagonal", loader, num_steps=5, progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            loader,
+            num_steps=5,
+            run=zoo.Run(progress=False),
+        )
 
 
 @pytest.mark.parametrize(
@@ -123,12 +135,24 @@ def test_targets_on_a_scale_that_dwarfs_the_noise_are_flagged(noise, message):
     y = 77 * x[:, 0]
     model = zoo.models.BayesianMLP(2, (4,), 1, noise=noise)
     with pytest.warns(UserWarning, match=message):
-        zoo.fit(model, "diagonal", (x, y), num_steps=1, progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            num_steps=1,
+            run=zoo.Run(progress=False),
+        )
     standardised = zoo.models.BayesianMLP(2, (4,), 1, noise=noise, noise_prior_scale=100.0)
     if noise == "learned":  # a prior on the targets' own scale is quiet
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            zoo.fit(standardised, "diagonal", (x, y), num_steps=1, progress=False)
+            zoo.fit(
+                standardised,
+                "diagonal",
+                (x, y),
+                num_steps=1,
+                run=zoo.Run(progress=False),
+            )
 
 
 def test_real_valued_targets_on_a_classifier_hint_at_task():
@@ -136,7 +160,12 @@ def test_real_valued_targets_on_a_classifier_hint_at_task():
 
     model = zoo.models.from_module(torch.nn.Linear(2, 1))
     with pytest.raises(ValueError, match="task='regression'"):
-        zoo.fit(model, "diagonal", (torch.randn(8, 2), torch.randn(8)), progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            (torch.randn(8, 2), torch.randn(8)),
+            run=zoo.Run(progress=False),
+        )
 
 
 def test_fit_predict_and_evaluate_leave_the_global_random_state_alone():
@@ -149,7 +178,7 @@ def test_fit_predict_and_evaluate_leave_the_global_random_state_alone():
     x, y = torch.randn(30, 2), torch.randint(0, 2, (30,))
     model = zoo.models.BayesianMLP(2, (4,), 2, task="classification")
     before = (torch.get_rng_state(), random.getstate(), np.random.get_state()[1].copy())  # noqa: NPY002
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=5)
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False), seed=5)
     fit.evaluate((x, y), num_samples=3, progress=False)
     a = fit.predict(x, num_samples=3, seed=1, progress=False).probs
     fit.to_arviz((x, y), num_samples=3, progress=False)
@@ -157,7 +186,7 @@ def test_fit_predict_and_evaluate_leave_the_global_random_state_alone():
     assert random.getstate() == before[1]
     assert (np.random.get_state()[1] == before[2]).all()  # noqa: NPY002
     assert torch.equal(a, fit.predict(x, num_samples=3, seed=1, progress=False).probs)
-    refit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, seed=5)
+    refit = zoo.fit(model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False), seed=5)
     assert refit.losses == fit.losses  # seeded runs repeat
 
 
@@ -206,7 +235,13 @@ def test_a_faulty_dataset_item_is_named_before_training(kind, message, form):
         data = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
     model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
     with pytest.raises(ValueError, match=message):
-        zoo.fit(model, "diagonal", data, num_steps=3, progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            data,
+            num_steps=3,
+            run=zoo.Run(progress=False),
+        )
 
 
 class _Flow(torch.utils.data.IterableDataset):
@@ -228,7 +263,20 @@ def test_a_bare_iterable_dataset_is_fitted_in_its_own_order_and_needs_a_length()
     import zoo
 
     model = zoo.models.BayesianMLP(3, (4,), 2, task="classification")
-    fit = zoo.fit(model, "diagonal", _Flow(), num_steps=6, batch_size=10, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        _Flow(),
+        num_steps=6,
+        batch_size=10,
+        run=zoo.Run(progress=False),
+    )
     assert fit.steps == 6
     with pytest.raises(TypeError, match="IterableDataset with a length.*__len__"):
-        zoo.fit(model, "diagonal", _Flow(length=False), num_steps=2, progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            _Flow(length=False),
+            num_steps=2,
+            run=zoo.Run(progress=False),
+        )

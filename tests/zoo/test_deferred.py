@@ -1,5 +1,6 @@
-"""The divergence check read every k steps (zoo.deferred) and the CUDA-graph step's static-buffer
-path (zoo.graphed, run eagerly here: the capture itself is tested in test_cuda.py)."""
+"""The divergence check read every k steps (zoo.engine, zoo.divergence) and the CUDA-graph
+step's static-buffer path (zoo.graphed, run eagerly here: the capture itself is tested in
+test_cuda.py)."""
 
 import math
 import warnings
@@ -11,6 +12,7 @@ import guides
 import zoo
 import zoo.training
 from tests.families import CASES
+from tests.groups import grouped
 from zoo.models import BayesianMLP
 
 
@@ -23,7 +25,8 @@ def regression(n=200, seed=0):
 def fit(data, family="diagonal", model=None, **options):
     kwargs = dict(num_steps=57, batch_size=32, lr=0.01, progress=False, seed=0)
     kwargs.update(options)
-    return zoo.fit(model or BayesianMLP(3, (16,), 1), family, data, **kwargs)
+    options = grouped(family, **kwargs)
+    return zoo.fit(model or BayesianMLP(3, (16,), 1), options.pop("guide"), data, **options)
 
 
 def same_parameters(a, b, **tolerance) -> bool:
@@ -62,10 +65,10 @@ def diverging(check_every, num_steps=20):
             (x, y),
             num_steps=num_steps,
             batch_size=16,
-            optimizer="sgd",
+            optim=zoo.Optim(optimizer="sgd"),
+            run=zoo.Run(progress=False),
+            engine=zoo.Engine(check_every=check_every),
             lr=1e3,
-            progress=False,
-            check_every=check_every,
         )
     return err.value, initial
 
@@ -117,7 +120,7 @@ def test_skip_records_the_same_steps_as_the_per_step_check():
 
 
 def test_skip_gives_up_after_too_many_in_a_row(monkeypatch):
-    monkeypatch.setattr(zoo.deferred, "MAX_CONSECUTIVE_SKIPS", 4)
+    monkeypatch.setattr(zoo.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
     x, y = regression()
     x[:, 0] = 1e30  # every minibatch's loss overflows
     with pytest.raises(zoo.FitDivergedError, match="4 steps in a row") as err:
@@ -148,7 +151,7 @@ def test_auto_reads_every_step_on_the_cpu():
 
 
 def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
-    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device: None)
+    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
     with pytest.raises(ValueError, match="needs the compiled loss"):
         fit(regression(), cuda_graph=True, jit=False)
 
@@ -157,7 +160,7 @@ def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
 def graph_on_cpu(monkeypatch):
     """``cuda_graph=True`` on the CPU: the GraphedStep's static buffers, tensor learning rates
     and in-step skip flag, run eagerly (``capture`` is only on CUDA)."""
-    monkeypatch.setattr(zoo.graphed, "device_refusal", lambda device: None)
+    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -207,9 +210,9 @@ def test_callbacks_read_every_step_but_copies_stay_every_k(monkeypatch):
     """A callback sees each step's loss (the host reads every step), while the parameter copy
     is still taken at most every ``check_every`` steps."""
     copies = []
-    begin = zoo.deferred.DeferredGuard.begin
+    begin = zoo.divergence.DivergenceGuard.begin
     monkeypatch.setattr(
-        zoo.deferred.DeferredGuard,
+        zoo.divergence.DivergenceGuard,
         "begin",
         lambda self, step: (copies.append(step), begin(self, step)),
     )

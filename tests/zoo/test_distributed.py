@@ -51,7 +51,7 @@ def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_pat
         num_steps=1500,
         batch_size=100,
         **MEAN_FIELD_FIT,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     optimum = exact_elbo(x, y, mean, torch.diag(mf_var))
     two_ranks = exact_elbo(x, y, r0["mean"], r0["cov"])
@@ -113,8 +113,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path, mn
         zoo.data.mnist(mnist_root, limit=512),
         num_steps=step + 2,
         batch_size=16,
-        resume=tmp_path / "two-ranks.ckpt",
-        progress=False,
+        run=zoo.Run(resume=tmp_path / "two-ranks.ckpt", progress=False),
     )
     assert one.steps == step + 2 and one.options["world_size"] == 1
     assert torch.equal(torch.tensor(one.losses[:step]), a["losses"][:step])
@@ -205,19 +204,64 @@ def test_distributed_arguments_are_checked_before_anything_starts():
     assert not requested(1, 1, "auto") and requested(2, 1, "auto") and requested(1, 1, "ddp")
     x, y = correlated_data(n=20, d=3)
     with pytest.raises(ValueError, match="disagree"):
-        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, accelerator="gpu", progress=False)
+        zoo.fit(
+            model_for(3),
+            "diagonal",
+            (x, y),
+            engine=zoo.Engine(devices=2, accelerator="gpu"),
+            run=zoo.Run(progress=False),
+        )
     with pytest.raises(ValueError, match="disagree"):
-        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, device="cuda:1", progress=False)
+        zoo.fit(
+            model_for(3),
+            "diagonal",
+            (x, y),
+            engine=zoo.Engine(devices=2, device="cuda:1"),
+            run=zoo.Run(progress=False),
+        )
     with pytest.raises(ValueError, match="lr must be a positive number"):  # no process started
-        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, lr=-1.0, progress=False)
+        zoo.fit(
+            model_for(3),
+            "diagonal",
+            (x, y),
+            engine=zoo.Engine(devices=2),
+            run=zoo.Run(progress=False),
+            lr=-1.0,
+        )
     with pytest.raises(ValueError, match="optimizer must be one of"):
-        zoo.fit(model_for(3), "diagonal", (x, y), devices=2, optimizer="lbfgs", progress=False)
+        zoo.fit(
+            model_for(3),
+            "diagonal",
+            (x, y),
+            engine=zoo.Engine(devices=2),
+            optim=zoo.Optim(optimizer="lbfgs"),
+            run=zoo.Run(progress=False),
+        )
     with pytest.raises(ValueError, match="data parallel"):
-        zoo.fit(model_for(3), "diagonal", (x, y), strategy="fsdp", progress=False)
+        zoo.fit(
+            model_for(3),
+            "diagonal",
+            (x, y),
+            engine=zoo.Engine(strategy="fsdp"),
+            run=zoo.Run(progress=False),
+        )
     for options in ({"check_every": 10}, {"cuda_graph": True}):
         with pytest.raises(ValueError, match="applies to fits in one process"):
-            zoo.fit(model_for(3), "diagonal", (x, y), devices=2, progress=False, **options)
-    fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=2, progress=False)
+            zoo.fit(
+                model_for(3),
+                "diagonal",
+                (x, y),
+                engine=zoo.Engine(devices=2),
+                run=zoo.Run(progress=False),
+                **options,
+            )
+    fit = zoo.fit(
+        model_for(3),
+        "diagonal",
+        (x, y),
+        num_steps=2,
+        run=zoo.Run(progress=False),
+    )
     assert fit.options["world_size"] == 1
     with pytest.raises(RuntimeError, match="no process group here"):
         fit.predict(x, num_samples=2, distributed=True)

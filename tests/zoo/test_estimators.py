@@ -146,25 +146,52 @@ def test_fit_with_estimators_checks_and_records():
     x = torch.randn(64, 5)
     y = (x[:, 0] > 0).long()
     model = zoo.models.BayesianMLP(5, (8,), 2, task="classification")
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, progress=False, estimator="flipout")
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=3,
+        run=zoo.Run(progress=False),
+        loss=zoo.Loss(estimator="flipout"),
+    )
     assert fit.options["estimator_sites"] == ["fc1.weight", "fc2.weight"]
     with pytest.raises(ValueError, match="estimator must be one of"):
-        zoo.fit(model, "diagonal", (x, y), num_steps=1, progress=False, estimator="lrt")
+        zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            num_steps=1,
+            run=zoo.Run(progress=False),
+            loss=zoo.Loss(estimator="lrt"),
+        )
     with pytest.raises(ValueError, match="num_particles=1"):
         zoo.fit(
             model,
             "diagonal",
             (x, y),
             num_steps=1,
-            progress=False,
-            estimator="local",
-            num_particles=4,
+            run=zoo.Run(progress=False),
+            loss=zoo.Loss(estimator="local", num_particles=4),
         )
     with pytest.raises(ValueError, match="serves no weight"):
-        zoo.fit(model, "lowrank", (x, y), num_steps=1, progress=False, estimator="local")
+        zoo.fit(
+            model,
+            "lowrank",
+            (x, y),
+            num_steps=1,
+            run=zoo.Run(progress=False),
+            loss=zoo.Loss(estimator="local"),
+        )
     conv = zoo.models.LeNet5()
     xi, yi = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
-    fit = zoo.fit(conv, "diagonal", (xi, yi), num_steps=1, progress=False, estimator="local")
+    fit = zoo.fit(
+        conv,
+        "diagonal",
+        (xi, yi),
+        num_steps=1,
+        run=zoo.Run(progress=False),
+        loss=zoo.Loss(estimator="local"),
+    )
     assert fit.options["estimator_sites"] == ["fc1.weight", "fc2.weight"]  # not the convs
 
 
@@ -199,10 +226,9 @@ def test_meanfield_local_fit_reaches_the_exact_elbo_optimum_region(family):
             num_steps=800,
             batch_size=100,
             lr=0.02,
-            progress=False,
-            elbo="meanfield",
-            estimator=estimator,
-            lr_schedule=lambda i: 0.998**i,
+            run=zoo.Run(progress=False),
+            loss=zoo.Loss(elbo="meanfield", estimator=estimator),
+            optim=zoo.Optim(lr_schedule=lambda i: 0.998**i),
         )
         elbos[estimator] = exact_elbo(x, y, *guide_gaussian(fit.guide))
     assert abs(elbos["local"] - elbos["reparam"]) < 1.0, elbos

@@ -7,6 +7,7 @@ import torch
 import guides
 import zoo
 import zoo.divergence
+from tests.groups import grouped
 from tests.zoo.linear_gaussian import (
     correlated_data,
     decaying,
@@ -25,14 +26,13 @@ def test_diagonal_reaches_the_exact_mean_field_optimum(batch_size):
     mean, precision = exact_posterior(x, y)
     fit = zoo.fit(
         model_for(3),
-        "diagonal",
+        guides.family("diagonal", init_scale=0.05),
         (x, y),
         num_steps=3000,
         batch_size=batch_size,
         lr=0.03,
-        lr_schedule=decaying,
-        guide_options={"init_scale": 0.05},
-        progress=False,
+        optim=zoo.Optim(lr_schedule=decaying),
+        run=zoo.Run(progress=False),
     )
     medians = fit.guide.median()
     got_mean = torch.cat([medians["fc1.weight"].reshape(-1), medians["fc1.bias"]])
@@ -47,7 +47,14 @@ def test_minibatch_loss_estimates_the_full_data_loss():
     """The per-step loss on a minibatch is unbiased for the full-batch loss."""
     x, y = correlated_data(n=400, d=3)
     model = model_for(3)
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=1, batch_size=400, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=1,
+        batch_size=400,
+        run=zoo.Run(progress=False),
+    )
     guide = fit.guide
     scale = zoo.ElboScale()
     elbo = pyro.infer.TraceMeanField_ELBO(max_plate_nesting=1)
@@ -70,7 +77,14 @@ def test_minibatch_loss_estimates_the_full_data_loss():
 def test_kl_weight_scales_the_kl_term():
     x, y = correlated_data(n=200, d=3)
     model = model_for(3)
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=1, batch_size=200, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=1,
+        batch_size=200,
+        run=zoo.Run(progress=False),
+    )
     elbo = pyro.infer.TraceMeanField_ELBO(max_plate_nesting=1)
     with torch.no_grad():
         pyro.set_rng_seed(1)
@@ -106,15 +120,16 @@ def test_options_particles_meanfield_multipliers_schedule_callbacks():
         (x, y),
         epochs=10,
         batch_size=16,
-        num_particles=4,
-        elbo="meanfield",
-        lr_multipliers={"*.gamma*": 50.0},
-        lr_schedule=lambda i: 1 / (1 + 1e-4 * i) ** 0.75,
-        kl_weight=lambda step: min(1.0, 0.1 + step / 10),
-        optimizer="sgd",
-        optimizer_options={"momentum": 0.9},
-        callbacks=[stop_after_five],
-        progress=False,
+        loss=zoo.Loss(
+            num_particles=4, elbo="meanfield", kl_weight=lambda step: min(1.0, 0.1 + step / 10)
+        ),
+        optim=zoo.Optim(
+            lr_multipliers={"*.gamma*": 50.0},
+            lr_schedule=lambda i: 1 / (1 + 1e-4 * i) ** 0.75,
+            optimizer="sgd",
+            optimizer_options={"momentum": 0.9},
+        ),
+        run=zoo.Run(callbacks=[stop_after_five], progress=False),
     )
     assert seen == [1, 2, 3, 4, 5] and fit.steps == 5
     assert fit.options["num_particles"] == 4
@@ -130,8 +145,8 @@ def test_lr_multiplier_reaches_its_parameters():
         (x, y),
         num_steps=1,
         lr=0.01,
-        progress=False,
-        lr_multipliers={"*.gamma*": 50.0},
+        run=zoo.Run(progress=False),
+        optim=zoo.Optim(lr_multipliers={"*.gamma*": 50.0}),
     )
     assert fit.steps == 1
     with pytest.raises(ValueError, match="match no parameter"):
@@ -140,18 +155,30 @@ def test_lr_multiplier_reaches_its_parameters():
             "diagonal",
             (x, y),
             num_steps=1,
-            progress=False,
-            lr_multipliers={"*.gamma*": 50.0},
+            run=zoo.Run(progress=False),
+            optim=zoo.Optim(lr_multipliers={"*.gamma*": 50.0}),
         )
 
 
 def test_seed_makes_fits_reproducible():
     x, y = correlated_data(n=100, d=2)
     a = zoo.fit(
-        model_for(2), "lowrank", (x, y), num_steps=20, batch_size=10, progress=False, seed=3
+        model_for(2),
+        "lowrank",
+        (x, y),
+        num_steps=20,
+        batch_size=10,
+        run=zoo.Run(progress=False),
+        seed=3,
     )
     b = zoo.fit(
-        model_for(2), "lowrank", (x, y), num_steps=20, batch_size=10, progress=False, seed=3
+        model_for(2),
+        "lowrank",
+        (x, y),
+        num_steps=20,
+        batch_size=10,
+        run=zoo.Run(progress=False),
+        seed=3,
     )
     assert a.losses == b.losses
 
@@ -169,7 +196,14 @@ def test_dataset_and_dataloader_inputs():
 
     model = BayesianMLP(3, (4,), 2, task="classification")
     for data in (ds, Plain(), torch.utils.data.DataLoader(Plain(), batch_size=8, shuffle=True)):
-        fit = zoo.fit(model, "diagonal", data, epochs=1, batch_size=8, progress=False)
+        fit = zoo.fit(
+            model,
+            "diagonal",
+            data,
+            epochs=1,
+            batch_size=8,
+            run=zoo.Run(progress=False),
+        )
         assert fit.steps == 5 and len(fit.epoch_losses) == 1
         assert set(fit.evaluate(data, num_samples=5)) == {"accuracy", "nll", "brier", "ece"}
 
@@ -177,7 +211,13 @@ def test_dataset_and_dataloader_inputs():
 def test_evaluate_regression_metrics():
     x, y = correlated_data(n=200, d=2)
     fit = zoo.fit(
-        model_for(2), "diagonal", (x, y), num_steps=300, batch_size=200, lr=0.05, progress=False
+        model_for(2),
+        "diagonal",
+        (x, y),
+        num_steps=300,
+        batch_size=200,
+        lr=0.05,
+        run=zoo.Run(progress=False),
     )
     metrics = fit.evaluate((x, y), num_samples=50)
     assert metrics["rmse"] < 1.2
@@ -206,8 +246,7 @@ def test_divergence_stops_and_keeps_the_last_finite_parameters(monkeypatch):
             (x, y),
             num_steps=10,
             batch_size=20,
-            progress=False,
-            callbacks=[poison],
+            run=zoo.Run(progress=False, callbacks=[poison]),
         )
     result = err.value.result
     assert result.steps == 3
@@ -238,7 +277,15 @@ def test_divergence_caused_by_the_parameters_restores_usable_ones(num_steps, phr
         guide(x, y)
     initial = {k: v.detach().clone() for k, v in guide.state_dict().items()}
     with pytest.raises(zoo.FitDivergedError, match=phrase) as err:
-        zoo.fit(model, guide, (x, y), num_steps=num_steps, optimizer="sgd", lr=1e3, progress=False)
+        zoo.fit(
+            model,
+            guide,
+            (x, y),
+            num_steps=num_steps,
+            optim=zoo.Optim(optimizer="sgd"),
+            run=zoo.Run(progress=False),
+            lr=1e3,
+        )
     result = err.value.result
     for k, v in result.guide.state_dict().items():
         assert torch.equal(v, initial[k]), k  # step 0's parameters: the last finite loss
@@ -254,7 +301,13 @@ def test_non_finite_parameters_are_refused_before_training():
         guide(x, y)
         guide.site_posterior("fc1.weight").loc[0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"\['sites.fc1.weight.loc'\] hold NaN or infinite"):
-        zoo.fit(model, guide, (x, y), num_steps=5, progress=False)
+        zoo.fit(
+            model,
+            guide,
+            (x, y),
+            num_steps=5,
+            run=zoo.Run(progress=False),
+        )
 
 
 def fit_skipping(x, y, guide, poison, num_steps):
@@ -264,9 +317,7 @@ def fit_skipping(x, y, guide, poison, num_steps):
         (x, y),
         num_steps=num_steps,
         batch_size=len(x),
-        progress=False,
-        on_divergence="skip",
-        callbacks=[poison],
+        run=zoo.Run(progress=False, on_divergence="skip", callbacks=[poison]),
     )
 
 
@@ -321,9 +372,15 @@ def test_named_lr_schedules_follow_the_run_length():
 
     x, y = correlated_data(n=64, d=3)
     kwargs = dict(num_steps=40, batch_size=16, lr=0.01, seed=0, progress=False)
-    named = zoo.fit(model_for(3), "diagonal", (x, y), lr_schedule="exponential", **kwargs)
+    named = zoo.fit(
+        model_for(3), "diagonal", (x, y), optim=zoo.Optim(lr_schedule="exponential"), **kwargs
+    )
     manual = zoo.fit(
-        model_for(3), "diagonal", (x, y), lr_schedule=lambda i: 0.1 ** (i / 40), **kwargs
+        model_for(3),
+        "diagonal",
+        (x, y),
+        optim=zoo.Optim(lr_schedule=lambda i: 0.1 ** (i / 40)),
+        **kwargs,
     )
     a, b = named.guide.median(), manual.guide.median()
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -331,4 +388,4 @@ def test_named_lr_schedules_follow_the_run_length():
     assert cosine(0) == pytest.approx(1.0) and cosine(100) == pytest.approx(0.01)
     assert cosine(50) == pytest.approx(0.505)
     with pytest.raises(ValueError, match="lr_schedule must be"):
-        zoo.fit(model_for(3), "diagonal", (x, y), lr_schedule="linear", **kwargs)
+        zoo.fit(model_for(3), "diagonal", (x, y), **grouped(lr_schedule="linear", **kwargs))

@@ -43,7 +43,13 @@ def test_a_fit_result_converts_to_a_module_and_back():
     from zoo.lightning import BayesianModule
 
     x, y = correlated_data(n=40, d=3)
-    fit = zoo.fit(model_for(3), "diagonal", (x, y), num_steps=3, progress=False)
+    fit = zoo.fit(
+        model_for(3),
+        "diagonal",
+        (x, y),
+        num_steps=3,
+        run=zoo.Run(progress=False),
+    )
     module = BayesianModule.from_fit_result(fit, num_data=40, example=(x, y))
     assert module.guide is fit.guide and module.model is fit.model
     assert module.kl(x[:4], y[:4]) > 0

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import guides
 import zoo
 from tests.families import GAUSSIAN, PRIMARY
 
@@ -21,7 +22,13 @@ def mnist_subset(mnist_root):
 
 def test_lenet_diagonal_learns_mnist(mnist_subset):
     train, test = mnist_subset
-    fit = zoo.fit(zoo.models.LeNet5(), "diagonal", train, epochs=1, progress=False)
+    fit = zoo.fit(
+        zoo.models.LeNet5(),
+        "diagonal",
+        train,
+        epochs=1,
+        run=zoo.Run(progress=False),
+    )
     metrics = fit.evaluate(test, num_samples=20)
     assert metrics["accuracy"] >= 0.90, metrics
     assert 0 <= metrics["ece"] < 0.1 and metrics["nll"] < 0.4
@@ -37,12 +44,11 @@ def test_500_lenet_steps_stay_finite(family, mnist_subset):
         options["init_loc_fn"] = lambda site: 1e-4 * torch.randn_like(site["value"])
     fit = zoo.fit(
         zoo.models.LeNet5(),
-        name,
+        guides.family(name, **options),
         train,
         num_steps=500,
         batch_size=32,
-        guide_options=options,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     assert fit.steps == 500
     assert all(torch.isfinite(torch.tensor(fit.losses)))

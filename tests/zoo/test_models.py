@@ -67,7 +67,15 @@ def test_sites_are_named_after_layers_and_fit_lowers_the_loss(name):
     assert trace.nodes["obs"]["cond_indep_stack"][0].name == "data"
 
     x, y = data_for(spec, 32)
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=60, batch_size=32, lr=0.02, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=60,
+        batch_size=32,
+        lr=0.02,
+        run=zoo.Run(progress=False),
+    )
     losses = torch.tensor(fit.losses)
     assert losses[-10:].mean() < losses[:10].mean()
 
@@ -129,7 +137,14 @@ def test_scale_mixture_log_prob():
 def test_learned_noise_site_and_prediction():
     model = BayesianMLP(2, (4,), 1, noise="learned")
     x, y = torch.randn(30, 2), torch.randn(30)
-    fit = zoo.fit(model, "diagonal", (x, y), num_steps=5, batch_size=30, progress=False)
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=5,
+        batch_size=30,
+        run=zoo.Run(progress=False),
+    )
     assert "noise" in fit.guide.site_names
     pred = fit.predict(x, num_samples=9)
     assert pred.sample_scales.shape == (9, 30) and (pred.sample_scales > 0).all()

@@ -12,8 +12,10 @@ import pyro
 import pytest
 import torch
 
+import guides
 import zoo
 from tests.families import CASES
+from tests.groups import grouped
 from zoo import persist
 from zoo.models import BayesianMLP
 
@@ -44,7 +46,9 @@ OPTIONS = dict(
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_save_load_round_trip_gives_identical_predictions(family, tmp_path):
     name, options = FAMILIES[family]
-    fit = zoo.fit(model(), name, data(), num_steps=10, guide_options=options, **OPTIONS)
+    fit = zoo.fit(
+        model(), guides.family(name, **options), data(), num_steps=10, **grouped(**OPTIONS)
+    )
     path = fit.save(tmp_path / "fit.pt")
     loaded = zoo.load(path)
     assert type(loaded.guide) is type(fit.guide)
@@ -65,7 +69,7 @@ def test_save_load_round_trip_gives_identical_predictions(family, tmp_path):
 
 
 def test_loading_onto_a_different_model_is_refused(tmp_path):
-    fit = zoo.fit(model(), "diagonal", data(), num_steps=2, **OPTIONS)
+    fit = zoo.fit(model(), "diagonal", data(), num_steps=2, **grouped(**OPTIONS))
     path = fit.save(tmp_path / "fit.pt")
     other = BayesianMLP(3, (5,), 3, task="classification")
     with pytest.raises(ValueError, match="different model.*fc1.weight: \\(8, 3\\) vs \\(5, 3\\)"):
@@ -98,7 +102,7 @@ def test_atomic_save_gives_the_mode_of_a_plain_open_and_keeps_a_replaced_files_m
 
 
 def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
-    full = zoo.fit(model(), "tridiagonal", data(), num_steps=30, **OPTIONS)
+    full = zoo.fit(model(), "tridiagonal", data(), num_steps=30, **grouped(**OPTIONS))
 
     def ctrl_c(state):
         if state.step == 13:  # mid-epoch: 4 batches per epoch
@@ -106,10 +110,17 @@ def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
 
     ckpt = tmp_path / "ckpt.pt"
     part = zoo.fit(
-        model(), "tridiagonal", data(), num_steps=30, checkpoint=ckpt, callbacks=[ctrl_c], **OPTIONS
+        model(),
+        "tridiagonal",
+        data(),
+        num_steps=30,
+        run=zoo.Run(checkpoint=ckpt, callbacks=[ctrl_c]),
+        **OPTIONS,
     )
     assert part.interrupted and part.steps == 13
-    resumed = zoo.fit(model(), "tridiagonal", data(), num_steps=30, resume=ckpt, **OPTIONS)
+    resumed = zoo.fit(
+        model(), "tridiagonal", data(), num_steps=30, run=zoo.Run(resume=ckpt), **OPTIONS
+    )
     assert resumed.steps == 30
     assert resumed.losses == pytest.approx(full.losses, rel=1e-6)
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
@@ -123,7 +134,7 @@ CHILD = textwrap.dedent(
     import zoo
     from test_persist import OPTIONS, data, model
     zoo.fit(model(), "diagonal", data(), num_steps=400, checkpoint={ckpt!r}, device="cpu",
-            checkpoint_every=3, callbacks=[lambda s: time.sleep(0.005)], **OPTIONS)
+            checkpoint_every=3, callbacks=[lambda s: time.sleep(0.005)], **grouped(**OPTIONS))
     """
 )
 
@@ -152,8 +163,10 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
     assert reads > 0
     stopped_at = persist.read(ckpt, "checkpoint")["state"]["step"]
     assert 0 < stopped_at < 400
-    resumed = zoo.fit(model(), "diagonal", data(), num_steps=400, resume=ckpt, **OPTIONS)
-    full = zoo.fit(model(), "diagonal", data(), num_steps=400, **OPTIONS)
+    resumed = zoo.fit(
+        model(), "diagonal", data(), num_steps=400, run=zoo.Run(resume=ckpt), **OPTIONS
+    )
+    full = zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(**OPTIONS))
     assert resumed.steps == 400
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -163,7 +176,9 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
 def test_saved_files_are_plain_data_and_small(family, tmp_path):
     """Read with weights_only=True (no code runs); parameters plus history, nothing else."""
     name, options = FAMILIES[family]
-    fit = zoo.fit(model(), name, data(), num_steps=10, guide_options=options, **OPTIONS)
+    fit = zoo.fit(
+        model(), guides.family(name, **options), data(), num_steps=10, **grouped(**OPTIONS)
+    )
     path = fit.save(tmp_path / "fit.pt")
     payload = torch.load(path, weights_only=True)
     assert payload["guide"]["spec"]["family"] == name
@@ -175,7 +190,13 @@ def test_saved_files_are_plain_data_and_small(family, tmp_path):
 
 def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):
     x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
-    fit = zoo.fit(zoo.models.LeNet5(), "tridiagonal", (x, y), num_steps=2, progress=False)
+    fit = zoo.fit(
+        zoo.models.LeNet5(),
+        "tridiagonal",
+        (x, y),
+        num_steps=2,
+        run=zoo.Run(progress=False),
+    )
     path = fit.save(tmp_path / "lenet.pt")
     params = sum(p.numel() * p.element_size() for p in fit.guide.parameters())
     assert path.stat().st_size <= 1.2 * params + 8 * 4
@@ -185,15 +206,14 @@ def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):
         "tridiagonal",
         (x, y),
         num_steps=1,
-        progress=False,
-        checkpoint=checkpoint,
+        run=zoo.Run(progress=False, checkpoint=checkpoint),
     )
     torch.load(checkpoint, weights_only=True)  # checkpoints are plain data too
 
 
 def test_a_user_network_is_passed_again_on_load(tmp_path):
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
-    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **OPTIONS)
+    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **grouped(**OPTIONS))
     path = fit.save(tmp_path / "fit.pt")
     with pytest.raises(ValueError, match="not a zoo.models class.*model="):
         zoo.load(path)
@@ -209,7 +229,7 @@ def test_a_model_of_another_architecture_is_refused_with_the_sites_that_differ(t
         "diagonal",
         (torch.randn(4, 1, 28, 28), torch.randint(0, 10, (4,))),
         num_steps=1,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     path = fit.save(tmp_path / "fit.pt")
     with pytest.raises(ValueError, match="different model"):
@@ -256,7 +276,7 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
     from pyro.infer.autoguide import AutoNormal
 
     m = model()
-    fit = zoo.fit(m, AutoNormal(m), data(), num_steps=3, **OPTIONS)
+    fit = zoo.fit(m, AutoNormal(m), data(), num_steps=3, **grouped(**OPTIONS))
     assert fit.options["guide"] == "AutoNormal" and fit.steps == 3
     steps = []
     with pytest.raises(TypeError, match="cannot be saved as plain data"):
@@ -265,8 +285,7 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
             AutoNormal(m),
             data(),
             num_steps=3,
-            checkpoint=tmp_path / "c.pt",
-            callbacks=[steps.append],
+            run=zoo.Run(checkpoint=tmp_path / "c.pt", callbacks=[steps.append]),
             **OPTIONS,
         )
     assert not steps
@@ -276,7 +295,11 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
 def test_a_damaged_fit_file_names_the_path_and_says_it_is_damaged(tmp_path, damage):
     x, y = torch.randn(16, 3), torch.randn(16)
     fit = zoo.fit(
-        zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), num_steps=2, progress=False
+        zoo.models.BayesianMLP(3, (4,), noise=1.0),
+        "diagonal",
+        (x, y),
+        num_steps=2,
+        run=zoo.Run(progress=False),
     )
     path = fit.save(tmp_path / "fit.pt")
     data = bytearray(path.read_bytes())
@@ -297,22 +320,20 @@ def test_resuming_a_checkpoint_of_another_family_is_refused_with_both_names(tmp_
     x, y = torch.randn(16, 3), torch.randn(16)
     ckpt = tmp_path / "ckpt.pt"
     options = dict(num_steps=2, progress=False, checkpoint=ckpt)
-    zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), **options)
+    zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), **grouped(**options))
     with pytest.raises(ValueError, match="'diagonal' family.*'lowrank'"):
         zoo.fit(
             zoo.models.BayesianMLP(3, (4,), noise=1.0),
             "lowrank",
             (x, y),
-            resume=ckpt,
+            run=zoo.Run(resume=ckpt, progress=False),
             num_steps=3,
-            progress=False,
         )
     resumed = zoo.fit(
         zoo.models.BayesianMLP(3, (4,), noise=1.0),
         "diagonal",
         (x, y),
-        resume=ckpt,
+        run=zoo.Run(resume=ckpt, progress=False),
         num_steps=3,
-        progress=False,
     )
     assert resumed.steps == 3

@@ -144,7 +144,7 @@ def test_the_class_ppc_has_one_bin_per_class():
         "diagonal",
         (x, y),
         num_steps=3,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     idata = fit.to_arviz((x, y), num_samples=30, progress=False)
     fig = zaz.plot_ppc(idata)

@@ -103,11 +103,23 @@ def test_predict_without_a_fitted_guide_says_so():
 def test_interval_levels_outside_zero_one_are_refused(level):
     reg = zoo.models.BayesianMLP(2, (4,), noise=1.0)
     x = torch.randn(8, 2)
-    fit = zoo.fit(reg, "diagonal", (x, torch.randn(8)), num_steps=1, progress=False)
+    fit = zoo.fit(
+        reg,
+        "diagonal",
+        (x, torch.randn(8)),
+        num_steps=1,
+        run=zoo.Run(progress=False),
+    )
     with pytest.raises(ValueError, match="between 0 and 1"):
         fit.predict(x, 4, progress=False).interval(level)
     clf = zoo.models.BayesianMLP(2, (4,), 3, task="classification")
-    fit = zoo.fit(clf, "diagonal", (x, torch.randint(0, 3, (8,))), num_steps=1, progress=False)
+    fit = zoo.fit(
+        clf,
+        "diagonal",
+        (x, torch.randint(0, 3, (8,))),
+        num_steps=1,
+        run=zoo.Run(progress=False),
+    )
     with pytest.raises(ValueError, match="between 0 and 1"):
         fit.predict(x, 4, progress=False).class_intervals(level)
 
@@ -120,7 +132,7 @@ def test_fit_result_repr_is_a_few_lines():
         (x, torch.randn(64)),
         num_steps=500,
         batch_size=8,
-        progress=False,
+        run=zoo.Run(progress=False),
     )
     text = repr(fit)
     assert len(text.splitlines()) <= 4 and len(text) < 400
@@ -136,6 +148,6 @@ def test_a_cuda_device_without_a_gpu_is_a_sentence(monkeypatch):
             "diagonal",
             (x, torch.randn(8)),
             num_steps=1,
-            progress=False,
-            device="cuda",
+            run=zoo.Run(progress=False),
+            engine=zoo.Engine(device="cuda"),
         )

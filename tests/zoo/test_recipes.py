@@ -105,7 +105,12 @@ def test_classification_and_large_data_keep_one_epoch():
 def test_a_full_batch_regression_fit_with_no_options_is_fitted():
     """The issue's case: a full-batch fit once ran one step at lr 1e-3 and learned nothing."""
     x, y = regression(160)
-    fit = zoo.fit(zoo.models.BayesianMLP(1, (16,), noise=0.1), "diagonal", (x, y), progress=False)
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(1, (16,), noise=0.1),
+        "diagonal",
+        (x, y),
+        run=zoo.Run(progress=False),
+    )
     assert fit.steps == REGRESSION_FIT["num_steps"]
     assert fit.options["recipe"] == "small regression data"
     assert fit.options["batch_size"] == 160 and fit.options["lr"] == REGRESSION_FIT["lr"]
@@ -118,9 +123,20 @@ def test_a_short_default_fit_warns_and_says_what_to_pass():
     x, y = regression(n)
     model = zoo.models.BayesianMLP(1, (4,), noise=0.1)
     with pytest.warns(ShortFitWarning, match="num_steps=") as record:
-        zoo.fit(model, "diagonal", (x, y), progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            run=zoo.Run(progress=False),
+        )
     assert f"{-(-n // 128)} optimiser step" in str(record[0].message)
     with warnings.catch_warnings():  # a length the caller chose is theirs: no warning
         warnings.simplefilter("error", ShortFitWarning)
-        zoo.fit(model, "diagonal", (x, y), epochs=1, progress=False)
+        zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            epochs=1,
+            run=zoo.Run(progress=False),
+        )
     assert MIN_DEFAULT_STEPS > -(-n // 128)

@@ -35,12 +35,12 @@ def test_forward_flops_counts_the_matrix_products_and_draws_nothing():
 
 def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
     cpu = torch.device("cpu")
-    small = zoo.threads.SMALL_FORWARD_FLOPS - 1
-    assert zoo.threads.step_threads("auto", cpu, lambda: small) == 1
-    assert zoo.threads.step_threads("auto", cpu, lambda: small + 1) is None
-    assert zoo.threads.step_threads("auto", torch.device("cuda"), lambda: 0) is None
-    assert zoo.threads.step_threads(3, cpu, lambda: 0) == 3
-    assert zoo.threads.step_threads(None, cpu, lambda: 0) is None
+    small = zoo.step_rules.SMALL_STEP_FLOPS - 1
+    assert zoo.step_rules.threads_for("auto", cpu, lambda: small) == 1
+    assert zoo.step_rules.threads_for("auto", cpu, lambda: small + 1) is None
+    assert zoo.step_rules.threads_for("auto", torch.device("cuda"), lambda: 0) is None
+    assert zoo.step_rules.threads_for(3, cpu, lambda: 0) == 3
+    assert zoo.step_rules.threads_for(None, cpu, lambda: 0) is None
     # The threshold sits between the tiny regression net and LeNet-5 on a batch of 128.
     lenet = zoo.models.BayesianModel(LeNet5Network(100))
     assert zoo.threads.forward_flops(lenet, torch.randn(128, 1, 28, 28)) > small
@@ -49,7 +49,9 @@ def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
 def fit_tiny(n: int = 32, **options):
     """The tiny model fitted on ``n`` random examples in batches of 32."""
     data = (torch.randn(n, 13), torch.randn(n))
-    return zoo.fit(tiny_model(), "diagonal", data, batch_size=32, progress=False, **options)
+    return zoo.fit(
+        tiny_model(), "diagonal", data, batch_size=32, run=zoo.Run(progress=False), **options
+    )
 
 
 def threads_seen(**options):
@@ -126,7 +128,7 @@ def test_prediction_takes_the_fits_rule_and_restores_the_callers_count(two_threa
 
 
 def test_a_large_prediction_pass_keeps_torchs_setting(two_threads, monkeypatch):
-    monkeypatch.setattr(zoo.threads, "SMALL_FORWARD_FLOPS", 0)
+    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 0)
     fit = fit_tiny(num_steps=2, threads=1)
     seen = prediction_threads_seen(fit, lambda f: f.predict(torch.randn(8, 13), 2, progress=False))
     assert set(seen) == {2}

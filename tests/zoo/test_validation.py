@@ -91,13 +91,25 @@ def test_bad_input_is_rejected_before_training(case):
     options = dict(options)
     guide = options.pop("guide", "diagonal")
     with pytest.raises(exc, match=phrase):
-        zoo.fit(make_model(), guide, data, progress=False, callbacks=[steps.append], **options)
+        zoo.fit(
+            make_model(),
+            guide,
+            data,
+            run=zoo.Run(progress=False, callbacks=[steps.append]),
+            **options,
+        )
     assert steps == []
 
 
 @pytest.fixture(scope="module")
 def fitted():
-    return zoo.fit(classifier(), "diagonal", (X, Y), num_steps=2, progress=False)
+    return zoo.fit(
+        classifier(),
+        "diagonal",
+        (X, Y),
+        num_steps=2,
+        run=zoo.Run(progress=False),
+    )
 
 
 NAN_X = X.clone().index_fill_(0, torch.tensor([4]), float("nan"))

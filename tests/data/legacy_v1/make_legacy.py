@@ -38,13 +38,12 @@ for label, (task, family, options) in cases.items():
     )
     fit = zoo.fit(
         model,
-        guide,
+        guides.family(guide, **options if family else None),
         data,
         num_steps=30,
         batch_size=20,
         lr=0.01,
-        progress=False,
-        guide_options=options if family else None,
+        run=zoo.Run(progress=False),
     )
     fit.save(out / f"{label}.pt")
     moments = {}

@@ -12,6 +12,7 @@ from torch.distributions import LogNormal, MultivariateNormal, kl_divergence
 import guides
 import zoo
 from tests.families import CASES
+from tests.groups import grouped
 from zoo.models import BayesianMLP
 from zoo.priors import IsotropicNormal
 from zoo.priors.fitted import HierarchicalNormalPrior, LearnedNormalPrior, scale_groups
@@ -85,10 +86,10 @@ def fit_linear(prior, steps=1000, **options):
         batch_size=N,
         num_steps=steps,
         lr=0.05,
-        lr_schedule="exponential",
-        elbo="meanfield",
+        optim=zoo.Optim(lr_schedule="exponential"),
+        loss=zoo.Loss(elbo="meanfield"),
+        run=zoo.Run(progress=False),
         seed=0,
-        progress=False,
         **options,
     )
 
@@ -140,7 +141,15 @@ def test_collapse_is_warned():
     with pytest.warns(RuntimeWarning, match="switching these weights off"):
         # The collapse oscillates (scales 0.005-0.03 from step 300 on); at 400 steps one group
         # is below 1% of its start with the eager and with the compiled loss alike.
-        zoo.fit(model, "map", (x, y), batch_size=6, num_steps=400, lr=0.05, progress=False)
+        zoo.fit(
+            model,
+            "map",
+            (x, y),
+            batch_size=6,
+            num_steps=400,
+            lr=0.05,
+            run=zoo.Run(progress=False),
+        )
     assert min(model.prior.scales().values()) < 0.01
 
 
@@ -187,7 +196,12 @@ def test_every_family_fits_with_fitted_prior_scales(label, prior):
     y = x.sum(-1) + 0.1 * torch.randn(32, generator=g)
     model = BayesianMLP(3, (8,), 1, prior=prior, noise="learned")
     result = zoo.fit(
-        model, family, (x, y), batch_size=16, num_steps=20, guide_options=options, progress=False
+        model,
+        guides.family(family, **options),
+        (x, y),
+        batch_size=16,
+        num_steps=20,
+        run=zoo.Run(progress=False),
     )
     assert torch.isfinite(result.predict(x, num_samples=4).mean).all()
     if prior == "hierarchical":
@@ -200,7 +214,7 @@ def test_scales_survive_save_load_and_resume(tmp_path):
     x, y = (t.float() for t in hadamard_data())
     kwargs = dict(batch_size=N, num_steps=30, lr=0.05, seed=0, progress=False)
     model = BayesianMLP(D, (), 1, prior="learned", noise=NOISE)
-    result = zoo.fit(model, "diagonal", (x, y), **kwargs)
+    result = zoo.fit(model, "diagonal", (x, y), **grouped(**kwargs))
     assert result.model.prior.scales()["fc1"] != pytest.approx(1.0)
     result.save(tmp_path / "fit.zoo")
     loaded = zoo.load(tmp_path / "fit.zoo")
@@ -219,11 +233,13 @@ def test_scales_survive_save_load_and_resume(tmp_path):
             BayesianMLP(D, (), 1, prior=prior, noise=NOISE),
             "diagonal",
             (x, y),
-            checkpoint=ckpt,
+            run=zoo.Run(checkpoint=ckpt),
             **kwargs,
         )
         model = BayesianMLP(D, (), 1, prior=prior, noise=NOISE)
-        resumed = zoo.fit(model, "diagonal", (x, y), resume=ckpt, **{**kwargs, "num_steps": 60})
+        resumed = zoo.fit(
+            model, "diagonal", (x, y), run=zoo.Run(resume=ckpt), **{**kwargs, "num_steps": 60}
+        )
         a, b = resumed.guide.median(), whole.guide.median()
         assert a.keys() == b.keys()
         assert all(torch.allclose(a[k], b[k]) for k in a)

@@ -42,7 +42,14 @@ def test_scale_mixture_prior_fits_with_every_elbo():
     model = zoo.models.BayesianMLP(5, (8,), 2, task="classification", prior=ScaleMixturePrior())
     losses = {}
     for elbo in ("trace", "meanfield"):
-        fit = zoo.fit(model, "diagonal", (x, y), num_steps=20, progress=False, elbo=elbo)
+        fit = zoo.fit(
+            model,
+            "diagonal",
+            (x, y),
+            num_steps=20,
+            run=zoo.Run(progress=False),
+            loss=zoo.Loss(elbo=elbo),
+        )
         losses[elbo] = fit.losses
         assert all(math.isfinite(v) for v in fit.losses)
     assert losses["trace"] == pytest.approx(losses["meanfield"], rel=1e-5)
