@@ -15,6 +15,11 @@ of Posch & Pilz (their ``nu``) or a warm-up.
 Reported losses are ``-ELBO`` on that full-data scale (nats for the whole training set).
 ``zoo.fit(..., per_example=True)`` optimises ``-ELBO / N`` instead: the same optimum with the
 per-example gradient scale that SGD learning rates in papers assume (Adam does not care).
+
+A step of several minibatches (``zoo.Engine(accumulate=k)``, :mod:`zoo.engine`) follows
+``sum_i (B_i / sum_j B_j) L_i``, each ``L_i`` scaled by ``N / B_i`` as above: every example's
+likelihood counts ``N / sum_j B_j`` times, as in one minibatch of all of them. Across processes
+each rank's loss is scaled the same way and the gradients are averaged (:mod:`zoo.distributed`).
 """
 
 from __future__ import annotations

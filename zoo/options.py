@@ -15,8 +15,8 @@ everything else comes in four small groups, each a frozen dataclass whose defaul
 A field's ``metadata["cli"]`` holds the ``argparse`` keywords of its command-line flag
 (``--field-name``); :func:`zoo.cli_parser.add_flags` builds the flags and
 :func:`zoo.cli_parser.from_flags` the group back, so the command line restates nothing. The
-flat keywords of earlier releases (``zoo.fit(..., optimizer="sgd")``) still work for one release, with a ``DeprecationWarning``
-naming the group (:func:`accepts_flat_keywords`).
+flat keywords of earlier releases (``zoo.fit(..., optimizer="sgd")``) still work for one
+release, with a ``DeprecationWarning`` naming the group (:func:`accepts_flat_keywords`).
 """
 
 from __future__ import annotations
