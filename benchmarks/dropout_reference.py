@@ -24,7 +24,7 @@ from torch import nn
 
 from zoo.likelihoods import Categorical
 from zoo.models.lenet import MaxPool2x2
-from zoo.prediction import ClassificationPrediction
+from zoo.prediction_result import ClassificationPrediction
 
 
 class DropoutLeNet5(nn.Module):

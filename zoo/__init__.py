@@ -13,7 +13,7 @@ from zoo.divergence import FitDivergedError
 from zoo.elbo import ElboScale
 from zoo.objective import Objective
 from zoo.options import Engine, Loss, Optim, Run
-from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.prediction_result import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.predictive import predict
 from zoo.recipes import REGRESSION_FIT
 from zoo.reference_result import Reference

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.prediction_result import ClassificationPrediction, Prediction, RegressionPrediction
 
 
 def agreement(pred: ClassificationPrediction, ref: ClassificationPrediction) -> float:

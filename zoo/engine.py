@@ -39,12 +39,12 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from zoo.checkpoint import LoopState
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.graphed import GraphedStep
 from zoo.objective import Objective
 from zoo.optim import grad_norm
-from zoo.state import TrainingState
 from zoo.step_rules import StepPlan, check_every_for, supports_device_skip
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -64,7 +64,7 @@ class StepEngine:
     guard : DivergenceGuard
     plan : zoo.step_rules.StepPlan
         Where the test runs, the CUDA graph, the minibatches per step.
-    state : TrainingState
+    state : LoopState
         The fit's position and history, which :meth:`step` advances.
     num_data : int
         ``N``: each minibatch of ``B`` is scaled by ``N / B``.
@@ -84,7 +84,7 @@ class StepEngine:
         params: list[torch.Tensor],
         guard: DivergenceGuard,
         plan: StepPlan,
-        state: TrainingState,
+        state: LoopState,
         *,
         num_data: int,
         scheduler=None,
@@ -115,12 +115,12 @@ class StepEngine:
         num_data: int,
         check_every: int | str = 1,
         on_divergence: str = "raise",
-        state: TrainingState | None = None,
+        state: LoopState | None = None,
         **options,
     ) -> StepEngine:
         """An engine for a hand-written loop: every parameter of ``optimizer``, the host's
         reads every ``check_every`` steps (``"auto"``: :mod:`zoo.step_rules`' rule), a fresh
-        :class:`~zoo.state.TrainingState` (its ``losses`` are the history) unless given;
+        :class:`~zoo.checkpoint.LoopState` (its ``losses`` are the history) unless given;
         ``options``: ``scheduler``, ``clip_grad_norm``, ``per_example``, ``accumulate``."""
         params = [p for g in optimizer.param_groups for p in g["params"]]
         every = check_every_for(check_every, params[0].device, optimizer, distributed=False)
@@ -137,7 +137,7 @@ class StepEngine:
             params,
             guard,
             plan,
-            state or TrainingState(),
+            state or LoopState(),
             num_data=num_data,
             **options,
         )

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo import metrics
-from zoo.prediction import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.prediction_result import ClassificationPrediction, Prediction, RegressionPrediction
 
 
 class Likelihood(nn.Module):

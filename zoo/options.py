@@ -278,7 +278,7 @@ class Run:
         :class:`zoo.FitDivergedError`, or skip the step and go on (a warning counts the skipped
         steps; ``MAX_CONSECUTIVE_SKIPS`` in a row raise); see :mod:`zoo.divergence`.
     checkpoint : path, optional
-        Write a checkpoint (plain data, :mod:`zoo.state`) here, atomically, every
+        Write a checkpoint (plain data, :mod:`zoo.checkpoint`) here, atomically, every
         ``checkpoint_every`` steps (default: every epoch's end), at the end, and on Ctrl-C.
     checkpoint_every : int, optional
         Steps between checkpoints.

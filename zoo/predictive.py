@@ -12,7 +12,7 @@ from tqdm import tqdm
 from zoo.data_checks import check_inputs
 from zoo.distributed import Ranks
 from zoo.models.base import BayesianModel
-from zoo.prediction import Prediction
+from zoo.prediction_result import Prediction
 from zoo.rng import seeded
 from zoo.threads import intra_op_threads, prediction_threads
 

@@ -11,6 +11,7 @@ from tqdm import tqdm
 
 from zoo import persist
 from zoo.batches import Batches
+from zoo.checkpoint import write_checkpoint
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.distributed import Ranks
 from zoo.divergence import FitDivergedError, warn_skipped
@@ -18,7 +19,6 @@ from zoo.engine import StepEngine
 from zoo.optim import apply_factor
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
-from zoo.state import write_checkpoint
 
 
 class Trainer:

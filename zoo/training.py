@@ -20,6 +20,7 @@ from pyro.infer.autoguide import AutoGuide
 import guides as guide_registry
 from zoo import distributed, persist, step_rules
 from zoo.batches import fit_batches
+from zoo.checkpoint import LoopState, read_checkpoint, restore, restore_rank_generator
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.convergence import resolve as resolve_convergence
 from zoo.distributed import Ranks
@@ -38,7 +39,6 @@ from zoo.options import Engine, Loss, Optim, Run, accepts_flat_keywords, group
 from zoo.recipes import Length, check_positive, resolve_device, resolve_length, warn_if_short
 from zoo.result import FitResult, load
 from zoo.rng import seeded
-from zoo.state import TrainingState, read_checkpoint, restore, restore_rank_generator
 from zoo.threads import intra_op_threads
 from zoo.trainer import Trainer
 
@@ -223,7 +223,7 @@ def _fit(
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
                 torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws
         else:
-            state = TrainingState(epoch_start_state=generator.get_state())
+            state = LoopState(epoch_start_state=generator.get_state())
         params = [p for g in groups for p in g["params"]]
         copy_every = plan.check_every if plan.device_skip else None
         guard = DivergenceGuard(params, guide, run.on_divergence, copy_every)

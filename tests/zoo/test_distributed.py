@@ -24,8 +24,8 @@ from tests.zoo.linear_gaussian import (
     model_for,
 )
 from zoo.batches import Batches
+from zoo.checkpoint import read_checkpoint
 from zoo.distributed import Ranks, requested
-from zoo.state import read_checkpoint
 
 pytest.importorskip("lightning")
 

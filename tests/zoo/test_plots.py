@@ -3,7 +3,7 @@ import torch
 
 import zoo
 from zoo import plots
-from zoo.prediction import RegressionPrediction
+from zoo.prediction_result import RegressionPrediction
 
 
 def written(fig, tmp_path, name):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.prediction import ClassificationPrediction, RegressionPrediction
+from zoo.prediction_result import ClassificationPrediction, RegressionPrediction
 
 
 def test_mutual_information_is_zero_when_samples_agree_and_positive_otherwise():
