@@ -29,6 +29,7 @@ NETS = {"lenet5": 128, "tiny": 32}
 def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float, str]:
     import zoo
     import zoo.compiled
+    from zoo.options import grouped
 
     zoo.compiled.OPTIMISED_EXECUTION[device.type] = optimised
     g = torch.Generator().manual_seed(0)
@@ -54,9 +55,7 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
         (x, y),
         num_steps=warm + steps + 1,
         batch_size=batch,
-        run=zoo.Run(progress=False, callbacks=[mark]),
-        engine=zoo.Engine(device=device),
-        **options,
+        **grouped({"progress": False, "callbacks": [mark], "device": device, **options}),
     )
     return (marks[1] - marks[0]) / steps * 1e3, fit.options["jit"]
 

@@ -31,6 +31,7 @@ import time
 import guides
 import zoo
 from zoo.likelihoods import Categorical
+from zoo.options import grouped
 
 #: The study's library rows: (label, guide options, fit options).
 LIBRARY_ROWS = [
@@ -80,8 +81,7 @@ def library_fit(train, family, guide_options, fit_options, args, model_options=N
         guides.family(family, **guide_options),
         train,
         seed=args.seed,
-        run=zoo.Run(progress=False),
-        **options,
+        **grouped({"progress": False, **options}),
     )
     return fit, time.perf_counter() - start
 

@@ -32,6 +32,7 @@ import torch
 
 import zoo
 from zoo import metrics
+from zoo.options import grouped
 
 ITERATIONS = 100_000
 KL_DOWN_WEIGHT = 100.0  # nu = 1 / (N * 100): the paper's per-example KL, down-weighted
@@ -192,7 +193,7 @@ def run(args: argparse.Namespace) -> dict:
             checkpoint_every=args.checkpoint_every,
             resume=checkpoint if checkpoint.exists() else None,
         ),
-        **recipe(args.family),
+        **grouped(recipe(args.family)),
     )
     if fit.interrupted:
         raise SystemExit(f"interrupted at step {fit.steps}; run the same command to resume")

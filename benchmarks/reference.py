@@ -35,6 +35,7 @@ import torch
 
 import guides
 import zoo
+from zoo.options import grouped
 
 DATASETS = ("diabetes", "digits", "moons")
 #: Variants beside each family's defaults: a rank-2 factor (the default is 10), and MC dropout
@@ -107,7 +108,7 @@ def run(name: str, args) -> dict:
         reference=ref,
         progress=False,
         seed=args.seed,
-        **options,
+        **grouped(options),
     )
     show = [c for c in table.columns if c not in ("steps_per_second", "final_elbo")]
     print(table[show].to_string(float_format=lambda v: f"{v:.4g}"))

@@ -103,6 +103,7 @@ def run_one(job: dict) -> dict:
     torch.set_num_threads(1)
     import zoo
     from zoo import metrics
+    from zoo.options import grouped
 
     x, y = load(job["dataset"])
     (xtr, ytr), (xte, yte), y_mean, y_sd = split(x, y, job["split"])
@@ -123,8 +124,7 @@ def run_one(job: dict) -> dict:
         (xtr, ytr),
         batch_size=len(xtr),
         seed=job["split"],
-        run=zoo.Run(progress=False),
-        **recipe,
+        **grouped({"progress": False, **recipe}),
     )
     seconds = time.perf_counter() - start
     pred = fit.predict(xte, num_samples=job["samples"], seed=0, progress=False)

@@ -39,6 +39,7 @@ def least_squares_variance(x: torch.Tensor, y: torch.Tensor) -> float:
 def decompose(split: int, prior: str, family: str, samples: int, num_steps: int | None) -> dict:
     """Fit one split and return the noise's two terms (standardised units)."""
     import zoo
+    from zoo.options import grouped
 
     x, y = regression.load("diabetes")
     (xtr, ytr), (xte, _), _, _ = regression.split(x, y, split)
@@ -56,8 +57,7 @@ def decompose(split: int, prior: str, family: str, samples: int, num_steps: int 
         (xtr, ytr),
         batch_size=len(xtr),
         seed=split,
-        run=zoo.Run(progress=False),
-        **recipe,
+        **grouped({"progress": False, **recipe}),
     )
     seconds = time.perf_counter() - start
     train = fit.predict(xtr, num_samples=samples, seed=0, progress=False)

@@ -29,6 +29,7 @@ import torch
 def worker(args: argparse.Namespace) -> None:
     """One configuration: a warm-up fit, then the timed fit; rank 0 prints a JSON line."""
     import zoo
+    from zoo.options import grouped
 
     (processes,) = args.processes
     train = zoo.data.mnist(args.data, limit=args.limit)
@@ -44,6 +45,7 @@ def worker(args: argparse.Namespace) -> None:
     if processes == 1:  # one process: zoo.fit's own path, on the accelerator's device
         del common["accelerator"], common["devices"], common["strategy"]
         common["device"] = "cuda" if args.accelerator == "gpu" else "cpu"
+    common = grouped(common)
     zoo.fit(zoo.models.LeNet5(), "diagonal", train, num_steps=args.warmup, seed=1, **common)
     fit = zoo.fit(zoo.models.LeNet5(), "diagonal", train, num_steps=args.steps, seed=0, **common)
     if fit.options["world_size"] > 1 and torch.distributed.get_rank() != 0:

@@ -32,6 +32,7 @@ import time
 import torch
 
 import zoo
+from zoo.options import grouped
 
 NETS = ("tiny", "mlp")
 
@@ -55,7 +56,7 @@ def fit_time(net: str, steps: int, **options) -> tuple[float, list[float], str]:
     gc.collect()  # the earlier fits' garbage is not this fit's start-up (see the docstring)
     start = time.perf_counter()
     fit = zoo.fit(make(), "diagonal", data, num_steps=steps, batch_size=batch, seed=0,
-                  run=zoo.Run(progress=False, callbacks=callbacks), **options)  # fmt: skip
+                  **grouped({"progress": False, "callbacks": callbacks, **options}))  # fmt: skip
     total = time.perf_counter() - start
     return total, [b - a for a, b in zip(stamps, stamps[1:])], fit.options["jit"]
 

@@ -47,6 +47,7 @@ import guides
 import zoo
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
+from zoo.options import grouped
 
 N_TRAIN = 60_000  # the data size that scales the likelihood, as for MNIST
 
@@ -211,10 +212,9 @@ class ZooStep:
             self.data,
             num_steps=steps + 1,
             batch_size=len(self.data[0]),
-            run=zoo.Run(progress=False, callbacks=[stamp]),
-            engine=zoo.Engine(device=self.device),
-            loss=zoo.Loss(kl_weight=1.0),
-            **self.fit_options,
+            **grouped(
+                {"progress": False, "callbacks": [stamp], "device": self.device, **self.fit_options}
+            ),
         )
         self.times += [b - a for a, b in zip(stamps[:-1], stamps[1:])]
 
@@ -232,10 +232,7 @@ class ZooStep:
                 self.data,
                 num_steps=n,
                 batch_size=len(self.data[0]),
-                run=zoo.Run(progress=False),
-                engine=zoo.Engine(device=self.device),
-                loss=zoo.Loss(kl_weight=1.0),
-                **self.fit_options,
+                **grouped({"progress": False, "device": self.device, **self.fit_options}),
             )
             sync(self.device)
             spans.append(time.perf_counter() - start)

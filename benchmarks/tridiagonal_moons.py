@@ -12,6 +12,7 @@ import os
 from reference import load  # benchmarks/reference.py, run from the benchmarks folder or root
 
 import zoo
+from zoo.options import grouped
 
 RUNS = [
     ("tridiagonal", "tridiagonal", {}),
@@ -28,7 +29,7 @@ def main() -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for label, family, extra in RUNS:
         fit = zoo.fit(
-            factory(), family, train, run=zoo.Run(progress=False), seed=0, **{**options, **extra}
+            factory(), family, train, seed=0, **grouped({"progress": False, **options, **extra})
         )
         m = fit.evaluate(test, progress=False)
         print(

@@ -4,23 +4,15 @@ flat keywords (``tests/zoo/test_options.py`` tests those)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import guides
-from zoo.options import GROUPS, flat_keywords, group
+from zoo.options import grouped as options_grouped
 
 
 def grouped(guide=None, **options) -> dict:
-    """``options`` with every flat field moved into its group (merged into a group given too);
-    with ``guide``, also ``guide`` (built with ``guide_options`` when given)."""
-    owners = flat_keywords()
-    out = {k: v for k, v in options.items() if k not in owners and k != "guide_options"}
-    for key, value in options.items():
-        if key in owners:
-            name = owners[key]
-            current = group(GROUPS[name], out.get(name))
-            out[name] = dataclasses.replace(current, **{key: value})
+    """``options`` as :func:`zoo.options.grouped` gives them; with ``guide``, also ``guide``
+    (built with ``guide_options`` when given)."""
+    extra = options.pop("guide_options", None)
+    out = options_grouped(options)
     if guide is not None:
-        extra = options.get("guide_options")
         out["guide"] = guides.family(guide, **extra) if extra else guide
     return out

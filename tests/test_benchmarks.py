@@ -19,9 +19,13 @@ import zoo
 from tests.conftest import REPO
 
 
+#: A benchmark that still passes zoo.fit's deprecated flat keywords fails (zoo.options).
+NO_FLAT_KEYWORDS = ("-W", "error:the keyword:DeprecationWarning")
+
+
 def _run(*args: str, timeout: int = 300) -> str:
     proc = subprocess.run(
-        [sys.executable, *args],
+        [sys.executable, *NO_FLAT_KEYWORDS, *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -11,7 +11,7 @@ from tqdm import tqdm
 
 from zoo.agreement import distances
 from zoo.data_checks import check_labelled_data, gather_tensors
-from zoo.options import Engine, Run, group
+from zoo.options import Engine, group, grouped
 
 
 def compare(
@@ -57,7 +57,8 @@ def compare(
         A line per family as its fit starts, and the fit's and evaluation's progress bars.
     **fit_options
         Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, the option groups
-        ``optim``, ``loss``, ``engine``, ``run``); the engine's ``threads`` also sets the
+        ``optim``, ``loss``, ``engine``, ``run``, or the groups' fields flat, as a row's own
+        options are: :func:`zoo.options.grouped`); the engine's ``threads`` also sets the
         evaluations' CPU threads (``zoo.fit``'s rule by default). A ``run`` group replaces
         ``progress``'s for the fits.
 
@@ -91,7 +92,8 @@ def compare(
         label, family, options, own = _row(spec)
         if progress:
             tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
-        args = {"run": Run(progress=progress), **fit_options, **own}
+        args = {**fit_options, **own}
+        args = grouped(args if "run" in args else {"progress": progress, **args})
         guide = guide_family(family, **options) if options else family
         result = run_fit(model_factory(), guide, train, **args)
         threads = _threads(args)  # fit's rule, for both

@@ -139,8 +139,9 @@ class Loss:
         from zoo.objective import ELBOS
 
         _positive("num_particles", self.num_particles, integer=True)
-        if not callable(self.kl_weight):
-            _positive("kl_weight", self.kl_weight)
+        weight = self.kl_weight
+        if not callable(weight) and (isinstance(weight, bool) or not weight >= 0):
+            raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
         if self.elbo not in ELBOS:
             raise ValueError(f"elbo must be 'trace' or 'meanfield', got {self.elbo!r}")
         estimators.check_estimator(self.estimator)
@@ -334,6 +335,19 @@ def group(cls: type, value):
             raise TypeError(f"{cls.__name__} has no option {sorted(unknown)}")
         return cls(**value)
     raise TypeError(f"expected zoo.{cls.__name__} or a dict of its fields, got {value!r}")
+
+
+def grouped(options: Mapping, groups: Mapping[str, type] = GROUPS) -> dict:
+    """A flat mapping of options, as a sweep keeps its rows (``{"jit": False, "lr": 0.1}``),
+    as ``zoo.fit``'s arguments: each group field moved into its group (merged into a group
+    the mapping also holds), the rest kept. ``zoo.fit(model, guide, data, **grouped(row))``."""
+    owners = flat_keywords(groups)
+    out = {k: v for k, v in options.items() if k not in owners}
+    for key, value in options.items():
+        if key in owners:
+            name = owners[key]
+            out[name] = dataclasses.replace(group(groups[name], out.get(name)), **{key: value})
+    return out
 
 
 def flat_keywords(groups: Mapping[str, type] = GROUPS) -> dict[str, str]:
