@@ -23,11 +23,14 @@ def _cpu_by_default(request, monkeypatch):
     if request.module.__name__.endswith("test_cuda"):
         yield
         return
-    import zoo.training
-    from zoo.recipes import resolve_device
+    import dataclasses
 
-    pinned = lambda device: resolve_device("cpu" if device == "auto" else device)  # noqa: E731
-    monkeypatch.setattr(zoo.training, "resolve_device", pinned)
+    from zoo.options import Engine
+
+    names = [f.name for f in dataclasses.fields(Engine)]
+    defaults = list(Engine.__init__.__defaults__)  # those of the last len(defaults) fields
+    defaults[names.index("device") - (len(names) - len(defaults))] = "cpu"
+    monkeypatch.setattr(Engine.__init__, "__defaults__", tuple(defaults))
     yield
 
 

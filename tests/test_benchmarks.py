@@ -18,7 +18,6 @@ import guides
 import zoo
 from tests.conftest import REPO
 
-
 #: A benchmark that still passes zoo.fit's deprecated flat keywords fails (zoo.options).
 NO_FLAT_KEYWORDS = ("-W", "error:the keyword:DeprecationWarning")
 

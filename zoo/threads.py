@@ -96,5 +96,6 @@ def prediction_threads(
     it, on the network's forward pass of the first two inputs of ``x`` (``zoo.fit`` counts the
     pass of the two examples its objective is set up on), so a model predicts on as many threads
     as it was fitted on."""
+    check_threads(threads)
     probe = x[:2]
     return threads_for(threads, device, lambda: forward_flops(network, probe, params))

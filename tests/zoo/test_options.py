@@ -21,7 +21,8 @@ def data():
 def test_every_field_belongs_to_one_group_and_defaults_are_fits():
     owners = flat_keywords()
     assert len(owners) == sum(len(dataclasses.fields(c)) for c in GROUPS.values())
-    assert zoo.Engine().device == "auto" and zoo.Run().progress is True
+    defaults = {f.name: f.default for f in dataclasses.fields(zoo.Engine)}
+    assert defaults["device"] == "auto" and zoo.Run().progress is True
     assert group(zoo.Run, {"progress": False}) == zoo.Run(progress=False)
     with pytest.raises(TypeError, match=r"Run has no option \['progres'\]"):
         group(zoo.Run, {"progres": False})

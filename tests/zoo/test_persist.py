@@ -132,9 +132,11 @@ CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     import zoo
+    from zoo.options import grouped
     from test_persist import OPTIONS, data, model
-    zoo.fit(model(), "diagonal", data(), num_steps=400, checkpoint={ckpt!r}, device="cpu",
-            checkpoint_every=3, callbacks=[lambda s: time.sleep(0.005)], **grouped(**OPTIONS))
+    zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(dict(
+        OPTIONS, checkpoint={ckpt!r}, device="cpu", checkpoint_every=3,
+        callbacks=[lambda s: time.sleep(0.005)])))
     """
 )
 
