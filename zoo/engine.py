@@ -168,8 +168,9 @@ class StepEngine:
 
     @property
     def due(self) -> bool:
-        """Whether the host should read the steps now (always, when it tests each step)."""
-        return len(self.pending) >= self.plan.check_every
+        """Whether the host should read the steps now: a full group, or every step when the
+        host tests each step (its loss is read already)."""
+        return self.found_inf is None or len(self.pending) >= self.plan.check_every
 
     def step(self, inputs: list[Batch]) -> None:
         """One optimiser step on ``inputs`` (``accumulate`` minibatches ``(x, y)``)."""

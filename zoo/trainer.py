@@ -20,6 +20,9 @@ from zoo.optim import apply_factor
 from zoo.priors import Prior
 from zoo.result import FitResult, FitState
 
+#: Steps between the progress bar's updates of the loss it shows (at the host's reads).
+POSTFIX_EVERY = 10
+
 
 class Trainer:
     """Runs a fit's steps on its :class:`~zoo.engine.StepEngine`: every epoch's minibatches in
@@ -71,7 +74,7 @@ class Trainer:
         )
         self._start = time.perf_counter()
         engine.begin()
-        stop = False
+        stop, shown = False, state.step
         if state.step > 0 and self._converged(resumed=True):
             stop, self.reason = True, "converged"
         try:
@@ -87,7 +90,9 @@ class Trainer:
                     if not self._read_due(total, callbacks):
                         continue
                     value = engine.settle()
-                    bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
+                    if state.step >= shown + POSTFIX_EVERY or state.step >= total:
+                        bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
+                        shown = state.step
                     stop = self._after_step(value, total, callbacks)
                     if stop:
                         self.reason = "callback"

@@ -140,13 +140,12 @@ def cuda_graph_pair(family, options, n=200, **extra):
         kl_weight=lambda i: min(1.0, i / 10),
     )
     kwargs.update(extra)
-    eager = zoo.fit(
-        zoo.models.LeNet5(hidden=32), family, data(n), engine=zoo.Engine(check_every=1), **kwargs
-    )
-    graphed = zoo.fit(
-        zoo.models.LeNet5(hidden=32), family, data(n), engine=zoo.Engine(cuda_graph=True), **kwargs
-    )
-    return eager, graphed
+
+    def run(**engine):
+        options = grouped(family, **kwargs, **engine)
+        return zoo.fit(zoo.models.LeNet5(hidden=32), options.pop("guide"), data(n), **options)
+
+    return run(check_every=1), run(cuda_graph=True)
 
 
 @pytest.mark.parametrize("family,options", FAMILIES)
