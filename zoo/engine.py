@@ -39,13 +39,15 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from zoo import step_rules
 from zoo.checkpoint import LoopState
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.graphed import GraphedStep
 from zoo.objective import Objective
 from zoo.optim import grad_norm
-from zoo.step_rules import StepPlan, check_every_for, supports_device_skip
+from zoo.options import Engine
+from zoo.step_rules import StepPlan
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -119,19 +121,17 @@ class StepEngine:
         **options,
     ) -> StepEngine:
         """An engine for a hand-written loop: every parameter of ``optimizer``, the host's
-        reads every ``check_every`` steps (``"auto"``: :mod:`zoo.step_rules`' rule), a fresh
-        :class:`~zoo.checkpoint.LoopState` (its ``losses`` are the history) unless given;
-        ``options``: ``scheduler``, ``clip_grad_norm``, ``per_example``, ``accumulate``."""
+        reads every ``check_every`` steps (``"auto"``: :mod:`zoo.step_rules`' rule, whose table
+        also refuses what cannot combine), a fresh :class:`~zoo.checkpoint.LoopState` (its
+        ``losses`` are the history) unless given; ``options``: ``scheduler``,
+        ``clip_grad_norm``, ``per_example``, ``accumulate``."""
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        every = check_every_for(check_every, params[0].device, optimizer, distributed=False)
-        if every > 1 and not supports_device_skip(optimizer):
-            raise ValueError("check_every > 1 needs a fused torch Adam, AdamW or SGD")
         accumulate = options.pop("accumulate", 1)
-        plan = StepPlan(check_every=every, cuda_graph=False, accumulate=accumulate, threads=None)
-        guard = DivergenceGuard(
-            params, objective.guide, on_divergence, every if every > 1 else None
-        )
-        engine = cls(
+        engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
+        plan = step_rules.plan(engine, objective, optimizer, params[0].device, distributed=False)
+        copy_every = plan.check_every if plan.device_skip else None
+        guard = DivergenceGuard(params, objective.guide, on_divergence, copy_every)
+        built = cls(
             objective,
             optimizer,
             params,
@@ -141,8 +141,8 @@ class StepEngine:
             num_data=num_data,
             **options,
         )
-        engine.begin()
-        return engine
+        built.begin()
+        return built
 
     # ---- the loop's view ---------------------------------------------------------------------
     def steps(self, batches: Iterable[Batch]) -> Iterator[list[Batch]]:

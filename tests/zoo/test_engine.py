@@ -113,3 +113,17 @@ def test_a_hand_written_loop_on_the_engine_reads_every_k_steps_and_guards():
         engine.settle()
     assert "back at the parameters of step 5" in str(err.value)  # the copy read at step 5
     assert all(torch.isfinite(v).all() for v in guide.state_dict().values())
+
+
+def test_the_engine_takes_its_refusals_from_the_step_rules():
+    """A hand-written loop asking for reads every k steps with an optimiser that cannot skip on
+    the device is refused with the table's reason, before any step."""
+    x, y = regression(16)
+    model = BayesianMLP(3, (4,), 1, noise=1.0)
+    guide = zoo.fit(model, "diagonal", (x, y), num_steps=1, run=zoo.Run(progress=False)).guide
+    objective = Objective(model, guide)
+    objective.setup(x[:2], y[:2])
+    opt = torch.optim.RMSprop(list(guide.parameters()), lr=1e-3)
+    with pytest.raises(ValueError, match="skips a non-finite update on the device"):
+        StepEngine.build(objective, opt, num_data=16, check_every=5)
+    assert StepEngine.build(objective, opt, num_data=16).plan.check_every == 1
