@@ -216,14 +216,17 @@ class Engine:
 
     device: str | torch.device = field(default="auto", metadata=_cli("auto, cpu or cuda"))
     threads: int | str | None = field(
-        default="auto", metadata=_cli("intra-op CPU threads: auto or a count", type=_threads_value)
+        default="auto",
+        metadata=_cli("intra-op CPU threads", type=_threads_value, metavar="{auto,N}"),
     )
     jit: bool | str = field(
-        default="auto", metadata=_cli("compiled loss: auto, true or false", type=_jit_value)
+        default="auto", metadata=_cli("compiled loss", type=_jit_value, metavar="{auto,true,false}")
     )
     check_every: int | str = field(
         default="auto",
-        metadata=_cli("steps between the host's reads of the loss", type=_steps_between),
+        metadata=_cli(
+            "steps between the host's reads of the loss", type=_steps_between, metavar="{auto,N}"
+        ),
     )
     cuda_graph: bool = field(
         default=False, metadata=_cli("replay each step from a CUDA graph", action="store_true")
@@ -292,7 +295,9 @@ class Run:
 
     progress: bool = field(
         default=True,
-        metadata=_cli("no progress bar", action="store_false", flag="--quiet"),
+        metadata=_cli(
+            "no progress bar (by default one is shown)", action="store_false", flag="--quiet"
+        ),
     )
     callbacks: Iterable[Callable] = ()
     on_divergence: str = field(

@@ -336,3 +336,29 @@ def test_fit_takes_num_steps_auto(monkeypatch, tmp_path, capsys):
     argv = ["fit", "--data", "toy", "--num-steps", "auto", "--samples", "4", "--arviz-samples"]
     assert main(argv + ["4", "--quiet", "--out-dir", str(tmp_path)]) == 0
     assert seen == {"num_steps": "auto"}
+
+
+def test_every_group_flag_reaches_zoo_fit_in_its_group(monkeypatch, tmp_path, capsys):
+    """The flags the option groups declare (zoo.options) arrive as zoo.fit's groups."""
+    import zoo
+    from zoo.cli import main
+
+    seen = {}
+    real_fit = zoo.fit
+
+    def recording_fit(*args, **kwargs):
+        seen.update({k: kwargs[k] for k in ("optim", "loss", "engine", "run")})
+        return real_fit(*args, **kwargs)
+
+    monkeypatch.setattr(zoo, "fit", recording_fit)
+    argv = ["fit", "--data", "toy", "--num-steps", "4", "--samples", "4", "--arviz-samples", "4"]
+    argv += ["--quiet", "--out-dir", str(tmp_path), "--optimizer", "sgd", "--lr", "1e-4"]
+    argv += ["--estimator", "local", "--jit", "false", "--accumulate", "2"]
+    argv += ["--on-divergence", "skip", "--checkpoint", str(tmp_path / "fit.ckpt")]
+    assert main(argv) == 0
+    assert seen["optim"] == zoo.Optim(optimizer="sgd")
+    assert seen["loss"] == zoo.Loss(estimator="local")
+    engine, run = seen["engine"], seen["run"]
+    assert (engine.jit, engine.accumulate, engine.check_every) == (False, 2, "auto")
+    assert (run.progress, run.on_divergence) == (False, "skip")
+    assert (tmp_path / "fit.ckpt").exists()
