@@ -11,6 +11,7 @@ from zoo.comparison import compare
 from zoo.convergence import Convergence
 from zoo.divergence import FitDivergedError
 from zoo.elbo import ElboScale
+from zoo.engine import StepEngine
 from zoo.objective import Objective
 from zoo.options import Engine, Loss, Optim, Run
 from zoo.prediction_result import ClassificationPrediction, Prediction, RegressionPrediction
@@ -40,6 +41,7 @@ __all__ = [
     "ReferenceTooLargeError",
     "RegressionPrediction",
     "Run",
+    "StepEngine",
     "compare",
     "data",
     "engine",

@@ -23,7 +23,7 @@ A hand-written loop gets the same step without ``zoo.fit``::
     objective.setup(x[:2], y[:2])
     params = [p for p in guide.parameters()]
     opt = torch.optim.Adam(params, lr=1e-3, fused=True)
-    engine = zoo.engine.StepEngine.build(objective, opt, num_data=len(x), check_every=10)
+    engine = zoo.StepEngine.build(objective, opt, num_data=len(x), check_every=10)
     for epoch in range(10):
         for xb, yb in loader:
             engine.step([(xb, yb)])
