@@ -102,3 +102,26 @@ def family_options(pairs: list[str] | None, families: list[str]) -> dict[str, di
             )
         out[family].update(guide_options([rest]))
     return out
+
+
+def steps_between_value(value: str):
+    """``--check-every``: ``auto`` or a positive count."""
+    return value if value == "auto" else positive_int(value)
+
+
+def jit_value(value: str):
+    """``--jit``: ``auto``, ``true`` or ``false``."""
+    choices = {"auto": "auto", "true": True, "false": False}
+    if value.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {value!r}")
+    return choices[value.lower()]
+
+
+def devices_value(value: str):
+    """``--devices``: a count, or a name Lightning knows (``auto``)."""
+    return int(value) if value.isdigit() else value
+
+
+def threads_value(value: str):
+    """``--threads``: ``auto`` or a positive count."""
+    return value if value == "auto" else positive_int(value)

@@ -21,7 +21,6 @@ release, with a ``DeprecationWarning`` naming the group (:func:`accepts_flat_key
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
@@ -31,7 +30,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoo.cli_values import positive_float, positive_int
+from zoo.cli_values import (
+    devices_value,
+    jit_value,
+    positive_float,
+    positive_int,
+    steps_between_value,
+    threads_value,
+)
 
 
 def _cli(help: str, **kwargs) -> dict:
@@ -147,25 +153,6 @@ class Loss:
         estimators.check_estimator(self.estimator)
 
 
-def _steps_between(value: str):
-    return value if value == "auto" else positive_int(value)
-
-
-def _jit_value(value: str):
-    choices = {"auto": "auto", "true": True, "false": False}
-    if value.lower() not in choices:
-        raise argparse.ArgumentTypeError(f"expected auto, true or false, got {value!r}")
-    return choices[value.lower()]
-
-
-def _devices_value(value: str):
-    return int(value) if value.isdigit() else value
-
-
-def _threads_value(value: str):
-    return value if value == "auto" else positive_int(value)
-
-
 @dataclass(frozen=True)
 class Engine:
     """How and where each step of a fit runs (:mod:`zoo.step_rules` has the table of which
@@ -217,15 +204,17 @@ class Engine:
     device: str | torch.device = field(default="auto", metadata=_cli("auto, cpu or cuda"))
     threads: int | str | None = field(
         default="auto",
-        metadata=_cli("intra-op CPU threads", type=_threads_value, metavar="{auto,N}"),
+        metadata=_cli("intra-op CPU threads", type=threads_value, metavar="{auto,N}"),
     )
     jit: bool | str = field(
-        default="auto", metadata=_cli("compiled loss", type=_jit_value, metavar="{auto,true,false}")
+        default="auto", metadata=_cli("compiled loss", type=jit_value, metavar="{auto,true,false}")
     )
     check_every: int | str = field(
         default="auto",
         metadata=_cli(
-            "steps between the host's reads of the loss", type=_steps_between, metavar="{auto,N}"
+            "steps between the host's reads of the loss",
+            type=steps_between_value,
+            metavar="{auto,N}",
         ),
     )
     cuda_graph: bool = field(
@@ -237,7 +226,7 @@ class Engine:
     accelerator: str = field(default="auto", metadata=_cli("cpu, gpu or auto", one_fit=True))
     devices: int | str = field(
         default=1,
-        metadata=_cli("devices per node: a count, or 'auto'", type=_devices_value, one_fit=True),
+        metadata=_cli("devices per node: a count, or 'auto'", type=devices_value, one_fit=True),
     )
     num_nodes: int = field(default=1, metadata=_cli("machines", type=positive_int, one_fit=True))
     strategy: str = field(
