@@ -132,6 +132,7 @@ def evaluate(fit, test, samples: int, seed: int) -> dict:
     start = time.perf_counter()
     pred = fit.predict(x, num_samples=samples, progress=False, seed=seed)
     seconds = time.perf_counter() - start
+    y = y.to(pred.probs.device)  # the predictions stay on the model's device
     return {
         "test_error": 1 - metrics.accuracy(pred.probs, y),
         "nll": metrics.nll(pred.probs, y),
@@ -186,6 +187,7 @@ def run(args: argparse.Namespace) -> dict:
         engine=zoo.Engine(
             device=args.device,
             threads=args.threads if args.threads == "auto" else int(args.threads),
+            cuda_graph=args.cuda_graph,
         ),
         run=zoo.Run(
             progress=args.progress,
@@ -233,6 +235,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint-every", type=int, default=1000)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", default="auto", help='intra-op CPU threads or "auto"')
+    parser.add_argument(
+        "--cuda-graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="show a progress bar")
     args = parser.parse_args(argv)

@@ -220,26 +220,80 @@ class ZooStep:
 
     def run_unobserved(self, steps):
         """On CUDA, without a callback (which reads every step's loss on the host and so
-        takes the host-device overlap away): the time of a fit of ``WARM + steps`` steps less
-        that of a fit of ``WARM`` steps, whose setup (compilation, graph capture) is the same."""
-        spans = []
-        for n in (WARM, WARM + steps):
-            sync(self.device)
-            start = time.perf_counter()
+        takes the host-device overlap away): one fit of ``WARM + steps`` steps, timed by CUDA
+        events recorded on the device's stream before its step ``WARM`` and after its last
+        (:class:`StepMarks`): past the set-up (compilation, graph capture), never a
+        difference of two fits. The minibatch is repeated so that one epoch holds the whole run:
+        an epoch's end is a host read, which one-batch data would make every step."""
+        x, y = self.data
+        reps = WARM + steps + 1
+        data = (x.repeat(reps, *[1] * (x.dim() - 1)), y.repeat(reps))
+        with StepMarks(WARM, WARM + steps, self.device) as marks:
             zoo.fit(
                 self.model,
                 self.guide,
-                self.data,
-                num_steps=n,
+                data,
+                num_steps=WARM + steps,
                 batch_size=len(self.data[0]),
                 **grouped({"progress": False, "device": self.device, **self.fit_options}),
             )
-            sync(self.device)
-            spans.append(time.perf_counter() - start)
-        self.times += [(spans[1] - spans[0]) / steps] * steps
+        self.times += [marks.seconds() / steps] * steps
 
 
-#: Steps of the shorter fit in ZooStep.run_unobserved (past the graph's warm-up and capture).
+class StepMarks:
+    """Inside the block, every ``zoo.fit`` step engine records an event (a CUDA event on CUDA,
+    the host's clock on the CPU) before its step
+    ``first`` and after its step ``last - 1`` (on the stream the steps run on; no host read is
+    added): :meth:`seconds` is the device time of those ``last - first`` steps, the host's
+    queueing included where it is the bottleneck."""
+
+    def __init__(self, first: int, last: int, device):
+        self.first, self.last = first, last
+        cuda = torch.device(device).type == "cuda"
+        self.start = torch.cuda.Event(enable_timing=True) if cuda else HostEvent()
+        self.end = torch.cuda.Event(enable_timing=True) if cuda else HostEvent()
+        self.recorded = 0
+
+    def __enter__(self):
+        self.original = original = zoo.StepEngine.step
+        marks = self
+
+        def step(engine, inputs):
+            if engine.state.step == marks.first:
+                marks.start.record()
+                marks.recorded += 1
+            original(engine, inputs)
+            if engine.state.step == marks.last:
+                marks.end.record()
+                marks.recorded += 1
+
+        zoo.StepEngine.step = step
+        return self
+
+    def __exit__(self, *exc):
+        zoo.StepEngine.step = self.original
+
+    def seconds(self) -> float:
+        if self.recorded != 2:
+            raise RuntimeError(f"the fit did not reach steps {self.first} and {self.last}")
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / 1e3
+
+
+class HostEvent:
+    """A CPU stand-in for ``torch.cuda.Event``: the host's clock when recorded."""
+
+    def record(self) -> None:
+        self.time = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: HostEvent) -> float:
+        return (end.time - self.time) * 1e3  # ms, as CUDA events report
+
+
+#: Steps of a CUDA fit before its timed run (past the graph's warm-up and capture).
 WARM = 10
 
 #: The zoo.fit rows: name -> (family, guide options, fit options).
@@ -493,7 +547,17 @@ def main() -> None:
     print_table(idle, counts, memory, device)
 
 
+def check_times(*tables: dict) -> None:
+    """Refuse to print a time that cannot be one: zero, negative or not finite."""
+    for times in tables:
+        for name, values in times.items():
+            med = statistics.median(values)
+            if not (math.isfinite(med) and med > 0):
+                raise SystemExit(f"{name}: the measured step time is {med!r} s; not printed")
+
+
 def print_table(times: dict, counts: dict, memory: dict, device) -> None:
+    check_times(times)
     floor = statistics.median(times["hand-written BBB"])
     diag = statistics.median(times["zoo diagonal"])
     where = "allocator peak" if device.type == "cuda" else "peak RSS added by building and stepping"
@@ -512,6 +576,7 @@ def print_table(times: dict, counts: dict, memory: dict, device) -> None:
 
 def print_contended(idle: dict, contended: dict) -> None:
     """Each method alone and beside the competitor, and its slowdown against its own idle time."""
+    check_times(idle, contended)
     floor_idle = statistics.median(idle["hand-written BBB"])
     floor_contended = statistics.median(contended["hand-written BBB"])
     print(

@@ -371,3 +371,21 @@ def test_startup_prints_a_row_per_net():
     assert [r[0] for r in rows] == ["| tiny", "| mlp"], out
     for row in rows:
         assert len(row) == 9 and all(float(v.strip(" |")) > 0 for v in row[1:6]), out
+
+
+def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_times():
+    """``step_time.py`` times a CUDA fit by events recorded before its step 10 and after its
+    last, inside one fit (never the difference of two fits); the same marks on the CPU take
+    the host's clock. A zero or negative median is refused, not printed."""
+    script = _script("step_time")
+    x, y = torch.randn(8, 13), torch.randn(8)
+    runner = script.ZooStep(script.make_net("tiny")[0], x, y, "diagonal", {}, torch.device("cpu"))
+    original = zoo.StepEngine.step
+    with script.StepMarks(2, 5, "cpu") as marks:
+        zoo.fit(runner.model, runner.guide, (x, y), num_steps=6, run=zoo.Run(progress=False))
+    assert marks.recorded == 2 and marks.seconds() > 0
+    assert zoo.StepEngine.step is original  # put back after the block
+    runner.run_unobserved(3)  # the CUDA route, on the CPU's clock
+    assert len(runner.times) == 3 and all(t > 0 for t in runner.times)
+    with pytest.raises(SystemExit, match="not printed"):
+        script.check_times({"zoo diagonal": [0.0, -1e-3, 0.0]})
