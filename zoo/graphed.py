@@ -21,6 +21,10 @@ What the graph holds, and what stays outside:
   ``WARMUP_STEPS`` steps before the capture, which run on a side stream as CUDA graphs require.
   Every call is one real optimiser step: capturing a step does not run it, so the capture is
   followed by its first replay.
+- **A failed capture** (an operation a CUDA graph cannot hold) does not stop the fit: it warns
+  once, names the cause in ``result.options["cuda_graph"]``, takes the step it was capturing
+  eagerly, and runs every later step eagerly (with the compiled loss). On the CPU this is
+  tested with a capture made to fail; on a GPU it is not measured yet.
 
 :mod:`zoo.step_rules` decides when a fit may use it (CUDA, one process, the compiled loss, a
 fused optimiser).
@@ -28,6 +32,7 @@ fused optimiser).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -75,6 +80,8 @@ class GraphedStep:
         self.fn = None
         self.graph = None
         self.calls = 0
+        #: Why the capture failed (``None``: it has not); the steps then run eagerly.
+        self.failed: str | None = None
         for group in optimizer.param_groups:  # rates the schedule fills in place
             lr = group["lr"]
             lr = lr.detach() if torch.is_tensor(lr) else torch.tensor(float(lr))
@@ -86,6 +93,8 @@ class GraphedStep:
         """Whether a step's minibatches fit the static buffers (the first step seen sets their
         number and shape), and the compiled loss has a graph for them; otherwise the engine
         steps eagerly."""
+        if self.failed is not None:
+            return False
         x, y = batches[0]
         if self.inputs is None:
             fn = self.objective.compiled.graph_for(x, y, self.num_data / len(x), 1.0)
@@ -120,14 +129,45 @@ class GraphedStep:
         elif self.calls < WARMUP_STEPS:
             self._on_side_stream(run)
         else:
-            self.optimizer.zero_grad(set_to_none=True)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):  # the gradients are allocated inside the capture
-                run()
-            self.graph = graph
-            graph.replay()
+            try:
+                self._record(run)
+            except RuntimeError as error:  # an operation the capture cannot hold
+                self._give_up(error)
+                self.optimizer.zero_grad(set_to_none=True)
+                run()  # the step the capture did not take, eagerly
+                self.calls += 1
+                return self.loss, self.norm
+            self.graph.replay()
         self.calls += 1
         return self.loss, self.norm
+
+    def _record(self, run: Callable) -> None:
+        """Capture the body (this does not run it); the gradients are allocated inside the
+        capture, so every replay writes them at the same addresses."""
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+        self.graph = graph
+
+    def _give_up(self, error: Exception) -> None:
+        """A failed capture: this fit's steps run eagerly from here, with one warning naming
+        the cause (``result.options["cuda_graph"]`` records it too)."""
+        self.failed = str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.graph = None
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the failed capture's stream is done with
+        warnings.warn(
+            f"the CUDA-graph capture of the step failed ({self.failed}); this fit goes on "
+            "with the step run eagerly (engine=zoo.Engine(cuda_graph=False) avoids the attempt)",
+            RuntimeWarning,
+            stacklevel=6,
+        )
+
+    @property
+    def state(self) -> bool | str:
+        """What ``result.options["cuda_graph"]`` records: ``True``, or why the graph gave up."""
+        return True if self.failed is None else f"failed, ran eagerly ({self.failed})"
 
     def _record_outputs(self, body: Callable) -> None:
         loss, norm = body(self.inputs, self.loss_of)

@@ -254,7 +254,8 @@ def _fit(
             with intra_op_threads(plan.threads):
                 trainer.run(total, list(run.callbacks), run.progress)
         finally:
-            result.options.update(jit=objective.jit_state, **trainer.outcome())
+            graph = steps.graph.state if steps.graph is not None else False
+            result.options.update(jit=objective.jit_state, cuda_graph=graph, **trainer.outcome())
         return result
 
 

@@ -191,3 +191,44 @@ def test_check_every_auto_reads_in_groups_on_cuda():
         run=zoo.Run(progress=False),
     )
     assert fit.options["check_every"] == 20 and len(fit.losses) == 30
+
+
+def test_a_failed_capture_leaves_the_process_usable(monkeypatch):
+    """A host read inside the capture fails it (as torch.linalg.cholesky did in the low-rank
+    family): the fit warns once and goes on eagerly, and the next fit in the same process, and
+    torch's CUDA generator, still work (issue 36)."""
+    import zoo.graphed
+
+    def failing_record(self, run):
+        self.optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            run()
+            torch.zeros((), device=self.device).item()  # a host read: not capturable
+        self.graph = graph
+
+    with monkeypatch.context() as patch:
+        patch.setattr(zoo.graphed.GraphedStep, "_record", failing_record)
+        with pytest.warns(RuntimeWarning, match="capture of the step failed"):
+            first = zoo.fit(
+                zoo.models.LeNet5(hidden=32),
+                "diagonal",
+                data(),
+                num_steps=12,
+                batch_size=32,
+                engine=zoo.Engine(cuda_graph=True),
+                run=zoo.Run(progress=False),
+            )
+    assert first.options["cuda_graph"].startswith("failed, ran eagerly")
+    assert all(math.isfinite(v) for v in first.losses) and len(first.losses) == 12
+    torch.randn(8, device="cuda")  # the generator is out of capture mode
+    again = zoo.fit(
+        zoo.models.LeNet5(hidden=32),
+        "diagonal",
+        data(),
+        num_steps=12,
+        batch_size=32,
+        engine=zoo.Engine(cuda_graph=True),
+        run=zoo.Run(progress=False),
+    )
+    assert again.options["cuda_graph"] is True and len(again.losses) == 12

@@ -257,3 +257,36 @@ def test_a_divergence_seen_by_a_callback_step_restores_the_first_parameters():
     assert seen == [1]  # step 0 reached the callback; step 1 raised at its read
     for k, v in err.value.result.guide.state_dict().items():
         assert torch.equal(v, initial[k]), k
+
+
+def test_a_failed_capture_warns_once_and_the_fit_goes_on_eagerly(graph_on_cpu, monkeypatch):
+    """The capture path on the CPU, its capture made to fail as an operation a CUDA graph cannot
+    hold fails it: one warning naming the cause, the step it was capturing taken eagerly, every
+    later step eager; the fit ends as the eager fit does (within the tensor learning rate's
+    rounding) and records why."""
+    import zoo.graphed
+
+    def fail(self, run):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    def side_stream(self, run):  # the warm-up, without a CUDA stream
+        self.optimizer.zero_grad(set_to_none=True)
+        run()
+
+    init = zoo.graphed.GraphedStep.__init__
+    monkeypatch.setattr(
+        zoo.graphed.GraphedStep,
+        "__init__",
+        lambda self, *a, **k: init(self, *a, **{**k, "capture": True}),
+    )
+    monkeypatch.setattr(zoo.graphed.GraphedStep, "_record", fail)
+    monkeypatch.setattr(zoo.graphed.GraphedStep, "_on_side_stream", side_stream)
+    data = regression(96)
+    eager = fit(data, jit=False, num_steps=12)
+    with pytest.warns(RuntimeWarning, match="capture of the step failed") as caught:
+        failed = fit(data, cuda_graph=True, num_steps=12)
+    assert sum("capture" in str(w.message) for w in caught) == 1
+    assert failed.options["cuda_graph"].startswith("failed, ran eagerly (operation not")
+    assert len(failed.losses) == 12
+    assert failed.losses == pytest.approx(eager.losses, rel=1e-4)
+    assert same_parameters(failed, eager, rtol=1e-4, atol=1e-5)
