@@ -389,3 +389,15 @@ def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_ti
     assert len(runner.times) == 3 and all(t > 0 for t in runner.times)
     with pytest.raises(SystemExit, match="not printed"):
         script.check_times({"zoo diagonal": [0.0, -1e-3, 0.0]})
+
+
+def test_epoch_time_prints_cold_and_steady_times_per_family(mnist_root):
+    args = ["--data", str(mnist_root), "--limit", "512", "--epochs", "2"]
+    out = _run("benchmarks/epoch_time.py", *args, "--families", "diagonal", "map")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    names = [row.split("|")[1].strip() for row in rows[1:]]
+    assert names[:2] == ["hand-written BBB, default Adam", "hand-written BBB, fused Adam"]
+    assert {"zoo diagonal", "zoo map"} <= set(names)
+    for row in rows[1:]:
+        steady = float(row.split("|")[3])
+        assert steady > 0
