@@ -12,6 +12,8 @@ def grouped(guide=None, **options) -> dict:
     """``options`` as :func:`zoo.options.grouped` gives them; with ``guide``, also ``guide``
     (built with ``guide_options`` when given)."""
     extra = options.pop("guide_options", None)
+    if extra is not None and guide is None:
+        raise TypeError("guide_options needs the guide: grouped(guide, guide_options=...)")
     out = options_grouped(options)
     if guide is not None:
         out["guide"] = guides.family(guide, **extra) if extra else guide

@@ -17,8 +17,15 @@ from pathlib import Path
 import torch
 
 import zoo
-from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, correlated_data, guide_gaussian, model_for
+from tests.zoo.linear_gaussian import (
+    MEAN_FIELD_FIT,
+    MEAN_FIELD_GUIDE,
+    correlated_data,
+    guide_gaussian,
+    model_for,
+)
 from zoo.models import BayesianMLP
+from zoo.options import grouped
 from zoo.priors import NormalPrior
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,12 +56,11 @@ def conjugate(out: Path, steps: int) -> dict:
     x, y = correlated_data(n=1000, d=3, corr=0.8)
     fit = zoo.fit(
         model_for(3),
-        "diagonal",
+        MEAN_FIELD_GUIDE,
         (x, y),
         num_steps=steps,
         batch_size=50,
-        **MEAN_FIELD_FIT,
-        **DIST,
+        **grouped({**MEAN_FIELD_FIT, **DIST}),
     )
     mean, cov = guide_gaussian(fit.guide)
     xt, yt = correlated_data(n=101, d=3, seed=1)  # 101 rows: the ranks' shards differ in size
@@ -117,9 +123,7 @@ def failing(out: Path, steps: int) -> dict:
         (x, y),
         num_steps=steps,
         batch_size=20,
-        engine=zoo.Engine(jit=False),
-        run=zoo.Run(on_divergence="skip", callbacks=[record]),
-        **DIST,
+        **grouped({**DIST, "jit": False, "on_divergence": "skip", "callbacks": [record]}),
     )
     return {"steps": fit.steps}
 
@@ -135,10 +139,14 @@ def lenet(out: Path, steps: int, resume: bool = False) -> dict:
         train,
         num_steps=steps,
         batch_size=16,
-        run=zoo.Run(
-            checkpoint=checkpoint, checkpoint_every=5, resume=checkpoint if resume else None
+        **grouped(
+            {
+                **DIST,
+                "checkpoint": checkpoint,
+                "checkpoint_every": 5,
+                "resume": checkpoint if resume else None,
+            }
         ),
-        **DIST,
     )
     return {
         "steps": fit.steps,
@@ -194,7 +202,7 @@ def forked(out: Path, steps: int) -> dict:
         (x, y),
         num_steps=steps,
         batch_size=20,
-        **{**DIST, "strategy": "ddp_notebook"},
+        **grouped({**DIST, "strategy": "ddp_notebook"}),
     )
     return {
         "type": type(fit).__name__,

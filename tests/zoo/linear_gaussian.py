@@ -5,6 +5,7 @@ import math
 
 import torch
 
+import guides
 from zoo.models import BayesianMLP
 from zoo.priors import NormalPrior
 
@@ -81,5 +82,7 @@ def decaying(step, rate=0.998):
 
 
 #: The mean-field recipe the distributed test and its one-process twin share (the comparison
-#: between them holds only if both fit with it).
-MEAN_FIELD_FIT = {"lr": 0.03, "lr_schedule": decaying, "guide_options": {"init_scale": 0.05}}
+#: between them holds only if both fit with it): the guide, and zoo.fit's options, flat (pass
+#: them through zoo.options.grouped).
+MEAN_FIELD_GUIDE = guides.family("diagonal", init_scale=0.05)
+MEAN_FIELD_FIT = {"lr": 0.03, "lr_schedule": decaying}

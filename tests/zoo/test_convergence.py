@@ -8,7 +8,7 @@ import torch
 
 import zoo
 from tests.groups import grouped
-from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, correlated_data, model_for
+from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, MEAN_FIELD_GUIDE, correlated_data, model_for
 from zoo.convergence import Convergence, ConvergenceTracker, resolve
 
 
@@ -80,7 +80,9 @@ def test_options_are_checked():
 def _fit(num_steps, **options):
     x, y = correlated_data(n=300, d=3, corr=0.5)
     fit_options = {**MEAN_FIELD_FIT, "batch_size": 300, "progress": False, **options}
-    return zoo.fit(model_for(3), "diagonal", (x, y), num_steps=num_steps, **grouped(**fit_options))
+    return zoo.fit(
+        model_for(3), MEAN_FIELD_GUIDE, (x, y), num_steps=num_steps, **grouped(**fit_options)
+    )
 
 
 def test_auto_cuts_the_rate_then_stops_a_converged_fit_and_says_why():

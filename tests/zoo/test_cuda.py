@@ -88,12 +88,11 @@ def test_interrupted_gpu_fit_resumes_from_its_checkpoint(tmp_path):
         zoo.models.LeNet5(hidden=32),
         "diagonal",
         data(),
-        run=zoo.Run(checkpoint=ckpt, callbacks=stop_at_5),
-        **options,
+        **grouped(**options, checkpoint=ckpt, callbacks=stop_at_5),
     )
     assert part.steps == 5
     resumed = zoo.fit(
-        zoo.models.LeNet5(hidden=32), "diagonal", data(), run=zoo.Run(resume=ckpt), **options
+        zoo.models.LeNet5(hidden=32), "diagonal", data(), **grouped(**options, resume=ckpt)
     )
     full = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), **grouped(**options))
     assert resumed.steps == 12 and resumed.device.type == "cuda"

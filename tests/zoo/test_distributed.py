@@ -14,9 +14,11 @@ import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
 import zoo
+from tests.groups import grouped
 from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import (
     MEAN_FIELD_FIT,
+    MEAN_FIELD_GUIDE,
     correlated_data,
     exact_elbo,
     exact_posterior,
@@ -46,12 +48,11 @@ def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_pat
     assert ((r0["cov"].diagonal() / mf_var) - 1).abs().max() < 0.15
     one = zoo.fit(
         model_for(3),
-        "diagonal",
+        MEAN_FIELD_GUIDE,
         (x, y),
         num_steps=1500,
         batch_size=100,
-        **MEAN_FIELD_FIT,
-        run=zoo.Run(progress=False),
+        **grouped(**MEAN_FIELD_FIT, progress=False),
     )
     optimum = exact_elbo(x, y, mean, torch.diag(mf_var))
     two_ranks = exact_elbo(x, y, r0["mean"], r0["cov"])
@@ -251,9 +252,7 @@ def test_distributed_arguments_are_checked_before_anything_starts():
                 model_for(3),
                 "diagonal",
                 (x, y),
-                engine=zoo.Engine(devices=2),
-                run=zoo.Run(progress=False),
-                **options,
+                **grouped(**options, engine=zoo.Engine(devices=2), run=zoo.Run(progress=False)),
             )
     fit = zoo.fit(
         model_for(3),

@@ -371,7 +371,7 @@ def test_named_lr_schedules_follow_the_run_length():
     from zoo.optim import resolve_schedule
 
     x, y = correlated_data(n=64, d=3)
-    kwargs = dict(num_steps=40, batch_size=16, lr=0.01, seed=0, progress=False)
+    kwargs = dict(num_steps=40, batch_size=16, lr=0.01, seed=0, run=zoo.Run(progress=False))
     named = zoo.fit(
         model_for(3), "diagonal", (x, y), optim=zoo.Optim(lr_schedule="exponential"), **kwargs
     )

@@ -114,12 +114,15 @@ def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
         "tridiagonal",
         data(),
         num_steps=30,
-        run=zoo.Run(checkpoint=ckpt, callbacks=[ctrl_c]),
-        **OPTIONS,
+        **grouped(**OPTIONS, run=zoo.Run(checkpoint=ckpt, callbacks=[ctrl_c])),
     )
     assert part.interrupted and part.steps == 13
     resumed = zoo.fit(
-        model(), "tridiagonal", data(), num_steps=30, run=zoo.Run(resume=ckpt), **OPTIONS
+        model(),
+        "tridiagonal",
+        data(),
+        num_steps=30,
+        **grouped(**OPTIONS, run=zoo.Run(resume=ckpt)),
     )
     assert resumed.steps == 30
     assert resumed.losses == pytest.approx(full.losses, rel=1e-6)
@@ -166,7 +169,11 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
     stopped_at = persist.read(ckpt, "checkpoint")["state"]["step"]
     assert 0 < stopped_at < 400
     resumed = zoo.fit(
-        model(), "diagonal", data(), num_steps=400, run=zoo.Run(resume=ckpt), **OPTIONS
+        model(),
+        "diagonal",
+        data(),
+        num_steps=400,
+        **grouped(**OPTIONS, run=zoo.Run(resume=ckpt)),
     )
     full = zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(**OPTIONS))
     assert resumed.steps == 400
@@ -287,8 +294,9 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
             AutoNormal(m),
             data(),
             num_steps=3,
-            run=zoo.Run(checkpoint=tmp_path / "c.pt", callbacks=[steps.append]),
-            **OPTIONS,
+            **grouped(
+                **OPTIONS, run=zoo.Run(checkpoint=tmp_path / "c.pt", callbacks=[steps.append])
+            ),
         )
     assert not steps
 

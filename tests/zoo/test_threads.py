@@ -4,6 +4,7 @@ import torch
 
 import zoo
 import zoo.threads
+from tests.groups import grouped
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
 
@@ -50,7 +51,11 @@ def fit_tiny(n: int = 32, **options):
     """The tiny model fitted on ``n`` random examples in batches of 32."""
     data = (torch.randn(n, 13), torch.randn(n))
     return zoo.fit(
-        tiny_model(), "diagonal", data, batch_size=32, run=zoo.Run(progress=False), **options
+        tiny_model(),
+        "diagonal",
+        data,
+        batch_size=32,
+        **grouped(**options, run=zoo.Run(progress=False)),
     )
 
 

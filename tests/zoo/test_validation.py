@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import zoo
+from tests.groups import grouped
 from zoo.models import BayesianMLP, LeNet5
 
 
@@ -95,8 +96,7 @@ def test_bad_input_is_rejected_before_training(case):
             make_model(),
             guide,
             data,
-            run=zoo.Run(progress=False, callbacks=[steps.append]),
-            **options,
+            **grouped(**options, run=zoo.Run(progress=False, callbacks=[steps.append])),
         )
     assert steps == []
 

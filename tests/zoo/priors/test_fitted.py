@@ -86,11 +86,13 @@ def fit_linear(prior, steps=1000, **options):
         batch_size=N,
         num_steps=steps,
         lr=0.05,
-        optim=zoo.Optim(lr_schedule="exponential"),
-        loss=zoo.Loss(elbo="meanfield"),
-        run=zoo.Run(progress=False),
+        **grouped(
+            **options,
+            optim=zoo.Optim(lr_schedule="exponential"),
+            loss=zoo.Loss(elbo="meanfield"),
+            run=zoo.Run(progress=False),
+        ),
         seed=0,
-        **options,
     )
 
 
@@ -226,19 +228,21 @@ def test_scales_survive_save_load_and_resume(tmp_path):
             BayesianMLP(D, (), 1, prior=prior, noise=NOISE),
             "diagonal",
             (x, y),
-            **{**kwargs, "num_steps": 60},
+            **grouped(**{**kwargs, "num_steps": 60}),
         )
         ckpt = tmp_path / f"{prior}.ckpt"
         zoo.fit(
             BayesianMLP(D, (), 1, prior=prior, noise=NOISE),
             "diagonal",
             (x, y),
-            run=zoo.Run(checkpoint=ckpt),
-            **kwargs,
+            **grouped(**kwargs, run=zoo.Run(checkpoint=ckpt)),
         )
         model = BayesianMLP(D, (), 1, prior=prior, noise=NOISE)
         resumed = zoo.fit(
-            model, "diagonal", (x, y), run=zoo.Run(resume=ckpt), **{**kwargs, "num_steps": 60}
+            model,
+            "diagonal",
+            (x, y),
+            **grouped(**{**kwargs, "num_steps": 60}, run=zoo.Run(resume=ckpt)),
         )
         a, b = resumed.guide.median(), whole.guide.median()
         assert a.keys() == b.keys()
