@@ -285,10 +285,11 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     term's per-example scale (``kl_weight = 1/100`` here, since the ELBO is already full-data),
     and the correlation parameters ``gamma`` learned 50 times faster::
 
-        fit = zoo.fit(zoo.models.LeNet5(), "tridiagonal", mnist, kl_weight=0.01,
-                      lr_multipliers={"*.gamma*": 50.0}, optimizer="sgd", lr=0.01,
-                      optimizer_options={"momentum": 0.9}, batch_size=64, per_example=True,
-                      lr_schedule=lambda i: (1 + 1e-4 * i) ** -0.75)
+        fit = zoo.fit(zoo.models.LeNet5(), "tridiagonal", mnist, lr=0.01, batch_size=64,
+                      optim=zoo.Optim(optimizer="sgd", optimizer_options={"momentum": 0.9},
+                                      lr_multipliers={"*.gamma*": 50.0}, per_example=True,
+                                      lr_schedule=lambda i: (1 + 1e-4 * i) ** -0.75),
+                      loss=zoo.Loss(kl_weight=0.01))
     """
 
     site_class = PoschSite

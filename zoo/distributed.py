@@ -1,4 +1,4 @@
-"""The processes of a fit: one, or several on Lightning Fabric (``zoo.fit(devices=..., ...)``).
+"""The processes of a fit: one, or several on Lightning Fabric (``zoo.Engine(devices=...)``).
 
 Fabric starts the processes (its launcher, ``torchrun``, SLURM: Lightning's cluster
 environments) and sets up the process group; :class:`Ranks` holds what a step needs from it.
@@ -129,7 +129,7 @@ class Ranks:
 
     @classmethod
     def of_process_group(cls) -> Ranks:
-        """The ranks of the running process group (``zoo.fit(devices=...)``, ``torchrun``,
+        """The ranks of the running process group (``zoo.Engine(devices=...)``, ``torchrun``,
         a Lightning ``Trainer``); a clear error when there is none."""
         dist = torch.distributed
         if not (dist.is_available() and dist.is_initialized()):

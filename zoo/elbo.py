@@ -13,7 +13,7 @@ multiplied by it. ``kl_weight = 1`` is the true ELBO; a smaller weight is the "K
 of Posch & Pilz (their ``nu``) or a warm-up.
 
 Reported losses are ``-ELBO`` on that full-data scale (nats for the whole training set).
-``zoo.fit(..., per_example=True)`` optimises ``-ELBO / N`` instead: the same optimum with the
+``zoo.Optim(per_example=True)`` optimises ``-ELBO / N`` instead: the same optimum with the
 per-example gradient scale that SGD learning rates in papers assume (Adam does not care).
 
 A step of several minibatches (``zoo.Engine(accumulate=k)``, :mod:`zoo.engine`) follows

@@ -1,7 +1,7 @@
 """Gradient estimators of the expected log-likelihood: reparameterisation, local
 reparameterisation and Flipout.
 
-``zoo.fit(..., estimator=...)`` chooses how the network's layers see the weight posterior
+``zoo.Loss(estimator=...)`` chooses how the network's layers see the weight posterior
 during training. All three are unbiased for the ELBO; they differ in gradient variance and cost.
 
 ``"reparam"`` (default)

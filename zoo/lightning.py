@@ -9,7 +9,7 @@
 ``training_step`` returns the scaled ``-ELBO`` of :class:`zoo.Objective` (the minibatch's
 likelihood scaled by ``num_data / B``, see :mod:`zoo.elbo`); under ``strategy="ddp"`` Lightning
 averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
-``zoo.fit(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
+``zoo.Engine(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
 extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard and compiled loss
 are not part of this route; its thread rule is (``threads``, applied from ``setup`` to
 ``teardown``, the caller's setting restored).

@@ -132,7 +132,7 @@ def predict(
     without changing the caller's random state (``None``: draws from the global generator).
 
     ``distributed=True``, called on every rank of a distributed run (after
-    ``zoo.fit(devices=...)``, under ``torchrun``...): rank 0's weight draws go to every rank,
+    ``zoo.Engine(devices=...)``, under ``torchrun``...): rank 0's weight draws go to every rank,
     each evaluates its contiguous ``1/W`` of ``x``, and the outputs are gathered once, so every
     rank returns the prediction one process would make with those draws.
 

@@ -4,7 +4,7 @@ A small network's step is host work and tiny kernels: intra-op parallelism canno
 and it can make it much slower. Every parallel region is a barrier that waits for all threads of
 the pool; when another process holds a core (a browser, a second job, a shared CI runner), one of
 them is descheduled and the whole step waits for it. A large network's matrix products do gain
-from the threads. ``zoo.fit(..., threads="auto")`` (the default) therefore runs the step on one
+from the threads. ``zoo.Engine(threads="auto")`` (the default) therefore runs the step on one
 thread when the network's forward pass is small, and leaves torch's setting alone otherwise; on
 CUDA it changes nothing. The caller's setting is restored after the fit. Prediction
 (``predict``, ``evaluate``, ``to_arviz``, ``compare``'s evaluations) takes the same rule, with
