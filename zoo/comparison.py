@@ -122,11 +122,9 @@ def compare(
 
 
 def _threads(fit_options: dict):
-    """The ``threads`` setting of these ``zoo.fit`` options (the engine group's, or the
-    deprecated flat keyword's)."""
-    if "threads" in fit_options:
-        return fit_options["threads"]
-    return group(Engine, fit_options.get("engine")).threads
+    """The ``threads`` of these ``zoo.fit`` options (their engine group's, flat fields
+    included)."""
+    return group(Engine, grouped(fit_options).get("engine")).threads
 
 
 def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[str, float]:

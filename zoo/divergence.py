@@ -46,6 +46,12 @@ class FitDivergedError(FloatingPointError):
         self.result = result
 
 
+def check_on_divergence(on_divergence) -> None:
+    """Refuse an ``on_divergence`` that is not one of :data:`ON_DIVERGENCE`."""
+    if on_divergence not in ON_DIVERGENCE:
+        raise ValueError(f"on_divergence must be 'raise' or 'skip', got {on_divergence!r}")
+
+
 class DivergenceGuard:
     """Settles the steps the host has read, and keeps the copy a diverged fit goes back to.
 
@@ -61,8 +67,7 @@ class DivergenceGuard:
     """
 
     def __init__(self, params, guide, on_divergence: str, copy_every: int | None = None):
-        if on_divergence not in ON_DIVERGENCE:
-            raise ValueError(f"on_divergence must be 'raise' or 'skip', got {on_divergence!r}")
+        check_on_divergence(on_divergence)
         self.params = [p.detach() for p in params]
         self.guide, self.on_divergence = guide, on_divergence
         self.copy_every = LAST_GOOD_EVERY if copy_every is None else int(copy_every)

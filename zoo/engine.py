@@ -129,8 +129,7 @@ class StepEngine:
         accumulate = options.pop("accumulate", 1)
         engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
         plan = step_rules.plan(engine, objective, optimizer, params[0].device, distributed=False)
-        copy_every = plan.check_every if plan.device_skip else None
-        guard = DivergenceGuard(params, objective.guide, on_divergence, copy_every)
+        guard = DivergenceGuard(params, objective.guide, on_divergence, plan.copy_every)
         built = cls(
             objective,
             optimizer,
@@ -156,10 +155,6 @@ class StepEngine:
                 group = []
         if group:
             yield group
-
-    def steps_per_epoch(self, batches_per_epoch: int) -> int:
-        """Optimiser steps in an epoch of ``batches_per_epoch`` minibatches."""
-        return math.ceil(batches_per_epoch / self.plan.accumulate)
 
     def begin(self) -> None:
         """Before the first step of a run (or a resumed run): copy the parameters the guard
@@ -241,14 +236,13 @@ class StepEngine:
         """``sum_i (B_i / sum B) L_i`` over the step's minibatches, each ``L_i`` a full-data
         ``-ELBO`` estimate (likelihood scaled by ``N / B_i``): unbiased, and for ``k``
         minibatches the gradient of their union as one minibatch."""
-        sizes = [len(x) for x, _ in inputs]
-        total, loss = sum(sizes), None
-        for (x, y), size in zip(inputs, sizes):
+        loss = None
+        for (x, y), share in zip(inputs, shares(inputs)):
             part = loss_of(x, y)
-            weighted = part if size == total else part * (size / total)
+            weighted = part if share == 1 else part * share
             (weighted / self.num_data if self.per_example else weighted).backward()
             loss = weighted.detach() if loss is None else loss + weighted.detach()
-        return loss if len(inputs) > 1 else part
+        return loss
 
     def _may_update(self, loss: torch.Tensor, norm: torch.Tensor) -> bool:
         """The divergence test: on the device, the fused optimiser's skip flag (the update is
@@ -271,12 +265,15 @@ class StepEngine:
         if self.last_inputs is None:
             return math.nan
         step, inputs = self.state.step, self.last_inputs
-        values = [
-            float(self.objective.loss(x, y, self.num_data, step=step, eager=True))
-            for x, y in inputs
-        ]
-        value = values[0]
-        if len(values) > 1:
-            sizes = [len(x) for x, _ in inputs]
-            value = sum(v * n for v, n in zip(values, sizes)) / sum(sizes)
-        return self.ranks.mean(value, self.state.step)
+        value = sum(
+            share * float(self.objective.loss(x, y, self.num_data, step=step, eager=True))
+            for (x, y), share in zip(inputs, shares(inputs))
+        )
+        return self.ranks.mean(value, step)
+
+
+def shares(inputs: list[Batch]) -> list[float]:
+    """Each minibatch's share of a step's examples, ``B_i / sum_j B_j`` (``[1.0]`` for one): the
+    weight of its full-data ``-ELBO`` estimate in the step's (:mod:`zoo.elbo`)."""
+    sizes = [len(x) for x, _ in inputs]
+    return [size / sum(sizes) for size in sizes]

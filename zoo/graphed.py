@@ -135,9 +135,8 @@ class GraphedStep:
                 self._give_up(error)
                 self.optimizer.zero_grad(set_to_none=True)
                 run()  # the step the capture did not take, eagerly
-                self.calls += 1
-                return self.loss, self.norm
-            self.graph.replay()
+            else:
+                self.graph.replay()
         self.calls += 1
         return self.loss, self.norm
 

@@ -83,10 +83,8 @@ class Objective:
         kl_weight: float | Callable[[int], float] = 1.0,
         jit: bool | str = "auto",
     ):
-        if jit not in (True, False, "auto"):
-            raise ValueError(f"jit must be 'auto', True or False, got {jit!r}")
-        if elbo not in ELBOS:
-            raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
+        check_jit(jit)
+        check_elbo(elbo)
         estimators.check_estimator(estimator)
         if estimator != "reparam" and num_particles != 1:
             raise ValueError(
@@ -234,6 +232,18 @@ class Objective:
             )
 
     __call__ = loss
+
+
+def check_jit(jit) -> None:
+    """Refuse a ``jit`` that is not ``"auto"``, ``True`` or ``False``."""
+    if jit not in (True, False, "auto"):
+        raise ValueError(f"jit must be 'auto', True or False, got {jit!r}")
+
+
+def check_elbo(elbo) -> None:
+    """Refuse an ``elbo`` that is not one of :data:`ELBOS`."""
+    if elbo not in ELBOS:
+        raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
 
 
 @contextlib.contextmanager

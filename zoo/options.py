@@ -38,17 +38,11 @@ from zoo.cli_values import (
     steps_between_value,
     threads_value,
 )
+from zoo.recipes import check_positive
 
 
 def _cli(help: str, **kwargs) -> dict:
     return {"cli": {"help": help, **kwargs}}
-
-
-def _positive(name: str, value, integer: bool = False) -> None:
-    bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
-    if bad or (integer and value != int(value)):
-        kind = "integer" if integer else "number"
-        raise ValueError(f"{name} must be a positive {kind}, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -99,8 +93,7 @@ class Optim:
         from zoo.optim import check_optimizer
 
         check_optimizer(self.optimizer)
-        if self.clip_grad_norm is not None:
-            _positive("clip_grad_norm", self.clip_grad_norm)
+        check_positive(clip_grad_norm=self.clip_grad_norm)
 
 
 @dataclass(frozen=True)
@@ -142,14 +135,13 @@ class Loss:
 
     def __post_init__(self):
         from zoo import estimators
-        from zoo.objective import ELBOS
+        from zoo.objective import check_elbo
 
-        _positive("num_particles", self.num_particles, integer=True)
+        check_positive(num_particles=self.num_particles)
         weight = self.kl_weight
         if not callable(weight) and (isinstance(weight, bool) or not weight >= 0):
             raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
-        if self.elbo not in ELBOS:
-            raise ValueError(f"elbo must be 'trace' or 'meanfield', got {self.elbo!r}")
+        check_elbo(self.elbo)
         estimators.check_estimator(self.estimator)
 
 
@@ -234,18 +226,17 @@ class Engine:
     )
 
     def __post_init__(self):
+        from zoo.objective import check_jit
         from zoo.threads import check_threads
 
         check_threads(self.threads)
-        if self.jit not in (True, False, "auto"):
-            raise ValueError(f"jit must be 'auto', True or False, got {self.jit!r}")
+        check_jit(self.jit)
         every = self.check_every
         if every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"check_every must be 'auto' or a positive integer, got {every!r}")
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
-        _positive("accumulate", self.accumulate, integer=True)
-        _positive("num_nodes", self.num_nodes, integer=True)
+        check_positive(accumulate=self.accumulate, num_nodes=self.num_nodes)
 
     @property
     def distributed(self) -> bool:
@@ -305,12 +296,10 @@ class Run:
     )
 
     def __post_init__(self):
-        from zoo.divergence import ON_DIVERGENCE
+        from zoo.divergence import check_on_divergence
 
-        if self.on_divergence not in ON_DIVERGENCE:
-            raise ValueError(f"on_divergence must be 'raise' or 'skip', got {self.on_divergence!r}")
-        if self.checkpoint_every is not None:
-            _positive("checkpoint_every", self.checkpoint_every, integer=True)
+        check_on_divergence(self.on_divergence)
+        check_positive(checkpoint_every=self.checkpoint_every)
 
 
 #: ``zoo.fit``'s group parameters and their classes.
@@ -357,16 +346,14 @@ def accepts_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUP
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        flat = {k: kwargs.pop(k) for k in list(kwargs) if k in owners}
         options = kwargs.pop("guide_options", None)
         if options is not None:
             _deprecated("guide_options", "pass guides.family(name, **options) as the guide")
             args, kwargs = _with_family(function, args, kwargs, options)
-        for key, value in flat.items():
+        for key in [k for k in kwargs if k in owners]:
             name = owners[key]
-            cls = groups[name]
-            _deprecated(key, f"pass {name}=zoo.{cls.__name__}({key}=...)")
-            kwargs[name] = dataclasses.replace(group(cls, kwargs.get(name)), **{key: value})
+            _deprecated(key, f"pass {name}=zoo.{groups[name].__name__}({key}=...)")
+        kwargs = grouped(kwargs, groups)
         return function(*args, **kwargs)
 
     return wrapper

@@ -143,17 +143,28 @@ def warn_if_short(recipe: str, steps: int, n: int, batch_size: int) -> None:
     )
 
 
+#: The counts among :func:`check_positive`'s names (a positive integer, not only a number).
+INTEGERS = (
+    "epochs",
+    "batch_size",
+    "num_particles",
+    "num_steps",
+    "checkpoint_every",
+    "accumulate",
+    "num_nodes",
+)
+
+
 def check_positive(**values) -> None:
     """Refuse a value that is not a positive number (a positive integer for counts); None
     means "not given" and passes."""
-    integers = ("epochs", "batch_size", "num_particles", "num_steps", "checkpoint_every")
     for name, value in values.items():
         if value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if name in integers and value != int(value):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        kind = "integer" if name in INTEGERS else "number"
+        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+        if bad or (name in INTEGERS and value != int(value)):
+            raise ValueError(f"{name} must be a positive {kind}, got {value!r}")
 
 
 def resolve_device(device) -> torch.device:

@@ -29,6 +29,7 @@ One small-step threshold, :data:`SMALL_STEP_FLOPS`, serves both size rules.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -85,6 +86,17 @@ class StepPlan:
     def device_skip(self) -> bool:
         """Whether a non-finite update is skipped on the device (no host read per step)."""
         return self.check_every > 1 or self.cuda_graph
+
+    @property
+    def copy_every(self) -> int | None:
+        """Steps between the divergence guard's copies: the host's read cadence when the device
+        skips, else ``None`` (the guard's own default, read every step)."""
+        return self.check_every if self.device_skip else None
+
+    def steps_per_epoch(self, batches_per_epoch: int) -> int:
+        """Optimiser steps in an epoch of ``batches_per_epoch`` minibatches (``accumulate``
+        of them a step; the last step of an epoch may have fewer)."""
+        return math.ceil(batches_per_epoch / self.accumulate)
 
 
 def check_options(engine, distributed: bool) -> None:

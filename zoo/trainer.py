@@ -48,7 +48,7 @@ class Trainer:
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.ranks = ranks if ranks is not None else Ranks()
         self.convergence = convergence
-        self.steps_per_epoch = engine.steps_per_epoch(batches.steps_per_epoch)
+        self.steps_per_epoch = engine.plan.steps_per_epoch(batches.steps_per_epoch)
         # The result shows the state's history as it grows.
         state = self.state
         result.losses, result.epoch_losses = state.losses, state.epoch_losses

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable, Mapping
 
 import torch
@@ -201,7 +200,7 @@ def _fit(
         opt_cls = check_optimizer(optim.optimizer)
         opt = make_optimizer(opt_cls, groups, length.lr, optim.optimizer_options or {})
         plan = step_rules.plan(engine, objective, opt, dev, ranks.distributed)
-        per_epoch = math.ceil(batches.steps_per_epoch / plan.accumulate)
+        per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
         total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch
         if run.resume is None and ranks.rank == 0:
             warn_if_short(length.recipe, total, len(batches), batches.batch_size)
@@ -225,8 +224,7 @@ def _fit(
         else:
             state = LoopState(epoch_start_state=generator.get_state())
         params = [p for g in groups for p in g["params"]]
-        copy_every = plan.check_every if plan.device_skip else None
-        guard = DivergenceGuard(params, guide, run.on_divergence, copy_every)
+        guard = DivergenceGuard(params, guide, run.on_divergence, plan.copy_every)
         steps = StepEngine(
             objective,
             opt,
