@@ -30,40 +30,15 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import StepMarks, check_times, sync  # noqa: E402  (the same clocks)
+from step_time import StepMarks, bayesian_torch, bbb, check_times, sync  # noqa: E402
 
 import guides  # noqa: E402
 import zoo  # noqa: E402
 from zoo.models.lenet import LeNet5Network  # noqa: E402
 
 BATCH = 128
-
-
-def bbb(fused: bool, device):
-    """A hand-written Bayes-by-Backprop step ``step(x, y, n)`` on LeNet-5 (``n``: the data size
-    that scales the likelihood)."""
-    net = LeNet5Network(100).to(device).requires_grad_(False)
-    mus = {k: p.detach().clone().requires_grad_() for k, p in net.named_parameters()}
-    rhos = {k: torch.full_like(p, -4.6).requires_grad_() for k, p in net.named_parameters()}
-    opt = torch.optim.Adam([*mus.values(), *rhos.values()], lr=1e-3, fused=fused or None)
-
-    def step(x, y, n):
-        opt.zero_grad(set_to_none=True)
-        weights, kl = {}, 0.0
-        for k in mus:
-            sd = F.softplus(rhos[k])
-            weights[k] = mus[k] + sd * torch.randn_like(sd)
-            kl = kl + 0.5 * (sd.pow(2) + mus[k].pow(2) - 1 - 2 * sd.log()).sum()
-        out = functional_call(net, weights, (x,))
-        loss = F.cross_entropy(out, y, reduction="sum") * (n / len(x)) + kl
-        loss.backward()
-        opt.step()
-
-    return step, opt
 
 
 def hand_epochs(step, x, y, epochs: int, device) -> tuple[float, float]:
@@ -90,7 +65,7 @@ def hand_epochs(step, x, y, epochs: int, device) -> tuple[float, float]:
 
 def graph_floor(x, y, epochs: int, device) -> tuple[float, float]:
     """The fused hand-written step captured whole in one CUDA graph on a fixed batch (CUDA)."""
-    step, opt = bbb(True, device)
+    step, opt, _ = bbb(LeNet5Network(100).to(device), fused=True)
     for group in opt.param_groups:
         group["capturable"] = True
     xs, ys = x[:BATCH].clone(), y[:BATCH].clone()
@@ -135,7 +110,7 @@ def rows(args, data, device) -> dict[str, tuple[float, float]]:
     x, y = data
     out = {}
     for fused in (False, True):
-        step, _ = bbb(fused, device)
+        step, _, _ = bbb(LeNet5Network(100).to(device), fused=fused or None)
         out[f"hand-written BBB, {'fused' if fused else 'default'} Adam"] = hand_epochs(
             step, x, y, args.epochs, device
         )
@@ -157,21 +132,7 @@ def rows(args, data, device) -> dict[str, tuple[float, float]]:
 
 
 def bayesian_torch_epochs(x, y, epochs: int, device) -> tuple[float, float]:
-    from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
-
-    bnn = LeNet5Network(100)
-    prior = {"prior_mu": 0.0, "prior_sigma": 1.0, "posterior_mu_init": 0.0}
-    prior.update(posterior_rho_init=-4.6, type="Reparameterization", moped_enable=False)
-    dnn_to_bnn(bnn, prior)
-    bnn.to(device)
-    opt = torch.optim.Adam(bnn.parameters(), lr=1e-3)
-
-    def step(xb, yb, n):
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(bnn(xb), yb, reduction="sum") * (n / len(xb)) + get_kl_loss(bnn)
-        loss.backward()
-        opt.step()
-
+    step, _ = bayesian_torch(LeNet5Network(100), device)
     return hand_epochs(step, x, y, epochs, device)
 
 

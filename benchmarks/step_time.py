@@ -105,25 +105,33 @@ def deterministic_step(net, x, y):
     return step, sum(p.numel() for p in net.parameters())
 
 
-def hand_bbb_step(net, x, y):
-    """Bayes by Backprop by hand: w = mu + softplus(rho) eps, analytic KL to N(0, 1)."""
+def bbb(net, fused: bool | None = None):
+    """Bayes by Backprop by hand: w = mu + softplus(rho) eps, analytic KL to N(0, 1), torch's
+    Adam (``fused`` as torch takes it). Returns ``step(x, y, n)`` (``n``: the data size that
+    scales the likelihood), the optimiser and the parameter count."""
     net = copy.deepcopy(net).requires_grad_(False)
-    mus = {n: p.detach().clone().requires_grad_() for n, p in net.named_parameters()}
-    rhos = {n: torch.full_like(p, -4.6).requires_grad_() for n, p in net.named_parameters()}
-    opt = torch.optim.Adam([*mus.values(), *rhos.values()], lr=1e-3)
+    mus = {k: p.detach().clone().requires_grad_() for k, p in net.named_parameters()}
+    rhos = {k: torch.full_like(p, -4.6).requires_grad_() for k, p in net.named_parameters()}
+    opt = torch.optim.Adam([*mus.values(), *rhos.values()], lr=1e-3, fused=fused)
 
-    def step():
+    def step(x, y, n):
         opt.zero_grad(set_to_none=True)
         weights, kl = {}, 0.0
-        for n in mus:
-            sd = F.softplus(rhos[n])
-            weights[n] = mus[n] + sd * torch.randn_like(sd)
-            kl = kl + 0.5 * (sd.pow(2) + mus[n].pow(2) - 1 - 2 * sd.log()).sum()
-        loss = nll(functional_call(net, weights, (x,)), y) * (N_TRAIN / len(x)) + kl
+        for k in mus:
+            sd = F.softplus(rhos[k])
+            weights[k] = mus[k] + sd * torch.randn_like(sd)
+            kl = kl + 0.5 * (sd.pow(2) + mus[k].pow(2) - 1 - 2 * sd.log()).sum()
+        loss = nll(functional_call(net, weights, (x,)), y) * (n / len(x)) + kl
         loss.backward()
         opt.step()
 
-    return step, 2 * sum(p.numel() for p in mus.values())
+    return step, opt, 2 * sum(p.numel() for p in mus.values())
+
+
+def hand_bbb_step(net, x, y):
+    """The hand-written Bayes-by-Backprop step (:func:`bbb`) on the fixed minibatch."""
+    step, _, count = bbb(net)
+    return (lambda: step(x, y, N_TRAIN)), count
 
 
 def pyro_autonormal_step(net, x, y):
@@ -153,7 +161,10 @@ def pyro_jit_step(net, x, y):
     return (lambda: svi.step(x, y)), guide.num_variational_parameters()
 
 
-def bayesian_torch_step(net, x, y):
+def bayesian_torch(net, device):
+    """bayesian-torch's conversion of ``net`` (the same prior and initial scales as
+    :func:`bbb`): ``step(x, y, n)`` and the parameter count. Raises ``ImportError`` without
+    it."""
     from bayesian_torch.models.dnn_to_bnn import dnn_to_bnn, get_kl_loss
 
     bnn = copy.deepcopy(net)
@@ -168,17 +179,22 @@ def bayesian_torch_step(net, x, y):
             "moped_enable": False,
         },
     )
-    bnn.to(x.device)
+    bnn.to(device)
     opt = torch.optim.Adam(bnn.parameters(), lr=1e-3)
 
-    def step():
+    def step(x, y, n):
         opt.zero_grad(set_to_none=True)
         out = bnn(x)
-        loss = nll(out, y) * (N_TRAIN / len(x)) + get_kl_loss(bnn)
+        loss = nll(out, y) * (n / len(x)) + get_kl_loss(bnn)
         loss.backward()
         opt.step()
 
     return step, sum(p.numel() for p in bnn.parameters())
+
+
+def bayesian_torch_step(net, x, y):
+    step, count = bayesian_torch(net, x.device)
+    return (lambda: step(x, y, N_TRAIN)), count
 
 
 # ---- zoo.fit ----------------------------------------------------------------------------

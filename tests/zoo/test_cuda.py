@@ -206,28 +206,23 @@ def test_a_failed_capture_leaves_the_process_usable(monkeypatch):
             torch.zeros((), device=self.device).item()  # a host read: not capturable
         self.graph = graph
 
+    def graph_fit():
+        return zoo.fit(
+            zoo.models.LeNet5(hidden=32),
+            "diagonal",
+            data(),
+            num_steps=12,
+            batch_size=32,
+            engine=zoo.Engine(cuda_graph=True),
+            run=zoo.Run(progress=False),
+        )
+
     with monkeypatch.context() as patch:
         patch.setattr(zoo.graphed.GraphedStep, "_record", failing_record)
         with pytest.warns(RuntimeWarning, match="capture of the step failed"):
-            first = zoo.fit(
-                zoo.models.LeNet5(hidden=32),
-                "diagonal",
-                data(),
-                num_steps=12,
-                batch_size=32,
-                engine=zoo.Engine(cuda_graph=True),
-                run=zoo.Run(progress=False),
-            )
+            first = graph_fit()
     assert first.options["cuda_graph"].startswith("failed, ran eagerly")
     assert all(math.isfinite(v) for v in first.losses) and len(first.losses) == 12
     torch.randn(8, device="cuda")  # the generator is out of capture mode
-    again = zoo.fit(
-        zoo.models.LeNet5(hidden=32),
-        "diagonal",
-        data(),
-        num_steps=12,
-        batch_size=32,
-        engine=zoo.Engine(cuda_graph=True),
-        run=zoo.Run(progress=False),
-    )
+    again = graph_fit()
     assert again.options["cuda_graph"] is True and len(again.losses) == 12
