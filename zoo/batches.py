@@ -114,6 +114,12 @@ class Batches:
             return len(self.loader)
         return math.ceil(math.ceil(self.size / self.world_size) / self.batch_size)
 
+    @property
+    def minibatch_size(self) -> int:
+        """Examples in this rank's largest minibatch: ``batch_size``, or fewer when the rank's
+        share of the data is smaller (the size whose forward pass the step rules weigh)."""
+        return max(1, min(self.batch_size, math.ceil(self.size / self.world_size)))
+
     def epoch(self, number: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The minibatches of epoch ``number`` (which seeds a ``DistributedSampler``'s shuffle;
         otherwise the shuffling generator's state decides)."""

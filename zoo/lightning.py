@@ -11,8 +11,8 @@ likelihood scaled by ``num_data / B``, see :mod:`zoo.elbo`); under ``strategy="d
 averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
 ``zoo.Engine(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
 extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard and compiled loss
-are not part of this route; its thread rule is (``threads``, applied from ``setup`` to
-``teardown``, the caller's setting restored).
+are not part of this route; its thread rule is (``threads``, applied from a stage's first
+batch to its ``teardown``, the caller's setting restored).
 """
 
 from __future__ import annotations
@@ -69,9 +69,10 @@ class BayesianModule(L.LightningModule):
     seed : int, default 0
         Seeds the validation and prediction draws (the same draws on every rank).
     threads : "auto", int or None, default "auto"
-        Torch's intra-op CPU threads from ``setup`` to ``teardown`` of every Trainer stage, as
-        ``zoo.fit``'s rule decides them (:mod:`zoo.threads`: one thread for a small network on
-        the CPU); the caller's setting is restored at ``teardown``.
+        Torch's intra-op CPU threads from the first batch to ``teardown`` of every Trainer
+        stage, as ``zoo.fit``'s rule decides them for a forward pass of that batch
+        (:mod:`zoo.threads`: one thread for a small one on the CPU); the caller's setting is
+        restored at ``teardown``.
 
     Logged: ``train/elbo`` (full-data scale), ``train/kl`` (``KL(q || p)`` estimate, every
     ``log_every_n_steps``), and at each validation the model's held-out metrics
@@ -115,7 +116,9 @@ class BayesianModule(L.LightningModule):
             kl_weight=loss.kl_weight,
             jit=False,
         )
-        self.objective.setup(*_example(model, example))
+        example = _example(model, example)
+        self.objective.setup(*example)
+        self._example_size = len(example[0])
         self.lr, self.optim = lr, optim
         self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
         self.losses: list[float] = []
@@ -123,12 +126,28 @@ class BayesianModule(L.LightningModule):
         self._draws = None
         self.threads, self._threads_before = threads, None
 
-    # ---- the thread rule, from setup to teardown --------------------------------------------
-    def setup(self, stage: str) -> None:
-        count = threads_for(self.threads, self.device, self.objective.forward_flops)
-        if count is not None and self._threads_before is None:
+    # ---- the thread rule, from a stage's first batch to its teardown ------------------------
+    def _apply_threads(self, batch) -> None:
+        """Torch's thread count for this stage, by ``zoo.fit``'s rule weighed on a forward pass
+        of this batch's size (the first batch of the stage; the caller's count is restored at
+        ``teardown``)."""
+        if self._threads_before is not None:
+            return
+        x = batch[0] if isinstance(batch, (tuple, list)) else batch
+        per_example = lambda: self.objective.forward_flops() / self._example_size  # noqa: E731
+        count = threads_for(self.threads, self.device, lambda: per_example() * len(x))
+        if count is not None:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(count)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        self._apply_threads(batch)
+
+    def on_validation_batch_start(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._apply_threads(batch)
+
+    def on_predict_batch_start(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._apply_threads(batch)
 
     def teardown(self, stage: str) -> None:
         if self._threads_before is not None:

@@ -111,10 +111,17 @@ class Objective:
         self._flops: int | None = None
         self._warned = False
 
-    def setup(self, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    def setup(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, batch_size: int | None = None
+    ) -> None:
         """Create the guide's parameters on an example batch (its prototype trace, if not yet
         made) and find the sites the estimator serves. ``loss`` calls it on first use; call it
-        yourself before building an optimiser over ``guide.parameters()``."""
+        yourself before building an optimiser over ``guide.parameters()``.
+
+        ``batch_size`` is the number of examples in the minibatches the loss will see (default:
+        ``len(x)``): the size rules of :mod:`zoo.step_rules` (``jit="auto"``, the thread count)
+        weigh the forward pass of a minibatch that size, not of the example batch, which may be
+        two examples (:meth:`forward_flops`)."""
         # Pyro's argument checks run on the first step (``validate``), not on this trace too.
         with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
@@ -138,6 +145,7 @@ class Objective:
         )
         self.compiled, self._flops = None, None
         self._setup_batch = (x, y)
+        self._flops_batch = len(x) if batch_size is None else int(batch_size)
         self._eager_reason = self._why_eager(x, y)
         if self._eager_reason is None:
             params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
@@ -155,10 +163,14 @@ class Objective:
         return refusal
 
     def forward_flops(self) -> int:
-        """Floating-point operations of the model's forward pass on the batch given to
-        :meth:`setup` (:func:`zoo.threads.forward_flops`), counted once."""
+        """Floating-point operations of the model's forward pass on one minibatch of
+        :meth:`setup`'s ``batch_size`` examples (:func:`zoo.threads.forward_flops`), counted
+        once, on the example batch and scaled to that size (a feed-forward pass's products grow
+        linearly with the batch)."""
         if self._flops is None:
-            self._flops = forward_flops(self.model, *self._setup_batch)
+            x, y = self._setup_batch
+            count = forward_flops(self.model, x, y)
+            self._flops = round(count * self._flops_batch / max(len(x), 1))
             self._setup_batch = None  # counted: the batch is not kept
         return self._flops
 

@@ -163,7 +163,10 @@ def predict(
         batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x0, params)
     step = max(1, int(sample_batch_size))
     first = {k: v[0] for k, v in params.items()}
-    num_threads = prediction_threads(threads, device, model.network, x0[:2].to(device), first)
+    block = min(batch_size, max(x.shape[0], 1))
+    num_threads = prediction_threads(
+        threads, device, model.network, x0[:2].to(device), first, batch_size=block
+    )
     with intra_op_threads(num_threads):
         outputs = _passes(model, x, x0, params, num_samples, batch_size, step, device, progress)
     outputs = ranks.gather_rows(outputs, n, dim=1)

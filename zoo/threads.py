@@ -90,12 +90,17 @@ def prediction_threads(
     network: Callable,
     x: torch.Tensor,
     params: dict,
+    batch_size: int | None = None,
 ) -> int | None:
     """The intra-op thread count for a prediction whose passes run ``network`` under one weight
-    draw ``params``: :func:`zoo.step_rules.threads_for`'s rule counted as ``zoo.fit`` counts
-    it, on the network's forward pass of the first two inputs of ``x`` (``zoo.fit`` counts the
-    pass of the two examples its objective is set up on), so a model predicts on as many threads
-    as it was fitted on."""
+    draw ``params`` on blocks of ``batch_size`` inputs (default: ``len(x)``):
+    :func:`zoo.step_rules.threads_for`'s rule on the forward pass of one block, counted on the
+    first two inputs of ``x`` and scaled to the block, as ``zoo.fit`` weighs a minibatch."""
     check_threads(threads)
     probe = x[:2]
-    return threads_for(threads, device, lambda: forward_flops(network, probe, params))
+    block = len(x) if batch_size is None else int(batch_size)
+    return threads_for(
+        threads,
+        device,
+        lambda: round(forward_flops(network, probe, params) * block / max(len(probe), 1)),
+    )

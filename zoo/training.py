@@ -193,7 +193,7 @@ def _fit(
             kl_weight=loss.kl_weight,
             jit=engine.jit,
         )
-        objective.setup(*batches.first())
+        objective.setup(*batches.first(), batch_size=batches.minibatch_size)
         if run.checkpoint is not None:
             persist.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         groups = param_groups(guide, model, length.lr, optim.lr_multipliers)

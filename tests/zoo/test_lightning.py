@@ -98,17 +98,26 @@ def test_a_trainer_resumes_the_module_from_its_lightning_checkpoint(tmp_path, mn
     assert len(resumed.to_fit_result().losses) == 6
 
 
-@pytest.mark.parametrize("threads, expected", [("auto", 1), (3, 3), (None, 2)])
+@pytest.mark.parametrize(
+    "threads, threshold, expected",
+    [("auto", None, 1), ("auto", 1000, 2), (3, None, 3), (None, None, 2)],
+)
 @pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
 @pytest.mark.filterwarnings("ignore:.*treespec:FutureWarning")  # Lightning 2.6 on torch 2.14
-def test_the_trainer_route_takes_the_fits_thread_rule_and_restores_the_count(threads, expected):
+def test_the_trainer_route_takes_the_fits_thread_rule_and_restores_the_count(
+    threads, threshold, expected, monkeypatch
+):
     """BayesianModule(threads=...) sets torch's intra-op threads as zoo.fit's rule decides, from
-    setup to teardown (a small network: one thread), and leaves the caller's count after."""
+    the first batch to teardown (a small network: one thread), and leaves the caller's count
+    after. The rule weighs the loader's minibatch of 16, not the example of two: with the
+    threshold at 1,000 FLOP the two examples (448) are small and the minibatch (3,584) is not."""
     import lightning as L
     from torch.utils.data import DataLoader, TensorDataset
 
     from zoo.lightning import BayesianModule
 
+    if threshold is not None:
+        monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", threshold)
     x, y = torch.randn(32, 13), torch.randn(32)
     model = zoo.models.BayesianMLP(13, (8,), noise=1.0)
     module = BayesianModule(model, "diagonal", len(x), example=(x, y), threads=threads)

@@ -2,6 +2,7 @@ import pyro
 import pytest
 import torch
 
+import guides
 import zoo
 import zoo.threads
 from tests.groups import grouped
@@ -72,6 +73,42 @@ def test_fit_runs_a_small_step_on_one_thread_and_restores_the_callers_count(two_
     assert torch.get_num_threads() == 2
 
 
+@pytest.mark.parametrize("n, batch_size, expected", [(64, 32, 2), (64, 8, 1), (8, 32, 1)])
+def test_the_rules_weigh_a_minibatch_not_the_two_example_probe(
+    two_threads, monkeypatch, n, batch_size, expected
+):
+    """``zoo.fit`` sets its objective up on two examples, but the size rules weigh the forward
+    pass of a whole minibatch (the data's size when it is smaller than ``batch_size``): with the
+    threshold at 16 examples of the 13-50-1 net (1,400 FLOP each), a minibatch of 32 runs on
+    torch's threads and eagerly, one of 8 (or the 8 examples of a smaller data set) on one
+    thread and compiled."""
+    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 16 * 1400)
+    seen = []
+    data = (torch.randn(n, 13), torch.randn(n))
+    fit = zoo.fit(
+        tiny_model(),
+        "diagonal",
+        data,
+        batch_size=batch_size,
+        num_steps=2,
+        **grouped(callbacks=[lambda s: seen.append(torch.get_num_threads())], progress=False),
+    )
+    assert seen == [expected] * 2
+    assert fit.options["threads"] == expected
+    assert (fit.options["jit"] == "compiled") == (expected == 1), fit.options["jit"]
+
+
+def test_the_objective_counts_a_minibatch_exactly_from_two_examples():
+    """The count scaled from the two-example setup batch equals a count on the minibatch
+    itself (LeNet-5 on 128 images: 504 MFLOP, over 60 times the two images' 7.9)."""
+    model = zoo.models.LeNet5()
+    x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
+    objective = zoo.Objective(model, guides.AutoDiagonal(model), jit=False)
+    objective.setup(x[:2], y[:2], batch_size=128)
+    assert objective.forward_flops() == zoo.threads.forward_flops(model, x, y)
+    assert objective.forward_flops() > 60 * zoo.threads.forward_flops(model, x[:2], y[:2])
+
+
 def test_an_explicit_count_is_used_and_none_leaves_torchs_setting(two_threads):
     for threads, expected in ((1, 1), (None, 2), (2, 2)):
         seen, fit = threads_seen(num_steps=2, threads=threads)
@@ -130,6 +167,18 @@ def test_prediction_takes_the_fits_rule_and_restores_the_callers_count(two_threa
         assert set(seen) == {expected} and torch.get_num_threads() == 2
     with pytest.raises(ValueError, match="threads"):
         call(fit, threads=0)
+
+
+def test_prediction_weighs_its_block_of_inputs(two_threads, monkeypatch):
+    """The prediction rule weighs one pass over a block of ``batch_size`` inputs (here the
+    threshold sits at 16 inputs of the 13-50-1 net): blocks of 32 run on torch's threads, blocks
+    of 8 on one."""
+    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 16 * 1400)
+    fit = fit_tiny(num_steps=2, threads=1)
+    x = torch.randn(64, 13)
+    for batch_size, expected in ((32, 2), (8, 1)):
+        predict = lambda f, b=batch_size: f.predict(x, 2, batch_size=b, progress=False)  # noqa: E731
+        assert set(prediction_threads_seen(fit, predict)) == {expected}
 
 
 def test_a_large_prediction_pass_keeps_torchs_setting(two_threads, monkeypatch):
