@@ -48,7 +48,7 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
                 torch.cuda.synchronize()
             marks.append(time.perf_counter())
 
-    options = {"cuda_graph": True} if graph else {}
+    options = {"cuda_graph": bool(graph)}
     fit = zoo.fit(
         model,
         family,

@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> dict:
         engine=zoo.Engine(
             device=args.device,
             threads=args.threads if args.threads == "auto" else int(args.threads),
-            cuda_graph=args.cuda_graph,
+            cuda_graph={"auto": "auto", "true": True, "false": False}[args.cuda_graph],
         ),
         run=zoo.Run(
             progress=args.progress,
@@ -236,7 +236,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--threads", default="auto", help='intra-op CPU threads or "auto"')
     parser.add_argument(
-        "--cuda-graph", action="store_true", help="replay each step from a CUDA graph (CUDA only)"
+        "--cuda-graph",
+        default="auto",
+        choices=["auto", "true", "false"],
+        help="replay each step from a CUDA graph: auto (the default: on CUDA whenever the fit "
+        "allows it), true or false",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--progress", action="store_true", help="show a progress bar")

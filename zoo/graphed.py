@@ -1,4 +1,5 @@
-"""The whole step as one CUDA graph (``zoo.fit(..., engine=zoo.Engine(cuda_graph=True))``).
+"""The whole step as one CUDA graph (``zoo.Engine(cuda_graph="auto")``, the default: on CUDA
+whenever the fit allows it).
 
 With the compiled loss (:mod:`zoo.compiled`) the Python of Pyro's traces is gone, but every
 step still launches each of its kernels from the host: the forward pass, the backward pass, the
@@ -21,10 +22,15 @@ What the graph holds, and what stays outside:
   ``WARMUP_STEPS`` steps before the capture, which run on a side stream as CUDA graphs require.
   Every call is one real optimiser step: capturing a step does not run it, so the capture is
   followed by its first replay.
-- **A failed capture** (an operation a CUDA graph cannot hold) does not stop the fit: it warns
-  once, names the cause in ``result.options["cuda_graph"]``, takes the step it was capturing
-  eagerly, and runs every later step eagerly (with the compiled loss). On the CPU this is
-  tested with a capture made to fail; on a GPU it is not measured yet.
+- **The first replay is checked**: the step is replayed, then undone (parameters, optimiser
+  state and random generators restored in place) and taken eagerly from the same state; the
+  graph is kept only if the two losses and updated parameters agree within
+  ``zoo.compiled.CHECK_RTOL``. Either way the eager step is the one that counts.
+- **A failed capture or check** (an operation a CUDA graph cannot hold, a replay that computes
+  another step) does not stop the fit: it warns once, names the cause in
+  ``result.options["cuda_graph"]``, takes the step eagerly, and runs every later step eagerly
+  (with the compiled loss). On the CPU both are tested with an emulated capture
+  (``tests/zoo/test_graphed.py``); on a GPU they are not measured yet.
 
 :mod:`zoo.step_rules` decides when a fit may use it (CUDA, one process, the compiled loss, a
 fused optimiser).
@@ -32,12 +38,15 @@ fused optimiser).
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 
 import torch
 
+from zoo.compiled import CHECK_RTOL
 from zoo.objective import Objective
+from zoo.rng import forked
 
 #: Eager steps on a side stream before the capture (the TorchScript executor profiles and
 #: optimises a graph on its first runs, and the optimiser creates its state on the first).
@@ -136,7 +145,7 @@ class GraphedStep:
                 self.optimizer.zero_grad(set_to_none=True)
                 run()  # the step the capture did not take, eagerly
             else:
-                self.graph.replay()
+                self._checked_replay(run)
         self.calls += 1
         return self.loss, self.norm
 
@@ -149,15 +158,46 @@ class GraphedStep:
             run()
         self.graph = graph
 
-    def _give_up(self, error: Exception) -> None:
-        """A failed capture: this fit's steps run eagerly from here, with one warning naming
-        the cause (``result.options["cuda_graph"]`` records it too)."""
+    def _checked_replay(self, run: Callable) -> None:
+        """The first replay, checked against the same step taken eagerly from the same state
+        (parameters, optimiser state, random generators): the graph is kept only if its loss
+        and updated parameters match (:data:`CHECK_RTOL`); either way the eager step is the one
+        that counts, so the fit goes on from it."""
+        saved = self._state()
+        with forked(self.device):  # the eager step below draws what the replay drew
+            self.graph.replay()
+            replayed = [self.loss.clone(), *(p.detach().clone() for p in self.params)]
+        self._restore(saved)
+        self.optimizer.zero_grad(set_to_none=False)  # the graph's gradients stay where they are
+        run()
+        differs = _difference(replayed, [self.loss, *self.params])
+        if differs is not None:
+            error = RuntimeError(f"the replayed step differs from the eager one: {differs}")
+            self._give_up(error, "step failed its check against the eager step")
+
+    def _state(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of every tensor a step updates in place: the parameters and the optimiser's
+        state (moments, step counts)."""
+        live = [p for group in self.optimizer.param_groups for p in group["params"]]
+        for p in list(live):
+            live += [v for v in self.optimizer.state.get(p, {}).values() if torch.is_tensor(v)]
+        return [(t, t.detach().clone()) for t in live]
+
+    @staticmethod
+    def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        with torch.no_grad():
+            for live, copy in saved:
+                live.copy_(copy)  # in place: the graph reads and writes these addresses
+
+    def _give_up(self, error: Exception, what: str = "capture of the step failed") -> None:
+        """A failed capture or check: this fit's steps run eagerly from here, with one warning
+        naming the cause (``result.options["cuda_graph"]`` records it too)."""
         self.failed = str(error).splitlines()[0] if str(error) else type(error).__name__
         self.graph = None
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the failed capture's stream is done with
         warnings.warn(
-            f"the CUDA-graph capture of the step failed ({self.failed}); this fit goes on "
+            f"the CUDA-graph {what} ({self.failed}); this fit goes on "
             "with the step run eagerly (engine=zoo.Engine(cuda_graph=False) avoids the attempt)",
             RuntimeWarning,
             stacklevel=6,
@@ -165,8 +205,13 @@ class GraphedStep:
 
     @property
     def state(self) -> bool | str:
-        """What ``result.options["cuda_graph"]`` records: ``True``, or why the graph gave up."""
-        return True if self.failed is None else f"failed, ran eagerly ({self.failed})"
+        """What ``result.options["cuda_graph"]`` records: ``True``, why the graph gave up, or
+        why it was never used (the compiled loss was refused at its check)."""
+        if self.failed is not None:
+            return f"failed, ran eagerly ({self.failed})"
+        if self.fn is None and self.objective.jit_state != "compiled":
+            return f"off (the loss ran {self.objective.jit_state})"
+        return True
 
     def _record_outputs(self, body: Callable) -> None:
         loss, norm = body(self.inputs, self.loss_of)
@@ -185,6 +230,19 @@ class GraphedStep:
         """Before an eager step between replays: zero the gradients where they are (the graph
         writes and reads them at their captured addresses)."""
         self.optimizer.zero_grad(set_to_none=self.graph is None)
+
+
+def _difference(replayed: list[torch.Tensor], eager: list[torch.Tensor]) -> str | None:
+    """How the replayed step's loss and parameters (``replayed``) differ from the eager
+    step's, beyond :data:`CHECK_RTOL` (``None``: they agree)."""
+    for index, (a, b) in enumerate(zip(replayed, eager)):
+        a, b = a.detach().double(), b.detach().double()
+        scale = b.abs().max().clamp_min(1e-12)
+        gap = float(((a - b).abs().max() / scale).nan_to_num(nan=math.inf))
+        if gap > CHECK_RTOL:
+            what = "the loss" if index == 0 else f"parameter {index - 1}"
+            return f"{what} by {gap:.2e} of its largest value"
+    return None
 
 
 def _same(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -173,10 +173,13 @@ class Engine:
         non-finite update there, and the host reads ``k`` steps at once (also at epoch ends,
         checkpoints, the end, and every step for callbacks). ``"auto"``: 1 on the CPU and
         across processes, else :data:`zoo.step_rules.CUDA_CHECK_EVERY`.
-    cuda_graph : bool, default False
+    cuda_graph : "auto" or bool, default "auto"
         Capture the whole step (loss, gradients, norm, update) as a CUDA graph and replay it
         (:mod:`zoo.graphed`). Needs CUDA, the compiled loss, one process and a fused "adam",
-        "adamw" or "sgd"; refused before training otherwise.
+        "adamw" or "sgd". ``"auto"``: on whenever the fit has them (off on the CPU; on CUDA
+        ``result.options["cuda_graph"]`` says why when off); ``True``: refused before training
+        when one is missing. The first replay is checked against the same step taken eagerly; a
+        capture or a check that fails warns once and the fit goes on eagerly.
     accumulate : int, default 1
         Minibatches per optimiser step: the step's loss is the mean of its minibatches' full-data
         ``-ELBO`` estimates weighted by their sizes, so ``k`` minibatches of ``B`` give the
@@ -209,8 +212,15 @@ class Engine:
             metavar="{auto,N}",
         ),
     )
-    cuda_graph: bool = field(
-        default=False, metadata=_cli("replay each step from a CUDA graph", action="store_true")
+    cuda_graph: bool | str = field(
+        default="auto",
+        metadata=_cli(
+            "replay each step from a CUDA graph (the flag alone: true)",
+            type=jit_value,
+            metavar="{auto,true,false}",
+            nargs="?",
+            const=True,
+        ),
     )
     accumulate: int = field(
         default=1, metadata=_cli("minibatches per optimiser step", type=positive_int)
@@ -234,8 +244,8 @@ class Engine:
         every = self.check_every
         if every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
             raise ValueError(f"check_every must be 'auto' or a positive integer, got {every!r}")
-        if not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"cuda_graph must be True or False, got {self.cuda_graph!r}")
+        if not isinstance(self.cuda_graph, bool) and self.cuda_graph != "auto":
+            raise ValueError(f"cuda_graph must be 'auto', True or False, got {self.cuda_graph!r}")
         check_positive(accumulate=self.accumulate, num_nodes=self.num_nodes)
 
     @property

@@ -19,8 +19,11 @@ option                 rule
                        :data:`CUDA_CHECK_EVERY`
 ``check_every > 1``    needs one process (ranks meet every step anyway) and an optimiser that
                        skips on the device (:data:`DEVICE_SKIP_OPTIMIZERS`, fused)
-``cuda_graph=True``    needs a CUDA device, one process, the compiled loss and an optimiser that
-                       skips on the device; reads every :data:`CUDA_CHECK_EVERY` steps by default
+``cuda_graph="auto"``  the graph step whenever the fit allows it: a CUDA device, one process, the
+                       compiled loss and an optimiser that skips on the device; off otherwise,
+                       with the reason in ``result.options["cuda_graph"]`` (on CUDA)
+``cuda_graph=True``    the same needs, refused before training when one is missing; reads every
+                       :data:`CUDA_CHECK_EVERY` steps by default
 ``accumulate=k``       ``k`` minibatches per optimiser step: combines with every option above
 =====================  ==========================================================================
 
@@ -71,6 +74,8 @@ class StepPlan:
         host; more: the skip decided on the device by the fused optimiser).
     cuda_graph : bool
         Replay the step from a CUDA graph.
+    graph_off : str or None
+        Why ``cuda_graph="auto"`` left a fit on a CUDA device without the graph.
     accumulate : int
         Minibatches per optimiser step.
     threads : int or None
@@ -81,6 +86,15 @@ class StepPlan:
     cuda_graph: bool
     accumulate: int
     threads: int | None
+    graph_off: str | None = None
+
+    @property
+    def graph_record(self) -> bool | str:
+        """What ``result.options["cuda_graph"]`` says before the fit: ``True``, ``False``, or
+        ``"off (reason)"`` when ``"auto"`` left a CUDA fit without the graph."""
+        if self.cuda_graph or self.graph_off is None:
+            return self.cuda_graph
+        return f"off ({self.graph_off})"
 
     @property
     def device_skip(self) -> bool:
@@ -102,7 +116,7 @@ class StepPlan:
 def check_options(engine, distributed: bool) -> None:
     """The checks of the engine options alone, before any process is started or any data read
     (``distributed``: the fit will start several processes)."""
-    if distributed and engine.cuda_graph:
+    if distributed and engine.cuda_graph is True:
         raise ValueError(NEEDS_ONE_PROCESS["cuda_graph"])
     if distributed and engine.check_every not in ("auto", 1):
         raise ValueError(NEEDS_ONE_PROCESS["check_every"])
@@ -179,22 +193,37 @@ def graph_refusal(objective, device: torch.device) -> str | None:
     return None
 
 
+def graph_decision(
+    cuda_graph: bool | str, objective, optimizer, device: torch.device, distributed: bool
+) -> tuple[bool, str | None]:
+    """``(replay a CUDA graph, why not)``: ``True`` refuses (``ValueError``) what cannot be
+    honoured, ``"auto"`` turns the graph off with the reason, ``False`` is off."""
+    if cuda_graph is False:
+        return False, None
+    reason = graph_refusal(objective, device)
+    if reason is None and distributed:
+        reason = NEEDS_ONE_PROCESS["cuda_graph"]
+    if reason is None and not supports_device_skip(optimizer):
+        reason = NEEDS_DEVICE_SKIP.format(name=type(optimizer).__name__)
+    if reason is not None and cuda_graph is True:
+        raise ValueError(reason)
+    return reason is None, reason
+
+
 def plan(engine, objective, optimizer, device: torch.device, distributed: bool) -> StepPlan:
     """The step a fit runs: ``engine`` (:class:`zoo.options.Engine`) resolved for this
     ``objective`` (set up), ``optimizer``, ``device`` and process count. Raises ``ValueError``,
     before training, for a combination the table refuses."""
     check_options(engine, distributed)
-    if engine.cuda_graph:
-        reason = graph_refusal(objective, device)
-        if reason is not None:
-            raise ValueError(reason)
-    every = check_every_for(engine.check_every, device, optimizer, distributed, engine.cuda_graph)
-    if (every > 1 or engine.cuda_graph) and not supports_device_skip(optimizer):
+    graph, off = graph_decision(engine.cuda_graph, objective, optimizer, device, distributed)
+    every = check_every_for(engine.check_every, device, optimizer, distributed, graph)
+    if every > 1 and not supports_device_skip(optimizer):
         raise ValueError(NEEDS_DEVICE_SKIP.format(name=type(optimizer).__name__))
     threads = threads_for(engine.threads, device, objective.forward_flops)
     return StepPlan(
         check_every=every,
-        cuda_graph=engine.cuda_graph,
+        cuda_graph=graph,
         accumulate=engine.accumulate,
         threads=threads,
+        graph_off=off if device.type == "cuda" else None,
     )

@@ -252,7 +252,7 @@ def _fit(
             with intra_op_threads(plan.threads):
                 trainer.run(total, list(run.callbacks), run.progress)
         finally:
-            graph = steps.graph.state if steps.graph is not None else False
+            graph = steps.graph.state if steps.graph is not None else plan.graph_record
             result.options.update(jit=objective.jit_state, cuda_graph=graph, **trainer.outcome())
         return result
 
@@ -277,6 +277,6 @@ def _options(guide, length, total, batches, optim, loss, objective, plan, seed, 
         threads=plan.threads or torch.get_num_threads(),
         world_size=ranks.world_size,
         check_every=plan.check_every,
-        cuda_graph=plan.cuda_graph,
+        cuda_graph=plan.graph_record,
         accumulate=plan.accumulate,
     )

@@ -362,3 +362,12 @@ def test_every_group_flag_reaches_zoo_fit_in_its_group(monkeypatch, tmp_path, ca
     assert (engine.jit, engine.accumulate, engine.check_every) == (False, 2, "auto")
     assert (run.progress, run.on_divergence) == (False, "skip")
     assert (tmp_path / "fit.ckpt").exists()
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [([], "auto"), (["--cuda-graph"], True), (["--cuda-graph", "false"], False)],
+)
+def test_the_cuda_graph_flag_defaults_to_auto_and_alone_means_true(flags, expected):
+    args = build_parser().parse_args(["fit", "--data", "toy", *flags])
+    assert args.cuda_graph == expected

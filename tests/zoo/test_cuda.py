@@ -21,25 +21,40 @@ def data(n=256):
     return x, torch.randint(0, 10, (n,), generator=g)
 
 
+def learnable(n=256):
+    """Images that are a class template plus unit noise: a LeNet-5 learns their labels in a few
+    dozen steps (on random labels a falling loss is only the KL term's)."""
+    g = torch.Generator().manual_seed(0)
+    templates = torch.randn(10, 1, 28, 28, generator=g)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return torch.randn(n, 1, 28, 28, generator=g) + templates[y], y
+
+
 @pytest.mark.parametrize("family,options", FAMILIES)
 def test_fit_and_predict_stay_on_the_gpu(family, options):
+    """A plain fit on the GPU: the graph step (``cuda_graph="auto"``), passing its check against
+    the eager step, everything on the device, and it learns: 60 steps put every family's
+    training accuracy at 0.51-1.0 on the CPU (chance: 0.1)."""
     model = zoo.models.LeNet5(hidden=32)
+    x, y = learnable()
     fit = zoo.fit(
         model,
         guides.family(family, **options),
-        data(),
-        num_steps=20,
+        (x, y),
+        num_steps=60,
         batch_size=64,
+        seed=0,
         run=zoo.Run(progress=False),
     )
     assert fit.device.type == "cuda"
+    assert fit.options["cuda_graph"] is True, fit.options["cuda_graph"]
     assert all(p.is_cuda for p in fit.guide.parameters())
     assert all(b.is_cuda for b in model.buffers())  # priors too
     assert all(math.isfinite(v) for v in fit.losses)
-    assert fit.losses[-1] < fit.losses[0]
-    pred = fit.predict(data(64)[0], num_samples=40)
-    assert pred.outputs.is_cuda and pred.probs.shape == (64, 10)
-    assert torch.allclose(pred.probs.sum(-1), torch.ones(64, device="cuda"), atol=1e-5)
+    pred = fit.predict(x, num_samples=40)
+    assert pred.outputs.is_cuda and pred.probs.shape == (256, 10)
+    assert torch.allclose(pred.probs.sum(-1), torch.ones(256, device="cuda"), atol=1e-5)
+    assert (pred.probs.argmax(-1).cpu() == y).float().mean() > 0.3
 
 
 @pytest.mark.parametrize(
@@ -144,13 +159,14 @@ def cuda_graph_pair(family, options, n=200, **extra):
         options = grouped(family, **kwargs, **engine)
         return zoo.fit(zoo.models.LeNet5(hidden=32), options.pop("guide"), data(n), **options)
 
-    return run(check_every=1), run(cuda_graph=True)
+    return run(check_every=1, cuda_graph=False), run()
 
 
 @pytest.mark.parametrize("family,options", FAMILIES)
 def test_the_cuda_graph_step_gives_the_eager_fit(family, options):
-    """Captured once, replayed every step: the same draws (torch's CUDA generator advances
-    with each replay), losses and parameters as the eager fit within float tolerance."""
+    """By default (``cuda_graph="auto"``) captured once, replayed every step: the same draws
+    (torch's CUDA generator advances with each replay), losses and parameters as the eager fit
+    within float tolerance."""
     eager, graphed = cuda_graph_pair(family, options)
     assert graphed.options["cuda_graph"] is True and graphed.options["check_every"] == 20
     assert graphed.losses == pytest.approx(eager.losses, rel=1e-3)

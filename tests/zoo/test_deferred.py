@@ -135,7 +135,7 @@ def test_skip_gives_up_after_too_many_in_a_row(monkeypatch):
         ({"check_every": True}, "check_every must be 'auto' or a positive integer"),
         ({"check_every": "often"}, "check_every must be 'auto' or a positive integer"),
         ({"check_every": 5, "optimizer": torch.optim.RMSprop}, "skips a non-finite update"),
-        ({"cuda_graph": "yes"}, "cuda_graph must be True or False"),
+        ({"cuda_graph": "yes"}, "cuda_graph must be 'auto', True or False"),
         ({"cuda_graph": True}, "cuda_graph=True needs a CUDA device"),
     ],
 )
