@@ -13,7 +13,9 @@ compiled loss equals the eager one in value and gradient, for the same random dr
 random operations draw from torch's generators in the eager order). Inputs of the graph: every
 optimised parameter (guide and model), the minibatch, and the two scales of :mod:`zoo.elbo`
 (``N / B`` and the KL weight), so a schedule of KL weights needs no new graph; a new minibatch
-shape (the last, smaller batch of an epoch) compiles one more.
+shape compiles one more, except the last, smaller batch of an epoch, which
+:class:`zoo.Objective` evaluates eagerly (it comes once an epoch; its graph would cost more to
+build than it saves).
 
 A graph runs re-planned by TorchScript's graph executor where :data:`OPTIMISED_EXECUTION`
 allows (after its first run the executor re-plans it; on CUDA it fuses elementwise kernels:

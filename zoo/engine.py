@@ -102,7 +102,9 @@ class StepEngine:
         if plan.device_skip:  # read by the fused kernels: 1.0 skips the update
             self.found_inf = torch.zeros((), dtype=torch.float32, device=params[0].device)
             optimizer.found_inf = self.found_inf
-        self.graph = GraphedStep(objective, optimizer, num_data) if plan.cuda_graph else None
+        self.graph = None
+        if plan.cuda_graph:
+            self.graph = GraphedStep(objective, optimizer, num_data, accumulate=plan.accumulate)
         self.pending: list[tuple[int, int, torch.Tensor]] = []
         self.last_value = math.nan
         self.last_inputs: list[Batch] | None = None

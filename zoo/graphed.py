@@ -67,6 +67,8 @@ class GraphedStep:
     capture : bool, optional
         Record and replay a CUDA graph (default: on a CUDA device). ``False`` runs the same
         body eagerly from the same static buffers (what the tests check on the CPU).
+    accumulate : int, default 1
+        Minibatches per step (the static buffers hold that many).
     """
 
     def __init__(
@@ -75,8 +77,10 @@ class GraphedStep:
         optimizer: torch.optim.Optimizer,
         num_data: int,
         capture: bool | None = None,
+        accumulate: int = 1,
     ):
         self.objective, self.optimizer, self.num_data = objective, optimizer, num_data
+        self.accumulate = int(accumulate)
         self.params = objective.compiled.params
         self.device = self.params[0].device
         self.capture = self.device.type == "cuda" if capture is None else capture
@@ -99,13 +103,17 @@ class GraphedStep:
                 group["capturable"] = True
 
     def accepts(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-        """Whether a step's minibatches fit the static buffers (the first step seen sets their
-        number and shape), and the compiled loss has a graph for them; otherwise the engine
-        steps eagerly."""
+        """Whether a step's minibatches fit the static buffers, and the compiled loss has a
+        graph for them; otherwise the engine steps eagerly. The first full step seen sets the
+        buffers: ``accumulate`` minibatches of the fit's minibatch size, never the smaller last
+        step of an epoch (a resumed fit may start with it)."""
         if self.failed is not None:
             return False
         x, y = batches[0]
         if self.inputs is None:
+            full = self.objective.minibatch_size
+            if len(batches) < self.accumulate or any(len(a) < full for a, _ in batches):
+                return False
             fn = self.objective.compiled.graph_for(x, y, self.num_data / len(x), 1.0)
             if fn is None:
                 return False

@@ -109,6 +109,8 @@ class Objective:
         self.compiled: CompiledLoss | None = None
         self._eager_reason: str | None = "not set up yet"
         self._flops: int | None = None
+        #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
+        self.minibatch_size = 0
         self._warned = False
 
     def setup(
@@ -119,9 +121,10 @@ class Objective:
         yourself before building an optimiser over ``guide.parameters()``.
 
         ``batch_size`` is the number of examples in the minibatches the loss will see (default:
-        ``len(x)``): the size rules of :mod:`zoo.step_rules` (``jit="auto"``, the thread count)
-        weigh the forward pass of a minibatch that size, not of the example batch, which may be
-        two examples (:meth:`forward_flops`)."""
+        ``len(x)``; :attr:`minibatch_size`): the size rules of :mod:`zoo.step_rules`
+        (``jit="auto"``, the thread count) weigh the forward pass of a minibatch that size, not
+        of the example batch, which may be two examples (:meth:`forward_flops`); and a smaller
+        minibatch (the last of an epoch) is evaluated eagerly, without a graph of its own."""
         # Pyro's argument checks run on the first step (``validate``), not on this trace too.
         with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
@@ -145,7 +148,7 @@ class Objective:
         )
         self.compiled, self._flops = None, None
         self._setup_batch = (x, y)
-        self._flops_batch = len(x) if batch_size is None else int(batch_size)
+        self.minibatch_size = len(x) if batch_size is None else int(batch_size)
         self._eager_reason = self._why_eager(x, y)
         if self._eager_reason is None:
             params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
@@ -170,7 +173,7 @@ class Objective:
         if self._flops is None:
             x, y = self._setup_batch
             count = forward_flops(self.model, x, y)
-            self._flops = round(count * self._flops_batch / max(len(x), 1))
+            self._flops = round(count * self.minibatch_size / max(len(x), 1))
             self._setup_batch = None  # counted: the batch is not kept
         return self._flops
 
@@ -200,12 +203,17 @@ class Objective:
 
         ``step`` picks the KL weight of a schedule; ``validate`` turns on Pyro's argument and
         support checks for this call (``zoo.fit`` does so on its first step); ``eager``
-        evaluates it without a graph (a single evaluation, which a graph would not repay).
+        evaluates it without a graph (a single evaluation, which a graph would not repay). A
+        minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B`` does not
+        divide ``N``) is evaluated eagerly too: it comes once an epoch, and a graph of its own
+        (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
+        build (``benchmarks/README.md``, "Start-up").
         """
         if self._wired is None:
             self.setup(x, y)
         data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
-        if self.compiled is not None and not (validate or eager) and y is not None:
+        small = x.shape[0] < self.minibatch_size
+        if self.compiled is not None and not (validate or eager or small) and y is not None:
             value = self.compiled(x, y, data_scale, kl_weight)
             if value is not None:
                 return value

@@ -76,14 +76,18 @@ def test_compiled_estimators_equal_the_eager_ones(family, estimator):
     assert_same(eager, compiled, params, *data())
 
 
-def test_one_graph_serves_every_kl_weight_and_one_more_the_last_batch():
-    """The KL weight and N / B are graph inputs: an annealing schedule compiles once; a batch of
-    another size compiles a second graph."""
+def test_one_graph_serves_every_kl_weight_and_the_last_batch_runs_eagerly():
+    """The KL weight and N / B are graph inputs: an annealing schedule compiles once; a batch
+    smaller than the minibatch size (the last of an epoch) is evaluated eagerly, with no graph
+    of its own; a batch of another shape that is not smaller compiles a second graph."""
     eager, compiled, params = objectives("diagonal", kl_weight=lambda step: 0.1 * (step + 1))
     x, y = data()
+    assert compiled.minibatch_size == len(x)
     assert_same(eager, compiled, params, x, y, steps=(0, 7))
     assert len(compiled.compiled.graphs) == 1
     assert_same(eager, compiled, params, x[:7], y[:7], num_data=20)
+    assert len(compiled.compiled.graphs) == 1
+    assert_same(eager, compiled, params, torch.cat([x, x]), torch.cat([y, y]), num_data=40)
     assert len(compiled.compiled.graphs) == 2
 
 

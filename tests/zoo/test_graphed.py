@@ -167,3 +167,21 @@ def test_auto_is_off_across_processes_and_true_is_refused():
     assert decide(False, Compiled(), fused, cuda, True) == (False, None)
     with pytest.raises(ValueError, match="one process"):
         decide(True, Compiled(), fused, cuda, True)
+
+
+def test_a_resumed_fit_that_starts_on_the_last_batch_captures_the_full_one(
+    emulated_capture, tmp_path
+):
+    """Steps 0-19 done, step 20 is the last, smaller batch of its epoch (200 = 6 x 32 + 8): the
+    resumed fit's first step must not set the static buffers to it (every later full step would
+    then run eagerly); the run equals the uninterrupted one bit for bit."""
+    data, ckpt = regression(), tmp_path / "fit.ckpt"
+    kwargs = dict(num_steps=40, lr_schedule="exponential")
+    whole = fit(data, **kwargs)
+    fit(data, checkpoint=ckpt, checkpoint_every=10, callbacks=[lambda s: s.step == 20], **kwargs)
+    resumed = fit(data, resume=ckpt, **kwargs)
+    step = emulated_capture[-1].step
+    assert [len(x) for x, _ in step.inputs] == [32]
+    assert emulated_capture[-1].replays >= 12
+    assert resumed.losses == whole.losses
+    assert same_parameters(resumed, whole)
