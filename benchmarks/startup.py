@@ -19,6 +19,11 @@ left, and where the interpreter happens to start one would otherwise decide a ro
 
 Nets: ``tiny`` the 13-50-1 regression MLP on 256 examples (batch 32), ``mlp`` the
 784-400-400-10 classifier on 1,024 random images (batch 128).
+
+``--last-batch``: one-epoch fits of the tiny net on 256 examples (8 batches of 32) and on 250
+(7 of 32 and a last one of 26), alternating, medians over ``--rounds``: what an epoch's last,
+smaller batch adds. To compare two versions of the library, run this file with each version
+first on ``PYTHONPATH`` (``PYTHONPATH=<checkout> python benchmarks/startup.py --last-batch``).
 """
 
 from __future__ import annotations
@@ -87,13 +92,45 @@ def measure(net: str, long: int) -> dict[str, float]:
     }
 
 
+def epoch_fit(n: int) -> float:
+    """Wall time of a one-epoch fit of the tiny net on its first ``n`` examples (batch 32)."""
+    make, (x, y), batch = problem("tiny")
+    gc.collect()
+    start = time.perf_counter()
+    zoo.fit(make(), "diagonal", (x[:n], y[:n]), epochs=1, batch_size=batch, seed=0,
+            **grouped({"progress": False}))  # fmt: skip
+    return time.perf_counter() - start
+
+
+def last_batch_table(rounds: int) -> dict[int, float]:
+    """The ``--last-batch`` table: median one-epoch fit per data size (seconds)."""
+    sizes = (256, 250)
+    epoch_fit(250)  # warm-up, not counted
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(rounds):
+        for n in sizes:
+            times[n].append(epoch_fit(n))
+    medians = {n: statistics.median(t) for n, t in times.items()}
+    print(f"zoo from {os.path.dirname(zoo.__file__)}")
+    print("| examples | minibatches | one-epoch fit ms |")
+    print("| ---: | --- | ---: |")
+    print(f"| 256 | 8 x 32 | {medians[256] * 1e3:.0f} |")
+    print(f"| 250 | 7 x 32 + 26 | {medians[250] * 1e3:.0f} |")
+    return medians
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", nargs="+", default=list(NETS), choices=NETS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--long", type=int, default=400, help="steps of the long fit")
+    parser.add_argument("--last-batch", action="store_true", help="see the module docstring")
     args = parser.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)", flush=True)
+    if args.last_batch:
+        last_batch_table(args.rounds)
+        print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
+        return []
     rounds: dict[str, list[dict]] = {net: [] for net in args.net}
     for net in args.net:  # a warm-up round, not counted: the process's first fit of each net
         measure(net, 2)  # loads and initialises what every later fit finds ready

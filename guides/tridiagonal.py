@@ -85,13 +85,25 @@ RATIO_TERMS = 2048
 def posch_ratios(rho: torch.Tensor, n: int, like: torch.Tensor):
     """``(r_1 .. r_K, lambda_+)`` with ``K = min(n, RATIO_TERMS)``; ``r_k = lambda_+`` for
     ``k > K``."""
-    k = torch.arange(1, min(n, RATIO_TERMS) + 1, dtype=like.dtype, device=like.device)
+    (ratios,) = batched_posch_ratios(rho.reshape(1), [n], like)
+    return ratios
+
+
+def batched_posch_ratios(rho: torch.Tensor, sizes: list[int], like: torch.Tensor):
+    """:func:`posch_ratios` of several sites at once: ``rho`` of shape ``(S,)``, ``sizes`` the
+    sites' element counts; one chain of operations on an ``(S, K)`` table (``K`` the largest
+    site's count, at most ``RATIO_TERMS``) instead of one chain per site, then each site's
+    head sliced from it (the same values as one site at a time)."""
+    width = min(max(sizes), RATIO_TERMS)
+    k = torch.arange(1, width + 1, dtype=like.dtype, device=like.device)
+    rho = rho.unsqueeze(-1)
     s = torch.sqrt(1 - 4 * rho.pow(2))
     lam_plus = (1 + s) / 2
     q = 4 * rho.pow(2) / (1 + s).pow(2)  # lambda_- / lambda_+, without cancellation
     tiny = torch.finfo(like.dtype).tiny
     t = (-torch.log(q.clamp_min(tiny))).clamp_min(1e-12)
-    return lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t), lam_plus
+    table = lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t)
+    return [(table[i, : min(n, RATIO_TERMS)], lam_plus[i, 0]) for i, n in enumerate(sizes)]
 
 
 def _extend(head: torch.Tensor, limit: torch.Tensor, n: int) -> torch.Tensor:
@@ -132,9 +144,10 @@ class PoschNormal(TridiagonalNormal):
     ``diag`` and ``sub`` (for the exact solve and the dense covariance) are built on demand.
     """
 
-    def __init__(self, loc, tau, rho, min_abs_mean: float = 1e-3, validate_args=None):
+    def __init__(self, loc, tau, rho, min_abs_mean: float = 1e-3, validate_args=None, ratios=None):
         self.tau, self.rho, self.min_abs_mean = tau, rho, float(min_abs_mean)
-        self._m_abs = self._ratios = self._factors = self._log_m_sum = None
+        self._m_abs = self._factors = self._log_m_sum = None
+        self._ratios = ratios  # posch_ratios(rho, n, loc), when the caller has them
         StructuredGaussian.__init__(self, loc, validate_args=validate_args)
 
     def rsample(self, sample_shape=()) -> torch.Tensor:
@@ -217,6 +230,9 @@ class PoschSite(SitePosterior):
         self.loc = PyroParam(init_loc.detach().clone())
         self.delta = PyroParam(inverse_softplus(float(init_tau)).to(init_loc))
         self.gamma = PyroParam(torch.logit(torch.tensor(init_rho + 0.5)).to(init_loc))
+        #: ``(rho, posch_ratios)`` computed with the other sites' during one guide call
+        #: (:meth:`AutoTridiagonal.forward`); ``None`` outside it.
+        self.shared = None
 
     @property
     def tau(self) -> torch.Tensor:
@@ -227,7 +243,11 @@ class PoschSite(SitePosterior):
         return torch.sigmoid(self.gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
 
     def distribution(self) -> PoschNormal:
-        return PoschNormal(self.loc, self.tau, self.rho, self.min_abs_mean)
+        shared = getattr(self, "shared", None)
+        if shared is None:
+            return PoschNormal(self.loc, self.tau, self.rho, self.min_abs_mean)
+        rho, ratios = shared
+        return PoschNormal(self.loc, self.tau, rho, self.min_abs_mean, ratios=ratios)
 
 
 class FreeTridiagonalSite(SitePosterior):
@@ -307,6 +327,28 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
                 **state.get("family_options", {}),
             }
         super().__setstate__(state)
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Sample every site once. The Posch sites' ratio sequences ``r_k`` (a few dozen
+        scalar-sized operations each) are computed for all of them in one batched chain first
+        (:func:`batched_posch_ratios`): on a GPU every operation is a kernel launch, so a
+        network of many sites would otherwise pay them per site."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        sites = [self.site_posterior(n) for n in self._site_names]
+        posch = [s for s in sites if isinstance(s, PoschSite)]
+        if len(posch) > 1:
+            rho = torch.stack([s.rho for s in posch])
+            sizes = [s.loc.numel() for s in posch]
+            for i, (site, ratios) in enumerate(
+                zip(posch, batched_posch_ratios(rho, sizes, posch[0].loc))
+            ):
+                site.shared = (rho[i], ratios)
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            for site in posch:
+                site.shared = None
 
     @classmethod
     def site_spec(cls, parameterization: str = "posch", **options):
