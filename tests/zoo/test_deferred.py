@@ -156,6 +156,25 @@ def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
         fit(regression(), cuda_graph=True, jit=False)
 
 
+def capture_on_cpu(monkeypatch, record) -> None:
+    """The graph step's capture path on the CPU: ``record(step, run)`` stands in for the CUDA
+    capture, and the warm-up runs without a CUDA stream."""
+    import zoo.graphed
+
+    def side_stream(self, run):
+        self.optimizer.zero_grad(set_to_none=True)
+        run()
+
+    init = zoo.graphed.GraphedStep.__init__
+    monkeypatch.setattr(
+        zoo.graphed.GraphedStep,
+        "__init__",
+        lambda self, *a, **k: init(self, *a, **{**k, "capture": True}),
+    )
+    monkeypatch.setattr(zoo.graphed.GraphedStep, "_record", record)
+    monkeypatch.setattr(zoo.graphed.GraphedStep, "_on_side_stream", side_stream)
+
+
 @pytest.fixture
 def graph_on_cpu(monkeypatch):
     """``cuda_graph=True`` on the CPU: the GraphedStep's static buffers, tensor learning rates
@@ -264,23 +283,11 @@ def test_a_failed_capture_warns_once_and_the_fit_goes_on_eagerly(graph_on_cpu, m
     hold fails it: one warning naming the cause, the step it was capturing taken eagerly, every
     later step eager; the fit ends as the eager fit does (within the tensor learning rate's
     rounding) and records why."""
-    import zoo.graphed
 
     def fail(self, run):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    def side_stream(self, run):  # the warm-up, without a CUDA stream
-        self.optimizer.zero_grad(set_to_none=True)
-        run()
-
-    init = zoo.graphed.GraphedStep.__init__
-    monkeypatch.setattr(
-        zoo.graphed.GraphedStep,
-        "__init__",
-        lambda self, *a, **k: init(self, *a, **{**k, "capture": True}),
-    )
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_record", fail)
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_on_side_stream", side_stream)
+    capture_on_cpu(monkeypatch, fail)
     data = regression(96)
     eager = fit(data, jit=False, num_steps=12)
     with pytest.warns(RuntimeWarning, match="capture of the step failed") as caught:

@@ -9,7 +9,7 @@ import torch
 
 import zoo
 import zoo.graphed
-from tests.zoo.test_deferred import fit, regression, same_parameters
+from tests.zoo.test_deferred import capture_on_cpu, fit, regression, same_parameters
 
 
 class ReplayedBody:
@@ -50,18 +50,7 @@ def emulated_capture(monkeypatch):
         self.graph = ReplayedBody(self, run, recorded.perturb)
         recorded.append(self.graph)
 
-    def side_stream(self, run):
-        self.optimizer.zero_grad(set_to_none=True)
-        run()
-
-    init = zoo.graphed.GraphedStep.__init__
-    monkeypatch.setattr(
-        zoo.graphed.GraphedStep,
-        "__init__",
-        lambda self, *a, **k: init(self, *a, **{**k, "capture": True}),
-    )
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_record", record)
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_on_side_stream", side_stream)
+    capture_on_cpu(monkeypatch, record)
     return recorded
 
 
