@@ -112,13 +112,18 @@ class Batches:
     def steps_per_epoch(self) -> int:
         if self.loader is not None:
             return len(self.loader)
-        return math.ceil(math.ceil(self.size / self.world_size) / self.batch_size)
+        return math.ceil(self.per_rank / self.batch_size)
+
+    @property
+    def per_rank(self) -> int:
+        """Examples each rank sees an epoch (the shards are padded to equal sizes)."""
+        return math.ceil(self.size / self.world_size)
 
     @property
     def minibatch_size(self) -> int:
         """Examples in this rank's largest minibatch: ``batch_size``, or fewer when the rank's
         share of the data is smaller (the size whose forward pass the step rules weigh)."""
-        return max(1, min(self.batch_size, math.ceil(self.size / self.world_size)))
+        return max(1, min(self.batch_size, self.per_rank))
 
     def epoch(self, number: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The minibatches of epoch ``number`` (which seeds a ``DistributedSampler``'s shuffle;
@@ -127,7 +132,7 @@ class Batches:
             x, y = self.tensors
             perm = torch.randperm(self.size, generator=self.generator)
             if self.world_size > 1:
-                per_rank = math.ceil(self.size / self.world_size)
+                per_rank = self.per_rank
                 perm = perm.repeat(math.ceil(per_rank * self.world_size / self.size))
                 perm = perm[: per_rank * self.world_size][self.rank :: self.world_size]
             perm = perm.to(self.device)

@@ -193,9 +193,9 @@ class GraphedStep:
 
     @staticmethod
     def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        with torch.no_grad():
-            for live, copy in saved:
-                live.copy_(copy)  # in place: the graph reads and writes these addresses
+        live, copies = zip(*saved)
+        with torch.no_grad():  # in place: the graph reads and writes these addresses
+            torch._foreach_copy_(list(live), list(copies))
 
     def _give_up(self, error: Exception, what: str = "capture of the step failed") -> None:
         """A failed capture or check: this fit's steps run eagerly from here, with one warning

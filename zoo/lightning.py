@@ -116,9 +116,7 @@ class BayesianModule(L.LightningModule):
             kl_weight=loss.kl_weight,
             jit=False,
         )
-        example = _example(model, example)
-        self.objective.setup(*example)
-        self._example_size = len(example[0])
+        self.objective.setup(*_example(model, example))
         self.lr, self.optim = lr, optim
         self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
         self.losses: list[float] = []
@@ -134,8 +132,8 @@ class BayesianModule(L.LightningModule):
         if self._threads_before is not None:
             return
         x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        per_example = lambda: self.objective.forward_flops() / self._example_size  # noqa: E731
-        count = threads_for(self.threads, self.device, lambda: per_example() * len(x))
+        flops = lambda: self.objective.flops_per_example() * len(x)  # noqa: E731
+        count = threads_for(self.threads, self.device, flops)
         if count is not None:
             self._threads_before = torch.get_num_threads()
             torch.set_num_threads(count)

@@ -30,7 +30,7 @@ from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
 from zoo.step_rules import jit_size_refusal
-from zoo.threads import forward_flops
+from zoo.threads import example_flops
 
 ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO}
 
@@ -108,7 +108,7 @@ class Objective:
         self.jit = jit
         self.compiled: CompiledLoss | None = None
         self._eager_reason: str | None = "not set up yet"
-        self._flops: int | None = None
+        self._example_flops: float | None = None
         #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
         self.minibatch_size = 0
         self._warned = False
@@ -146,7 +146,7 @@ class Objective:
         self._wired = estimators.wire(
             self.scale(self.model), self.scale(self.guide), self.estimator, skip
         )
-        self.compiled, self._flops = None, None
+        self.compiled, self._example_flops = None, None
         self._setup_batch = (x, y)
         self.minibatch_size = len(x) if batch_size is None else int(batch_size)
         self._eager_reason = self._why_eager(x, y)
@@ -165,17 +165,18 @@ class Objective:
             refusal = jit_size_refusal(x.device, self.forward_flops)
         return refusal
 
+    def flops_per_example(self) -> float:
+        """Floating-point operations of the model's forward pass per example
+        (:func:`zoo.threads.example_flops` on the batch given to :meth:`setup`), counted once."""
+        if self._example_flops is None:
+            self._example_flops = example_flops(self.model, *self._setup_batch)
+            self._setup_batch = None  # counted: the batch is not kept
+        return self._example_flops
+
     def forward_flops(self) -> int:
         """Floating-point operations of the model's forward pass on one minibatch of
-        :meth:`setup`'s ``batch_size`` examples (:func:`zoo.threads.forward_flops`), counted
-        once, on the example batch and scaled to that size (a feed-forward pass's products grow
-        linearly with the batch)."""
-        if self._flops is None:
-            x, y = self._setup_batch
-            count = forward_flops(self.model, x, y)
-            self._flops = round(count * self.minibatch_size / max(len(x), 1))
-            self._setup_batch = None  # counted: the batch is not kept
-        return self._flops
+        :meth:`setup`'s ``batch_size`` examples: :meth:`flops_per_example` times that size."""
+        return round(self.flops_per_example() * self.minibatch_size)
 
     @property
     def jit_state(self) -> str:

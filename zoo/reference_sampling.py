@@ -28,7 +28,7 @@ from tqdm import tqdm
 from zoo import hmc, persist
 from zoo.data_checks import check_data, gather_tensors
 from zoo.reference_result import Reference
-from zoo.threads import forward_flops, intra_op_threads
+from zoo.threads import example_flops, intra_op_threads
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> Non
             "up to 2^max_tree_depth full-data gradients): sample a smaller network, or pass "
             "budget=zoo.ReferenceBudget(parameters=...) to go on knowingly"
         )
-    per_example = forward_flops(model.network, x[:2], draw) / 2
+    per_example = example_flops(model.network, x[:2], draw)
     flops = 3 * len(x) * per_example
     if flops > budget.gradient_flops:
         raise ReferenceTooLargeError(

@@ -50,6 +50,13 @@ def forward_flops(model: Callable, *args, **kwargs) -> int:
     return int(counter.get_total_flops())
 
 
+def example_flops(model: Callable, x: torch.Tensor, *args) -> float:
+    """:func:`forward_flops` of ``model`` on ``x`` (and ``args``) per example of ``x``: a
+    feed-forward pass's count grows linearly with the batch, so a count on a few examples,
+    times a batch size, is that batch's."""
+    return forward_flops(model, x, *args) / max(len(x), 1)
+
+
 def _meta_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
     params = {
         name: torch.empty_like(value, device="meta")
@@ -97,10 +104,6 @@ def prediction_threads(
     :func:`zoo.step_rules.threads_for`'s rule on the forward pass of one block, counted on the
     first two inputs of ``x`` and scaled to the block, as ``zoo.fit`` weighs a minibatch."""
     check_threads(threads)
-    probe = x[:2]
     block = len(x) if batch_size is None else int(batch_size)
-    return threads_for(
-        threads,
-        device,
-        lambda: round(forward_flops(network, probe, params) * block / max(len(probe), 1)),
-    )
+    flops = lambda: round(example_flops(network, x[:2], params) * block)  # noqa: E731
+    return threads_for(threads, device, flops)
