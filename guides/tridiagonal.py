@@ -37,9 +37,22 @@ from pyro.nn import PyroParam
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
 from guides.kernels import PoschSample, bidiagonal_solve
+from guides.posch_joint import (
+    RATIO_TERMS,
+    PoschLayout,
+    batched_posch_ratios,
+    joint_draw_pays,
+    posch_joint_draw,
+    posch_ratios,
+)
 from guides.site import SitePosterior, inverse_softplus
 
 GAMMA_LIMIT = 10.0
+
+
+def posch_rho(gamma: torch.Tensor) -> torch.Tensor:
+    """``rho = sigmoid(gamma) - 1/2``, ``gamma`` clamped to ``[-10, 10]`` (any shape)."""
+    return torch.sigmoid(gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
 
 
 class TridiagonalNormal(StructuredGaussian):
@@ -75,35 +88,6 @@ class TridiagonalNormal(StructuredGaussian):
     def _dense_covariance(self):
         chol = torch.diag_embed(self.diag) + torch.diag_embed(self.sub, offset=-1)
         return chol @ chol.mT
-
-
-# r_k -> lambda_+ geometrically (relative gap of order q^k, and q <= 0.9735 under the gamma
-# clamp), so beyond this many elements r_k equals lambda_+ far below float64 precision.
-RATIO_TERMS = 2048
-
-
-def posch_ratios(rho: torch.Tensor, n: int, like: torch.Tensor):
-    """``(r_1 .. r_K, lambda_+)`` with ``K = min(n, RATIO_TERMS)``; ``r_k = lambda_+`` for
-    ``k > K``."""
-    (ratios,) = batched_posch_ratios(rho.reshape(1), [n], like)
-    return ratios
-
-
-def batched_posch_ratios(rho: torch.Tensor, sizes: list[int], like: torch.Tensor):
-    """:func:`posch_ratios` of several sites at once: ``rho`` of shape ``(S,)``, ``sizes`` the
-    sites' element counts; one chain of operations on an ``(S, K)`` table (``K`` the largest
-    site's count, at most ``RATIO_TERMS``) instead of one chain per site, then each site's
-    head sliced from it (the same values as one site at a time)."""
-    width = min(max(sizes), RATIO_TERMS)
-    k = torch.arange(1, width + 1, dtype=like.dtype, device=like.device)
-    rho = rho.unsqueeze(-1)
-    s = torch.sqrt(1 - 4 * rho.pow(2))
-    lam_plus = (1 + s) / 2
-    q = 4 * rho.pow(2) / (1 + s).pow(2)  # lambda_- / lambda_+, without cancellation
-    tiny = torch.finfo(like.dtype).tiny
-    t = (-torch.log(q.clamp_min(tiny))).clamp_min(1e-12)
-    table = lam_plus * torch.expm1(-(k + 1) * t) / torch.expm1(-k * t)
-    return [(table[i, : min(n, RATIO_TERMS)], lam_plus[i, 0]) for i, n in enumerate(sizes)]
 
 
 def _extend(head: torch.Tensor, limit: torch.Tensor, n: int) -> torch.Tensor:
@@ -144,13 +128,30 @@ class PoschNormal(TridiagonalNormal):
     ``diag`` and ``sub`` (for the exact solve and the dense covariance) are built on demand.
     """
 
-    def __init__(self, loc, tau, rho, min_abs_mean: float = 1e-3, validate_args=None, ratios=None):
+    def __init__(
+        self,
+        loc,
+        tau,
+        rho,
+        min_abs_mean: float = 1e-3,
+        validate_args=None,
+        ratios=None,
+        draw=None,
+    ):
         self.tau, self.rho, self.min_abs_mean = tau, rho, float(min_abs_mean)
-        self._m_abs = self._factors = self._log_m_sum = None
+        self._m_abs = self._factors = self._log_m_sum = self._log_q = None
         self._ratios = ratios  # posch_ratios(rho, n, loc), when the caller has them
+        # (value, eps, log q, sum log |m|) of a draw made with the other sites' (posch_joint):
+        # the next rsample() returns it.
+        self._draw = draw
         StructuredGaussian.__init__(self, loc, validate_args=validate_args)
 
     def rsample(self, sample_shape=()) -> torch.Tensor:
+        if self._draw is not None and not sample_shape and not self.batch_shape:
+            value, eps, self._log_q, self._log_m_sum = self._draw
+            self._draw = None
+            self._cache = (value, eps)
+            return value
         shape = torch.Size(sample_shape) + self.batch_shape
         n = self.num_elements
         loc = self._flat_loc
@@ -170,6 +171,11 @@ class PoschNormal(TridiagonalNormal):
         value = value.reshape(shape + self.event_shape)
         self._cache = (value, eps)
         return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        if self._log_q is not None and self._cache is not None and value is self._cache[0]:
+            return self._log_q  # the joint draw's: the same value and total derivative
+        return super().log_prob(value)
 
     @property
     def m_abs(self) -> torch.Tensor:
@@ -230,8 +236,8 @@ class PoschSite(SitePosterior):
         self.loc = PyroParam(init_loc.detach().clone())
         self.delta = PyroParam(inverse_softplus(float(init_tau)).to(init_loc))
         self.gamma = PyroParam(torch.logit(torch.tensor(init_rho + 0.5)).to(init_loc))
-        #: ``(rho, posch_ratios)`` computed with the other sites' during one guide call
-        #: (:meth:`AutoTridiagonal.forward`); ``None`` outside it.
+        #: ``(tau, rho, posch_ratios, draw)`` computed with the other sites' during one guide
+        #: call (:meth:`AutoTridiagonal.forward`); ``None`` outside it.
         self.shared = None
 
     @property
@@ -240,14 +246,43 @@ class PoschSite(SitePosterior):
 
     @property
     def rho(self) -> torch.Tensor:
-        return torch.sigmoid(self.gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
+        return posch_rho(self.gamma)
 
     def distribution(self) -> PoschNormal:
         shared = getattr(self, "shared", None)
         if shared is None:
             return PoschNormal(self.loc, self.tau, self.rho, self.min_abs_mean)
-        rho, ratios = shared
-        return PoschNormal(self.loc, self.tau, rho, self.min_abs_mean, ratios=ratios)
+        tau, rho, ratios, draw = shared
+        return PoschNormal(self.loc, tau, rho, self.min_abs_mean, ratios=ratios, draw=draw)
+
+
+def share_posch_work(
+    group: list[PoschSite], min_abs_mean: float, layouts: dict, joint: bool | None = None
+) -> None:
+    """Compute what Posch sites share and hand each its part (:attr:`PoschSite.shared`, read
+    by its next :meth:`PoschSite.distribution`): the ratio sequences in one table always, and
+    the draw itself when ``joint`` (by default where it pays,
+    :func:`guides.posch_joint.joint_draw_pays`; otherwise each site draws with its own kernel).
+
+    ``group`` are sites with one ``min_abs_mean``; ``layouts`` caches the joint draw's index
+    tensors (a dict the caller keeps). The caller sets ``shared`` back to ``None`` afterwards.
+    """
+    locs = [site.loc for site in group]
+    sizes = [m.numel() for m in locs]
+    rho = posch_rho(torch.stack([site.gamma for site in group]))
+    if joint is None:
+        joint = joint_draw_pays(sum(sizes), locs[0].device)
+    if not joint:
+        for site, r, ratios in zip(group, rho, batched_posch_ratios(rho, sizes, locs[0])):
+            site.shared = (site.tau, r, ratios, None)
+        return
+    layout = PoschLayout.for_sites(layouts, sizes, locs[0])
+    tau = F.softplus(torch.stack([site.delta for site in group]))
+    values, noises, log_q, log_m, table = posch_joint_draw(locs, tau, rho, layout, min_abs_mean)
+    parts = zip(group, values, noises, log_q.unbind(), log_m.unbind(), tau, rho)
+    for i, (site, value, eps, lq, lm, t, r) in enumerate(parts):
+        ratios = (table[i, : min(value.numel(), RATIO_TERMS)], table[i, layout.width])
+        site.shared = (t, r, ratios, (value, eps, lq, lm))
 
 
 class FreeTridiagonalSite(SitePosterior):
@@ -329,21 +364,20 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
         super().__setstate__(state)
 
     def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Sample every site once. The Posch sites' ratio sequences ``r_k`` (a few dozen
-        scalar-sized operations each) are computed for all of them in one batched chain first
-        (:func:`batched_posch_ratios`): on a GPU every operation is a kernel launch, so a
-        network of many sites would otherwise pay them per site."""
+        """Sample every site once. The Posch sites' ratio sequences are computed together
+        first, and on a GPU (or a small network) the sites are drawn together too
+        (:func:`guides.posch_joint.posch_joint_draw`): a few dozen small operations for all of
+        them instead of per site, each of which is a kernel launch on a GPU."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         sites = [self.site_posterior(n) for n in self._site_names]
         posch = [s for s in sites if isinstance(s, PoschSite)]
-        if len(posch) > 1:
-            rho = torch.stack([s.rho for s in posch])
-            sizes = [s.loc.numel() for s in posch]
-            for i, (site, ratios) in enumerate(
-                zip(posch, batched_posch_ratios(rho, sizes, posch[0].loc))
-            ):
-                site.shared = (rho[i], ratios)
+        groups: dict[float, list[PoschSite]] = {}
+        for site in posch:
+            groups.setdefault(site.min_abs_mean, []).append(site)
+        layouts = self.__dict__.setdefault("_posch_layouts", {})
+        for min_abs_mean, group in groups.items():
+            share_posch_work(group, min_abs_mean, layouts)
         try:
             return super().forward(*args, **kwargs)
         finally:

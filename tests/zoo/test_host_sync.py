@@ -1,8 +1,11 @@
 """No operation that waits for the host in any family's compiled loss (a CUDA graph cannot
-capture one): a CPU scan of each compiled graph against a denylist, so that a family cannot
-bring one back unnoticed. The list was checked on an H100: ``torch.linalg.cholesky`` in the
+capture one): a CPU scan of each compiled graph against a denylist, and for a conversion to a
+Python number of anything computed from the parameters or data, so that a family cannot bring one
+back unnoticed. The list was checked on an H100: ``torch.linalg.cholesky`` in the
 low-rank family failed a CUDA-graph capture with ``cudaErrorStreamCaptureUnsupported`` (issue
 36); ``cholesky_ex`` does not check the factor on the host."""
+
+import warnings
 
 import pytest
 import torch
@@ -24,13 +27,57 @@ SYNCHRONISING = {
 }
 
 
-def node_kinds(graph) -> set[str]:
-    kinds = set()
+#: Conversions of a 0-d tensor to a Python number: free when the tensor holds a size (the
+#: tracer records shape arithmetic on such tensors), a copy from the device when it holds data.
+SCALAR_READS = {
+    "aten::Int",
+    "aten::Float",
+    "aten::Bool",
+    "aten::ScalarImplicit",
+    "aten::IntImplicit",
+    "aten::FloatImplicit",
+}
+#: Operations that read only a tensor's shape, never its values.
+SHAPE_READS = {"aten::size", "aten::numel", "aten::dim", "prim::shape"}
+
+
+def nodes(graph):
     for node in graph.nodes():
-        kinds.add(node.kind())
+        yield node
         for block in node.blocks():
-            kinds |= node_kinds(block)
-    return kinds
+            yield from nodes(block)
+
+
+def node_kinds(graph) -> set[str]:
+    return {node.kind() for node in nodes(graph)}
+
+
+def data_scalar_reads(graph) -> list[str]:
+    """Scalar conversions (:data:`SCALAR_READS`) whose tensor depends on the values of a graph
+    input (parameters, data), not only on shapes: each one waits for the device."""
+    tainted = {value.debugName() for value in graph.inputs()}
+    found = []
+    for node in nodes(graph):
+        inputs = {value.debugName() for value in node.inputs()}
+        if node.kind() in SCALAR_READS and inputs & tainted:
+            found.append(str(node).strip())
+        if node.kind() not in SHAPE_READS and inputs & tainted:
+            tainted |= {value.debugName() for value in node.outputs()}
+    return found
+
+
+def test_the_scan_finds_a_read_of_data_and_passes_a_read_of_a_shape():
+    def reads_data(x):
+        return torch.full((2,), x.sum())
+
+    def reads_shape(x):
+        return torch.zeros(x.shape[0] * 2) + x[:1]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace, as zoo.compiled
+        graphs = [torch.jit.trace(f, torch.randn(3)).graph for f in (reads_data, reads_shape)]
+    assert len(data_scalar_reads(graphs[0])) == 1
+    assert "aten::Int" in node_kinds(graphs[1]) and data_scalar_reads(graphs[1]) == []
 
 
 @pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])
@@ -52,3 +99,5 @@ def test_no_compiled_loss_waits_for_the_host(family, options, estimator):
     assert graph is not None, objective.jit_state
     found = node_kinds(graph.graph) & SYNCHRONISING
     assert not found, f"{family} {options} ({estimator}): {sorted(found)}"
+    reads = data_scalar_reads(graph.graph)
+    assert not reads, f"{family} {options} ({estimator}) reads a device value: {reads[:3]}"
