@@ -6,7 +6,8 @@ backward passes, and block products that skip the zero half of a triangular fact
 twice differentiable.
 
 - :func:`squared_norm` (:class:`SquaredNorm`): ``sum(x^2)`` over the last dimension.
-- Low rank: :func:`gram` (``G G^T`` in column blocks), :class:`LowRankNoise`.
+- Low rank: :func:`gram` (``G G^T`` in column blocks), :class:`LowRankNoise`,
+  :class:`CapacitanceTerms`.
 - Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
   block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
   :func:`right_lower`, :func:`tril_product`, :func:`effective_factor`).
@@ -106,6 +107,42 @@ class LowRankNoise(torch.autograd.Function):
             else:
                 out.addmm_(grad_z.mT, eps1, alpha=-1.0)
         return out, None, None
+
+
+class CapacitanceTerms(torch.autograd.Function):
+    """``log det C`` and ``z^T C^{-1} z`` for a batch of small positive definite ``C``
+    (``(S, r, r)``) and vectors ``z`` (``(S, r)``), with a hand-written backward:
+
+        d log det C = tr(C^{-1} dC),    d z^T C^{-1} z = 2 w^T dz - w^T dC w,    w = C^{-1} z,
+
+    a few batched operations in all, where autograd through a Cholesky factor runs a dozen per
+    matrix. ``cholesky_ex`` and triangular solves only: nothing waits for the device (``C >= I``
+    in the low-rank family; a non-finite ``C`` gives a non-finite loss, which the divergence
+    guard handles)."""
+
+    @staticmethod
+    def forward(ctx, cap, z):
+        ctx.set_materialize_grads(False)
+        chol = torch.linalg.cholesky_ex(cap).L
+        eye = torch.eye(cap.shape[-1], dtype=cap.dtype, device=cap.device)
+        chol_inv = torch.linalg.solve_triangular(chol, eye.expand_as(cap), upper=False)
+        inverse = chol_inv.mT @ chol_inv
+        w = (inverse @ z.unsqueeze(-1)).squeeze(-1)
+        ctx.save_for_backward(inverse, w)
+        log_det = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
+        return log_det, (z * w).sum(-1)
+
+    @staticmethod
+    def backward(ctx, g_log_det, g_quad):
+        inverse, w = ctx.saved_tensors
+        g_cap = g_z = None
+        if g_log_det is not None:
+            g_cap = inverse * g_log_det[:, None, None]
+        if g_quad is not None:
+            outer = (w.unsqueeze(-1) * w.unsqueeze(-2)) * g_quad[:, None, None]
+            g_cap = -outer if g_cap is None else g_cap.sub_(outer)
+            g_z = w * (2 * g_quad).unsqueeze(-1)
+        return g_cap, g_z
 
 
 # ---- matrix normal -------------------------------------------------------------------------

@@ -25,8 +25,37 @@ from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
-from guides.kernels import LowRankNoise, gram, squared_norm
+from guides.kernels import CapacitanceTerms, LowRankNoise, gram, squared_norm
 from guides.site import SitePosterior, inverse_softplus
+
+
+class SharedCapacitance:
+    """The capacitance terms of several low-rank draws of one rank, computed together on first
+    use.
+
+    Each site's draw registers its ``C = I + G G^T`` and ``z`` (:meth:`add`); the first
+    :meth:`terms` asked for stacks every registered draw and evaluates ``log det C`` and
+    ``z^T C^{-1} z`` for all of them in one :class:`guides.kernels.CapacitanceTerms` call,
+    instead of a Cholesky factor, a solve and their backward per site. ``AutoLowRank.forward``
+    shares one per rank across its sites for one guide call.
+    """
+
+    def __init__(self):
+        self._members: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._terms: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
+
+    def add(self, cap: torch.Tensor, z: torch.Tensor) -> int:
+        """Register one draw's ``C`` (``(r, r)``) and ``z`` (``(r,)``); returns its index."""
+        self._members.append((cap, z))
+        return len(self._members) - 1
+
+    def terms(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(log det C, z^T C^{-1} z)`` of the draw registered as ``i``."""
+        if self._terms is None or i >= len(self._terms[0]):
+            caps, zs = zip(*self._members)
+            log_det, quad = CapacitanceTerms.apply(torch.stack(caps), torch.stack(zs))
+            self._terms = (log_det.unbind(), quad.unbind())
+        return self._terms[0][i], self._terms[1][i]
 
 
 class LowRankNormal(StructuredGaussian):
@@ -43,9 +72,20 @@ class LowRankNormal(StructuredGaussian):
     scaled_factor : Tensor, optional
         ``(rank, n)`` factor relative to the diagonal, ``G = (D^{-1} F)^T``; give this or
         ``cov_factor`` (the guide learns ``G``).
+    shared : SharedCapacitance, optional
+        Where a single draw's capacitance terms are computed with other sites' of its rank.
     """
 
-    def __init__(self, loc, diag_scale, cov_factor=None, validate_args=None, *, scaled_factor=None):
+    def __init__(
+        self,
+        loc,
+        diag_scale,
+        cov_factor=None,
+        validate_args=None,
+        *,
+        scaled_factor=None,
+        shared: SharedCapacitance | None = None,
+    ):
         if (cov_factor is None) == (scaled_factor is None):
             raise ValueError("give exactly one of cov_factor and scaled_factor")
         n = loc.numel()
@@ -55,6 +95,7 @@ class LowRankNormal(StructuredGaussian):
         self.scaled_factor = scaled_factor
         self._chol = None
         self._cap = None
+        self._shared, self._key = shared, None
         super().__init__(loc, validate_args=validate_args)
 
     @property
@@ -80,6 +121,8 @@ class LowRankNormal(StructuredGaussian):
         value = (self._flat_loc + dev).reshape(shape + self.event_shape)
         if self._cap is None:
             self._cap = cap
+            if self._shared is not None and not shape:  # one draw: its terms go in the batch
+                self._key = self._shared.add(cap, z[0])
         self._cache = (value, eps, z.reshape(shape + (self.rank,)))
         return value
 
@@ -102,6 +145,8 @@ class LowRankNormal(StructuredGaussian):
         return sol.pow(2).sum(-1)
 
     def _noise_mahalanobis(self, eps):
+        if self._key is not None:
+            return squared_norm(eps) - self._shared.terms(self._key)[1]
         z = self._cache[2]  # eps2 - G eps1, from rsample
         return squared_norm(eps) - self._reduced_norm(z)
 
@@ -110,8 +155,11 @@ class LowRankNormal(StructuredGaussian):
         return squared_norm(u) - self._reduced_norm(u @ self.scaled_factor.mT)
 
     def log_det_covariance(self):
-        chol = self._capacitance_cholesky()
-        return 2 * chol.diagonal().log().sum() + 2 * self.diag_scale.log().sum()
+        if self._key is not None:
+            log_det_cap = self._shared.terms(self._key)[0]
+        else:
+            log_det_cap = 2 * self._capacitance_cholesky().diagonal().log().sum()
+        return log_det_cap + 2 * self.diag_scale.log().sum()
 
     def _flat_variance(self):
         return self.diag_scale.pow(2) * (1 + self.scaled_factor.pow(2).sum(-2))
@@ -147,8 +195,12 @@ class LowRankSite(SitePosterior):
         )
         # G (rank, n) with F = D G^T: entries of variance 0.1 / (0.9 rank) give
         # Var[w] = D^2 (1 + 0.1 / 0.9) = init_scale^2 on average.
+        self.rank = rank  # a Python int (the factor's shape is a tensor while tracing)
         factor = torch.randn(rank, n, dtype=init_loc.dtype, device=init_loc.device)
         self.scaled_factor = PyroParam(factor * (0.1 / (0.9 * rank)) ** 0.5)
+        #: The :class:`SharedCapacitance` of this rank in one guide call
+        #: (:meth:`AutoLowRank.forward`); ``None`` outside it.
+        self.shared = None
 
     def __setstate__(self, state):
         params = state.get("_parameters", {})
@@ -157,11 +209,14 @@ class LowRankSite(SitePosterior):
             scale = F.softplus(params["diag_rho_unconstrained"].detach())
             params["scaled_factor_unconstrained"] = torch.nn.Parameter(factor_t.detach() / scale)
             state["_pyro_params"]["scaled_factor"] = state["_pyro_params"].pop("factor_t")
+        state.setdefault("shared", None)  # pickled before these two attributes
+        state.setdefault("rank", int(params["scaled_factor_unconstrained"].shape[0]))
         super().__setstate__(state)
 
     def distribution(self) -> LowRankNormal:
         scale = F.softplus(self.diag_rho)
-        return LowRankNormal(self.loc, scale, scaled_factor=self.scaled_factor)
+        shared = getattr(self, "shared", None)
+        return LowRankNormal(self.loc, scale, scaled_factor=self.scaled_factor, shared=shared)
 
 
 class AutoLowRank(PerSiteGuide, family="lowrank"):
@@ -187,3 +242,21 @@ class AutoLowRank(PerSiteGuide, family="lowrank"):
 
     def __init__(self, model, *, rank: int = 10, diagonal: str = "learned", **kwargs):
         super().__init__(model, rank=rank, diagonal=diagonal, **kwargs)
+
+    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        """Sample every site once; the sites' capacitance terms (``log det C`` and the
+        Mahalanobis part ``z^T C^{-1} z``, ``rank x rank`` algebra) are computed in one batched
+        call per rank (:class:`SharedCapacitance`): on a GPU each small operation is a kernel
+        launch, so a network of many sites would otherwise pay them per site."""
+        if self.prototype_trace is None:
+            self._setup_prototype(*args, **kwargs)
+        sites = [self.site_posterior(n) for n in self._site_names]
+        lowrank = [s for s in sites if isinstance(s, LowRankSite)]
+        shared: dict[int, SharedCapacitance] = {}
+        for site in lowrank:
+            site.shared = shared.setdefault(site.rank, SharedCapacitance())
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            for site in lowrank:
+                site.shared = None
