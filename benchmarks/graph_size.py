@@ -4,25 +4,35 @@ On a small network the compiled step (``zoo.compiled``) is a sequence of small t
 each costing a fixed few microseconds on the CPU whatever its size, so a family's step time
 follows the length of its graph. For every family this prints the tensor operations in the
 forward graph traced by ``jit=True`` (shape bookkeeping and constants left out), the Python calls
-left in it (custom ``autograd.Function``s, which call back into Python forward and backward), and
-the median time of one loss and backward pass through it (no optimiser, no fit loop), with both as
-ratios to the diagonal family, measured side by side in interleaved rounds.
+left in it (custom ``autograd.Function``s, which call back into Python forward and backward), the
+tensor operations dispatched by one loss and backward pass (forward and backward; views left out:
+on a GPU each is a kernel, so this is what a CUDA-graph replay of the step pays), and the median
+time of that pass (no optimiser, no fit loop), with the counts and the time as ratios to the
+diagonal family, measured side by side in interleaved rounds.
+
+The Posch tridiagonal draws its sites jointly on a GPU and, on the CPU, only on small networks
+(``guides.posch_joint.joint_draw_pays``); the row "tridiagonal posch, joint" forces the joint draw,
+so that the CPU shows the operations a GPU runs.
 
     python benchmarks/graph_size.py               # the 13-50-1 regression net, batch 32
-    python benchmarks/graph_size.py --net mlp     # 784-400-400-10, batch 128
+    python benchmarks/graph_size.py --net lenet5  # LeNet-5, batch 128
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Callable
+from unittest import mock
 
 import torch
 
 import guides
+import guides.tridiagonal
 import zoo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +44,20 @@ ROWS = [
     for name, (family, options, fit_options) in ZOO_ROWS.items()
     if not fit_options
 ]
+#: Rows run with the joint Posch draw forced (a GPU's path).
+JOINT_ROWS = {"tridiagonal posch, joint": ("tridiagonal", {})}
+#: Dispatched operations that move no data.
+VIEWS = {
+    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::expand",
+    "aten::expand_as", "aten::slice", "aten::select", "aten::t", "aten::transpose", "aten::mT",
+    "aten::mH", "aten::permute", "aten::unsqueeze", "aten::squeeze", "aten::detach",
+    "aten::alias", "aten::_unsafe_view", "aten::unflatten", "aten::flatten", "aten::split",
+    "aten::unbind", "aten::diagonal", "aten::narrow", "aten::empty", "aten::empty_like",
+    "aten::empty_strided", "aten::result_type", "aten::size", "aten::numel", "aten::lift_fresh",
+    "aten::resolve_conj", "aten::resolve_neg", "aten::item", "aten::_local_scalar_dense",
+    "aten::broadcast_tensors", "aten::real", "aten::to", "aten::_to_copy", "aten::type_as",
+    "aten::contiguous", "aten::view_as",
+}  # fmt: skip
 #: Graph nodes that are bookkeeping, not tensor work.
 BOOKKEEPING = {
     "prim::Constant",
@@ -56,6 +80,34 @@ def graph_counts(objective: zoo.Objective, x, y) -> tuple[int, int]:
     return ops, kinds["prim::PythonOp"]
 
 
+def dispatched_ops(step: Callable[[], object]) -> int:
+    """Tensor operations that one call of ``step`` dispatches from Python, the TorchScript
+    interpreter or autograd (an operation called inside another is part of it), views and
+    shape reads (:data:`VIEWS`) left out. ``aten::item`` on a shape is left out too: the
+    tracer's size arithmetic runs on the host (tests/zoo/test_host_sync.py checks that no
+    item reads data)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    count = 0
+    for event in prof.events():
+        parent = event.cpu_parent
+        while parent is not None and not parent.name.startswith("aten::"):
+            parent = parent.cpu_parent
+        if parent is None and event.name.startswith("aten::") and event.name not in VIEWS:
+            count += 1
+    return count
+
+
+@contextlib.contextmanager
+def joint_posch_draw(forced: bool):
+    """Within this block the Posch sites are drawn jointly whatever the device, if ``forced``."""
+    if not forced:
+        yield
+        return
+    with mock.patch.object(guides.tridiagonal, "joint_draw_pays", lambda elements, device: True):
+        yield
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", default="tiny", choices=NETS)
@@ -76,22 +128,27 @@ def run(args) -> None:
     batch = 32 if args.net == "tiny" else 128
     x = torch.randn((batch,) + shape)
     y = torch.randn(batch) if args.net == "tiny" else torch.randint(0, 10, (batch,))
-    objectives, counts = {}, {}
-    for label, family, options in ROWS:
-        model = bayesian_model(net, y)
-        objective = zoo.Objective(model, guides.get(family)(model, **options), jit=True)
-        objective.setup(x, y)
-        objectives[label], counts[label] = objective, graph_counts(objective, x, y)
-    times = {label: [] for label in objectives}
+    rows = [(label, family, options, False) for label, family, options in ROWS]
+    rows += [(label, family, options, True) for label, (family, options) in JOINT_ROWS.items()]
+    passes, counts, forced = {}, {}, {}
+    for label, family, options, joint in rows:
+        with joint_posch_draw(joint):
+            model = bayesian_model(net, y)
+            objective = zoo.Objective(model, guides.get(family)(model, **options), jit=True)
+            objective.setup(x, y, batch_size=batch)
+            step = loss_and_backward(objective, x, y)
+            step()  # the first pass is eager (Pyro's validation), the second compiles
+            step()
+            counts[label] = (*graph_counts(objective, x, y), dispatched_ops(step))
+        passes[label], forced[label] = step, joint
+    times = {label: [] for label in passes}
     for _ in range(args.rounds):
-        for label, objective in objectives.items():
-            params = objective.compiled.params
-            start = time.perf_counter()
-            for _ in range(args.passes):
-                for p in params:
-                    p.grad = None
-                objective.loss(x, y, 60000).backward()
-            times[label].append((time.perf_counter() - start) / args.passes * 1e3)
+        for label, step in passes.items():
+            with joint_posch_draw(forced[label]):
+                start = time.perf_counter()
+                for _ in range(args.passes):
+                    step()
+                times[label].append((time.perf_counter() - start) / args.passes * 1e3)
     median = {label: sorted(t)[len(t) // 2] for label, t in times.items()}
     load = os.getloadavg()[0]
     print(
@@ -99,17 +156,28 @@ def run(args) -> None:
         f"passes, medians; load {load:.2f} (1-minute average)\n"
     )
     print(
-        "| family | tensor ops (forward graph) | Python calls | x diagonal, ops "
-        "| loss + backward, ms | x diagonal, time |"
+        "| family | tensor ops (forward graph) | Python calls | ops dispatched, loss + backward "
+        "| x diagonal, dispatched | loss + backward, ms | x diagonal, time |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    ops0, t0 = counts["diagonal"][0], median["diagonal"]
-    for label in objectives:
-        ops, calls = counts[label]
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    d0, t0 = counts["diagonal"][2], median["diagonal"]
+    for label in passes:
+        ops, calls, dispatched = counts[label]
         print(
-            f"| {label} | {ops} | {calls} | {ops / ops0:.2f} | {median[label]:.3f} "
-            f"| {median[label] / t0:.2f} |"
+            f"| {label} | {ops} | {calls} | {dispatched} | {dispatched / d0:.2f} "
+            f"| {median[label]:.3f} | {median[label] / t0:.2f} |"
         )
+
+
+def loss_and_backward(objective: zoo.Objective, x, y) -> Callable[[], None]:
+    params = objective.compiled.params
+
+    def step():
+        for p in params:
+            p.grad = None
+        objective.loss(x, y, 60000).backward()
+
+    return step
 
 
 if __name__ == "__main__":

@@ -14,17 +14,17 @@ interleaved rounds of one draw of every site, ``sum log q + sum w`` and its back
 
 both through :func:`guides.tridiagonal.share_posch_work`, as ``AutoTridiagonal`` runs them.
 
-"ops" counts the tensor operations dispatched for one pass (forward and backward, views and
-shape bookkeeping left out): on a GPU each is a kernel launch, so it is what a CUDA-graph replay
-pays. The ratio column is what :func:`guides.posch_joint.joint_draw_pays` decides on.
+"ops" counts the tensor operations dispatched for one pass (forward and backward, views left
+out; ``graph_size.dispatched_ops``): on a GPU each is a kernel launch, so it is what a CUDA-graph
+replay pays. The ratio column is what :func:`guides.posch_joint.joint_draw_pays` decides on.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -32,15 +32,8 @@ import torch
 from guides.posch_joint import CPU_JOINT_ELEMENTS, joint_draw_pays
 from guides.tridiagonal import PoschSite, share_posch_work
 
-#: Operations that move no data (left out of the count).
-BOOKKEEPING = {
-    "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::expand",
-    "aten::slice", "aten::select", "aten::t", "aten::transpose", "aten::unsqueeze",
-    "aten::squeeze", "aten::detach", "aten::alias", "aten::_unsafe_view", "aten::split",
-    "aten::unbind", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::zeros",
-    "aten::result_type", "aten::size", "aten::numel", "aten::lift_fresh", "aten::to",
-    "aten::_to_copy", "aten::resolve_conj", "aten::resolve_neg",
-}  # fmt: skip
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from graph_size import dispatched_ops  # noqa: E402  (the same count)
 
 
 def make_sites(total: int, count: int, device: str) -> list[PoschSite]:
@@ -62,21 +55,6 @@ def one_pass(sites: list[PoschSite], layouts: dict, joint: bool) -> torch.Tensor
         for site in sites:
             site.shared = None
     return total
-
-
-def dispatched_ops(step) -> int:
-    """Tensor operations called by autograd or Python (not by another operation), for one
-    call of ``step``."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step()
-    count = collections.Counter()
-    for event in prof.events():
-        parent = event.cpu_parent
-        while parent is not None and not parent.name.startswith("aten::"):
-            parent = parent.cpu_parent
-        if event.name.startswith("aten::") and parent is None:
-            count[event.name] += 1
-    return sum(n for name, n in count.items() if name not in BOOKKEEPING)
 
 
 def pass_of(sites: list[PoschSite], joint: bool):

@@ -67,11 +67,26 @@ def test_graph_size_counts_match_the_readme():
         for line in out.splitlines()
         if line.startswith("| ") and not line.startswith(("| family", "| ---"))
     ]
-    assert len(rows) == 8 and rows[0].startswith("| diagonal |")
+    assert len(rows) == 9 and rows[0].startswith("| diagonal |")
+    assert rows[-1].startswith("| tridiagonal posch, joint |")
     readme = (REPO / "benchmarks" / "README.md").read_text()
     for row in rows:
-        counts = "|".join(row.split("|")[:5])  # family, ops, Python calls, ops ratio
+        counts = "|".join(row.split("|")[:6])  # family, ops, Python calls, dispatched, ratio
         assert counts in readme, row
+
+
+def test_posch_joint_prints_both_paths_and_the_rules_choice():
+    """The joint draw dispatches fewer operations whatever the size; the rule picks it on the
+    CPU for the small network only."""
+    args = ["--sizes", "4000", "200000", "--sites", "4", "--rounds", "1", "--reps", "1"]
+    out = _run("benchmarks/posch_joint.py", *args)
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()}  # fmt: skip
+    assert set(rows) == {"4,000", "200,000"}
+    for cells in rows.values():
+        assert float(cells[2]) > 0 and float(cells[3]) > 0
+        assert int(cells[6]) < int(cells[5])  # joint ops < per-site ops
+    assert rows["4,000"][7].strip() == "joint" and rows["200,000"][7].strip() == "per site"
 
 
 def test_threads_prints_a_row_per_size_with_the_rules_choice():
