@@ -181,7 +181,9 @@ def posch_joint_draw(
     layout : PoschLayout
     min_abs_mean : float
     eps : Tensor, optional
-        ``(N,)`` standard normal noise; drawn when not given.
+        ``(N,)`` standard normal noise; when not given it is drawn site by site, so that the
+        draws are the ones each site would make on its own (one call per site: it keeps every
+        seeded result of the per-site draw).
 
     Returns
     -------
@@ -198,8 +200,8 @@ def posch_joint_draw(
         ``(S, K + 1)``: the ratios ``r_1 .. r_K`` and ``lambda_+`` of each site.
     """
     loc = torch.cat([m.reshape(-1) for m in locs])
-    if eps is None:
-        eps = torch.randn_like(loc)
+    if eps is None:  # site by site: the same numbers as each site drawing its own
+        eps = torch.cat([torch.randn(m.numel(), dtype=m.dtype, device=m.device) for m in locs])
     ratios, lam_plus = posch_ratio_table(rho, layout.width, loc)
     table = torch.cat([ratios, lam_plus], -1)
     root = table.sqrt()
