@@ -104,7 +104,9 @@ def joint_posch_draw(forced: bool):
     if not forced:
         yield
         return
-    with mock.patch.object(guides.tridiagonal, "joint_draw_pays", lambda elements, device: True):
+    with mock.patch.object(
+        guides.tridiagonal, "joint_draw_pays", lambda elements, sites, device: True
+    ):
         yield
 
 

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from guides.posch_joint import CPU_JOINT_ELEMENTS, joint_draw_pays
+from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE, joint_draw_pays
 from guides.tridiagonal import PoschSite, share_posch_work
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -114,12 +114,12 @@ def run(args) -> None:
                 times[name].append(timed(method, args.reps, args.device))
         ops = {name: dispatched_ops(method) for name, method in methods.items()}
         med = {name: statistics.median(t) for name, t in times.items()}
-        rows.append((total, med, ops, joint_draw_pays(total, device)))
+        rows.append((total, med, ops, joint_draw_pays(total, args.sites, device)))
     print(
         f"\n{args.sites} Posch sites on {args.device}, {torch.get_num_threads()} threads, "
         f"{args.rounds} rounds x {args.reps} passes, medians; "
-        f"load {os.getloadavg()[0]:.2f} (1-minute average); CPU_JOINT_ELEMENTS = "
-        f"{CPU_JOINT_ELEMENTS}\n"
+        f"load {os.getloadavg()[0]:.2f} (1-minute average); CPU_JOINT_ELEMENTS_PER_SITE = "
+        f"{CPU_JOINT_ELEMENTS_PER_SITE}\n"
     )
     print(
         "| weights | per site ms | joint ms | joint / per site | per site ops | joint ops | rule |"

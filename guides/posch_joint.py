@@ -32,20 +32,22 @@ RATIO_TERMS = 2048
 
 _LOG_2PI = math.log(2 * math.pi)
 
-#: On the CPU the joint draw pays below this many elements in all (benchmarks/posch_joint.py).
-CPU_JOINT_ELEMENTS = 65536
+#: On the CPU the joint draw pays below this many elements per site (benchmarks/posch_joint.py).
+CPU_JOINT_ELEMENTS_PER_SITE = 8192
 
 
-def joint_draw_pays(elements: int, device: torch.device) -> bool:
-    """Whether drawing ``elements`` Posch weights jointly is faster than site by site.
+def joint_draw_pays(elements: int, sites: int, device: torch.device) -> bool:
+    """Whether drawing ``sites`` Posch sites of ``elements`` weights in all jointly is faster
+    than site by site.
 
     On a GPU always: every operation is a kernel launch that costs more than a pass over a few
     hundred thousand elements, and the joint draw's operations do not grow with the number of
-    sites. On the CPU a launch is cheap and a gather or scatter over the elements (which the
-    joint draw needs and the per-site kernel does not) is several times a plain pass, so the
-    joint draw pays only on small networks: below :data:`CPU_JOINT_ELEMENTS` in all.
+    sites. On the CPU an operation's fixed cost is small and a gather or scatter over the
+    elements (which the joint draw needs and the per-site kernel does not) costs several plain
+    passes, so the joint draw saves a fixed cost per site and pays a cost per element: it is
+    taken below :data:`CPU_JOINT_ELEMENTS_PER_SITE` elements per site.
     """
-    return device.type != "cpu" or elements < CPU_JOINT_ELEMENTS
+    return device.type != "cpu" or elements < CPU_JOINT_ELEMENTS_PER_SITE * sites
 
 
 def posch_ratio_table(

@@ -271,7 +271,7 @@ def share_posch_work(
     sizes = [m.numel() for m in locs]
     rho = posch_rho(torch.stack([site.gamma for site in group]))
     if joint is None:
-        joint = joint_draw_pays(sum(sizes), locs[0].device)
+        joint = joint_draw_pays(sum(sizes), len(sizes), locs[0].device)
     if not joint:
         for site, r, ratios in zip(group, rho, batched_posch_ratios(rho, sizes, locs[0])):
             site.shared = (site.tau, r, ratios, None)

@@ -127,13 +127,15 @@ def test_the_guide_draws_its_posch_sites_jointly_and_leaves_nothing_behind():
 
 def test_the_cpu_draws_large_networks_site_by_site():
     """On the CPU a gather over the weights costs several plain passes, so the joint draw is
-    used below ``CPU_JOINT_ELEMENTS`` only (benchmarks/posch_joint.py); a GPU always uses it."""
-    from guides.posch_joint import CPU_JOINT_ELEMENTS, joint_draw_pays
+    used below ``CPU_JOINT_ELEMENTS_PER_SITE`` weights per site only (benchmarks/posch_joint.py);
+    a GPU always uses it."""
+    from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE as PER_SITE
+    from guides.posch_joint import joint_draw_pays
     from guides.tridiagonal import share_posch_work
 
-    assert joint_draw_pays(10**7, torch.device("cuda"))
-    assert not joint_draw_pays(CPU_JOINT_ELEMENTS, torch.device("cpu"))
-    for total, joint in [(CPU_JOINT_ELEMENTS - 2, True), (CPU_JOINT_ELEMENTS, False)]:
+    assert joint_draw_pays(10**7, 2, torch.device("cuda"))
+    assert not joint_draw_pays(2 * PER_SITE, 2, torch.device("cpu"))
+    for total, joint in [(2 * PER_SITE - 2, True), (2 * PER_SITE, False)]:
         sites = [PoschSite(torch.randn(total // 2) * 0.1, 0.01) for _ in range(2)]
         share_posch_work(sites, 1e-3, {})
         assert all((s.shared[3] is not None) == joint for s in sites)
