@@ -11,7 +11,8 @@ twice differentiable.
 - Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
   block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
   :func:`right_lower`, :func:`tril_product`, :func:`effective_factor`).
-- Tridiagonal: :func:`bidiagonal_solve` (a parallel prefix scan), :class:`PoschSample`.
+- Tridiagonal: :func:`bidiagonal_solve` (a parallel prefix scan), :class:`PoschSample` (one
+  site); every Posch site drawn at once is in :mod:`guides.posch_joint`.
 """
 
 from __future__ import annotations
