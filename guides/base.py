@@ -3,9 +3,9 @@
 A guide built on :class:`PerSiteGuide` follows Pyro's ``AutoNormal`` pattern: on its first call it
 traces the model once (the *prototype trace*), then creates one :class:`~guides.site.SitePosterior`
 module per latent sample site, holding that site's variational parameters as ``PyroParam``s.
-Every later call samples each site from the distribution its module emits. Run the guide once
-(``zoo.fit`` does) before building an optimiser or loading a state dict: the parameters do not
-exist before that.
+Every later call samples each site from the distribution its module emits (after
+:meth:`PerSiteGuide.share_site_work`). Run the guide once (``zoo.fit`` does) before building an
+optimiser or loading a state dict: the parameters do not exist before that.
 
 Real-valued sites get the guide's family. Sites with a constrained support (a positive noise
 scale, say) get a diagonal Normal in the unconstrained space pushed through
@@ -18,11 +18,9 @@ Pyro's param store
 ------------------
 Parameter names are ``<ClassName>.sites.<site>.<param>``, as ``AutoNormal``'s are, so Pyro's
 workflow (``pyro.get_param_store().save(path)``; in a new session a guide of the same model,
-``load(path)``, then the guide's first call) restores them. Unlike ``AutoNormal``, two guides
-of one class alive at once never share parameters: a second live one is named
-``<ClassName>_1`` (the first free suffix), so it neither takes nor overwrites the first one's
-values. ``zoo``'s own functions (``fit``, ``predict``, ``load``) never read or write the
-global store.
+``load(path)``, then the guide's first call) restores them. Unlike ``AutoNormal``, two guides of
+one class alive at once never share parameters: a second live one is named ``<ClassName>_1``
+(the first free suffix). ``zoo``'s own functions never read or write the global store.
 """
 
 from __future__ import annotations
@@ -267,7 +265,17 @@ class PerSiteGuide(AutoGuide):
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
         self._create_plates(*args, **kwargs)
-        return {name: pyro.sample(name, self.get_posterior(name)) for name in self._site_names}
+        sharing = self.share_site_work()
+        try:
+            return {name: pyro.sample(name, self.get_posterior(name)) for name in self._site_names}
+        finally:
+            for site in sharing:
+                site.shared = None
+
+    def share_site_work(self) -> list[SitePosterior]:
+        """Hand the sites work they share in one call (``site.shared``; a family batches small
+        per-site operations) and return them; their ``shared`` is reset after the call."""
+        return []
 
     @torch.no_grad()
     def sample_posterior(self, num_samples: int) -> dict[str, torch.Tensor]:
@@ -290,9 +298,8 @@ class PerSiteGuide(AutoGuide):
 
     @torch.no_grad()
     def quantiles(self, quantiles, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Marginal quantiles of every site, shaped ``(len(quantiles), *site_shape)``: a
-        Gaussian's from its mean and standard deviation, other families' from their
-        ``marginal_icdf`` (a point mass: its value)."""
+        """Marginal quantiles of every site, ``(len(quantiles), *site_shape)``: a Gaussian's from
+        its mean and sd, any other from its ``marginal_icdf`` (a point mass: its value)."""
         self._require_setup()
         out = {}
         for name in self._site_names:
@@ -300,11 +307,10 @@ class PerSiteGuide(AutoGuide):
             q = torch.as_tensor(quantiles, dtype=d.mean.dtype, device=d.mean.device)
             q = q.reshape((-1,) + (1,) * d.mean.dim())
             icdf = getattr(d, "marginal_icdf", None)
-            if icdf is not None:
-                values = icdf(q)
+            if icdf is None:  # a Gaussian
+                values = d.mean + d.variance.sqrt() * torch.special.ndtri(q)
             else:
-                z = torch.special.ndtri(q)
-                values = d.mean + d.variance.sqrt() * z
+                values = icdf(q)
             transform = self._transforms[name]
             out[name] = values if transform is None else transform(values)
         return out

@@ -243,20 +243,13 @@ class AutoLowRank(PerSiteGuide, family="lowrank"):
     def __init__(self, model, *, rank: int = 10, diagonal: str = "learned", **kwargs):
         super().__init__(model, rank=rank, diagonal=diagonal, **kwargs)
 
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Sample every site once; the sites' capacitance terms (``log det C`` and the
-        Mahalanobis part ``z^T C^{-1} z``, ``rank x rank`` algebra) are computed in one batched
-        call per rank (:class:`SharedCapacitance`): on a GPU each small operation is a kernel
-        launch, so a network of many sites would otherwise pay them per site."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+    def share_site_work(self) -> list[LowRankSite]:
+        """The sites' capacitance terms (``log det C`` and the Mahalanobis part
+        ``z^T C^{-1} z``, ``rank x rank`` algebra) are computed in one batched call per rank
+        (:class:`SharedCapacitance`) instead of per site."""
         sites = [self.site_posterior(n) for n in self._site_names]
         lowrank = [s for s in sites if isinstance(s, LowRankSite)]
         shared: dict[int, SharedCapacitance] = {}
         for site in lowrank:
             site.shared = shared.setdefault(site.rank, SharedCapacitance())
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            for site in lowrank:
-                site.shared = None
+        return lowrank

@@ -12,10 +12,11 @@ with ``|m|`` clamped below by ``min_abs_mean`` and ``r_j`` the ratio sequence of
 Drawn one site at a time, a network of ``S`` sites pays a few dozen small operations per site,
 forward and backward; on a GPU every one is a kernel launch (and a node of a CUDA graph), which
 costs more than the arithmetic. :func:`posch_joint_draw` draws every site at once on their
-concatenated means (``N = sum n_s`` elements): one noise draw, the per-element coefficients
-gathered from the ``(S, K + 1)`` table of ratios through the index tensors of a
-:class:`PoschLayout`, and the sites' ``log q`` as sums over segments. The count of operations no
-longer grows with the number of sites. A gather is cheap on a GPU and several times a plain
+concatenated means (``N = sum n_s`` elements): the noise drawn site by site (the same numbers as
+each site on its own), the per-element coefficients gathered from the ``(S, K + 1)`` table of
+ratios through the index tensors of a :class:`PoschLayout`, and the sites' ``log q`` as sums over
+segments. Apart from the noise, the count of operations no longer grows with the number of
+sites. A gather is cheap on a GPU and several times a plain
 pass on the CPU, so :func:`joint_draw_pays` decides where it is used.
 """
 

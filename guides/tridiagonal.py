@@ -363,13 +363,10 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
             }
         super().__setstate__(state)
 
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """Sample every site once. The Posch sites' ratio sequences are computed together
-        first, and on a GPU (or a small network) the sites are drawn together too
-        (:func:`guides.posch_joint.posch_joint_draw`): a few dozen small operations for all of
-        them instead of per site, each of which is a kernel launch on a GPU."""
-        if self.prototype_trace is None:
-            self._setup_prototype(*args, **kwargs)
+    def share_site_work(self) -> list[PoschSite]:
+        """The Posch sites' ratio sequences are computed together, and on a GPU (or a small
+        network) the sites are drawn together too (:func:`share_posch_work`): a few dozen small
+        operations for all of them instead of per site."""
         sites = [self.site_posterior(n) for n in self._site_names]
         posch = [s for s in sites if isinstance(s, PoschSite)]
         groups: dict[float, list[PoschSite]] = {}
@@ -378,11 +375,7 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
         layouts = self.__dict__.setdefault("_posch_layouts", {})
         for min_abs_mean, group in groups.items():
             share_posch_work(group, min_abs_mean, layouts)
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            for site in posch:
-                site.shared = None
+        return posch
 
     @classmethod
     def site_spec(cls, parameterization: str = "posch", **options):
