@@ -10,9 +10,11 @@ on a GPU each is a kernel, so this is what a CUDA-graph replay of the step pays)
 time of that pass (no optimiser, no fit loop), with the counts and the time as ratios to the
 diagonal family, measured side by side in interleaved rounds.
 
-The Posch tridiagonal draws its sites jointly on a GPU and, on the CPU, only on small networks
-(``guides.posch_joint.joint_draw_pays``); the row "tridiagonal posch, joint" forces the joint draw,
-so that the CPU shows the operations a GPU runs.
+Two families take another path on the CPU than on a GPU: the Posch tridiagonal draws its sites
+jointly on a GPU and, on the CPU, only on small networks (``guides.posch_joint.joint_draw_pays``),
+and the matrix normal splits a factor of 256 rows or more into diagonal blocks on the CPU only
+(``guides.kernels.diagonal_blocks``). The rows "tridiagonal posch, joint" and "matrix normal, one
+block" force a GPU's path, so that the CPU shows the operations a GPU runs.
 
     python benchmarks/graph_size.py               # the 13-50-1 regression net, batch 32
     python benchmarks/graph_size.py --net lenet5  # LeNet-5, batch 128
@@ -32,6 +34,7 @@ from unittest import mock
 import torch
 
 import guides
+import guides.matrix_normal
 import guides.tridiagonal
 import zoo
 
@@ -44,8 +47,11 @@ ROWS = [
     for name, (family, options, fit_options) in ZOO_ROWS.items()
     if not fit_options
 ]
-#: Rows run with the joint Posch draw forced (a GPU's path).
-JOINT_ROWS = {"tridiagonal posch, joint": ("tridiagonal", {})}
+#: Rows run on a GPU's path (:func:`gpu_path`).
+GPU_PATH_ROWS = {
+    "tridiagonal posch, joint": ("tridiagonal", {}),
+    "matrix normal, one block": ("matrix_normal", {}),
+}
 #: Dispatched operations that move no data.
 VIEWS = {
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::expand",
@@ -99,13 +105,17 @@ def dispatched_ops(step: Callable[[], object]) -> int:
 
 
 @contextlib.contextmanager
-def joint_posch_draw(forced: bool):
-    """Within this block the Posch sites are drawn jointly whatever the device, if ``forced``."""
+def gpu_path(forced: bool):
+    """Within this block, if ``forced``, the families take the path they take on a GPU: the
+    Posch sites are drawn jointly and the matrix normal's factors are not split into blocks."""
     if not forced:
         yield
         return
-    with mock.patch.object(
-        guides.tridiagonal, "joint_draw_pays", lambda elements, sites, device: True
+    with (
+        mock.patch.object(
+            guides.tridiagonal, "joint_draw_pays", lambda elements, sites, device: True
+        ),
+        mock.patch.object(guides.matrix_normal, "diagonal_blocks", lambda n, device: 1),
     ):
         yield
 
@@ -131,10 +141,10 @@ def run(args) -> None:
     x = torch.randn((batch,) + shape)
     y = torch.randn(batch) if args.net == "tiny" else torch.randint(0, 10, (batch,))
     rows = [(label, family, options, False) for label, family, options in ROWS]
-    rows += [(label, family, options, True) for label, (family, options) in JOINT_ROWS.items()]
+    rows += [(label, family, options, True) for label, (family, options) in GPU_PATH_ROWS.items()]
     passes, counts, forced = {}, {}, {}
-    for label, family, options, joint in rows:
-        with joint_posch_draw(joint):
+    for label, family, options, forced_path in rows:
+        with gpu_path(forced_path):
             model = bayesian_model(net, y)
             objective = zoo.Objective(model, guides.get(family)(model, **options), jit=True)
             objective.setup(x, y, batch_size=batch)
@@ -142,11 +152,11 @@ def run(args) -> None:
             step()  # the first pass is eager (Pyro's validation), the second compiles
             step()
             counts[label] = (*graph_counts(objective, x, y), dispatched_ops(step))
-        passes[label], forced[label] = step, joint
+        passes[label], forced[label] = step, forced_path
     times = {label: [] for label in passes}
     for _ in range(args.rounds):
         for label, step in passes.items():
-            with joint_posch_draw(forced[label]):
+            with gpu_path(forced[label]):
                 start = time.perf_counter()
                 for _ in range(args.passes):
                     step()

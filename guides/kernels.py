@@ -10,7 +10,8 @@ twice differentiable.
   :class:`CapacitanceTerms`.
 - Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
   block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
-  :func:`right_lower`, :func:`tril_product`, :func:`effective_factor`).
+  :func:`right_lower`, :func:`masked_product`, :func:`factor_mask`,
+  :func:`effective_factor`).
 - Tridiagonal: :func:`bidiagonal_solve` (a parallel prefix scan), :class:`PoschSample` (one
   site); every Posch site drawn at once is in :mod:`guides.posch_joint`.
 """
@@ -153,6 +154,8 @@ def block_bounds(n: int, blocks: int) -> list[int]:
 
 def lower_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
     """``L X`` for lower triangular ``L`` (``n x n``), skipping its zero blocks."""
+    if len(q) == 2:
+        return low @ x
     out = x.new_empty(low.shape[0], x.shape[1])
     for i, j in zip(q[:-1], q[1:]):
         torch.mm(low[i:j, :j], x[:j], out=out[i:j])
@@ -161,6 +164,8 @@ def lower_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor
 
 def right_lower_t(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
     """``X L^T`` for lower triangular ``L``."""
+    if len(q) == 2:
+        return x @ low.mT
     out = x.new_empty(x.shape[0], low.shape[0])
     for i, j in zip(q[:-1], q[1:]):
         torch.mm(x[:, :j], low[i:j, :j].mT, out=out[:, i:j])
@@ -169,6 +174,8 @@ def right_lower_t(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Ten
 
 def lower_t_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tensor:
     """``L^T X`` for lower triangular ``L``."""
+    if len(q) == 2:
+        return low.mT @ x
     out = x.new_empty(low.shape[1], x.shape[1])
     for i, j in zip(q[:-1], q[1:]):
         torch.mm(low[i:, i:j].mT, x[i:], out=out[i:j])
@@ -177,18 +184,23 @@ def lower_t_left(low: torch.Tensor, x: torch.Tensor, q: list[int]) -> torch.Tens
 
 def right_lower(x: torch.Tensor, low: torch.Tensor, q: list[int]) -> torch.Tensor:
     """``X L`` for lower triangular ``L``."""
+    if len(q) == 2:
+        return x @ low
     out = x.new_empty(x.shape[0], low.shape[1])
     for i, j in zip(q[:-1], q[1:]):
         torch.mm(x[:, i:], low[i:, i:j], out=out[:, i:j])
     return out
 
 
-def tril_product(x: torch.Tensor, y: torch.Tensor, q: list[int], alpha: float) -> torch.Tensor:
-    """``tril(alpha X Y)`` (square), computing only the blocks on and below the diagonal."""
+def masked_product(x: torch.Tensor, y: torch.Tensor, q: list[int], mask: torch.Tensor):
+    """``mask * (X Y)`` (square) for a ``mask`` that is zero above the diagonal, computing only
+    the blocks on and below the diagonal."""
+    if len(q) == 2:
+        return torch.mm(x, y).mul_(mask)
     out = x.new_zeros(x.shape[0], y.shape[1])
     for i, j in zip(q[:-1], q[1:]):
-        out[i:j, :j].addmm_(x[i:j], y[:, :j], beta=0, alpha=alpha)
-    return out.tril_()
+        out[i:j, :j].addmm_(x[i:j], y[:, :j], beta=0)
+    return out.mul_(mask)
 
 
 def offdiag_scale(n: int) -> float:
@@ -196,57 +208,79 @@ def offdiag_scale(n: int) -> float:
     return 1.0 / math.sqrt(n)
 
 
-def effective_factor(raw: torch.Tensor, q: list[int]) -> torch.Tensor:
-    """The triangular factor of ``raw`` as the block products read it: strictly lower entries
-    of ``raw`` over ``sqrt(n)``, ``softplus`` of its diagonal, zeros above the diagonal inside
-    the diagonal blocks; the blocks above those are never read and hold scaled ``raw``."""
-    a = raw.detach() * offdiag_scale(raw.shape[0])
-    for i, j in zip(q[:-1], q[1:]):
-        block = a[i:j, i:j]
-        block.copy_(block.tril())
-    a.diagonal().copy_(F.softplus(raw.detach().diagonal()))
-    return a
+def factor_mask(n: int, like: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    """``tril(1, -1) / sqrt(n) + I`` (``n x n``, on ``like``'s device and dtype): ``raw * mask``
+    is the triangular factor of ``raw`` with its raw diagonal, and masks the gradient of the
+    factor's entries into the gradient of ``raw``. From ``cache`` (a dict its caller owns, keyed
+    by size, device and dtype) when given."""
+    n = int(n)  # a size the tracer records as a tensor would miss the cache
+    key = (n, like.device, like.dtype)
+    mask = None if cache is None else cache.get(key)
+    if mask is None:
+        mask = torch.ones(n, n, dtype=like.dtype, device=like.device).tril_(-1)
+        mask.mul_(offdiag_scale(n)).fill_diagonal_(1.0)
+        if cache is not None:
+            cache[key] = mask
+    return mask
+
+
+def effective_factor(raw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The triangular factor of ``raw`` (strictly lower entries over ``sqrt(n)``, ``softplus`` of
+    the diagonal, zeros above) and that diagonal, without autograd."""
+    a = raw.detach() * mask
+    diag = F.softplus(raw.detach().diagonal())
+    a.diagonal().copy_(diag)
+    return a, diag
 
 
 class KroneckerFactorProduct(torch.autograd.Function):
     """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
-    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``.
+    ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``, and
+    ``log det (A A^T kron B B^T) = 2 p sum log diag A + 2 out sum log diag B``.
 
-    The products run over the blocks on and below the diagonal of each triangular factor
-    (``k`` blocks do ``(k + 1) / 2k`` of a dense product's work), forward and backward, and the
-    factors are never formed as separate masked copies (``tril`` + ``diag_embed`` of a
-    ``784 x 784`` factor, forward and backward, cost several milliseconds per CPU step).
-    Not twice differentiable.
+    ``mask_a`` and ``mask_b`` are :func:`factor_mask` of each size. The products run over the
+    blocks on and below the diagonal of each triangular factor (``k`` blocks do ``(k + 1) / 2k``
+    of a dense product's work), forward and backward, and the factors are never formed as
+    separate masked copies under autograd (``tril`` + ``diag_embed`` of a ``784 x 784`` factor,
+    forward and backward, cost several milliseconds per CPU step); the log-determinant reuses
+    the factors' diagonals, and its gradient joins theirs in one pass. Not twice
+    differentiable.
     """
 
     @staticmethod
-    def forward(ctx, raw_a, raw_b, e, blocks_a, blocks_b):
+    def forward(ctx, raw_a, raw_b, e, mask_a, mask_b, blocks_a, blocks_b):
         qa, qb = block_bounds(raw_a.shape[0], blocks_a), block_bounds(raw_b.shape[0], blocks_b)
-        a, b = effective_factor(raw_a, qa), effective_factor(raw_b, qb)
+        (a, diag_a), (b, diag_b) = effective_factor(raw_a, mask_a), effective_factor(raw_b, mask_b)
         c = right_lower_t(e, b, qb)  # E B^T
-        ctx.save_for_backward(raw_a, raw_b, a, b, e, c)
+        ctx.save_for_backward(raw_a, raw_b, a, b, e, c, mask_a, mask_b, diag_a, diag_b)
         ctx.bounds = qa, qb
-        return lower_left(a, c, qa)
+        rows, cols = e.shape
+        log_det = torch.add(diag_a.log().sum() * (2 * cols), diag_b.log().sum(), alpha=2 * rows)
+        return lower_left(a, c, qa), log_det
 
     @staticmethod
-    def backward(ctx, grad):
-        raw_a, raw_b, a, b, e, c = ctx.saved_tensors
+    def backward(ctx, grad, g_log_det):
+        raw_a, raw_b, a, b, e, c, mask_a, mask_b, diag_a, diag_b = ctx.saved_tensors
         qa, qb = ctx.bounds
+        rows, cols = e.shape
         grad_a = grad_b = grad_e = None
         if ctx.needs_input_grad[0]:
-            scale = offdiag_scale(raw_a.shape[0])
-            grad_a = tril_product(grad, c.mT, qa, scale)
-            # The diagonal is softplus(raw), not scale * raw: undo the scale, apply softplus'.
-            grad_a.diagonal().mul_(torch.sigmoid(raw_a.diagonal()) / scale)
+            grad_a = masked_product(grad, c.mT, qa, mask_a)
+            _diagonal_chain(grad_a.diagonal(), g_log_det, 2 * cols, diag_a, raw_a)
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
             grad_c = lower_t_left(a, grad, qa)  # A^T dD
             if ctx.needs_input_grad[1]:
-                scale = offdiag_scale(raw_b.shape[0])
-                grad_b = tril_product(grad_c.mT, e, qb, scale)
-                grad_b.diagonal().mul_(torch.sigmoid(raw_b.diagonal()) / scale)
+                grad_b = masked_product(grad_c.mT, e, qb, mask_b)
+                _diagonal_chain(grad_b.diagonal(), g_log_det, 2 * rows, diag_b, raw_b)
             if ctx.needs_input_grad[2]:
                 grad_e = right_lower(grad_c, b, qb)
-        return grad_a, grad_b, grad_e, None, None
+        return grad_a, grad_b, grad_e, None, None, None, None
+
+
+def _diagonal_chain(g_diag, g_log_det, weight, diag, raw) -> None:
+    """In place: the gradient of a factor's diagonal entries (``g_diag``), plus that of
+    ``weight * sum log diag``, taken through ``diag = softplus(diag raw)``."""
+    g_diag.addcdiv_(g_log_det, diag, value=weight).mul_(torch.sigmoid(raw.detach().diagonal()))
 
 
 def diagonal_blocks(n: int, device: torch.device) -> int:

@@ -35,7 +35,12 @@ from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
-from guides.kernels import KroneckerFactorProduct, diagonal_blocks, offdiag_scale
+from guides.kernels import (
+    KroneckerFactorProduct,
+    diagonal_blocks,
+    factor_mask,
+    offdiag_scale,
+)
 from guides.site import DiagonalSite, SitePosterior, inverse_softplus
 
 
@@ -65,6 +70,9 @@ class MatrixNormal(StructuredGaussian):
         ``A = tril(row_raw, -1) / sqrt(out) + diag(softplus(diag row_raw))`` (likewise ``B``
         with ``sqrt(p)``), or ``softplus(row_raw)`` when 1-D. Give each factor or its raw
         parameter.
+    masks : dict, optional
+        A cache the caller owns for :func:`guides.kernels.factor_mask` (a site keeps one, so
+        that a draw does not rebuild them).
     """
 
     def __init__(
@@ -76,11 +84,13 @@ class MatrixNormal(StructuredGaussian):
         *,
         row_raw=None,
         col_raw=None,
+        masks: dict | None = None,
     ):
         if (row_factor is None) == (row_raw is None) or (col_factor is None) == (col_raw is None):
             raise ValueError("give row_factor or row_raw, and col_factor or col_raw")
         self._row_factor, self._row_raw = row_factor, row_raw
         self._col_factor, self._col_raw = col_factor, col_raw
+        self._masks, self._drawn_log_det = masks, None
         self.rows = loc.shape[0]
         self.cols = math.prod(loc.shape[1:])
         super().__init__(loc, validate_args=validate_args)
@@ -111,11 +121,18 @@ class MatrixNormal(StructuredGaussian):
             and raw_b is not None
             and raw_a.dim() == raw_b.dim() == 2
         ):
-            blocks_a, blocks_b = (
+            dev, log_det = KroneckerFactorProduct.apply(
+                raw_a,
+                raw_b,
+                e,
+                factor_mask(self.rows, e, self._masks),
+                factor_mask(self.cols, e, self._masks),
                 diagonal_blocks(self.rows, e.device),
                 diagonal_blocks(self.cols, e.device),
             )
-            dev = KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
+            # The draw's log det is reused by log_prob unless it lacks the gradient asked for.
+            if log_det.requires_grad or not torch.is_grad_enabled():
+                self._drawn_log_det = log_det
             return dev.reshape(eps.shape)
         a, b = self.row_factor, self.col_factor
         e = a.unsqueeze(-1) * e if a.dim() == 1 else a @ e
@@ -142,6 +159,9 @@ class MatrixNormal(StructuredGaussian):
         return factor if factor.dim() == 1 else factor.diagonal()
 
     def log_det_covariance(self):
+        drawn = self._drawn_log_det
+        if drawn is not None and (drawn.requires_grad or not torch.is_grad_enabled()):
+            return drawn  # computed with the draw, its gradient joined to the draw's
         log_a = self._diag(self._row_factor, self._row_raw).log().sum()
         log_b = self._diag(self._col_factor, self._col_raw).log().sum()
         return 2 * self.cols * log_a + 2 * self.rows * log_b
@@ -249,7 +269,13 @@ class MatrixNormalSite(SitePosterior):
         return len(shape) >= 2
 
     def distribution(self) -> MatrixNormal:
-        return MatrixNormal(self.loc, row_raw=self.row_raw, col_raw=self.col_raw)
+        masks = self.__dict__.setdefault("_masks", {})  # factor_mask's cache, not pickled
+        return MatrixNormal(self.loc, row_raw=self.row_raw, col_raw=self.col_raw, masks=masks)
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.pop("_masks", None)
+        return state
 
 
 class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):

@@ -7,6 +7,7 @@ a family of its own imports these tests and overrides ``make``."""
 import math
 
 import pyro.distributions as dist
+import pytest
 import torch
 from torch.distributions import MultivariateNormal, kl_divergence
 
@@ -84,16 +85,18 @@ def test_gradients_reach_every_parameter(make, shape):
         assert p.grad.abs().sum() > 0, name
 
 
-def test_log_prob_of_own_sample_has_the_exact_gradient(make, shape):
+@pytest.mark.parametrize("draws", [(), (3,)], ids=["one draw", "three draws"])
+def test_log_prob_of_own_sample_has_the_exact_gradient(make, shape, draws):
     """The noise-based log_prob of a value just drawn is the same function of the parameters
-    as the exact formula: equal values and equal total derivatives."""
+    as the exact formula: equal values and equal total derivatives (one draw is where a family
+    may reuse terms of the draw, e.g. the matrix normal's log-determinant)."""
     site = make(shape)
     params = [p for _, p in site.named_parameters()]
 
     def grads(shortcut: bool):
         torch.manual_seed(5)
         d = site.distribution()
-        w = d.rsample((3,))
+        w = d.rsample(draws)
         lp = d.log_prob(w if shortcut else w.clone())  # a clone is not the cached value
         return lp, torch.autograd.grad(lp.sum(), params, allow_unused=True, materialize_grads=True)
 

@@ -3,7 +3,7 @@ import pickle
 import pytest
 import torch
 
-from guides.kernels import KroneckerFactorProduct
+from guides.kernels import KroneckerFactorProduct, factor_mask
 from guides.matrix_normal import MatrixNormal, MatrixNormalSite, triangular_factor
 from tests.guides.conftest import make_site
 
@@ -49,13 +49,19 @@ def test_block_triangular_product_matches_dense_autograd(rows, cols, blocks_a, b
     raw_b = torch.randn(cols, cols, generator=g, dtype=torch.float64, requires_grad=True)
     e = torch.randn(rows, cols, generator=g, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(rows, cols, generator=g, dtype=torch.float64)
-    out = KroneckerFactorProduct.apply(raw_a, raw_b, e, blocks_a, blocks_b)
-    ref = triangular_factor(raw_a) @ e @ triangular_factor(raw_b).mT
+    g_log_det = torch.randn((), generator=g, dtype=torch.float64)
+    masks = factor_mask(rows, e), factor_mask(cols, e)
+    out, log_det = KroneckerFactorProduct.apply(raw_a, raw_b, e, *masks, blocks_a, blocks_b)
+    fa, fb = triangular_factor(raw_a), triangular_factor(raw_b)
+    ref = fa @ e @ fb.mT
+    # log det (A A^T kron B B^T) = 2 log |det (A kron B)|, from the dense Kronecker factor
+    ref_log_det = 2 * torch.linalg.slogdet(torch.kron(fa, fb))[1]
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
-    grads = torch.autograd.grad(out, (raw_a, raw_b, e), upstream)
-    expected = torch.autograd.grad(ref, (raw_a, raw_b, e), upstream)
+    torch.testing.assert_close(log_det, ref_log_det, rtol=1e-11, atol=1e-11)
+    grads = torch.autograd.grad((out, log_det), (raw_a, raw_b, e), (upstream, g_log_det))
+    expected = torch.autograd.grad((ref, ref_log_det), (raw_a, raw_b, e), (upstream, g_log_det))
     for got, want in zip(grads, expected):
-        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
 
 
 def test_block_triangular_product_gradcheck():
@@ -63,8 +69,9 @@ def test_block_triangular_product_gradcheck():
     args = [torch.randn(*s, generator=g, dtype=torch.float64) for s in ((6, 6), (7, 7), (6, 7))]
     for a in args:
         a.requires_grad_()
+    masks = factor_mask(6, args[0]), factor_mask(7, args[0])
     assert torch.autograd.gradcheck(
-        lambda a, b, e: KroneckerFactorProduct.apply(a, b, e, 2, 3), args
+        lambda a, b, e: KroneckerFactorProduct.apply(a, b, e, *masks, 2, 3), args
     )
 
 
@@ -79,11 +86,60 @@ def test_raw_and_explicit_factors_give_the_same_distribution():
     w_fast = fast.rsample()
     torch.manual_seed(2)
     w_slow = slow.rsample()
-    torch.testing.assert_close(w_fast, w_slow, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(w_fast, w_slow, rtol=1e-11, atol=1e-11)
     torch.testing.assert_close(fast.log_prob(w_fast), slow.log_prob(w_fast.clone()))
     torch.testing.assert_close(fast.row_factor, slow.row_factor)
     with pytest.raises(ValueError, match="row_factor or row_raw"):
         MatrixNormal(loc, triangular_factor(raw_a), triangular_factor(raw_b), row_raw=raw_a)
+
+
+def test_log_prob_of_one_draw_reuses_its_log_det_with_the_exact_gradient():
+    """One draw computes log det Cov with the sample (KroneckerFactorProduct); log_prob of that
+    draw is log q(w(theta), theta) of a dense MultivariateNormal built from the explicit
+    factors, in value and in its total derivative with respect to every raw parameter."""
+    from torch.distributions import MultivariateNormal
+
+    site = make_site("matrix_normal", (4, 3))
+    params = [site.loc, site.row_raw, site.col_raw]
+    torch.manual_seed(3)
+    d = site.distribution()
+    w = d.rsample()
+    assert d._drawn_log_det is not None  # the fused path ran
+    lp = d.log_prob(w)
+    kw = {"allow_unused": True, "materialize_grads": True}  # loc: zero either way
+    got = torch.autograd.grad(lp, params, **kw)
+    torch.manual_seed(3)
+    eps = torch.randn(12, dtype=torch.float64).reshape(4, 3)
+    a, b = triangular_factor(site.row_raw), triangular_factor(site.col_raw)
+    w_ref = site.loc + a @ eps @ b.mT
+    cov = torch.kron(a @ a.mT, b @ b.mT)
+    dense = MultivariateNormal(site.loc.reshape(-1), covariance_matrix=cov)
+    ref = dense.log_prob(w_ref.reshape(-1))
+    torch.testing.assert_close(w, w_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lp, ref, rtol=1e-10, atol=1e-10)
+    for g, r in zip(got, torch.autograd.grad(ref, params, **kw)):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-9)
+
+
+def test_a_draw_without_gradients_leaves_log_prob_its_gradient():
+    """A draw under no_grad keeps no log det for a later log_prob that needs its gradient."""
+    site = make_site("matrix_normal", (4, 3))
+    d = site.distribution()
+    with torch.no_grad():
+        w = d.rsample()
+    lp = d.log_prob(w)
+    assert lp.requires_grad
+    (g_row,) = torch.autograd.grad(lp, [site.row_raw])
+    assert g_row.diagonal().abs().min() > 0  # d log det / d diag
+
+
+def test_the_factor_mask_cache_is_neither_pickled_nor_traced_anew():
+    site = make_site("matrix_normal", (4, 3))
+    site.distribution().rsample()
+    assert len(site._masks) == 2  # one per factor size
+    assert "_masks" not in pickle.loads(pickle.dumps(site)).__dict__
+    mask = factor_mask(torch.tensor(5), site.loc, site._masks)  # a size the tracer records
+    assert factor_mask(5, site.loc, site._masks) is mask
 
 
 @pytest.mark.parametrize("n", [16, 1024])
