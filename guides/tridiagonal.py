@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
+from pyro.poutine.runtime import get_plates
 
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
@@ -373,8 +374,11 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
         for site in posch:
             groups.setdefault(site.min_abs_mean, []).append(site)
         layouts = self.__dict__.setdefault("_posch_layouts", {})
+        # Under an enclosing plate (Pyro's vectorised particles) each site draws a batch, which
+        # the joint draw does not serve: it would be computed and thrown away.
+        joint = False if get_plates() else None
         for min_abs_mean, group in groups.items():
-            share_posch_work(group, min_abs_mean, layouts)
+            share_posch_work(group, min_abs_mean, layouts, joint)
         return posch
 
     @classmethod

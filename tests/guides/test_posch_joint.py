@@ -169,3 +169,31 @@ def test_a_seeded_guide_draws_the_same_weights_jointly_and_site_by_site():
     for (w, lq), (w0, lq0) in zip(draws[True], draws[False]):
         torch.testing.assert_close(w, w0, rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(lq, lq0, rtol=1e-6, atol=1e-4)
+
+
+def test_no_joint_draw_under_vectorised_particles():
+    """Under an enclosing plate (``Trace_ELBO(vectorize_particles=True)``) every site draws a
+    batch, which the joint draw cannot serve: it is not computed, and the draws stay right."""
+    from unittest import mock
+
+    import guides.tridiagonal as tridiagonal
+
+    model = zoo.models.BayesianMLP(3, (8,), 2, task="regression")
+    guide = guides.AutoTridiagonal(model)
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    guide(x, y)
+    with mock.patch.object(
+        tridiagonal, "posch_joint_draw", wraps=tridiagonal.posch_joint_draw
+    ) as spy:
+        guide(x, y)
+        assert spy.call_count == 1  # no plate: the joint draw serves every site
+        with pyro.plate("particles", 3, dim=-3), pyro.poutine.trace() as tracer:
+            guide(x, y)
+        assert spy.call_count == 1
+    for name in guide.site_names:
+        node = tracer.trace.nodes[name]
+        shape = guide.site_posterior(name).loc.shape
+        value = node["value"]
+        assert value.shape[0] == 3 and value.shape[value.dim() - len(shape) :] == shape
+        assert not torch.equal(value[0], value[1])  # three draws, not one repeated
+        assert torch.isfinite(node["fn"].log_prob(node["value"])).all()
