@@ -9,7 +9,9 @@
 random draws than the traced one, which the compiled loss's check then refuses) or in the traced
 order. For each family this times a ``zoo.fit`` step both ways in one process, alternating, and
 prints the per-step times and their ratio: steps ``warm .. warm + steps`` of a fit, synchronised
-with the device, best of ``--rounds``. On CUDA also with ``cuda_graph=True``. Each family runs in
+with the device, best of ``--rounds``; and each plan's start-up, what the fit's first ``warm`` (20)
+steps cost beyond as many of its steady steps (tracing, the executor's profiling and optimising
+runs, the check against the eager loss). On CUDA also with ``cuda_graph=True``. Each family runs in
 its own process (a failed CUDA-graph capture must not spoil the next row).
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -26,7 +29,8 @@ import torch
 NETS = {"lenet5": 128, "tiny": 32}
 
 
-def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float, str]:
+def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float, float, str]:
+    """(steady ms per step, start-up ms, how the loss ran) of one fit."""
     import zoo
     import zoo.compiled
     from zoo.options import grouped
@@ -49,6 +53,7 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
             marks.append(time.perf_counter())
 
     options = {"cuda_graph": bool(graph)}
+    start = time.perf_counter()
     fit = zoo.fit(
         model,
         family,
@@ -57,20 +62,26 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
         batch_size=batch,
         **grouped({"progress": False, "callbacks": [mark], "device": device, **options}),
     )
-    return (marks[1] - marks[0]) / steps * 1e3, fit.options["jit"]
+    steady = (marks[1] - marks[0]) / steps
+    return steady * 1e3, (marks[0] - start - warm * steady) * 1e3, fit.options["jit"]
 
 
 def row(family: str, args) -> None:
     device = torch.device(args.device)
     for graph in (False, True) if device.type == "cuda" else (False,):
         best: dict[bool, float] = {}
+        start_up: dict[bool, list[float]] = {True: [], False: []}
         for _ in range(args.rounds):
             for optimised in (True, False):
-                ms, jit = per_step(family, args.net, device, graph, optimised, args.steps, 20)
+                ms, first, jit = per_step(
+                    family, args.net, device, graph, optimised, args.steps, 20
+                )
                 best[optimised] = min(best.get(optimised, float("inf")), ms)
+                start_up[optimised].append(first)
+        median = {k: statistics.median(v) for k, v in start_up.items()}
         print(
             f"| {family} | {'yes' if graph else 'no'} | {best[True]:.3f} | {best[False]:.3f} | "
-            f"{best[False] / best[True]:.2f} | {jit} |",
+            f"{best[False] / best[True]:.2f} | {median[True]:.0f} | {median[False]:.0f} | {jit} |",
             flush=True,
         )
 
@@ -87,8 +98,11 @@ def main() -> None:
     if args.row is not None:
         return row(args.row, args)
     print(f"device {args.device}, net {args.net}, load {os.getloadavg()[0]:.2f}")
-    print("| family | CUDA graph | re-planned ms | traced order ms | ratio | loss |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print(
+        "| family | CUDA graph | re-planned ms | traced order ms | ratio | re-planned start-up "
+        "ms | traced order start-up ms | loss |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for family in args.families:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--row", family]
         done = subprocess.run(cmd, capture_output=True, text=True)

@@ -14,7 +14,9 @@ Two families take another path on the CPU than on a GPU: the Posch tridiagonal d
 jointly on a GPU and, on the CPU, only on small networks (``guides.posch_joint.joint_draw_pays``),
 and the matrix normal splits a factor of 256 rows or more into diagonal blocks on the CPU only
 (``guides.kernels.diagonal_blocks``). The rows "tridiagonal posch, joint" and "matrix normal, one
-block" force a GPU's path, so that the CPU shows the operations a GPU runs.
+block" force a GPU's path, so that the CPU shows the operations a GPU runs. The last row is the
+hand-written Bayes-by-Backprop loss of ``step_time.py`` (eager, analytic KL), the floor that
+issue 36's targets measure the diagonal family against; it has no graph.
 
     python benchmarks/graph_size.py               # the 13-50-1 regression net, batch 32
     python benchmarks/graph_size.py --net lenet5  # LeNet-5, batch 128
@@ -39,7 +41,7 @@ import guides.tridiagonal
 import zoo
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from step_time import NETS, ZOO_ROWS, bayesian_model, make_net  # noqa: E402  (the same nets)
+from step_time import NETS, ZOO_ROWS, bayesian_model, bbb_loss, make_net  # noqa: E402
 
 #: (label, family, guide options): step_time.py's zoo rows with the default estimator and ELBO.
 ROWS = [
@@ -52,6 +54,8 @@ GPU_PATH_ROWS = {
     "tridiagonal posch, joint": ("tridiagonal", {}),
     "matrix normal, one block": ("matrix_normal", {}),
 }
+#: The hand-written Bayes-by-Backprop row.
+HAND_ROW = "hand-written BBB (analytic KL)"
 #: Dispatched operations that move no data.
 VIEWS = {
     "aten::view", "aten::reshape", "aten::_reshape_alias", "aten::as_strided", "aten::expand",
@@ -153,6 +157,10 @@ def run(args) -> None:
             step()
             counts[label] = (*graph_counts(objective, x, y), dispatched_ops(step))
         passes[label], forced[label] = step, forced_path
+    step = hand_written_pass(net, x, y)
+    step()
+    counts[HAND_ROW] = (None, None, dispatched_ops(step))
+    passes[HAND_ROW], forced[HAND_ROW] = step, False
     times = {label: [] for label in passes}
     for _ in range(args.rounds):
         for label, step in passes.items():
@@ -174,11 +182,23 @@ def run(args) -> None:
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     d0, t0 = counts["diagonal"][2], median["diagonal"]
     for label in passes:
-        ops, calls, dispatched = counts[label]
+        ops, calls, dispatched = (c if c is not None else "-" for c in counts[label])
         print(
             f"| {label} | {ops} | {calls} | {dispatched} | {dispatched / d0:.2f} "
             f"| {median[label]:.3f} | {median[label] / t0:.2f} |"
         )
+
+
+def hand_written_pass(net, x, y) -> Callable[[], None]:
+    """One loss and backward pass of the hand-written Bayes-by-Backprop loss."""
+    loss, params = bbb_loss(net)
+
+    def step():
+        for p in params:
+            p.grad = None
+        loss(x, y, 60000).backward()
+
+    return step
 
 
 def loss_and_backward(objective: zoo.Objective, x, y) -> Callable[[], None]:

@@ -34,6 +34,7 @@ import threading
 import time
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 
 import pyro
 import torch
@@ -105,27 +106,37 @@ def deterministic_step(net, x, y):
     return step, sum(p.numel() for p in net.parameters())
 
 
-def bbb(net, fused: bool | None = None):
-    """Bayes by Backprop by hand: w = mu + softplus(rho) eps, analytic KL to N(0, 1), torch's
-    Adam (``fused`` as torch takes it). Returns ``step(x, y, n)`` (``n``: the data size that
-    scales the likelihood), the optimiser and the parameter count."""
+def bbb_loss(net) -> tuple[Callable, list[torch.Tensor]]:
+    """Bayes by Backprop's loss by hand: w = mu + softplus(rho) eps, analytic KL to N(0, 1).
+    Returns ``loss(x, y, n)`` (``n``: the data size that scales the likelihood) and the
+    parameters (every ``mu``, then every ``rho``)."""
     net = copy.deepcopy(net).requires_grad_(False)
     mus = {k: p.detach().clone().requires_grad_() for k, p in net.named_parameters()}
     rhos = {k: torch.full_like(p, -4.6).requires_grad_() for k, p in net.named_parameters()}
-    opt = torch.optim.Adam([*mus.values(), *rhos.values()], lr=1e-3, fused=fused)
 
-    def step(x, y, n):
-        opt.zero_grad(set_to_none=True)
+    def loss(x, y, n):
         weights, kl = {}, 0.0
         for k in mus:
             sd = F.softplus(rhos[k])
             weights[k] = mus[k] + sd * torch.randn_like(sd)
             kl = kl + 0.5 * (sd.pow(2) + mus[k].pow(2) - 1 - 2 * sd.log()).sum()
-        loss = nll(functional_call(net, weights, (x,)), y) * (n / len(x)) + kl
-        loss.backward()
+        return nll(functional_call(net, weights, (x,)), y) * (n / len(x)) + kl
+
+    return loss, [*mus.values(), *rhos.values()]
+
+
+def bbb(net, fused: bool | None = None):
+    """The hand-written Bayes-by-Backprop step (:func:`bbb_loss`) with torch's Adam (``fused``
+    as torch takes it). Returns ``step(x, y, n)``, the optimiser and the parameter count."""
+    loss, params = bbb_loss(net)
+    opt = torch.optim.Adam(params, lr=1e-3, fused=fused)
+
+    def step(x, y, n):
+        opt.zero_grad(set_to_none=True)
+        loss(x, y, n).backward()
         opt.step()
 
-    return step, opt, 2 * sum(p.numel() for p in mus.values())
+    return step, opt, sum(p.numel() for p in params)
 
 
 def hand_bbb_step(net, x, y):
