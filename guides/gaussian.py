@@ -17,7 +17,7 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import Independent, Normal, constraints
 from torch.distributions.kl import register_kl
 
-from guides.kernels import squared_norm
+from guides.kernels import noise_squared_norm, squared_norm
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -52,7 +52,9 @@ class GaussianMixin:
 
     @property
     def num_elements(self) -> int:
-        return math.prod(self.event_shape)
+        """``n``, a Python int (a traced graph holds it as a constant: a graph is built per
+        shape, and size arithmetic would run on the host at every step)."""
+        return math.prod(int(d) for d in self.event_shape)
 
     def log_det_covariance(self) -> torch.Tensor:
         """``log det Cov`` of the flattened ``n``-vector (a scalar)."""
@@ -164,8 +166,9 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
             k = len(self.event_shape)
             diff = value.reshape(value.shape[: value.dim() - k] + (-1,)) - self._flat_loc
             maha = self._mahalanobis(diff)
-        n = self.num_elements
-        log_prob = -0.5 * (maha + self.log_det_covariance() + n * _LOG_2PI)
+        # -(maha + log det Cov + n log(2 pi)) / 2, in two operations on the device
+        c = -0.5 * self.num_elements * _LOG_2PI
+        log_prob = torch.rsub(torch.add(maha, self.log_det_covariance()), c, alpha=0.5)
         return expand_to(log_prob, self.batch_shape)
 
     def entropy(self) -> torch.Tensor:
@@ -203,11 +206,12 @@ class DiagonalNormal(GaussianMixin, dist.Independent):
             return super().log_prob(value)
         else:
             eps = cache[1]
-            maha = squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
+            maha = noise_squared_norm(eps.reshape(eps.shape[: eps.dim() - k] + (-1,)))
         scale = self.base_dist.scale
         log_scale = scale.log().reshape(scale.shape[: scale.dim() - k] + (-1,)).sum(-1)
-        n = self.num_elements
-        return -0.5 * maha - log_scale - 0.5 * n * math.log(2 * math.pi)
+        # -n log(2 pi) / 2 - sum log scale - maha / 2, in two operations on the device
+        c = -0.5 * self.num_elements * _LOG_2PI
+        return torch.rsub(torch.add(log_scale, maha, alpha=0.5), c)
 
     def mean_value(self) -> torch.Tensor:
         return self.base_dist.loc

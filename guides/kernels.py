@@ -37,6 +37,13 @@ class SquaredNorm(torch.autograd.Function):
         return x * (2 * grad).unsqueeze(-1)
 
 
+def noise_squared_norm(x: torch.Tensor) -> torch.Tensor:
+    """``sum(x^2)`` over the last dimension of noise (no gradient): one ``dot`` for a vector."""
+    if x.dim() == 1 and not x.requires_grad:
+        return torch.dot(x, x)
+    return squared_norm(x)
+
+
 def squared_norm(x: torch.Tensor) -> torch.Tensor:
     """``sum(x^2)`` over the last dimension in one pass (and one pass backward)."""
     if not x.requires_grad:

@@ -120,3 +120,17 @@ def test_squared_norm_value_and_gradients():
     assert torch.allclose(squared_norm(x), x.pow(2).sum(-1))
     assert torch.autograd.gradcheck(squared_norm, (x,))
     assert torch.autograd.gradgradcheck(squared_norm, (x,))
+
+
+def test_noise_squared_norm_is_one_dot_for_a_vector():
+    from guides.kernels import noise_squared_norm
+
+    x = torch.randn(3, 5, dtype=torch.float64)
+    assert torch.allclose(noise_squared_norm(x), x.pow(2).sum(-1))
+    assert torch.allclose(noise_squared_norm(x[0]), x[0].pow(2).sum())
+    v = x[0]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        noise_squared_norm(v)
+    assert [e.name for e in prof.events() if e.cpu_parent is None] == ["aten::dot"]
+    w = x[0].clone().requires_grad_()  # a tensor with a gradient takes the differentiable path
+    assert torch.autograd.gradcheck(noise_squared_norm, (w,))
