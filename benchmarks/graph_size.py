@@ -189,27 +189,26 @@ def run(args) -> None:
         )
 
 
+def backward_pass(params, loss: Callable[[], torch.Tensor]) -> Callable[[], None]:
+    """One loss and backward pass: ``params``' gradients cleared, then ``loss().backward()``."""
+
+    def step():
+        for p in params:
+            p.grad = None
+        loss().backward()
+
+    return step
+
+
 def hand_written_pass(net, x, y) -> Callable[[], None]:
     """One loss and backward pass of the hand-written Bayes-by-Backprop loss."""
     loss, params = bbb_loss(net)
-
-    def step():
-        for p in params:
-            p.grad = None
-        loss(x, y, 60000).backward()
-
-    return step
+    return backward_pass(params, lambda: loss(x, y, 60000))
 
 
 def loss_and_backward(objective: zoo.Objective, x, y) -> Callable[[], None]:
-    params = objective.compiled.params
-
-    def step():
-        for p in params:
-            p.grad = None
-        objective.loss(x, y, 60000).backward()
-
-    return step
+    """One loss and backward pass of ``objective`` (a data set of 60,000 examples)."""
+    return backward_pass(objective.compiled.params, lambda: objective.loss(x, y, 60000))
 
 
 if __name__ == "__main__":

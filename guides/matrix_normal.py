@@ -130,9 +130,7 @@ class MatrixNormal(StructuredGaussian):
                 diagonal_blocks(self.rows, e.device),
                 diagonal_blocks(self.cols, e.device),
             )
-            # The draw's log det is reused by log_prob unless it lacks the gradient asked for.
-            if log_det.requires_grad or not torch.is_grad_enabled():
-                self._drawn_log_det = log_det
+            self._drawn_log_det = log_det  # for log_prob (log_det_covariance says when)
             return dev.reshape(eps.shape)
         a, b = self.row_factor, self.col_factor
         e = a.unsqueeze(-1) * e if a.dim() == 1 else a @ e
@@ -159,9 +157,9 @@ class MatrixNormal(StructuredGaussian):
         return factor if factor.dim() == 1 else factor.diagonal()
 
     def log_det_covariance(self):
-        drawn = self._drawn_log_det
+        drawn = self._drawn_log_det  # computed with a draw, its gradient joined to the draw's
         if drawn is not None and (drawn.requires_grad or not torch.is_grad_enabled()):
-            return drawn  # computed with the draw, its gradient joined to the draw's
+            return drawn  # unless drawn without the gradient asked for now
         log_a = self._diag(self._row_factor, self._row_raw).log().sum()
         log_b = self._diag(self._col_factor, self._col_raw).log().sum()
         return 2 * self.cols * log_a + 2 * self.rows * log_b

@@ -122,7 +122,8 @@ def test_log_prob_of_one_draw_reuses_its_log_det_with_the_exact_gradient():
 
 
 def test_a_draw_without_gradients_leaves_log_prob_its_gradient():
-    """A draw under no_grad keeps no log det for a later log_prob that needs its gradient."""
+    """A log det drawn under no_grad is not reused by a later log_prob that needs its
+    gradient."""
     site = make_site("matrix_normal", (4, 3))
     d = site.distribution()
     with torch.no_grad():
