@@ -20,6 +20,8 @@ issue 36's targets measure the diagonal family against; it has no graph.
 
     python benchmarks/graph_size.py               # the 13-50-1 regression net, batch 32
     python benchmarks/graph_size.py --net lenet5  # LeNet-5, batch 128
+    python benchmarks/graph_size.py --only diagonal "lowrank r=10"  # some rows (the diagonal's
+                                                                    # always: the ratios need it)
 """
 
 from __future__ import annotations
@@ -129,6 +131,7 @@ def main() -> None:
     parser.add_argument("--net", default="tiny", choices=NETS)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--passes", type=int, default=50, help="loss+backward passes per round")
+    parser.add_argument("--only", nargs="+", metavar="ROW", help="rows to run (by label)")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as zoo.fit runs a small step (threads="auto")
@@ -146,6 +149,12 @@ def run(args) -> None:
     y = torch.randn(batch) if args.net == "tiny" else torch.randint(0, 10, (batch,))
     rows = [(label, family, options, False) for label, family, options in ROWS]
     rows += [(label, family, options, True) for label, (family, options) in GPU_PATH_ROWS.items()]
+    if args.only:
+        known = {row[0] for row in rows} | {HAND_ROW}
+        unknown = set(args.only) - known
+        if unknown:
+            raise SystemExit(f"--only: no row {sorted(unknown)}; the rows are {sorted(known)}")
+        rows = [row for row in rows if row[0] in {"diagonal", *args.only}]
     passes, counts, forced = {}, {}, {}
     for label, family, options, forced_path in rows:
         with gpu_path(forced_path):
@@ -157,10 +166,11 @@ def run(args) -> None:
             step()
             counts[label] = (*graph_counts(objective, x, y), dispatched_ops(step))
         passes[label], forced[label] = step, forced_path
-    step = hand_written_pass(net, x, y)
-    step()
-    counts[HAND_ROW] = (None, None, dispatched_ops(step))
-    passes[HAND_ROW], forced[HAND_ROW] = step, False
+    if not args.only or HAND_ROW in args.only:
+        step = hand_written_pass(net, x, y)
+        step()
+        counts[HAND_ROW] = (None, None, dispatched_ops(step))
+        passes[HAND_ROW], forced[HAND_ROW] = step, False
     times = {label: [] for label in passes}
     for _ in range(args.rounds):
         for label, step in passes.items():

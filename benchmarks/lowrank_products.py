@@ -4,9 +4,10 @@
     python benchmarks/lowrank_products.py --sizes 313600 --rank 10
 
 Per step the low-rank guide (``guides/lowrank.py``) computes, for each site's factor ``G``
-(``rank x n``, float32): ``t = eps2 G`` and ``u = G eps1^T`` (sampling and the density of the
-draw), the Gram ``G G^T`` (the log determinant), and in the backward ``A G`` plus two rank-one
-terms (the gradient of ``G``). Each is timed here as the guide runs it and in alternative forms,
+(``rank x n``, float32): ``t = eps1 + eps2 G`` and ``u = eps2 - eps1 G^T`` (sampling and the
+density of the draw, one ``addmm`` each: ``guides.lowrank_kernels.LowRankDraw``), the Gram
+``G G^T`` (the log determinant), and in the backward ``A G`` plus two rank-one terms (the
+gradient of ``G``). Each is timed here as the guide runs it and in alternative forms,
 interleaved over rounds with the caches flushed before every call (medians), next to two
 floors: one read of ``G`` (a sum) and one read plus one write (a copy). The ratio column says
 how far each product is from the memory traffic it cannot avoid. This is the evidence behind
@@ -21,7 +22,7 @@ import time
 
 import torch
 
-from guides.kernels import blocked, column_chunks, gram
+from guides.lowrank_kernels import blocked, column_chunks, gram
 
 
 def _candidates(n: int, rank: int) -> tuple[dict, dict]:
@@ -50,7 +51,7 @@ def _candidates(n: int, rank: int) -> tuple[dict, dict]:
         return res.addcmul_(grad_z.mT, eps1, value=-1.0)
 
     def forward_as_guide():
-        return eps2 @ g, eps1 @ g.mT, gram(g)
+        return torch.addmm(eps1, eps2, g), torch.addmm(eps2, eps1, g.mT, alpha=-1.0), gram(g)
 
     rows = {
         "floor: read G (sum)": (lambda: g.sum(), None),

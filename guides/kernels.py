@@ -6,8 +6,7 @@ backward passes, and block products that skip the zero half of a triangular fact
 twice differentiable.
 
 - :func:`squared_norm` (:class:`SquaredNorm`): ``sum(x^2)`` over the last dimension.
-- Low rank: :func:`gram` (``G G^T`` in column blocks), :class:`LowRankNoise`,
-  :class:`CapacitanceTerms`.
+- Low rank: in :mod:`guides.lowrank_kernels`.
 - Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
   block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
   :func:`right_lower`, :func:`masked_product`, :func:`factor_mask`,
@@ -19,9 +18,28 @@ twice differentiable.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
+
+#: Names that moved to :mod:`guides.lowrank_kernels` (importable from here with a warning for
+#: one release). ``LowRankNoise`` and ``CapacitanceTerms`` were replaced by
+#: ``guides.lowrank_kernels.LowRankDraw`` and ``SiteCapacitanceTerms``.
+_MOVED = ("gram", "column_chunks", "blocked")
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        warnings.warn(
+            f"guides.kernels.{name} is deprecated: use guides.lowrank_kernels.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        from guides import lowrank_kernels
+
+        return getattr(lowrank_kernels, name)
+    raise AttributeError(f"module 'guides.kernels' has no attribute {name!r}")
 
 
 # ---- shared ----------------------------------------------------------------------------------
@@ -49,109 +67,6 @@ def squared_norm(x: torch.Tensor) -> torch.Tensor:
     if not x.requires_grad:
         return torch.linalg.vector_norm(x, dim=-1).square()
     return SquaredNorm.apply(x)
-
-
-# ---- low rank ------------------------------------------------------------------------------
-def column_chunks(g: torch.Tensor) -> int:
-    """How many column blocks to split the long ``(rank, n)`` Gram product into: MKL runs this
-    small-output product on one thread, a batched product over blocks runs on all of them. (The
-    backward's ``A G`` has a large output and runs faster as one product:
-    benchmarks/lowrank_products.py.)"""
-    if g.device.type != "cpu" or g.shape[-1] < 65536:
-        return 1
-    return max(1, min(torch.get_num_threads(), 8))
-
-
-def blocked(g: torch.Tensor, k: int) -> torch.Tensor:
-    """The first ``k * (n // k)`` columns of ``g`` as ``k`` blocks, ``(k, rank, n // k)``."""
-    m = g.shape[-1] // k
-    return g[:, : k * m].unflatten(1, (k, m)).transpose(0, 1)
-
-
-def gram(g: torch.Tensor) -> torch.Tensor:
-    """``G G^T`` (``rank x rank``)."""
-    k = column_chunks(g)
-    if k == 1:
-        return g @ g.mT
-    blocks = blocked(g, k)
-    out = torch.bmm(blocks, blocks.mT).sum(0)
-    tail = g[:, blocks.shape[0] * blocks.shape[-1] :]
-    return out.addmm_(tail, tail.mT) if tail.shape[-1] else out
-
-
-class LowRankNoise(torch.autograd.Function):
-    """``t = eps2 G``, ``z = eps2 - eps1 G^T`` and ``C = I + G G^T`` with a hand-written
-    backward: the three contributions to the gradient of ``G`` are accumulated in place into one
-    ``(rank, n)`` buffer (autograd would run three separate small-``k`` matrix products and two
-    additions over that array, several times slower on the CPU)."""
-
-    @staticmethod
-    def forward(ctx, g, eps1, eps2):
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(g, eps1, eps2)
-        t = eps2 @ g
-        z = eps2 - eps1 @ g.mT
-        cap = gram(g)
-        cap.diagonal().add_(1.0)
-        return t, z, cap
-
-    @staticmethod
-    def backward(ctx, grad_t, grad_z, grad_cap):
-        g, eps1, eps2 = ctx.saved_tensors
-        out = None
-        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
-            out = (grad_cap + grad_cap.mT) @ g
-        if grad_t is not None:  # d/dG of <grad_t, eps2 G>
-            if out is None:
-                out = eps2.mT * grad_t if eps2.shape[0] == 1 else eps2.mT @ grad_t
-            elif eps2.shape[0] == 1:
-                out.addcmul_(eps2.mT, grad_t)
-            else:
-                out.addmm_(eps2.mT, grad_t)
-        if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
-            if out is None:
-                out = -(grad_z.mT @ eps1)
-            elif eps1.shape[0] == 1:
-                out.addcmul_(grad_z.mT, eps1, value=-1.0)
-            else:
-                out.addmm_(grad_z.mT, eps1, alpha=-1.0)
-        return out, None, None
-
-
-class CapacitanceTerms(torch.autograd.Function):
-    """``log det C`` and ``z^T C^{-1} z`` for a batch of small positive definite ``C``
-    (``(S, r, r)``) and vectors ``z`` (``(S, r)``), with a hand-written backward:
-
-        d log det C = tr(C^{-1} dC),    d z^T C^{-1} z = 2 w^T dz - w^T dC w,    w = C^{-1} z,
-
-    a few batched operations in all, where autograd through a Cholesky factor runs a dozen per
-    matrix. ``cholesky_ex`` and triangular solves only: nothing waits for the device (``C >= I``
-    in the low-rank family; a non-finite ``C`` gives a non-finite loss, which the divergence
-    guard handles)."""
-
-    @staticmethod
-    def forward(ctx, cap, z):
-        ctx.set_materialize_grads(False)
-        chol = torch.linalg.cholesky_ex(cap).L
-        eye = torch.eye(cap.shape[-1], dtype=cap.dtype, device=cap.device)
-        chol_inv = torch.linalg.solve_triangular(chol, eye.expand_as(cap), upper=False)
-        inverse = chol_inv.mT @ chol_inv
-        w = (inverse @ z.unsqueeze(-1)).squeeze(-1)
-        ctx.save_for_backward(inverse, w)
-        log_det = 2 * chol.diagonal(dim1=-2, dim2=-1).log().sum(-1)
-        return log_det, (z * w).sum(-1)
-
-    @staticmethod
-    def backward(ctx, g_log_det, g_quad):
-        inverse, w = ctx.saved_tensors
-        g_cap = g_z = None
-        if g_log_det is not None:
-            g_cap = inverse * g_log_det[:, None, None]
-        if g_quad is not None:
-            outer = (w.unsqueeze(-1) * w.unsqueeze(-2)) * g_quad[:, None, None]
-            g_cap = -outer if g_cap is None else g_cap.sub_(outer)
-            g_z = w * (2 * g_quad).unsqueeze(-1)
-        return g_cap, g_z
 
 
 # ---- matrix normal -------------------------------------------------------------------------

@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
-from guides.gaussian import StructuredGaussian
-from guides.kernels import CapacitanceTerms, LowRankNoise, gram, squared_norm
+from guides.gaussian import StructuredGaussian, expand_to
+from guides.kernels import squared_norm
+from guides.lowrank_kernels import LowRankDraw, SiteCapacitanceTerms, gram
 from guides.site import SitePosterior, inverse_softplus
 
 
@@ -34,28 +35,29 @@ class SharedCapacitance:
     use.
 
     Each site's draw registers its ``C = I + G G^T`` and ``z`` (:meth:`add`); the first
-    :meth:`terms` asked for stacks every registered draw and evaluates ``log det C`` and
-    ``z^T C^{-1} z`` for all of them in one :class:`guides.kernels.CapacitanceTerms` call,
+    :meth:`terms` asked for evaluates ``(z^T C^{-1} z - log det C) / 2`` and ``log det C`` for
+    every registered draw in one :class:`guides.lowrank_kernels.SiteCapacitanceTerms` call,
     instead of a Cholesky factor, a solve and their backward per site. ``AutoLowRank.forward``
     shares one per rank across its sites for one guide call.
     """
 
     def __init__(self):
-        self._members: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._terms: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]] | None = None
+        self._caps: list[torch.Tensor] = []
+        self._zs: list[torch.Tensor] = []
+        self._terms: tuple[torch.Tensor, ...] = ()
 
     def add(self, cap: torch.Tensor, z: torch.Tensor) -> int:
         """Register one draw's ``C`` (``(r, r)``) and ``z`` (``(r,)``); returns its index."""
-        self._members.append((cap, z))
-        return len(self._members) - 1
+        self._caps.append(cap)
+        self._zs.append(z)
+        return len(self._caps) - 1
 
     def terms(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(log det C, z^T C^{-1} z)`` of the draw registered as ``i``."""
-        if self._terms is None or i >= len(self._terms[0]):
-            caps, zs = zip(*self._members)
-            log_det, quad = CapacitanceTerms.apply(torch.stack(caps), torch.stack(zs))
-            self._terms = (log_det.unbind(), quad.unbind())
-        return self._terms[0][i], self._terms[1][i]
+        """``((z^T C^{-1} z - log det C) / 2, log det C)`` of the draw registered as ``i``."""
+        k = len(self._caps)
+        if len(self._terms) != 2 * k:
+            self._terms = SiteCapacitanceTerms.apply(*self._caps, *self._zs)
+        return self._terms[i], self._terms[k + i]
 
 
 class LowRankNormal(StructuredGaussian):
@@ -89,10 +91,12 @@ class LowRankNormal(StructuredGaussian):
         if (cov_factor is None) == (scaled_factor is None):
             raise ValueError("give exactly one of cov_factor and scaled_factor")
         n = loc.numel()
+        self._diag = diag_scale.reshape(-1)  # (n,) or (1,)
         self.diag_scale = diag_scale.expand(n)
         if scaled_factor is None:
             scaled_factor = (cov_factor / self.diag_scale.unsqueeze(-1)).mT
         self.scaled_factor = scaled_factor
+        self._rank = int(scaled_factor.shape[-2])  # a Python int, also while tracing
         self._chol = None
         self._cap = None
         self._shared, self._key = shared, None
@@ -105,7 +109,7 @@ class LowRankNormal(StructuredGaussian):
 
     @property
     def rank(self) -> int:
-        return self.scaled_factor.shape[-2]
+        return self._rank
 
     @property
     def noise_size(self) -> int:
@@ -113,18 +117,30 @@ class LowRankNormal(StructuredGaussian):
 
     def rsample(self, sample_shape=()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
-        n, g = self.num_elements, self.scaled_factor
-        eps = torch.randn(shape + (n + self.rank,), dtype=g.dtype, device=g.device)
-        flat = eps.reshape(-1, n + self.rank)
-        t, z, cap = LowRankNoise.apply(g, flat[:, :n], flat[:, n:])
-        dev = self.diag_scale * (flat[:, :n] + t)
-        value = (self._flat_loc + dev).reshape(shape + self.event_shape)
+        n, g, rank = self.num_elements, self.scaled_factor, self._rank
+        eps = torch.randn(shape + (n + rank,), dtype=g.dtype, device=g.device)
+        value, z, cap, rest = LowRankDraw.apply(
+            self._flat_loc, self._diag, g, eps.view(-1, n + rank)
+        )
+        value = value.reshape(shape + self.event_shape)
         if self._cap is None:
             self._cap = cap
             if self._shared is not None and not shape:  # one draw: its terms go in the batch
-                self._key = self._shared.add(cap, z[0])
-        self._cache = (value, eps, z.reshape(shape + (self.rank,)))
+                self._key = self._shared.add(cap, z.view(rank))  # a view: no select backward
+        self._cache = (value, eps, z.reshape(shape + (rank,)), rest.reshape(shape))
         return value
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        """Exact; for the value just drawn by ``rsample``, ``rest + (z^T C^{-1} z - log det C) / 2``
+        with ``rest`` from the draw (:class:`guides.lowrank_kernels.LowRankDraw`) and the
+        capacitance part computed with the other sites' of this rank when the guide shares it."""
+        if self._cache is None or value is not self._cache[0]:
+            return super().log_prob(value)
+        if self._key is not None:
+            part = self._shared.terms(self._key)[0]
+        else:
+            part = 0.5 * (self._reduced_norm(self._cache[2]) - self._log_det_capacitance())
+        return expand_to(self._cache[3] + part, self.batch_shape)
 
     def _capacitance_cholesky(self):
         """Cholesky factor of ``C = I + G G^T`` (``rank x rank``), computed once."""
@@ -138,6 +154,11 @@ class LowRankNormal(StructuredGaussian):
             self._chol = torch.linalg.cholesky_ex(cap).L
         return self._chol
 
+    def _log_det_capacitance(self):
+        if self._key is not None:
+            return self._shared.terms(self._key)[1]
+        return 2 * self._capacitance_cholesky().diagonal().log().sum()
+
     def _reduced_norm(self, z):
         """``z^T C^{-1} z`` for ``z`` of shape ``(..., rank)``."""
         chol = self._capacitance_cholesky()
@@ -145,8 +166,6 @@ class LowRankNormal(StructuredGaussian):
         return sol.pow(2).sum(-1)
 
     def _noise_mahalanobis(self, eps):
-        if self._key is not None:
-            return squared_norm(eps) - self._shared.terms(self._key)[1]
         z = self._cache[2]  # eps2 - G eps1, from rsample
         return squared_norm(eps) - self._reduced_norm(z)
 
@@ -155,11 +174,7 @@ class LowRankNormal(StructuredGaussian):
         return squared_norm(u) - self._reduced_norm(u @ self.scaled_factor.mT)
 
     def log_det_covariance(self):
-        if self._key is not None:
-            log_det_cap = self._shared.terms(self._key)[0]
-        else:
-            log_det_cap = 2 * self._capacitance_cholesky().diagonal().log().sum()
-        return log_det_cap + 2 * self.diag_scale.log().sum()
+        return torch.add(self._log_det_capacitance(), self.diag_scale.log().sum(), alpha=2)
 
     def _flat_variance(self):
         return self.diag_scale.pow(2) * (1 + self.scaled_factor.pow(2).sum(-2))

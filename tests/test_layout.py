@@ -12,8 +12,17 @@ import zoo
 
 REPO = Path(__file__).resolve().parents[1]
 #: guides/ modules in import order: each may import only those before it. ``posch_joint`` is
-#: a kernel module like ``kernels`` (the Posch ratio table and the joint draw; torch only).
-GUIDES_LAYERS = ["registry", "kernels", "posch_joint", "gaussian", "site", "base"]
+#: a kernel module like ``kernels`` (the Posch ratio table and the joint draw; torch only), as
+#: is ``lowrank_kernels``.
+GUIDES_LAYERS = [
+    "registry",
+    "lowrank_kernels",
+    "kernels",
+    "posch_joint",
+    "gaussian",
+    "site",
+    "base",
+]
 
 
 def imported_guides_modules(path: Path) -> set[str]:

@@ -1,11 +1,13 @@
+import math
+
 import pyro
 import pytest
 import torch
 
-import guides.kernels
+import guides.lowrank_kernels
 import zoo
-from guides.kernels import LowRankNoise
 from guides.lowrank import LowRankNormal, LowRankSite
+from guides.lowrank_kernels import LowRankDraw, SiteCapacitanceTerms
 from tests.guides.conftest import make_site
 
 
@@ -38,56 +40,84 @@ def test_bad_options_are_rejected():
         LowRankSite(torch.zeros(3), 0.1, rank=0)
 
 
-@pytest.mark.parametrize("chunks", [1, 2, 3])
+def test_moved_names_still_import_from_kernels_with_a_warning():
+    import guides.kernels
+
+    with pytest.warns(DeprecationWarning, match="guides.lowrank_kernels.gram"):
+        assert guides.kernels.gram is guides.lowrank_kernels.gram
+    with pytest.raises(AttributeError):
+        guides.kernels.LowRankNoise  # noqa: B018 (replaced, not moved)
+
+
+def assert_same_gradients(got, want, weights, picked, inputs, tol):
+    """The gradients of ``sum_i <weights_i, got_i>`` over the outputs ``picked`` equal those of
+    the same sum over ``want`` (an input that ``want`` does not use gets none or zero)."""
+    loss_got = sum((got[i] * weights[i]).sum() for i in picked)
+    loss_want = sum((want[i] * weights[i]).sum() for i in picked)
+    grads_got = torch.autograd.grad(loss_got, inputs, retain_graph=True, allow_unused=True)
+    grads_want = torch.autograd.grad(loss_want, inputs, retain_graph=True, allow_unused=True)
+    for x, y in zip(grads_got, grads_want):
+        if y is None:
+            assert x is None or x.abs().max() == 0, picked
+        else:
+            torch.testing.assert_close(x, y, rtol=tol, atol=tol, msg=str(picked))
+
+
+def plain_draw(loc, d, g, eps):
+    """``LowRankDraw``'s outputs by autograd-differentiable formulas."""
+    n = loc.shape[-1]
+    eps1, eps2 = eps[:, :n], eps[:, n:]
+    value = loc + d * (eps1 + eps2 @ g)
+    z = eps2 - eps1 @ g.mT
+    cap = g @ g.mT + torch.eye(g.shape[0], dtype=g.dtype)
+    log_d = d.log().sum() * (n // d.shape[-1])
+    rest = -0.5 * n * math.log(2 * math.pi) - 0.5 * eps.pow(2).sum(-1) - log_d
+    return value, z, cap, rest
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
 @pytest.mark.parametrize("draws", [1, 4])
-def test_noise_products_over_column_blocks(monkeypatch, chunks, draws):
-    """t = eps2 G, z = eps2 - eps1 G^T, C = I + G G^T and the hand-written backward, computed
-    over column blocks (as on a multi-core CPU, with a remainder block), against autograd."""
-    monkeypatch.setattr(guides.kernels, "column_chunks", lambda g: chunks)
+@pytest.mark.parametrize("diagonal", ["learned", "constant"])
+def test_draw_kernel_equals_autograd(monkeypatch, chunks, draws, diagonal):
+    """``LowRankDraw``: the draw, z, C = I + G G^T and the rest of log q, and the hand-written
+    backward for every subset of its outputs, against autograd through the plain formulas (the
+    Gram product over column blocks, as on a many-core CPU, with a remainder block), float64."""
+    monkeypatch.setattr(guides.lowrank_kernels, "column_chunks", lambda g: chunks)
     gen = torch.Generator().manual_seed(chunks * 10 + draws)
     n, rank = 1001, 4
+    loc = torch.randn(n, generator=gen, dtype=torch.float64, requires_grad=True)
+    rho = torch.rand(n if diagonal == "learned" else 1, generator=gen, dtype=torch.float64)
+    d = (rho + 0.5).requires_grad_()
     g = torch.randn(rank, n, generator=gen, dtype=torch.float64, requires_grad=True)
-    eps1 = torch.randn(draws, n, generator=gen, dtype=torch.float64)
-    eps2 = torch.randn(draws, rank, generator=gen, dtype=torch.float64)
-    got = LowRankNoise.apply(g, eps1, eps2)
-    want = (eps2 @ g, eps2 - eps1 @ g.mT, g @ g.mT + torch.eye(rank, dtype=torch.float64))
-    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in want]
-    for k in range(4):  # each output alone, then all three
-        picked = range(3) if k == 3 else [k]
-        loss_got = sum((got[i] * weights[i]).sum() for i in picked)
-        loss_want = sum((want[i] * weights[i]).sum() for i in picked)
-        (grad_got,) = torch.autograd.grad(loss_got, g, retain_graph=True)
-        (grad_want,) = torch.autograd.grad(loss_want, g, retain_graph=True)
-        torch.testing.assert_close(grad_got, grad_want, rtol=1e-12, atol=1e-12)
+    eps = torch.randn(draws, n + rank, generator=gen, dtype=torch.float64)
+    got = LowRankDraw.apply(loc, d, g, eps)
+    want = plain_draw(loc, d, g, eps)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    weights = [torch.randn(w.shape, generator=gen, dtype=torch.float64) for w in want]
+    subsets = [[k] for k in range(4)] + [[0, 2], [1, 3], [0, 1, 2, 3]]
+    for picked in subsets:
+        assert_same_gradients(got, want, weights, picked, (loc, d, g), tol=1e-11)
 
 
-def test_capacitance_terms_equal_autograd_through_a_factorisation():
-    """``CapacitanceTerms`` against ``torch.logdet`` and ``torch.linalg.solve`` (values and
-    gradients through autograd), on a batch of positive definite matrices, float64."""
-    from guides.kernels import CapacitanceTerms
-
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(5, 4, 6, generator=g, dtype=torch.float64)
-    cap = (torch.eye(4, dtype=torch.float64) + a @ a.mT).requires_grad_()
-    z = torch.randn(5, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    weights = torch.randn(2, 5, generator=g, dtype=torch.float64)
-    log_det, quad = CapacitanceTerms.apply(cap, z)
-    ref_log_det = torch.logdet(cap)
-    ref_quad = (z * torch.linalg.solve(cap, z.unsqueeze(-1)).squeeze(-1)).sum(-1)
-    torch.testing.assert_close(log_det, ref_log_det, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(quad, ref_quad, rtol=1e-12, atol=1e-12)
-    for terms in ([0], [1], [0, 1]):
-        fast = sum((weights[i] * (log_det, quad)[i]).sum() for i in terms)
-        ref = sum((weights[i] * (ref_log_det, ref_quad)[i]).sum() for i in terms)
-        got = torch.autograd.grad(fast, (cap, z), retain_graph=True, allow_unused=True)
-        want = torch.autograd.grad(ref, (cap, z), retain_graph=True, allow_unused=True)
-        for x, y in zip(got, want):
-            if y is None:  # z does not enter log det C
-                assert x is None or x.abs().max() == 0
-            else:
-                torch.testing.assert_close(x, y, rtol=1e-10, atol=1e-12)
+def test_per_site_capacitance_terms_equal_autograd():
+    """``SiteCapacitanceTerms``: per site ``(z^T C^{-1} z - log det C) / 2`` and ``log det C``, and
+    gradients for any outputs used (some sites' terms unused, as when a log-density is not
+    asked for), against ``torch.logdet`` and ``torch.linalg.solve`` through autograd."""
+    g = torch.Generator().manual_seed(1)
+    k, r = 4, 3
+    a = torch.randn(k, r, 5, generator=g, dtype=torch.float64)
+    caps = [(torch.eye(r, dtype=torch.float64) + m @ m.mT).requires_grad_() for m in a]
+    zs = [torch.randn(r, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(k)]
+    got = SiteCapacitanceTerms.apply(*caps, *zs)
+    ref_log_det = [torch.logdet(c) for c in caps]
+    ref_quad = [z @ torch.linalg.solve(c, z) for c, z in zip(caps, zs)]
+    want = [(q - ld) / 2 for ld, q in zip(ref_log_det, ref_quad)] + ref_log_det
+    for x, y in zip(got, want):
+        torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    weights = torch.randn(2 * k, generator=g, dtype=torch.float64)
+    for picked in ([0, 1, 2, 3], [1, 3], [4, 5, 6, 7], [0, 5, 6], list(range(2 * k))):
+        assert_same_gradients(got, want, weights, picked, caps + zs, tol=1e-10)
 
 
 def test_the_guide_computes_its_sites_capacitance_terms_together():
