@@ -165,10 +165,6 @@ class LowRankNormal(StructuredGaussian):
         sol = torch.linalg.solve_triangular(chol, z.unsqueeze(-1), upper=False).squeeze(-1)
         return sol.pow(2).sum(-1)
 
-    def _noise_mahalanobis(self, eps):
-        z = self._cache[2]  # eps2 - G eps1, from rsample
-        return squared_norm(eps) - self._reduced_norm(z)
-
     def _mahalanobis(self, diff):
         u = diff / self.diag_scale  # Cov^{-1} = D^-1 (I - G^T C^-1 G) D^-1 (Woodbury)
         return squared_norm(u) - self._reduced_norm(u @ self.scaled_factor.mT)
