@@ -24,6 +24,10 @@ Nets: ``tiny`` the 13-50-1 regression MLP on 256 examples (batch 32), ``mlp`` th
 (7 of 32 and a last one of 26), alternating, medians over ``--rounds``: what an epoch's last,
 smaller batch adds. To compare two versions of the library, run this file with each version
 first on ``PYTHONPATH`` (``PYTHONPATH=<checkout> python benchmarks/startup.py --last-batch``).
+
+``--repeat``: four one-step fits of the tiny net in a row with no collection between them (as a
+comparison of families or a sweep over seeds runs them), their results kept or dropped: what the
+second and later fits pay beyond the first (medians over ``--rounds``, after a warm-up round).
 """
 
 from __future__ import annotations
@@ -119,16 +123,46 @@ def last_batch_table(rounds: int) -> dict[int, float]:
     return medians
 
 
+def repeat_table(rounds: int, count: int = 4) -> dict[str, list[float]]:
+    """The ``--repeat`` table: one-step fits of the tiny net's diagonal family in a row, no
+    collection between them, each result kept (as a comparison or a seed sweep keeps them) or
+    dropped; median wall time of the k-th fit (seconds)."""
+    make, data, batch = problem("tiny")
+    times: dict[str, list[list[float]]] = {"kept": [[] for _ in range(count)]}
+    times["dropped"] = [[] for _ in range(count)]
+    for r in range(rounds + 1):  # the first round warms up, not counted
+        for mode in times:
+            kept = []
+            gc.collect()  # the round starts clean: what is timed is the fits' own doing
+            for k in range(count):
+                start = time.perf_counter()
+                fit = zoo.fit(make(), "diagonal", data, num_steps=1, batch_size=batch, seed=k,
+                              **grouped({"progress": False}))  # fmt: skip
+                if r:
+                    times[mode][k].append(time.perf_counter() - start)
+                if mode == "kept":
+                    kept.append(fit)
+                del fit
+    medians = {mode: [statistics.median(t) for t in ks] for mode, ks in times.items()}
+    print(f"zoo from {os.path.dirname(zoo.__file__)}")
+    print("| fit | results kept ms | results dropped ms |")
+    print("| ---: | ---: | ---: |")
+    for k in range(count):
+        print(f"| {k + 1} | {medians['kept'][k] * 1e3:.1f} | {medians['dropped'][k] * 1e3:.1f} |")
+    return medians
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", nargs="+", default=list(NETS), choices=NETS)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--long", type=int, default=400, help="steps of the long fit")
     parser.add_argument("--last-batch", action="store_true", help="see the module docstring")
+    parser.add_argument("--repeat", action="store_true", help="see the module docstring")
     args = parser.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)", flush=True)
-    if args.last_batch:
-        last_batch_table(args.rounds)
+    if args.last_batch or args.repeat:
+        (last_batch_table if args.last_batch else repeat_table)(args.rounds)
         print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
         return []
     rounds: dict[str, list[dict]] = {net: [] for net in args.net}

@@ -399,6 +399,13 @@ def test_startup_times_an_epoch_with_and_without_a_last_smaller_batch():
     assert all(float(r[2].strip(" |")) > 0 for r in rows), out
 
 
+def test_startup_times_fits_in_a_row():
+    out = _run("benchmarks/startup.py", "--repeat", "--rounds", "1")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0] for r in rows] == ["| 1", "| 2", "| 3", "| 4"], out
+    assert all(float(v.strip(" |")) > 0 for r in rows for v in r[1:]), out
+
+
 def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_times():
     """``step_time.py`` times a CUDA fit by events recorded before its step 10 and after its
     last, inside one fit (never the difference of two fits); the same marks on the CPU take

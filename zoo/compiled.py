@@ -40,6 +40,7 @@ would freeze shows there, and is evaluated eagerly instead.
 from __future__ import annotations
 
 import warnings
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -170,7 +171,9 @@ class CompiledLoss:
             warnings.simplefilter("ignore")  # the tracer's notes on Python values
             try:
                 with forked(x.device), torch.jit.optimized_execution(optimised):
-                    traced = torch.jit.trace(self.surrogate, inputs, check_trace=False)
+                    traced = torch.jit.trace(
+                        _weak_method(self.surrogate), inputs, check_trace=False
+                    )
                 graph = ExecutorSetting(traced, optimised)
                 for _ in range(CHECK_RUNS):  # the same draws each time; the last is checked
                     with forked(x.device):
@@ -213,6 +216,21 @@ class ExecutorSetting:
     def __call__(self, *inputs: torch.Tensor) -> torch.Tensor:
         with torch.jit.optimized_execution(self.optimised):
             return self.function(*inputs)
+
+
+def _weak_method(method):
+    """``method`` called through a weak reference to its object: the traced function keeps the
+    Python function it traced, and through a bound method the graph would keep the
+    ``CompiledLoss`` that holds the graph, a reference cycle that only the cycle collector frees
+    (a dropped fit then keeps its guide, its parameters and its optimiser state alive until it
+    runs)."""
+    ref, func = weakref.ref(method.__self__), method.__func__
+
+    def call(*inputs):
+        return func(ref(), *inputs)
+
+    call.__name__ = func.__name__
+    return call
 
 
 def _other_draws(device: torch.device) -> None:

@@ -4,6 +4,8 @@ The shared tests take ``make_guide`` (``model -> guide``); a module that defines
 own imports them and overrides that fixture."""
 
 import functools
+import gc
+import weakref
 
 import pyro
 import pytest
@@ -13,7 +15,7 @@ from torch import nn
 
 import guides
 import zoo
-from tests.families import CASES
+from tests.families import CASES, PRIMARY
 from zoo.models import BayesianMLP, CifarNet, LeNet5, from_module
 
 GUIDES = {
@@ -251,6 +253,7 @@ def test_two_fits_of_one_family_do_not_share_parameters():
 def test_two_live_guides_of_one_family_keep_their_own_parameters():
     """Unlike two AutoNormals, a second live guide of one class gets its own names in Pyro's
     store (the first free suffix), so neither takes the other's values."""
+    gc.collect()  # guides that earlier tests left in reference cycles (their tracebacks)
     model = BayesianMLP(3, (4,), 1)
     x, y = torch.randn(5, 3), torch.randn(5)
     g1, g2 = guides.AutoDiagonal(model), guides.AutoDiagonal(model)
@@ -264,6 +267,57 @@ def test_two_live_guides_of_one_family_keep_their_own_parameters():
     assert not torch.equal(g2.median()["fc1.weight"], g1.median()["fc1.weight"])
     del g1
     assert guides.AutoDiagonal(model)._pyro_name == "AutoDiagonal"  # the name is free again
+
+
+@pytest.fixture
+def no_cycle_collector():
+    """The cycle collector off for the test (on again after it, as it was)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    yield
+    if enabled:
+        gc.enable()
+
+
+@pytest.mark.parametrize("label", sorted(PRIMARY))
+def test_a_dropped_fit_frees_its_guide_at_once(label, no_cycle_collector):
+    """Guides and fit results (compiled loss included) hold no reference cycles: dropping the
+    result frees the guide, its parameters and optimiser state at once, without the cycle
+    collector, and a new guide of the family gets the name again."""
+    family, options = PRIMARY[label]
+    model = BayesianMLP(3, (4,), 1)
+    x, y = torch.randn(16, 3), torch.randn(16)
+    fit = zoo.fit(
+        model, guides.family(family, **options), (x, y), num_steps=4, batch_size=8, seed=0,
+        run=zoo.Run(progress=False),
+    )  # fmt: skip
+    assert fit.options["jit"] == "compiled"
+    fit.predict(x, num_samples=2)
+    ref, name = weakref.ref(fit.guide), fit.guide._pyro_name
+    del fit
+    assert ref() is None
+    assert guides.get(family)(model, **options)._pyro_name == name
+
+
+def test_a_diverged_fit_caught_by_the_caller_frees_its_guide(no_cycle_collector):
+    """``FitDivergedError.result`` holds the fit; once the caller lets the error go, nothing
+    (no frame of the library in its traceback) keeps it alive."""
+    x, y = torch.randn(20, 2), torch.randn(20)
+    refs = []
+
+    def poison(state):
+        if state.step == 3:
+            x[0, 0] = float("nan")
+
+    def caller():
+        try:
+            zoo.fit(BayesianMLP(2, (3,), 1), "diagonal", (x, y), num_steps=10, batch_size=20,
+                    run=zoo.Run(progress=False, callbacks=[poison]))  # fmt: skip
+        except zoo.FitDivergedError as err:
+            refs.append(weakref.ref(err.result.guide))
+
+    caller()
+    assert len(refs) == 1 and refs[0]() is None
 
 
 def test_pyro_param_store_save_and_load_restore_a_guide(tmp_path):
