@@ -28,12 +28,20 @@ first on ``PYTHONPATH`` (``PYTHONPATH=<checkout> python benchmarks/startup.py --
 ``--repeat``: four one-step fits of the tiny net in a row with no collection between them (as a
 comparison of families or a sweep over seeds runs them), their results kept or dropped: what the
 second and later fits pay beyond the first (medians over ``--rounds``, after a warm-up round).
+
+``--phases``: where the compiled loss's start-up goes, on the tiny net's diagonal family with
+one thread: tracing, the three check runs of the new graph and the eager loss it is checked
+against, then the forward and the backward of the first three steps (loss and ``backward`` by
+hand, no optimiser), each also in the plan's steady steps; for the traced order (a fit's first
+``zoo.compiled.REPLAN_AFTER`` steps on the CPU) and the re-planned graph (its later steps),
+medians over ``--rounds``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import statistics
 import time
@@ -152,6 +160,101 @@ def repeat_table(rounds: int, count: int = 4) -> dict[str, list[float]]:
     return medians
 
 
+#: The ``--phases`` rows: what the compiled loss does before and in its first steps.
+PHASES = (
+    "trace (torch.jit.trace of Pyro's ELBO)",
+    "check run 1 (the executor profiles)",
+    "check run 2 (the executor re-plans; none in the traced order)",
+    "check run 3 (the plan every step runs)",
+    "eager loss for the check",
+    "step 1: forward",
+    "step 1: backward",
+    "step 2: forward",
+    "step 2: backward",
+    "step 3: forward",
+    "step 3: backward",
+    "steady step (forward + backward)",
+)
+
+
+def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
+    """One measurement of :data:`PHASES` (seconds) on the tiny net's diagonal family: the
+    objective's first loss (tracing and checking its graph), then loss and backward by hand."""
+    import guides
+    import zoo.compiled
+
+    make, (x, y), batch = problem("tiny")
+    xb, yb = x[:batch], y[:batch]
+    runs: list[float] = []
+    trace_time: list[float] = []
+    checked_time: list[float] = []
+    trace, call, checked = (torch.jit.trace, zoo.compiled.ExecutorSetting.__call__,
+                            zoo.compiled.CompiledLoss._checked)  # fmt: skip
+
+    def timed(fn, into):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            out = fn(*args, **kwargs)
+            into.append(time.perf_counter() - start)
+            return out
+
+        return wrapper
+
+    torch.jit.trace = timed(trace, trace_time)
+    zoo.compiled.ExecutorSetting.__call__ = timed(call, runs)
+    zoo.compiled.CompiledLoss._checked = timed(checked, checked_time)
+    try:
+        model = make()
+        objective = zoo.Objective(model, guides.get("diagonal")(model), jit=True)
+        objective.setup(xb, yb, batch_size=batch)
+        steps = []
+        step = zoo.compiled.REPLAN_AFTER["cpu"] if optimised else 0  # the plan's steps
+        for _ in range(3 + steady_steps):
+            start = time.perf_counter()
+            loss = objective.loss(xb, yb, len(x), step=step)
+            middle = time.perf_counter()
+            loss.backward()
+            steps.append((middle - start, time.perf_counter() - middle))
+    finally:
+        torch.jit.trace = trace
+        zoo.compiled.ExecutorSetting.__call__ = call
+        zoo.compiled.CompiledLoss._checked = checked
+    assert len(checked_time) == 1, "the graph was not built once"
+    check = runs[: zoo.compiled.CHECK_RUNS if optimised else 1]  # the traced order runs once
+    eager_check = checked_time[0] - trace_time[0] - sum(check)
+    check += [float("nan")] * (3 - len(check))
+    first = [steps[0][0] - checked_time[0], steps[0][1], *steps[1], *steps[2]]
+    steady = statistics.median(f + b for f, b in steps[3 + steady_steps // 2 :])
+    return [trace_time[0], *check, eager_check, *first, steady]
+
+
+def phases_table(rounds: int) -> dict[str, list[float]]:
+    """The ``--phases`` table: medians over ``rounds`` (after a warm-up round) per plan."""
+    results: dict[str, list[list[float]]] = {"re-planned": [], "traced order": []}
+    for r in range(rounds + 1):
+        for plan in results:
+            gc.collect()
+            values = phases_run(plan == "re-planned")
+            if r:
+                results[plan].append(values)
+    medians = {plan: [statistics.median(v) for v in zip(*rows)] for plan, rows in results.items()}
+    steady = {plan: m[-1] for plan, m in medians.items()}
+    print("| phase | re-planned ms | in its steady steps | traced order ms | in its steady steps |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for i, name in enumerate(PHASES):
+        cells = " | ".join(
+            f"{m[i] * 1e3:.1f} | {m[i] / steady[plan]:.1f}" if m[i] == m[i] else "- | -"
+            for plan, m in medians.items()
+        )
+        print(f"| {name} | {cells} |")
+    total = {
+        plan: math.fsum(v for v in m[:-1] if v == v) - 3 * m[-1] for plan, m in medians.items()
+    }
+    cells = " | ".join(f"{t * 1e3:.1f} | {t / steady[p]:.0f}" for p, t in total.items())
+    print(f"| start-up: all of the above but the steady step, less 3 steady steps | {cells} |")
+    return medians
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", nargs="+", default=list(NETS), choices=NETS)
@@ -159,10 +262,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--long", type=int, default=400, help="steps of the long fit")
     parser.add_argument("--last-batch", action="store_true", help="see the module docstring")
     parser.add_argument("--repeat", action="store_true", help="see the module docstring")
+    parser.add_argument("--phases", action="store_true", help="see the module docstring")
     args = parser.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)", flush=True)
-    if args.last_batch or args.repeat:
-        (last_batch_table if args.last_batch else repeat_table)(args.rounds)
+    extra = {"last_batch": last_batch_table, "repeat": repeat_table, "phases": phases_table}
+    chosen = [fn for flag, fn in extra.items() if getattr(args, flag)]
+    if chosen:
+        chosen[0](args.rounds)
         print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
         return []
     rounds: dict[str, list[dict]] = {net: [] for net in args.net}

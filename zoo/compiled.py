@@ -17,15 +17,22 @@ shape compiles one more, except the last, smaller batch of an epoch, which
 :class:`zoo.Objective` evaluates eagerly (it comes once an epoch; its graph would cost more to
 build than it saves).
 
-A graph runs re-planned by TorchScript's graph executor where :data:`OPTIMISED_EXECUTION`
-allows (after its first run the executor re-plans it; on CUDA it fuses elementwise kernels:
-``benchmarks/executor_order.py`` times both, ``benchmarks/README.md``), but the re-planned order of
-independent random operations can differ from the traced one (the block-diagonal guide's noise
-draw moved ahead of the weights'; MC dropout's masks and pre-activation noise under
-``estimator="local"`` swapped between layers), and the graph then evaluates the loss on other
-draws than the eager loss (1e-5 to 1e-2 relative). Such a graph fails the check below and is
-traced again to run in the traced order, the eager one, at every run
-(``torch.jit.optimized_execution(False)``), and is checked again.
+A graph runs in one of two plans. In the traced order (``torch.jit.optimized_execution(False)``)
+it replays the eager loss's operations, and their autograd backward, so its values and gradients
+are the eager loss's to the bit. Re-planned (TorchScript's graph executor, after its first runs)
+it is the same function, its backward differentiated symbolically, fused on CUDA: on the CPU
+the re-planning costs about five times the rest of a graph's start-up and saves 2-13% of a step
+(``benchmarks/startup.py --phases`` and ``benchmarks/executor_order.py``,
+``benchmarks/README.md``). So a fit's first :data:`REPLAN_AFTER` steps on a device run the
+traced order and the later ones the re-planned graph (where :data:`OPTIMISED_EXECUTION` allows
+it): a short fit never pays the re-planning, a long one repays it. The plan follows the fit's
+global step, not its length, so a fit's first ``k`` steps are those of any longer fit and a
+resumed fit computes what the uninterrupted one did. The re-planned order of independent
+random operations can differ from the traced one (the block-diagonal guide's noise draw moved
+ahead of the weights'; MC dropout's masks and pre-activation noise under ``estimator="local"``
+swapped between layers), and the graph then evaluates the loss on other draws than the eager
+loss (1e-5 to 1e-2 relative). Such a graph fails the check below and the traced order runs in
+its place.
 
 When a graph is built, its value is checked once against the eager loss (Pyro's
 ``differentiable_loss``), both on the same draws (other than the ones the trace saw), after
@@ -50,12 +57,17 @@ from zoo.rng import forked
 
 #: Relative difference between the compiled and the eager loss above which a graph is refused.
 CHECK_RTOL = 1e-4
-#: Runs of a new graph before its value is checked: TorchScript's executor profiles a graph on its
-#: first run and optimises it for the runs after, so the check sees the plan every step runs.
+#: Runs of a new re-planned graph before its value is checked: TorchScript's executor profiles a
+#: graph on its first run and optimises it for the runs after, so the check sees the plan every
+#: step runs (a graph in the traced order is checked on its first run).
 CHECK_RUNS = 3
-#: Per device type, whether graphs run with TorchScript's executor optimisation (its re-planned
-#: order of random operations can differ from the traced one; see the module docstring).
+#: Per device type, whether graphs may run with TorchScript's executor optimisation (its
+#: re-planned order of random operations can differ from the traced one; module docstring).
 OPTIMISED_EXECUTION = {"cpu": True, "cuda": True}
+#: Per device type, the steps of a fit (its global step) that run a graph in the traced order
+#: before a re-planned graph is built (module docstring). On CUDA the CUDA-graph step captures
+#: the re-planned graph from the start.
+REPLAN_AFTER = {"cpu": 1000, "cuda": 0}
 #: What ``CompiledLoss._compile`` returns when the eager loss is not finite (nothing to compare).
 UNCHECKED = object()
 
@@ -115,14 +127,23 @@ class CompiledLoss:
                 total = total + surrogate / self.elbo.num_particles
         return total
 
-    def graph_for(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
-        """The checked graph for minibatches shaped like ``(x, y)`` (compiled on first use),
-        called as ``graph(*params, x, y, data_scale, kl_weight)`` with the scales as 0-d
-        tensors of the parameters' dtype; ``None`` when it was refused, or could not be checked
-        yet because the loss is not finite."""
-        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device)
+    def graph_for(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        data_scale: float,
+        kl_weight: float,
+        step: int | None = None,
+    ):
+        """The checked graph for minibatches shaped like ``(x, y)`` at the fit's global
+        ``step`` (compiled on first use; ``None``: the plan of a long fit's later steps), called
+        as ``graph(*params, x, y, data_scale, kl_weight)`` with the scales as 0-d tensors of the
+        parameters' dtype; ``None`` when it was refused, or could not be checked yet because the
+        loss is not finite."""
+        optimised = replanned(x.device, step)
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device, optimised)
         if key not in self.graphs:
-            graph = self._compile(x, y, data_scale, kl_weight)
+            graph = self._compile(x, y, data_scale, kl_weight, optimised)
             if graph is UNCHECKED:
                 return None  # no verdict on a non-finite loss: eager now, compile again later
             self.graphs[key] = graph
@@ -133,11 +154,18 @@ class CompiledLoss:
         """The dtype of the scales a graph takes (the parameters')."""
         return self.params[0].dtype if self.params else torch.get_default_dtype()
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
-        """The loss of this minibatch through its graph (compiled on first use), or ``None``
-        when its graph was refused, or could not be checked yet because the loss is not finite:
-        the caller evaluates it eagerly then."""
-        graph = self.graph_for(x, y, data_scale, kl_weight)
+    def __call__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        data_scale: float,
+        kl_weight: float,
+        step: int | None = None,
+    ):
+        """The loss of this minibatch at the fit's global ``step`` through its graph (compiled
+        on first use), or ``None`` when its graph was refused, or could not be checked yet
+        because the loss is not finite: the caller evaluates it eagerly then."""
+        graph = self.graph_for(x, y, data_scale, kl_weight, step)
         if graph is None:
             return None
         try:
@@ -150,12 +178,12 @@ class CompiledLoss:
     def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
         return torch.tensor([data_scale, kl_weight], dtype=self.dtype, device=x.device).unbind()
 
-    def _compile(self, x, y, data_scale: float, kl_weight: float):
-        """A checked graph for ``(x, y)``: re-planned where :data:`OPTIMISED_EXECUTION` allows
-        and its value is right, else in the traced order; ``None`` (with ``self.refused``) when
-        neither matches the eager loss, ``UNCHECKED`` when the eager loss is not finite."""
-        plans = [OPTIMISED_EXECUTION.get(x.device.type, True)]
-        if plans[0]:
+    def _compile(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
+        """A checked graph for ``(x, y)``: re-planned if ``optimised`` and its value is right,
+        else in the traced order; ``None`` (with ``self.refused``) when neither matches the
+        eager loss, ``UNCHECKED`` when the eager loss is not finite."""
+        plans = [optimised]
+        if optimised:
             plans.append(False)  # the traced order, where the re-planned draws differ
         for optimised in plans:
             graph = self._checked(x, y, data_scale, kl_weight, optimised)
@@ -175,7 +203,8 @@ class CompiledLoss:
                         _weak_method(self.surrogate), inputs, check_trace=False
                     )
                 graph = ExecutorSetting(traced, optimised)
-                for _ in range(CHECK_RUNS):  # the same draws each time; the last is checked
+                # The same draws each run; the last is checked (a traced order has no re-plan).
+                for _ in range(CHECK_RUNS if optimised else 1):
                     with forked(x.device):
                         _other_draws(x.device)
                         compiled = graph(*inputs).detach()
@@ -197,6 +226,15 @@ class CompiledLoss:
             return None
         self.refused = None
         return graph
+
+
+def replanned(device: torch.device, step: int | None) -> bool:
+    """Whether a graph at a fit's global ``step`` on ``device`` runs re-planned
+    (:data:`OPTIMISED_EXECUTION`, :data:`REPLAN_AFTER`; ``step=None``: a long fit's later
+    steps)."""
+    if not OPTIMISED_EXECUTION.get(device.type, True):
+        return False
+    return step is None or step >= REPLAN_AFTER.get(device.type, 0)
 
 
 class ExecutorSetting:

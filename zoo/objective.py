@@ -202,7 +202,8 @@ class Objective:
         """``-ELBO`` estimated on the minibatch ``(x, y)`` of a data set of ``num_data``
         examples (likelihood scaled by ``num_data / len(x)``), a differentiable scalar.
 
-        ``step`` picks the KL weight of a schedule; ``validate`` turns on Pyro's argument and
+        ``step`` (the fit's global step) picks the KL weight of a schedule and the compiled
+        graph's plan (:data:`zoo.compiled.REPLAN_AFTER`); ``validate`` turns on Pyro's argument and
         support checks for this call (``zoo.fit`` does so on its first step); ``eager``
         evaluates it without a graph (a single evaluation, which a graph would not repay). A
         minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B`` does not
@@ -215,7 +216,7 @@ class Objective:
         data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
         small = x.shape[0] < self.minibatch_size
         if self.compiled is not None and not (validate or eager or small) and y is not None:
-            value = self.compiled(x, y, data_scale, kl_weight)
+            value = self.compiled(x, y, data_scale, kl_weight, step)
             if value is not None:
                 return value
             if self.compiled.refused is not None:

@@ -12,7 +12,7 @@ import guides
 import zoo
 import zoo.compiled
 import zoo.priors
-from tests.families import CASES
+from tests.families import CASES, PRIMARY
 from zoo.models import BayesianMLP
 from zoo.priors import NormalPrior
 
@@ -176,6 +176,62 @@ def test_a_compiled_fit_takes_the_eager_fits_steps():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def seeded_fit(family, options, jit, num_steps=20, **run_options):
+    """The guide parameters and losses of a seeded fit (``jit`` as given)."""
+    model = BayesianMLP(3, (6,), 2, task="regression")
+    fit = zoo.fit(
+        model, guides.family(family, **options), data(40), num_steps=num_steps, batch_size=8,
+        seed=3, engine=zoo.Engine(jit=jit), run=zoo.Run(progress=False, **run_options),
+    )  # fmt: skip
+    if not fit.interrupted:
+        assert fit.options["jit"] == ("compiled" if jit else "eager (jit=False)")
+    return [p.detach().clone() for p in fit.guide.parameters()], fit.losses
+
+
+@pytest.mark.parametrize("label", sorted(PRIMARY))
+def test_a_fits_first_steps_on_the_cpu_are_the_eager_fits_to_the_bit(label):
+    """A fit's first ``REPLAN_AFTER`` steps on the CPU run each graph in the traced order: the
+    operations of the eager loss and of its autograd backward, so a seeded fit ends at the same
+    parameters as with ``jit=False``."""
+    assert zoo.compiled.REPLAN_AFTER["cpu"] > 20
+    params, losses = seeded_fit(*PRIMARY[label], jit=True)
+    eager_params, eager_losses = seeded_fit(*PRIMARY[label], jit=False)
+    for a, b in zip(params, eager_params):
+        assert torch.equal(a, b)
+    # The reported values: Pyro's eager loss adds and subtracts the surrogate's float (ulps).
+    torch.testing.assert_close(losses, eager_losses, rtol=1e-6, atol=0)
+
+
+def test_later_steps_run_the_replanned_graph_and_a_resumed_fit_continues_exactly(
+    monkeypatch, tmp_path
+):
+    """From step ``REPLAN_AFTER`` (6 here) a re-planned graph runs, built once and checked; a
+    fit interrupted before that step or after it and resumed ends at the uninterrupted fit's
+    parameters, to the bit (the plan follows the global step, not the fit's length)."""
+    monkeypatch.setitem(zoo.compiled.REPLAN_AFTER, "cpu", 6)
+    built = []
+    init = zoo.compiled.ExecutorSetting.__init__
+
+    def record(self, function, optimised):
+        built.append(bool(optimised))
+        init(self, function, optimised)
+
+    monkeypatch.setattr(zoo.compiled.ExecutorSetting, "__init__", record)
+    params, _ = seeded_fit("matrix_normal", {}, jit=True)
+    assert built == [False, True]  # the traced order from step 0, re-planned from step 6
+    for stop in (4, 13):
+        checkpoint = tmp_path / f"stop{stop}.pt"
+
+        def interrupt(state, stop=stop):
+            if state.step == stop:
+                raise KeyboardInterrupt
+
+        seeded_fit("matrix_normal", {}, True, checkpoint=checkpoint, callbacks=[interrupt])
+        resumed, _ = seeded_fit("matrix_normal", {}, True, resume=checkpoint)
+        for a, b in zip(params, resumed):
+            assert torch.equal(a, b), stop
+
+
 def test_bad_jit_values_are_refused():
     with pytest.raises(ValueError, match="jit must be 'auto', True or False"):
         zoo.fit(
@@ -277,8 +333,9 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     kept (``CHECK_RUNS = 1``, below); the check runs a graph ``CHECK_RUNS`` times, refuses the
     re-planned graph, and traces it again to run in the traced order: compiled, and equal to
     the eager loss at every run. ``OPTIMISED_EXECUTION[device] = False`` takes the traced order
-    at once."""
+    at once (and so do a fit's first ``REPLAN_AFTER`` steps: 0 here)."""
     monkeypatch.setitem(zoo.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
+    monkeypatch.setitem(zoo.compiled.REPLAN_AFTER, "cpu", 0)
     default_runs = zoo.compiled.CHECK_RUNS
     monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
