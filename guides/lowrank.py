@@ -127,7 +127,7 @@ class LowRankNormal(StructuredGaussian):
             self._cap = cap
             if self._shared is not None and not shape:  # one draw: its terms go in the batch
                 self._key = self._shared.add(cap, z.view(rank))  # a view: no select backward
-        self._cache = (value, eps, z.reshape(shape + (rank,)), rest.reshape(shape))
+        self._cache = (value, z.reshape(shape + (rank,)), rest.reshape(shape))  # eps: in rest
         return value
 
     def log_prob(self, value: torch.Tensor) -> torch.Tensor:
@@ -139,8 +139,8 @@ class LowRankNormal(StructuredGaussian):
         if self._key is not None:
             part = self._shared.terms(self._key)[0]
         else:
-            part = 0.5 * (self._reduced_norm(self._cache[2]) - self._log_det_capacitance())
-        return expand_to(self._cache[3] + part, self.batch_shape)
+            part = 0.5 * (self._reduced_norm(self._cache[1]) - self._log_det_capacitance())
+        return expand_to(self._cache[2] + part, self.batch_shape)
 
     def _capacitance_cholesky(self):
         """Cholesky factor of ``C = I + G G^T`` (``rank x rank``), computed once."""

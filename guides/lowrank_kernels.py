@@ -100,39 +100,35 @@ class LowRankDraw(torch.autograd.Function):
         eps1, eps2 = eps[:, :n], eps[:, n:]
         one = eps.shape[0] == 1
         grad_loc = grad_d = out = None
+        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
+            out = (grad_cap + grad_cap.mT) @ g
         if grad_value is not None:
             grad_loc = grad_value[0] if one else grad_value.sum(0)
-            grad_u = grad_value * d
             if d.shape[-1] == n:
                 grad_d = grad_value[0] * u[0] if one else (grad_value * u).sum(0)
             else:
                 grad_d = torch.vdot(grad_value.reshape(-1), u.reshape(-1)).reshape(1)
-            if grad_cap is None:  # d/dG of <grad_u, eps2 G>
-                out = eps2.mT * grad_u if one else eps2.mT @ grad_u
+            out = _accumulate(out, eps2, grad_value * d, one)  # d/dG of <grad value, d eps2 G>
         if grad_rest is not None:  # d/dd of -sum log D, times grad_rest summed over draws
             scale = -1.0 if d.shape[-1] == n else -float(n)
             g_rest = grad_rest[0] if one else grad_rest.sum()
             if grad_d is None:
                 grad_d = torch.zeros_like(d)
             grad_d = torch.addcdiv(grad_d, g_rest, d, value=scale)
-        if grad_cap is not None:  # d/dG of <grad_cap, G G^T>
-            out = (grad_cap + grad_cap.mT) @ g
-            if grad_value is not None:
-                _accumulate(out, eps2, grad_u, one)
         if grad_z is not None:  # d/dG of <grad_z, -eps1 G^T>
-            if out is None:
-                out = -(grad_z.mT @ eps1)
-            else:
-                _accumulate(out, grad_z, eps1, one, alpha=-1.0)
+            out = _accumulate(out, grad_z, eps1, one, alpha=-1.0)
         return grad_loc, grad_d, out, None
 
 
-def _accumulate(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, one: bool, alpha=1.0):
-    """``out += alpha a^T b`` in place for ``a`` ``(S, p)`` and ``b`` ``(S, q)``."""
+def _accumulate(out, a: torch.Tensor, b: torch.Tensor, one: bool, alpha: float = 1.0):
+    """``out + alpha a^T b`` for ``a`` ``(S, p)`` and ``b`` ``(S, q)``: in place into ``out``,
+    or a new tensor when ``out`` is ``None``."""
+    if out is None:
+        product = a.mT * b if one else a.mT @ b
+        return product if alpha == 1.0 else product.mul_(alpha)
     if one:
-        out.addcmul_(a.mT, b, value=alpha)
-    else:
-        out.addmm_(a.mT, b, alpha=alpha)
+        return out.addcmul_(a.mT, b, value=alpha)
+    return out.addmm_(a.mT, b, alpha=alpha)
 
 
 class SiteCapacitanceTerms(torch.autograd.Function):
