@@ -8,7 +8,9 @@ left in it (custom ``autograd.Function``s, which call back into Python forward a
 tensor operations dispatched by one loss and backward pass (forward and backward; views left out:
 on a GPU each is a kernel, so this is what a CUDA-graph replay of the step pays), and the median
 time of that pass (no optimiser, no fit loop), with the counts and the time as ratios to the
-diagonal family, measured side by side in interleaved rounds.
+diagonal family, measured side by side in interleaved rounds. One more column counts the values
+one eager loss and backward pass reads back to the host (``.item()`` and the like: on a GPU each
+waits for the device; the eager loss runs where no graph does, as on the first step).
 
 Two families take another path on the CPU than on a GPU: the Posch tridiagonal draws its sites
 jointly on a GPU and, on the CPU, only on small networks (``guides.posch_joint.joint_draw_pays``),
@@ -36,6 +38,7 @@ from collections.abc import Callable
 from unittest import mock
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import guides.matrix_normal
@@ -111,6 +114,28 @@ def dispatched_ops(step: Callable[[], object]) -> int:
     return count
 
 
+#: Operations that copy a value to the host or whose output shape depends on values.
+HOST_READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2"}
+
+
+class _HostReads(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func.__name__.split(".")[0] in HOST_READS
+        return func(*args, **(kwargs or {}))
+
+
+def host_reads(step: Callable[[], object]) -> int:
+    """Operations of one call of ``step`` that read a value back to the host
+    (:data:`HOST_READS`)."""
+    with _HostReads() as reads:
+        step()
+    return reads.count
+
+
 @contextlib.contextmanager
 def gpu_path(forced: bool):
     """Within this block, if ``forced``, the families take the path they take on a GPU: the
@@ -156,7 +181,7 @@ def run(args) -> None:
         if unknown:
             raise SystemExit(f"--only: no row {sorted(unknown)}; the rows are {sorted(known)}")
         rows = [row for row in rows if row[0] in {"diagonal", *args.only}]
-    passes, counts, forced = {}, {}, {}
+    passes, counts, forced, reads = {}, {}, {}, {}
     for label, family, options, forced_path in rows:
         with gpu_path(forced_path):
             model = bayesian_model(net, y)
@@ -166,11 +191,13 @@ def run(args) -> None:
             step()  # the first pass is eager (Pyro's validation), the second compiles
             step()
             counts[label] = (*graph_counts(objective, x, y), dispatched_ops(step))
+            reads[label] = host_reads(loss_and_backward(objective, x, y, eager=True))
         passes[label], forced[label] = step, forced_path
     if not args.only or HAND_ROW in args.only:
         step = hand_written_pass(net, x, y)
         step()
         counts[HAND_ROW] = (None, None, dispatched_ops(step))
+        reads[HAND_ROW] = host_reads(step)
         passes[HAND_ROW], forced[HAND_ROW] = step, False
     times = {label: [] for label in passes}
     for _ in range(args.rounds):
@@ -188,14 +215,15 @@ def run(args) -> None:
     )
     print(
         "| family | tensor ops (forward graph) | Python calls | ops dispatched, loss + backward "
-        "| x diagonal, dispatched | loss + backward, ms | x diagonal, time |"
+        "| x diagonal, dispatched | host reads, eager pass | loss + backward, ms "
+        "| x diagonal, time |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     d0, t0 = counts["diagonal"][2], median["diagonal"]
     for label in passes:
         ops, calls, dispatched = (c if c is not None else "-" for c in counts[label])
         print(
-            f"| {label} | {ops} | {calls} | {dispatched} | {dispatched / d0:.2f} "
+            f"| {label} | {ops} | {calls} | {dispatched} | {dispatched / d0:.2f} | {reads[label]} "
             f"| {median[label]:.3f} | {median[label] / t0:.2f} |"
         )
 
@@ -222,10 +250,13 @@ def hand_written_pass(net, x, y) -> Callable[[], None]:
 STEP = zoo.compiled.REPLAN_AFTER["cpu"]
 
 
-def loss_and_backward(objective: zoo.Objective, x, y) -> Callable[[], None]:
+def loss_and_backward(objective: zoo.Objective, x, y, eager: bool = False) -> Callable[[], None]:
     """One loss and backward pass of ``objective`` (a data set of 60,000 examples) at
-    :data:`STEP`."""
-    return backward_pass(objective.compiled.params, lambda: objective.loss(x, y, 60000, step=STEP))
+    :data:`STEP` (``eager``: without its graph)."""
+    return backward_pass(
+        objective.compiled.params,
+        lambda: objective.loss(x, y, 60000, step=STEP, eager=eager),
+    )
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def test_graph_size_counts_match_the_readme():
     assert rows[-1].startswith("| hand-written BBB (analytic KL) | - | - |")
     readme = (REPO / "benchmarks" / "README.md").read_text()
     for row in rows:
-        counts = "|".join(row.split("|")[:6])  # family, ops, Python calls, dispatched, ratio
+        counts = "|".join(row.split("|")[:7])  # family, ops, calls, dispatched, ratio, reads
         assert counts in readme, row
 
 

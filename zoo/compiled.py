@@ -6,11 +6,12 @@ step. :class:`CompiledLoss` records the tensor operations of one evaluation (gui
 log-densities, the sum) as a TorchScript graph and replays it: the same operations in the same
 order, without the Python around them.
 
-What is traced is the *surrogate* loss of Pyro's ``Trace_ELBO`` (or ``TraceMeanField_ELBO``):
-the quantity whose gradient Pyro's ``SVI`` follows. For a guide whose sites are all
-reparameterised (every family in ``guides``) its value is the ``-ELBO`` estimate itself, so the
-compiled loss equals the eager one in value and gradient, for the same random draws (the graph's
-random operations draw from torch's generators in the eager order). Inputs of the graph: every
+What is traced is the loss of :mod:`zoo.surrogate` (Pyro's ``Trace_ELBO`` or
+``TraceMeanField_ELBO``, reduced with one sum per scale): for a guide whose sites are all
+reparameterised (every family in ``guides``) it is the ``-ELBO`` estimate and the surrogate whose
+gradient Pyro's ``SVI`` follows at once, so the compiled loss equals the eager one in value and
+gradient, for the same random draws (the graph's random operations draw from torch's generators
+in the eager order). Inputs of the graph: every
 optimised parameter (guide and model), the minibatch, and the two scales of :mod:`zoo.elbo`
 (``N / B`` and the KL weight), so a schedule of KL weights needs no new graph; a new minibatch
 shape compiles one more, except the last, smaller batch of an epoch, which
@@ -25,16 +26,17 @@ the re-planning costs about five times the rest of a graph's start-up and saves 
 (``benchmarks/startup.py --phases`` and ``benchmarks/executor_order.py``,
 ``benchmarks/README.md``). So a fit's first :data:`REPLAN_AFTER` steps on a device run the
 traced order and the later ones the re-planned graph (where :data:`OPTIMISED_EXECUTION` allows
-it): a short fit never pays the re-planning, a long one repays it. The plan follows the fit's
-global step, not its length, so a fit's first ``k`` steps are those of any longer fit and a
-resumed fit computes what the uninterrupted one did. The re-planned order of independent
+it): a short fit never pays the re-planning, a long one repays it (the re-planned graph runs
+the function traced for the first steps, so the switch costs no second trace). The plan follows
+the fit's global step, not its length, so a fit's first ``k`` steps are those of any longer fit
+and a resumed fit computes what the uninterrupted one did. The re-planned order of independent
 random operations can differ from the traced one (the block-diagonal guide's noise draw moved
 ahead of the weights'; MC dropout's masks and pre-activation noise under ``estimator="local"``
 swapped between layers), and the graph then evaluates the loss on other draws than the eager
 loss (1e-5 to 1e-2 relative). Such a graph fails the check below and the traced order runs in
 its place.
 
-When a graph is built, its value is checked once against the eager loss (Pyro's
+When a graph is built, its value is checked once against the eager loss (the same ELBO's
 ``differentiable_loss``), both on the same draws (other than the ones the trace saw), after
 ``CHECK_RUNS`` runs of the graph: TorchScript's executor optimises a graph after its first
 run, and an optimised plan can draw its random numbers in another order than the traced one
@@ -95,7 +97,7 @@ class CompiledLoss:
 
     Parameters
     ----------
-    elbo : pyro.infer.Trace_ELBO or TraceMeanField_ELBO
+    elbo : zoo.surrogate.ReparamTrace_ELBO or ReparamMeanField_ELBO
     model, guide : callable
         Already wrapped in ``scale`` (and an estimator's handlers).
     params : list of Tensor
@@ -118,14 +120,8 @@ class CompiledLoss:
         the parameters before them are read from the modules, by identity)."""
         x, y, data_scale, kl_weight = inputs[-4:]
         self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
-        total = 0.0
         with self.context():
-            for model_trace, guide_trace in self.elbo._get_traces(
-                self.model, self.guide, (x, y), {}
-            ):
-                _, surrogate = self.elbo._differentiable_loss_particle(model_trace, guide_trace)
-                total = total + surrogate / self.elbo.num_particles
-        return total
+            return self.elbo.differentiable_loss(self.model, self.guide, x, y)
 
     def graph_for(
         self,
@@ -143,7 +139,11 @@ class CompiledLoss:
         optimised = replanned(x.device, step)
         key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device, optimised)
         if key not in self.graphs:
-            graph = self._compile(x, y, data_scale, kl_weight, optimised)
+            # The re-planned graph runs the traced-order graph's function: once TorchScript has
+            # an optimised plan for a function it runs that plan whatever the setting, so the
+            # traced-order entry goes (a refused re-plan traces the traced order afresh).
+            traced = self.graphs.pop((*key[:-1], False), None) if optimised else None
+            graph = self._compile(x, y, data_scale, kl_weight, optimised, traced)
             if graph is UNCHECKED:
                 return None  # no verdict on a non-finite loss: eager now, compile again later
             self.graphs[key] = graph
@@ -178,31 +178,30 @@ class CompiledLoss:
     def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
         return torch.tensor([data_scale, kl_weight], dtype=self.dtype, device=x.device).unbind()
 
-    def _compile(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
+    def _compile(self, x, y, data_scale: float, kl_weight: float, optimised: bool, traced=None):
         """A checked graph for ``(x, y)``: re-planned if ``optimised`` and its value is right,
         else in the traced order; ``None`` (with ``self.refused``) when neither matches the
-        eager loss, ``UNCHECKED`` when the eager loss is not finite."""
-        plans = [optimised]
+        eager loss, ``UNCHECKED`` when the eager loss is not finite. ``traced``: this shape's
+        graph in the traced order, whose function the re-planned graph runs (no second trace)."""
         if optimised:
-            plans.append(False)  # the traced order, where the re-planned draws differ
-        for optimised in plans:
-            graph = self._checked(x, y, data_scale, kl_weight, optimised)
-            if graph is not None:
+            graph = self._checked(x, y, data_scale, kl_weight, True, traced)
+            if graph is not None or self.refused.startswith("torch.jit.trace failed"):
                 return graph
-            if self.refused.startswith("torch.jit.trace failed"):
-                return None
-        return None
+        return self._checked(x, y, data_scale, kl_weight, False)  # the re-planned draws differ
 
-    def _checked(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
+    def _checked(self, x, y, data_scale: float, kl_weight: float, optimised: bool, traced=None):
         inputs = (*self.params, x, y, *self._scales(x, data_scale, kl_weight))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on Python values
             try:
-                with forked(x.device), torch.jit.optimized_execution(optimised):
-                    traced = torch.jit.trace(
-                        _weak_method(self.surrogate), inputs, check_trace=False
-                    )
-                graph = ExecutorSetting(traced, optimised)
+                if traced is None:
+                    with forked(x.device), torch.jit.optimized_execution(optimised):
+                        function = torch.jit.trace(
+                            _weak_method(self.surrogate), inputs, check_trace=False
+                        )
+                else:
+                    function = traced.function
+                graph = ExecutorSetting(function, optimised)
                 # The same draws each run; the last is checked (a traced order has no re-plan).
                 for _ in range(CHECK_RUNS if optimised else 1):
                     with forked(x.device):

@@ -42,6 +42,15 @@ class ElboScale(Messenger):
         if msg["type"] != "sample":
             return
         if any(frame.name == DATA_PLATE for frame in msg["cond_indep_stack"]):
-            msg["scale"] = self.data_scale * msg["scale"]
+            msg["scale"] = _times(self.data_scale, msg["scale"])
         elif not msg["is_observed"]:
-            msg["scale"] = self.kl_weight * msg["scale"]
+            msg["scale"] = _times(self.kl_weight, msg["scale"])
+
+
+def _times(scale, other):
+    """``scale * other``, and ``scale`` itself (no multiplication, the same object) when
+    ``other`` is the number one: a traced graph then holds no multiplication by one per site,
+    and the sites of one scale share it (:mod:`zoo.surrogate` groups them by it)."""
+    if isinstance(other, (int, float)) and other == 1:
+        return scale
+    return scale * other

@@ -9,8 +9,9 @@
         objective.loss(xb, yb, num_data=len(dataset)).backward()
         optimizer.step()
 
-The loss is Pyro's ``Trace_ELBO`` (or ``TraceMeanField_ELBO``) ``differentiable_loss`` of the
-model and guide, with the minibatch scaled to the full data set as :mod:`zoo.elbo` documents.
+The loss is Pyro's ``Trace_ELBO`` (or ``TraceMeanField_ELBO``) of the model and guide, with the
+minibatch scaled to the full data set as :mod:`zoo.elbo` documents, reduced as
+:mod:`zoo.surrogate` says: one sum per scale, and no value read back to the host.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from collections.abc import Callable
 
 import pyro
 import torch
-from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 from guides.site import direct_parameters
 from zoo import estimators
@@ -30,9 +30,10 @@ from zoo.elbo import ElboScale
 from zoo.models.base import BayesianModel
 from zoo.optim import named_parameters
 from zoo.step_rules import jit_size_refusal
+from zoo.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 from zoo.threads import example_flops
 
-ELBOS = {"trace": Trace_ELBO, "meanfield": TraceMeanField_ELBO}
+ELBOS = {"trace": ReparamTrace_ELBO, "meanfield": ReparamMeanField_ELBO}
 
 
 class Objective:

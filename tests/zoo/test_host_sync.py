@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import zoo
@@ -101,3 +102,50 @@ def test_no_compiled_loss_waits_for_the_host(family, options, estimator):
     assert not found, f"{family} {options} ({estimator}): {sorted(found)}"
     reads = data_scalar_reads(graph.graph)
     assert not reads, f"{family} {options} ({estimator}) reads a device value: {reads[:3]}"
+
+
+class HostReads(TorchDispatchMode):
+    """The operations of an eager evaluation that copy a value to the host or whose output
+    shape depends on values (each one waits for the device on a GPU)."""
+
+    READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2"}
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.__name__.split(".")[0] in self.READS:
+            self.found.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_reads_are_counted():
+    with HostReads() as reads:
+        float(torch.randn(3).sum())
+        torch.randn(4).nonzero()
+    assert len(reads.found) == 2, reads.found
+
+
+@pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])
+@pytest.mark.parametrize("family, options", list(CASES.values()), ids=list(CASES))
+@pytest.mark.parametrize("elbo", ["trace", "meanfield"])
+def test_no_eager_loss_waits_for_the_host(family, options, estimator, elbo):
+    """The eager loss (a GPU step that is not captured: the first, a refused graph, the last
+    small batch) and its backward read nothing back: Pyro's ``Trace_ELBO`` reads every site's
+    log-density with ``.item()``; ``zoo.surrogate`` does not."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model = zoo.models.BayesianMLP(3, (8,), 3, task="classification")
+    guide = guides.get(family)(model, **options)
+    objective = zoo.Objective(model, guide, estimator=estimator, elbo=elbo, jit=False)
+    try:
+        objective.setup(x, y)
+    except ValueError as err:
+        if "serves no weight" not in str(err):
+            raise
+        pytest.skip(f"estimator={estimator!r} serves no site of {family}")
+    objective.loss(x, y, 1000, validate=True)  # the first step: Pyro's checks read values
+    with HostReads() as reads:
+        objective.loss(x, y, 1000, step=1).backward()
+    assert not reads.found, f"{family} {options} ({estimator}, {elbo}): {reads.found[:5]}"
