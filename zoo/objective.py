@@ -180,6 +180,14 @@ class Objective:
         return round(self.flops_per_example() * self.minibatch_size)
 
     @property
+    def wired(self) -> tuple[Callable, Callable]:
+        """The model and guide the loss evaluates (after :meth:`setup`): wrapped in
+        :attr:`scale` (:mod:`zoo.elbo`) and the estimator's handlers (:mod:`zoo.estimators`)."""
+        if self._wired is None:
+            raise RuntimeError("call setup(x, y) (or loss) first")
+        return self._wired
+
+    @property
     def jit_state(self) -> str:
         """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
         reason = self._eager_reason

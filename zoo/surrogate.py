@@ -122,8 +122,8 @@ class _Reduced:
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample":
                 continue
-            if site["is_observed"]:
-                groups.add(site, _log_prob(site), +1)
+            if site["is_observed"] or name not in guide_trace.nodes:
+                groups.add(site, _log_prob(site), +1)  # a latent the model draws itself too
             else:
                 self._latent(groups, site, guide_trace.nodes[name])
         for name, site in guide_trace.nodes.items():  # auxiliary sites of the guide

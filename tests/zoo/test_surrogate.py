@@ -10,6 +10,7 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.poutine.util import prune_subsample_sites
 
 import guides
+import zoo
 from tests.families import CASES
 from zoo.elbo import ElboScale
 from zoo.models import BayesianMLP
@@ -126,7 +127,8 @@ def test_the_reduced_value_is_the_elbo_estimate_of_the_draw():
     torch.testing.assert_close(value, -expected, rtol=1e-12, atol=0.0)
 
 
-def test_a_kl_without_closed_form_is_estimated_by_monte_carlo():
+@pytest.mark.parametrize("validate", [False, True])
+def test_a_kl_without_closed_form_is_estimated_by_monte_carlo(validate):
     """A Student-t guide against a Normal prior has no registered KL: the mean-field ELBO falls
     back to ``log p - log q`` at the draw, as Pyro's does."""
 
@@ -140,16 +142,18 @@ def test_a_kl_without_closed_form_is_estimated_by_monte_carlo():
     def guide(y):
         pyro.sample("z", dist.StudentT(5.0, loc, 0.7))
 
-    y = torch.randn(8, dtype=torch.float64).float()
+    y = torch.randn(8, generator=torch.Generator().manual_seed(0))
     results = []
     for elbo in PAIRS["meanfield"]:
         pyro.set_rng_seed(1)
-        loss = elbo(max_plate_nesting=1).differentiable_loss(model, guide, y)
+        with pyro.validation_enabled(validate):
+            loss = elbo(max_plate_nesting=1).differentiable_loss(model, guide, y)
         results.append((loss.detach(), torch.autograd.grad(loss, [loc])))
     assert_same(*results, rtol=1e-6)
 
 
-def test_draws_it_does_not_reduce_take_pyros_path():
+@pytest.mark.parametrize("validate", [False, True])
+def test_draws_it_does_not_reduce_take_pyros_path(validate):
     """A guide site without ``rsample`` (a score-function term) and a masked site: Pyro's own
     reduction, the same value (the ELBO estimate, not the surrogate's) and gradients."""
 
@@ -170,6 +174,55 @@ def test_draws_it_does_not_reduce_take_pyros_path():
     results = []
     for elbo in PAIRS["trace"]:
         pyro.set_rng_seed(2)
-        loss = elbo(max_plate_nesting=1).differentiable_loss(model, guide, y)
+        with pyro.validation_enabled(validate):
+            loss = elbo(max_plate_nesting=1).differentiable_loss(model, guide, y)
         results.append((loss.detach(), torch.autograd.grad(loss, [a, b])))
     assert_same(*results, rtol=1e-6)
+
+
+def test_a_latent_the_guide_does_not_draw_adds_its_log_density_as_pyros_does():
+    """A latent site of the model that the guide does not sample: its ``log p`` is added."""
+
+    def model(y):
+        z = pyro.sample("z", dist.Normal(0.0, 1.0))
+        u = pyro.sample("u", dist.Normal(z, 1.0))  # drawn by the model in both traces
+        with pyro.plate("data", len(y)):
+            pyro.sample("y", dist.Normal(z + u, 1.0), obs=y)
+
+    loc = torch.tensor(0.3, requires_grad=True)
+
+    def guide(y):
+        pyro.sample("z", dist.Normal(loc, 0.7))
+
+    y = torch.linspace(-1.0, 1.0, 5)
+    results = []
+    for elbo in PAIRS["trace"]:  # (Pyro's mean-field ELBO needs every latent in the guide)
+        pyro.set_rng_seed(4)
+        with pyro.validation_enabled(False):  # validated, Pyro warns of such a site
+            loss = elbo(max_plate_nesting=1).differentiable_loss(model, guide, y)
+        results.append((loss.detach(), torch.autograd.grad(loss, [loc])))
+    assert_same(*results, rtol=1e-6)
+
+
+@pytest.mark.parametrize("elbo", list(PAIRS))
+@pytest.mark.parametrize(
+    "family, estimator",
+    [("diagonal", "local"), ("diagonal", "flipout"), ("matrix_normal", "local"),
+     ("mc_dropout", "local"), ("map", "local")],
+)  # fmt: skip
+def test_the_estimators_losses_are_pyros(family, estimator, elbo):
+    """Under the local reparameterisation and flipout handlers (``zoo.estimators``) too."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, generator=g), torch.randint(0, 3, (16,), generator=g)
+    model = BayesianMLP(3, (8,), 3, task="classification")
+    objective = zoo.Objective(model, guides.get(family)(model), estimator=estimator, elbo=elbo)
+    objective.setup(x, y)
+    objective.scale.data_scale, objective.scale.kl_weight = 6.25, 0.3
+    params = [p for p in objective.guide.parameters() if p.requires_grad]
+    results = []
+    for cls in PAIRS[elbo]:
+        pyro.set_rng_seed(1)
+        with loss_context():
+            loss = cls(max_plate_nesting=1).differentiable_loss(*objective.wired, x, y)
+        results.append((loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)))
+    assert_same(*results, rtol=1e-5)
