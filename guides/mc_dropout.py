@@ -279,11 +279,14 @@ class MCDropoutSite(SitePosterior):
         check_dropout(p, sigma)
         self.p, self.sigma = float(p), float(sigma)
         self.loc = PyroParam(init_loc.detach().clone())
+        # sigma on the parameters' device, made once: a tensor made from the Python number in
+        # every step would be a copy from the host on a GPU (not saved: ``sigma`` is an option).
+        self.register_buffer("sigma_tensor", init_loc.new_tensor(self.sigma), persistent=False)
 
     def distribution(self) -> MCDropoutWeight | DiagonalNormal:
         if self.loc.dim() >= 2:
             return MCDropoutWeight(self.loc, self.p, self.sigma)
-        scale = self.loc.new_tensor(self.sigma).expand(self.loc.shape)
+        scale = self.sigma_tensor.expand(self.loc.shape)
         return DiagonalNormal(dist.Normal(self.loc, scale), self.loc.dim())
 
 

@@ -5,7 +5,9 @@ back unnoticed. The list was checked on an H100: ``torch.linalg.cholesky`` in th
 low-rank family failed a CUDA-graph capture with ``cudaErrorStreamCaptureUnsupported`` (issue
 36); ``cholesky_ex`` does not check the factor on the host."""
 
+import traceback
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,15 +117,36 @@ class HostReads(TorchDispatchMode):
         self.found: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] in self.READS:
+        name = func.__name__.split(".")[0]
+        if name in self.READS:
             self.found.append(str(func))
+        elif name == "lift_fresh" and (where := _library_frame()):
+            self.found.append(f"a tensor made from Python data at {where}")  # a host copy
         return func(*args, **(kwargs or {}))
+
+
+def _library_frame() -> str | None:
+    """Where the caller's stack leaves torch, if that frame is in the repository's ``guides/``
+    or ``zoo/`` (Pyro's own empty CPU tensors, and a test's, are not counted)."""
+    for frame in reversed(traceback.extract_stack()[:-2]):  # this function and the mode's
+        path = Path(frame.filename).resolve()
+        if TORCH in path.parents or frame.name == "__torch_function__":  # (an estimator's mode)
+            continue
+        if REPO in path.parents and path.relative_to(REPO).parts[0] in ("guides", "zoo"):
+            return f"{path.relative_to(REPO)}:{frame.lineno}"
+        return None
+    return None
+
+
+TORCH = Path(torch.__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_host_reads_are_counted():
     with HostReads() as reads:
         float(torch.randn(3).sum())
         torch.randn(4).nonzero()
+        torch.tensor(0.5)  # made here, in a test: not counted
     assert len(reads.found) == 2, reads.found
 
 
@@ -133,7 +156,9 @@ def test_host_reads_are_counted():
 def test_no_eager_loss_waits_for_the_host(family, options, estimator, elbo):
     """The eager loss (a GPU step that is not captured: the first, a refused graph, the last
     small batch) and its backward read nothing back: Pyro's ``Trace_ELBO`` reads every site's
-    log-density with ``.item()``; ``zoo.surrogate`` does not."""
+    log-density with ``.item()``; ``zoo.surrogate`` does not. Nor does the library make a
+    tensor from Python data in a step (on a GPU, a copy from the host: MC dropout's bias scale
+    was one per site)."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 3, generator=g), torch.randint(0, 3, (16,), generator=g)
     model = zoo.models.BayesianMLP(3, (8,), 3, task="classification")
