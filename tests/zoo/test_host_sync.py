@@ -8,6 +8,7 @@ low-rank family failed a CUDA-graph capture with ``cudaErrorStreamCaptureUnsuppo
 import traceback
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import zoo
+import zoo.compiled
 from tests.families import CASES
 
 #: Operations that copy a device value to the host, or whose output shape depends on values.
@@ -143,11 +145,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_host_reads_are_counted():
+    library = SimpleNamespace(dtype=torch.float32)  # zoo.compiled makes a graph's scales so
     with HostReads() as reads:
         float(torch.randn(3).sum())
         torch.randn(4).nonzero()
         torch.tensor(0.5)  # made here, in a test: not counted
-    assert len(reads.found) == 2, reads.found
+        zoo.compiled.CompiledLoss._scales(library, torch.zeros(1), 2.0, 1.0)
+    assert len(reads.found) == 3, reads.found
+    assert reads.found[2].startswith("a tensor made from Python data at zoo/compiled.py:")
 
 
 @pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])
