@@ -109,10 +109,11 @@ def test_no_compiled_loss_waits_for_the_host(family, options, estimator):
 
 
 class HostReads(TorchDispatchMode):
-    """The operations of an eager evaluation that copy a value to the host or whose output
-    shape depends on values (each one waits for the device on a GPU)."""
+    """The operations of an eager evaluation in :data:`SYNCHRONISING` (a copy of a value to
+    the host, an output shape that depends on values, a Cholesky that checks its factor on the
+    host: each one waits for the device on a GPU)."""
 
-    READS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "unique", "_unique2"}
+    READS = {kind.removeprefix("aten::") for kind in SYNCHRONISING}  # the graphs' denylist
 
     def __init__(self):
         super().__init__()
