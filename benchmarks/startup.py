@@ -162,7 +162,7 @@ def repeat_table(rounds: int, count: int = 4) -> dict[str, list[float]]:
 
 #: The ``--phases`` rows: what the compiled loss does before and in its first steps.
 PHASES = (
-    "trace (torch.jit.trace of Pyro's ELBO)",
+    "trace (TorchScript's tracer on Pyro's ELBO)",
     "check run 1 (the executor profiles)",
     "check run 2 (the executor re-plans; none in the traced order)",
     "check run 3 (the plan every step runs)",
@@ -188,7 +188,7 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
     runs: list[float] = []
     trace_time: list[float] = []
     checked_time: list[float] = []
-    trace, call, checked = (torch.jit.trace, zoo.compiled.ExecutorSetting.__call__,
+    trace, call, checked = (zoo.compiled.trace, zoo.compiled.ExecutorSetting.__call__,
                             zoo.compiled.CompiledLoss._checked)  # fmt: skip
 
     def timed(fn, into):
@@ -200,7 +200,7 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
 
         return wrapper
 
-    torch.jit.trace = timed(trace, trace_time)
+    zoo.compiled.trace = timed(trace, trace_time)
     zoo.compiled.ExecutorSetting.__call__ = timed(call, runs)
     zoo.compiled.CompiledLoss._checked = timed(checked, checked_time)
     try:
@@ -216,7 +216,7 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
             loss.backward()
             steps.append((middle - start, time.perf_counter() - middle))
     finally:
-        torch.jit.trace = trace
+        zoo.compiled.trace = trace
         zoo.compiled.ExecutorSetting.__call__ = call
         zoo.compiled.CompiledLoss._checked = checked
     assert len(checked_time) == 1, "the graph was not built once"

@@ -1,4 +1,4 @@
-"""The compiled loss: Pyro's ELBO traced once by ``torch.jit.trace`` and replayed every step.
+"""The compiled loss: Pyro's ELBO traced once by TorchScript's tracer and replayed every step.
 
 A step of the eager loss runs Pyro's two traces, a distribution object and a log-density per
 site, and the ELBO's bookkeeping in Python: for a small network that host work is most of the
@@ -196,9 +196,7 @@ class CompiledLoss:
             try:
                 if traced is None:
                     with forked(x.device), torch.jit.optimized_execution(optimised):
-                        function = torch.jit.trace(
-                            _weak_method(self.surrogate), inputs, check_trace=False
-                        )
+                        function = trace(_weak_method(self.surrogate), inputs)
                 else:
                     function = traced.function
                 graph = ExecutorSetting(function, optimised)
@@ -225,6 +223,26 @@ class CompiledLoss:
             return None
         self.refused = None
         return graph
+
+
+def trace(function: Callable, inputs: tuple) -> torch.ScriptFunction:
+    """``function`` traced on ``inputs`` as a TorchScript function of its own, which holds the
+    only reference to its compilation unit: dropping the function frees its graph and its
+    executor's plans.
+
+    ``torch.jit.trace`` registers every function it traces in TorchScript's one process-wide
+    compilation unit, which never lets go of them: each fit kept its graphs (about 2 MiB for a
+    small network) until the process ended. This is the one place that uses the tracer's
+    private entry point (``torch._C._create_graph_by_tracing``, as ``torch.jit.trace`` does,
+    strict and without out-of-place rewriting); ``tests/zoo/test_compiled.py`` fails when it
+    changes."""
+    from torch.jit._trace import _create_interpreter_name_lookup_fn
+
+    graph, _ = torch._C._create_graph_by_tracing(
+        function, list(inputs), _create_interpreter_name_lookup_fn(0), True, False
+    )
+    unit = torch._C.CompilationUnit()
+    return unit.create_function(getattr(function, "__name__", "traced"), graph)
 
 
 def replanned(device: torch.device, step: int | None) -> bool:
