@@ -193,6 +193,14 @@ def fit_batches(
     batches = Batches(data, batch_size, device, generator, model, shard, seed or 0)
     if len(batches) == 0:
         raise ValueError("the data set is empty: fit needs at least one example")
+    if batches.steps_per_epoch == 0:
+        loader = batches.loader
+        raise ValueError(
+            f"the data give no minibatch per epoch: a DataLoader with batch_size="
+            f"{loader.batch_size} and drop_last={loader.drop_last} over {len(batches)} "
+            "examples (on this rank) drops them all; pass a smaller batch_size or "
+            "drop_last=False"
+        )
     if tensors is None and not batches.check_batches:
         check_dataset(model, batches.loader.dataset, batches.loader.collate_fn)
     x0, y0 = batches.first()

@@ -74,9 +74,12 @@ def write_checkpoint(
     generator: torch.Generator,
     options: dict,
     rank_rng: list | None = None,
+    identity: dict | None = None,
 ) -> None:
     """Write everything a resumed fit needs to ``path``, atomically. ``rank_rng``: the
-    generator states of every rank of a distributed fit (:func:`zoo.persist.torch_rng_state`)."""
+    generator states of every rank of a distributed fit (:func:`zoo.persist.torch_rng_state`);
+    ``identity``: the data and settings it was made with (:func:`zoo.fingerprint.fit_identity`),
+    which a resume must match."""
     trainable = {}
     if isinstance(model, torch.nn.Module):
         trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
@@ -93,6 +96,7 @@ def write_checkpoint(
             "state": dataclasses.asdict(state),
             "options": persist.plain_data(options),
             "rank_rng": rank_rng,
+            "identity": identity,
         },
         path,
     )
@@ -109,37 +113,82 @@ def restore_rank_generator(payload: dict, ranks) -> bool:
 
 
 def read_checkpoint(path: str | os.PathLike, guide=None) -> dict:
-    """The payload of a checkpoint, on the CPU (RNG states must stay CPU tensors); with
-    ``guide`` (what the resuming fit was given), refused when it names another family."""
+    """The payload of a checkpoint, on the CPU (RNG states must stay CPU tensors), its loop
+    state checked; with ``guide`` (the guide the resuming fit was given, built), refused when
+    it is of another family or has other options."""
     payload = persist.read(path, "checkpoint", map_location="cpu")
     if "state" not in payload:
         raise ValueError(
             f"{path} is a checkpoint of bnn-zoo before version {persist.VERSION}, which cannot be "
             "resumed; start the fit again (zoo.load(path, allow_pickle=True) reads its guide)"
         )
+    persist.require(payload, ("guide", "model", "optimizer", "rng", "state"), path)
+    check_loop_state(path, payload["state"])
     if guide is not None:
         check_resumed_family(path, payload["guide"], guide)
     return payload
 
 
-def check_resumed_family(path, saved_guide: dict, guide) -> None:
-    """Refuse to resume a checkpoint of one family as a fit of another: ``guide`` is what the
-    resumed ``zoo.fit`` was given (a family name or a class; an instance or a factory is not
-    compared)."""
-    import inspect
-
-    import guides
-
-    saved = saved_guide.get("spec", {}).get("family")
-    if saved is None or not (isinstance(guide, str) or inspect.isclass(guide)):
-        return
-    cls = guides.get(guide) if isinstance(guide, str) else guide
-    given = getattr(cls, "family", None)
-    if given is not None and given != saved:
+def check_loop_state(path, state) -> None:
+    """Refuse a loop state that no fit writes: counts that are not non-negative integers, a
+    history whose length is not the step count, an epoch position without a shuffle state."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: the checkpoint's 'state' entry is not a loop state")
+    fields = {f.name for f in dataclasses.fields(LoopState)}
+    if set(state) != fields:
         raise ValueError(
-            f"resume={str(path)!r} is a checkpoint of the {saved!r} family, but this fit was "
-            f"given {given!r}; pass guide={saved!r} to resume it, or drop resume= to start a "
-            f"new {given!r} fit"
+            f"{path}: the checkpoint's loop state has entries {sorted(state)}, expected "
+            f"{sorted(fields)}; it was not written by this version of bnn-zoo, or was changed"
+        )
+    for name in ("step", "epoch", "done_in_epoch"):
+        value = state[name]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(
+                f"{path}: the checkpoint's {name} is {value!r}, not a count (an integer >= 0); "
+                "the file was changed: use another checkpoint or start the fit again"
+            )
+    if len(state["losses"]) != state["step"]:
+        raise ValueError(
+            f"{path}: the checkpoint's step is {state['step']} but it holds "
+            f"{len(state['losses'])} losses; the file was changed: use another checkpoint"
+        )
+    if state["epoch_start_state"] is not None and not torch.is_tensor(state["epoch_start_state"]):
+        raise ValueError(f"{path}: the checkpoint's shuffle state is not a tensor")
+
+
+def check_resumed_family(path, saved_guide: dict, guide) -> None:
+    """Refuse to resume a checkpoint of one family (or of the same family with other options)
+    as a fit of another: ``guide`` is the guide the resumed ``zoo.fit`` was given, built (a
+    name, a class, ``guides.family(...)``, a factory or an instance)."""
+    saved = saved_guide.get("spec", {})
+    if not hasattr(guide, "spec") or "family" not in saved:
+        return
+    try:
+        given = guide.spec()
+    except TypeError:  # an unregistered subclass: compared by its family name, if any
+        given = {"family": getattr(guide, "family", None), "options": saved.get("options")}
+    same = given["family"] == saved["family"]
+    if same and dict(given.get("options") or {}) == dict(saved.get("options") or {}):
+        return
+    name, options = saved["family"], saved.get("options") or {}
+    written = f"guides.family({name!r}, {', '.join(f'{k}={v!r}' for k, v in options.items())})"
+    written = written.replace(", )", ")")
+    raise ValueError(
+        f"resume={str(path)!r} is a checkpoint of the {name!r} family with options {options}, "
+        f"but this fit was given {given['family']!r} with options {given.get('options')}: "
+        f"{'other options' if same else 'another family'}. Pass guide={written} to resume "
+        "it, or drop resume= to start a new fit"
+    )
+
+
+def check_position(path, state: LoopState, per_epoch: int) -> None:
+    """Refuse a resumed position that does not fit this fit's epochs (``per_epoch`` steps):
+    the loop would skip every batch of every epoch and never take a step."""
+    if state.done_in_epoch >= per_epoch:
+        raise ValueError(
+            f"resume={str(path)!r} stopped {state.done_in_epoch} steps into an epoch, but an "
+            f"epoch of this fit has {per_epoch}: the data or the batch size differ from the "
+            "fit that wrote it; pass the same ones to resume it, or drop resume= to start afresh"
         )
 
 

@@ -98,6 +98,17 @@ def read(
     return payload
 
 
+def require(payload: dict, keys, path, entry: str = "file") -> None:
+    """Refuse a payload that lacks any of ``keys``, naming the file and what is missing."""
+    missing = [key for key in keys if key not in payload]
+    if missing:
+        raise ValueError(
+            f"{path}: the {entry} has no {', '.join(repr(k) for k in missing)} "
+            f"entr{'y' if len(missing) == 1 else 'ies'}; it was cut short or changed: use another "
+            "copy, or write it again"
+        )
+
+
 # ---- guides and models as plain data ----------------------------------------------------------
 def guide_payload(guide) -> dict:
     """The guide as plain data: spec, example input, site shapes and state dict."""

@@ -40,12 +40,14 @@ class Trainer:
         result: FitResult,
         checkpoint,
         checkpoint_every: int | None,
+        identity: dict | None = None,
         ranks: Ranks | None = None,
         convergence: ConvergenceTracker | None = None,
     ):
         self.engine, self.state, self.batches = engine, engine.state, batches
         self.generator, self.result = generator, result
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
+        self.identity = identity
         self.ranks = ranks if ranks is not None else Ranks()
         self.convergence = convergence
         self.steps_per_epoch = engine.plan.steps_per_epoch(batches.steps_per_epoch)
@@ -81,7 +83,9 @@ class Trainer:
             while state.step < total and not stop:
                 self.generator.set_state(state.epoch_start_state)
                 steps = engine.steps(self.batches.epoch(state.epoch))
+                before, seen = state.step, 0
                 for index, inputs in enumerate(steps):
+                    seen = index + 1
                     if index < state.done_in_epoch:
                         continue
                     engine.step(inputs)
@@ -100,6 +104,8 @@ class Trainer:
                         stop, self.reason = True, "converged"
                     if stop or state.step >= total:
                         break
+                if state.step == before and not stop:
+                    self._no_progress(seen)
         except KeyboardInterrupt:
             self.result.interrupted = True
             engine.settle()
@@ -114,6 +120,20 @@ class Trainer:
         if self.ranks.is_global_zero:
             warn_skipped(state.skipped_steps, state.step)
             self.warn_prior()
+
+    def _no_progress(self, seen: int) -> None:
+        """A pass over an epoch took no step: the data gave fewer minibatches than the fit has
+        taken of this epoch (an ``IterableDataset`` shorter than its ``__len__``, a loader that
+        changed). Going round again would spin for ever."""
+        state = self.state
+        err = ValueError(
+            f"epoch {state.epoch} of the data gave {seen} minibatch(es), but the fit had taken "
+            f"{state.done_in_epoch} of this epoch and expected {self.steps_per_epoch} "
+            "(len of the data's loader): the data give fewer batches than their length says, "
+            "or changed since the fit began; make __len__ match what __iter__ yields"
+        )
+        err.result = self.result
+        raise err
 
     def _converged(self, resumed: bool = False) -> bool:
         """The convergence rule's verdict at a window's end (``num_steps="auto"``), replayed
@@ -212,6 +232,7 @@ class Trainer:
             generator=self.generator,
             options=self.result.options,
             rank_rng=rank_rng,
+            identity=self.identity,
         )
 
     def _wall_time(self) -> float:

@@ -19,12 +19,19 @@ from pyro.infer.autoguide import AutoGuide
 import guides as guide_registry
 from zoo import distributed, persist, step_rules
 from zoo.batches import fit_batches
-from zoo.checkpoint import LoopState, read_checkpoint, restore, restore_rank_generator
+from zoo.checkpoint import (
+    LoopState,
+    check_position,
+    read_checkpoint,
+    restore,
+    restore_rank_generator,
+)
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.convergence import resolve as resolve_convergence
 from zoo.distributed import Ranks
 from zoo.divergence import DivergenceGuard
 from zoo.engine import StepEngine
+from zoo.fingerprint import check_identity, data_fingerprint, fit_identity
 from zoo.objective import Objective
 from zoo.optim import (
     check_finite_parameters,
@@ -178,11 +185,21 @@ def _fit(
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
     with seeded(seed, dev):
         batches, generator = fit_batches(model, data, length.batch_size, dev, seed, ranks)
+        guide = guide_registry.instantiate(guide, model, {})
+        identity = None
+        if run.checkpoint is not None or run.resume is not None:
+            identity = fit_identity(
+                data_fingerprint(data),
+                batch_size=batches.batch_size,
+                length=length,
+                optim=optim,
+                loss=loss,
+                engine=engine,
+            )
         resumed = read_checkpoint(run.resume, guide) if run.resume else None
         if resumed is not None:
+            check_identity(run.resume, resumed.get("identity"), identity)
             guide = persist.build_guide(model, resumed["guide"])
-        else:
-            guide = guide_registry.instantiate(guide, model, {})
         guide.to(dev)
         objective = Objective(
             model,
@@ -219,6 +236,7 @@ def _fit(
         )
         if resumed is not None:
             state = restore(resumed, model, opt, sched, generator)
+            check_position(run.resume, state, per_epoch)
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
                 torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws
         else:
@@ -245,6 +263,7 @@ def _fit(
             result=result,
             checkpoint=run.checkpoint,
             checkpoint_every=run.checkpoint_every,
+            identity=identity,
             ranks=ranks,
             convergence=tracker,
         )

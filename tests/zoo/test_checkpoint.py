@@ -1,0 +1,123 @@
+"""Checkpoints (zoo.checkpoint, zoo.fingerprint): a resume continues the same fit or is refused
+with what differs; a checkpoint whose loop state no fit writes is refused before any step."""
+
+import pytest
+import torch
+
+import guides
+import zoo
+from zoo.models import BayesianMLP
+
+
+def data(n=300, shift=0.0):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return x + shift, x[:, 0] - x[:, 1]
+
+
+def model():
+    return BayesianMLP(3, (8,), noise=1.0)
+
+
+def fit(guide="lowrank", data_=None, **run):
+    options = dict(num_steps=run.pop("num_steps", 20), batch_size=run.pop("batch_size", 25))
+    return zoo.fit(
+        model(), guide, data_ if data_ is not None else data(), **options,
+        optim=run.pop("optim", None), run=zoo.Run(progress=False, **run),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    """A low-rank fit's checkpoint, 9 steps into an epoch of 12 (batch 25 of 300)."""
+    path = tmp_path / "fit.ckpt"
+    fit("lowrank", num_steps=9, checkpoint=path, checkpoint_every=9)
+    return path
+
+
+def test_a_resume_with_a_larger_batch_is_refused_not_spun(checkpoint):
+    """Batch 100 gives 3 steps an epoch; the checkpoint is 9 into one: the loop would skip
+    every batch of every epoch for ever."""
+    with pytest.raises(ValueError, match="batch_size=25 in the checkpoint, 100 now"):
+        fit("lowrank", batch_size=100, resume=checkpoint)
+
+
+def test_a_resume_on_other_data_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="the data differ \\(the same size"):
+        fit("lowrank", data(shift=1.0), resume=checkpoint)
+    with pytest.raises(ValueError, match="300 examples in the checkpoint, 200 now"):
+        fit("lowrank", data(200), resume=checkpoint)
+
+
+def test_a_resume_with_another_learning_rate_or_optimiser_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="lr=0.001 in the checkpoint, 0.01 now"):
+        zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.01,
+                run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+    with pytest.raises(ValueError, match="optimizer='adam' in the checkpoint, 'sgd' now"):
+        fit("lowrank", optim=zoo.Optim(optimizer="sgd"), resume=checkpoint)
+
+
+def test_a_longer_run_resumes(checkpoint):
+    resumed = fit("lowrank", num_steps=20, resume=checkpoint)
+    assert resumed.steps == 20
+
+
+@pytest.mark.parametrize(
+    "guide",
+    [
+        "tridiagonal",
+        guides.family("tridiagonal"),
+        guides.family("lowrank", rank=3),
+        lambda m: guides.get("diagonal")(m),
+        "instance",
+    ],
+    ids=["name", "family", "other-options", "factory", "instance"],
+)
+def test_a_resume_with_another_family_or_its_options_is_refused(checkpoint, guide):
+    """However the guide comes (the CLI passes guides.family): a fit of one family must never
+    continue another's checkpoint and be saved under its name."""
+    if guide == "instance":
+        guide = guides.get("matrix_normal")(model())
+    with pytest.raises(ValueError, match="checkpoint of the 'lowrank' family") as err:
+        fit(guide, resume=checkpoint)
+    assert "guides.family('lowrank', rank=10" in str(err.value)
+
+
+def test_the_same_family_given_any_way_resumes(checkpoint):
+    assert fit(guides.family("lowrank", rank=10), resume=checkpoint).steps == 20
+    assert fit(guides.get("lowrank")(model()), resume=checkpoint).steps == 20
+
+
+@pytest.mark.parametrize(
+    "field, value, phrase",
+    [
+        ("step", -5, "step is -5, not a count"),
+        ("step", 2.5, "step is 2.5, not a count"),
+        ("epoch", -1, "epoch is -1"),
+        ("done_in_epoch", 50, "stopped 50 steps into an epoch, but an epoch of this fit has 12"),
+        ("losses", [1.0], "step is 9 but it holds 1 losses"),
+    ],
+)
+def test_a_changed_loop_state_is_refused_before_any_step(checkpoint, field, value, phrase):
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["state"][field] = value
+    torch.save(payload, checkpoint)
+    with pytest.raises(ValueError, match=phrase):
+        fit("lowrank", resume=checkpoint)
+
+
+@pytest.mark.parametrize("entry", ["optimizer", "state", "guide"])
+def test_a_checkpoint_without_an_entry_names_it(checkpoint, entry):
+    payload = torch.load(checkpoint, weights_only=True)
+    del payload[entry]
+    torch.save(payload, checkpoint)
+    with pytest.raises(ValueError, match=f"'{entry}'|before version"):
+        fit("lowrank", resume=checkpoint)
+
+
+def test_a_checkpoint_records_the_data_and_the_settings(checkpoint):
+    payload = torch.load(checkpoint, weights_only=True)
+    identity = payload["identity"]
+    assert identity["data"]["size"] == 300 and len(identity["data"]["digest"]) == 64
+    assert identity["settings"]["batch_size"] == 25
+    assert identity["settings"]["optimizer"] == "adam"
