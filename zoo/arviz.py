@@ -23,6 +23,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from zoo.serial import one_at_a_time
+
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az
@@ -37,6 +39,7 @@ def site_dims(name: str, shape: Sequence[int]) -> list[str]:
     return [f"{layer}_{s}" for s in suffixes]
 
 
+@one_at_a_time
 def to_inference_data(
     fit,
     data=None,

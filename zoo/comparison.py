@@ -12,8 +12,10 @@ from tqdm import tqdm
 from zoo.agreement import distances
 from zoo.data_checks import check_labelled_data, gather_tensors
 from zoo.options import Engine, group, grouped
+from zoo.serial import one_at_a_time
 
 
+@one_at_a_time
 def compare(
     model_factory: Callable,
     guides: Sequence | None = None,

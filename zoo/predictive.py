@@ -14,6 +14,7 @@ from zoo.distributed import Ranks
 from zoo.models.base import BayesianModel
 from zoo.prediction_result import Prediction
 from zoo.rng import seeded
+from zoo.serial import one_at_a_time
 from zoo.threads import intra_op_threads, prediction_threads
 
 #: Seconds before the prediction progress bar appears: short predictions print nothing.
@@ -97,6 +98,7 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
         return int(min(max(budget // per_example, low), high))
 
 
+@one_at_a_time
 @torch.no_grad()
 def predict(
     model: BayesianModel,

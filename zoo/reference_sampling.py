@@ -28,6 +28,7 @@ from tqdm import tqdm
 from zoo import hmc, persist
 from zoo.data_checks import check_data, gather_tensors
 from zoo.reference_result import Reference
+from zoo.serial import one_at_a_time
 from zoo.threads import example_flops, intra_op_threads
 
 
@@ -56,6 +57,7 @@ class ReferenceTooLargeError(ValueError):
     """The model or data is past the :class:`Budget` of full-batch HMC."""
 
 
+@one_at_a_time
 def reference(
     model,
     data,

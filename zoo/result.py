@@ -12,6 +12,7 @@ from pyro.infer.autoguide import AutoGuide
 
 from zoo import persist
 from zoo.data_checks import check_labelled_data, gather_tensors
+from zoo.serial import one_at_a_time
 
 if TYPE_CHECKING:
     from zoo.reference_result import Reference
@@ -199,6 +200,7 @@ class FitResult:
         return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
 
 
+@one_at_a_time
 def load(
     path: str | os.PathLike,
     model: Callable | None = None,

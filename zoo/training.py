@@ -45,11 +45,13 @@ from zoo.options import Engine, Loss, Optim, Run, accepts_flat_keywords, group
 from zoo.recipes import Length, check_positive, resolve_device, resolve_length, warn_if_short
 from zoo.result import FitResult, load
 from zoo.rng import seeded
+from zoo.serial import one_at_a_time
 from zoo.threads import intra_op_threads
 from zoo.trainer import Trainer
 
 
 @accepts_flat_keywords
+@one_at_a_time
 def fit(
     model: Callable,
     guide: str | type | Callable | AutoGuide,
