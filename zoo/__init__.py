@@ -55,3 +55,15 @@ __all__ = [
     "reference",
 ]
 __version__ = "0.2.0"
+
+#: Modules read as ``zoo.<name>`` without importing them first; each loads its heavy stack
+#: (Lightning, matplotlib, ArviZ) on first use only.
+LAZY_MODULES = ("arviz", "lightning", "plots")
+
+
+def __getattr__(name: str):
+    if name in LAZY_MODULES:
+        import importlib
+
+        return importlib.import_module(f"zoo.{name}")
+    raise AttributeError(f"module 'zoo' has no attribute {name!r}")

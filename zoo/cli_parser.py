@@ -93,7 +93,7 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
     )
     p.add_argument(
         "--hidden",
-        type=int,
+        type=positive_int,
         nargs="*",
         default=None,
         help="hidden widths: MLP layers, or LeNet-5's FC width (default: 50 50 for --data toy, "

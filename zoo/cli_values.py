@@ -118,8 +118,10 @@ def jit_value(value: str):
 
 
 def devices_value(value: str):
-    """``--devices``: a count, or a name Lightning knows (``auto``)."""
-    return int(value) if value.isdigit() else value
+    """``--devices``: a count of at least 1, ``-1`` (all) or ``auto``."""
+    if value in ("auto", "-1"):
+        return -1 if value == "-1" else value
+    return positive_int(value)
 
 
 def threads_value(value: str):

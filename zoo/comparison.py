@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable, Sequence
 
 import pandas as pd
+import torch
 from tqdm import tqdm
 
 from zoo.agreement import distances
@@ -80,15 +82,27 @@ def compare(
 
     if train is None or test is None:
         raise ValueError("compare needs both train and test data")
+    if isinstance(model_factory, torch.nn.Module) or not callable(model_factory):
+        raise TypeError(
+            f"compare takes a model factory, () -> a new model (each family is fitted to a "
+            f"fresh one), e.g. lambda: zoo.models.BayesianMLP(...); got a "
+            f"{type(model_factory).__name__} {'instance' if callable(model_factory) else ''}"
+        )
     if guides is None:
         from guides import available
 
         guides = available()
+    guides = list(guides)
+    if not guides:
+        raise ValueError("guides is empty: name at least one family (guides.available())")
+    for spec in guides:
+        _row(spec)  # a malformed entry fails now, not after the fits before it
     x_test, y_test = gather_tensors(test)
     ref_pred = None
     if reference is not None:
         _check_same_sites(reference.model, model_factory())
         ref_pred = reference.predict(x_test, progress=progress, threads=_threads(fit_options))
+        warn_unconverged(reference, ref_pred)
     rows, fits = [], {}
     for i, spec in enumerate(guides):
         label, family, options, own = _row(spec)
@@ -162,6 +176,38 @@ def _reference_row(reference, pred, y) -> dict:
         **metrics,
         **distances(pred, pred),
     }
+
+
+#: A reference whose output R-hat exceeds this, or whose smallest bulk ESS of the outputs is
+#: under ``MIN_ESS``, is not a posterior to measure distances to (Vehtari et al. 2021's bars
+#: are 1.01 and 100 per chain; these flag a reference far from them).
+MAX_R_HAT, MIN_ESS = 1.05, 50
+
+
+class ReferenceNotConvergedWarning(UserWarning):
+    """``compare``'s reference has not converged by its own diagnostics."""
+
+
+def warn_unconverged(reference, pred) -> None:
+    """Warn when the reference's chains disagree on the test outputs (R-hat, bulk ESS of
+    ``pred``, the reference's predictions): the distances would measure its sampling error."""
+    from zoo.arviz import chain_diagnostics
+
+    chains, draws = reference.shape
+    if chains < 2:
+        return
+    outputs = pred.outputs.reshape(chains, draws, *pred.outputs.shape[1:])
+    found = chain_diagnostics({"outputs": outputs})
+    r_hat, ess = found["outputs_r_hat"], found["outputs_ess_bulk"]
+    if r_hat > MAX_R_HAT or ess < MIN_ESS:
+        warnings.warn(
+            f"the reference has not converged by its own diagnostics (output R-hat {r_hat:.3g}, "
+            f"smallest bulk ESS {ess:.3g}; bars: R-hat <= {MAX_R_HAT}, ESS >= {MIN_ESS}): the "
+            "distances to it measure its sampling error as much as each family's; run it "
+            "longer (zoo.reference(..., warmup=, draws=, checkpoint= to extend it))",
+            ReferenceNotConvergedWarning,
+            stacklevel=3,
+        )
 
 
 def _row(spec) -> tuple[str, object, dict, dict]:

@@ -5,7 +5,7 @@ forms to tensors. The minibatches themselves are :mod:`zoo.batches`'."""
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from zoo.likelihoods import check_labels, shape_n
 from zoo.models.base import BayesianModel
@@ -23,6 +23,10 @@ __all__ = [
     "gather_tensors",
     "split_batch",
 ]
+
+
+#: Floating-point types a fit does not run in.
+HALF = (torch.float16, torch.bfloat16)
 
 
 def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -64,7 +68,20 @@ def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Te
     if tensors is not None:
         return tensors
     loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
-    pairs = [split_batch(batch) for batch in loader]
+    pairs, offset, items = [], 0, iter(loader)
+    while True:
+        try:
+            batch = next(items)
+        except StopIteration:
+            break
+        except Exception as err:  # an item that raises, or items that do not stack: name it
+            dataset = loader.dataset
+            if not isinstance(dataset, IterableDataset):
+                size = loader.batch_size or 1
+                locate_bad_item(dataset, offset, min(offset + size, len(dataset)), err)
+            raise
+        pairs.append(split_batch(batch))
+        offset += pairs[-1][0].shape[0]
     if not pairs:
         raise ValueError("the data set is empty: it has no examples to gather")
     xs, ys = zip(*pairs)
@@ -177,10 +194,19 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
     weight = next(model.net.parameters(), None)
     if not x.is_floating_point():
         raise TypeError(f"X must be a floating-point tensor, got {x.dtype}; use X.float()")
+    if weight is not None and weight.dtype in HALF:
+        raise TypeError(
+            f"the model's weights are {weight.dtype}: fits and predictions run in float32 or "
+            "float64 (half precision loses the ELBO's sums and Adam's moments); use "
+            "model.float() and X.float()"
+        )
     if weight is not None and x.dtype != weight.dtype:
+        advice = f"X.to({weight.dtype})"
+        if x.dtype not in HALF:
+            advice += f" or model.to({x.dtype})"
         raise TypeError(
             f"X is {x.dtype} but the model's weights are {weight.dtype}; convert one of them "
-            f"(X.to({weight.dtype}) or model.to({x.dtype}))"
+            f"({advice})"
         )
     expected = model.input_shape
     if expected is not None and tuple(x.shape[1:]) != expected:

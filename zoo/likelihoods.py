@@ -179,7 +179,18 @@ class Gaussian(_GaussianBase):
     PRIOR_SCALE_WARNING = 10.0
 
     def check_scale(self, y):
-        if y.numel() < 2 or not y.is_floating_point():
+        if y.numel() and not y.is_floating_point():
+            values = int(torch.unique(y).numel())
+            warnings.warn(
+                f"the targets are {str(y.dtype).removeprefix('torch.')} with {values} distinct "
+                "values, for a regression model (a Normal likelihood): if they are class labels, "
+                "build the model with task='classification'; to regress on whole numbers, pass "
+                "y.float() (this warning then goes)",
+                UserWarning,
+                stacklevel=4,
+            )
+            return
+        if y.numel() < 2:
             return
         if self.learned:
             reference, limit = float(self.noise_prior_scale), self.PRIOR_SCALE_WARNING

@@ -64,12 +64,18 @@ def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mappin
     CUDA: several times faster than the per-tensor loop on large models), else ``foreach``.
     An explicit ``fused`` or ``foreach`` in ``options`` wins."""
     options = dict(options)
-    if opt_cls not in OPTIMIZERS.values() or "fused" in options or "foreach" in options:
-        return opt_cls(groups, lr=lr, **options)
     try:
-        return opt_cls(groups, lr=lr, fused=True, **options)
-    except (RuntimeError, ValueError, TypeError):  # a dtype or device without a fused kernel
-        return opt_cls(groups, lr=lr, foreach=True, **options)
+        if opt_cls not in OPTIMIZERS.values() or "fused" in options or "foreach" in options:
+            return opt_cls(groups, lr=lr, **options)
+        try:
+            return opt_cls(groups, lr=lr, fused=True, **options)
+        except (RuntimeError, ValueError, TypeError):  # a dtype or device without a fused kernel
+            return opt_cls(groups, lr=lr, foreach=True, **options)
+    except (RuntimeError, ValueError, TypeError, KeyError) as err:
+        raise ValueError(
+            f"{opt_cls.__name__} refused optimizer_options={options} "
+            f"({type(err).__name__}: {err}); pass only its own arguments, with valid values"
+        ) from None
 
 
 def _exponential(total: int) -> Callable[[int], float]:
@@ -109,6 +115,10 @@ def make_scheduler(optimizer, lr_schedule, total: int = 1, cuts=None):
     rate cuts of a convergence rule, :class:`zoo.convergence.ConvergenceTracker`), or
     ``None`` when neither is."""
     factor = resolve_schedule(lr_schedule, total)
+    if factor is not None:
+        from zoo.arguments import check_factor
+
+        check_factor("lr_schedule", factor, sorted({0, max(int(total) - 1, 0)}))
     if cuts is not None:
         factor = _times(factor, cuts.lr_factor)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zoo import option_checks as checks
 from zoo.cli_values import (
     devices_value,
     jit_value,
@@ -94,6 +95,9 @@ class Optim:
 
         check_optimizer(self.optimizer)
         check_positive(clip_grad_norm=self.clip_grad_norm)
+        checks.check_optimizer_options(self.optimizer_options)
+        checks.check_multipliers(self.lr_multipliers)
+        checks.check_schedule(self.lr_schedule)
 
 
 @dataclass(frozen=True)
@@ -138,9 +142,7 @@ class Loss:
         from zoo.objective import check_elbo
 
         check_positive(num_particles=self.num_particles)
-        weight = self.kl_weight
-        if not callable(weight) and (isinstance(weight, bool) or not weight >= 0):
-            raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
+        checks.check_kl_weight(self.kl_weight)
         check_elbo(self.elbo)
         estimators.check_estimator(self.estimator)
 
@@ -247,6 +249,8 @@ class Engine:
         if not isinstance(self.cuda_graph, bool) and self.cuda_graph != "auto":
             raise ValueError(f"cuda_graph must be 'auto', True or False, got {self.cuda_graph!r}")
         check_positive(accumulate=self.accumulate, num_nodes=self.num_nodes)
+        checks.check_device(self.device)
+        checks.check_devices(self.devices)
 
     @property
     def distributed(self) -> bool:
@@ -310,6 +314,7 @@ class Run:
 
         check_on_divergence(self.on_divergence)
         check_positive(checkpoint_every=self.checkpoint_every)
+        checks.check_run(self)
 
 
 #: ``zoo.fit``'s group parameters and their classes.

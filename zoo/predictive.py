@@ -9,10 +9,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
+from zoo.arguments import check_seed
 from zoo.data_checks import check_inputs
 from zoo.distributed import Ranks
 from zoo.models.base import BayesianModel
 from zoo.prediction_result import Prediction
+from zoo.recipes import check_positive
 from zoo.rng import seeded
 from zoo.serial import one_at_a_time
 from zoo.threads import intra_op_threads, prediction_threads
@@ -141,8 +143,10 @@ def predict(
     ``threads``: torch's intra-op CPU threads for the passes, as ``zoo.fit``'s (``"auto"``: one
     thread when a pass is small, :mod:`zoo.threads`), the caller's setting restored after.
     """
-    if num_samples < 1:
-        raise ValueError(f"num_samples must be positive, got {num_samples}")
+    check_positive(
+        num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
+    )
+    check_seed(seed)
     if params is None:
         device = _fitted_guide_device(guide)
     else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed

@@ -152,6 +152,12 @@ INTEGERS = (
     "checkpoint_every",
     "accumulate",
     "num_nodes",
+    "num_samples",
+    "sample_batch_size",
+    "chains",
+    "draws",
+    "chunk",
+    "max_tree_depth",
 )
 
 

@@ -26,7 +26,9 @@ import torch
 from tqdm import tqdm
 
 from zoo import hmc, persist
+from zoo.arguments import check_seed
 from zoo.data_checks import check_data, gather_tensors
+from zoo.recipes import check_positive
 from zoo.reference_result import Reference
 from zoo.serial import one_at_a_time
 from zoo.threads import example_flops, intra_op_threads
@@ -111,11 +113,7 @@ def reference(
     -------
     Reference
     """
-    if min(chains, draws) < 1 or warmup < 0 or chunk < 1:
-        raise ValueError(
-            f"need chains >= 1, draws >= 1, warmup >= 0 and chunk >= 1; got chains={chains}, "
-            f"draws={draws}, warmup={warmup}, chunk={chunk}"
-        )
+    check_settings(chains, warmup, draws, seed, checkpoint, chunk, target_accept, max_tree_depth)
     x, y = _in_memory(data, budget)
     device = persist.device_of(model) or torch.device("cpu")
     x, y = x.to(device), y.to(device)
@@ -137,6 +135,26 @@ def reference(
     stats = {k: torch.stack([s[k][:draws] for _, s in per_chain]) for k in hmc.STAT_NAMES}
     options = {**asdict(settings), "chains": chains, "processes": workers, "examples": len(x)}
     return Reference(model, draws_, stats, time.perf_counter() - start, options, device)
+
+
+def check_settings(chains, warmup, draws, seed, checkpoint, chunk, target, depth) -> None:
+    """Refuse settings no run can use, before any work: counts that are not whole numbers
+    (``warmup`` may be 0), a ``target_accept`` outside (0, 1), a checkpoint that is a file."""
+    check_positive(chains=chains, draws=draws, chunk=chunk, max_tree_depth=depth)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
+    check_seed(seed)
+    number = isinstance(target, (int, float)) and not isinstance(target, bool)
+    if not number or not 0 < target < 1:
+        raise ValueError(
+            f"target_accept must be a number strictly between 0 and 1 (NUTS' mean acceptance "
+            f"target, 0.8 by default), got {target!r}"
+        )
+    if checkpoint is not None and Path(checkpoint).exists() and not Path(checkpoint).is_dir():
+        raise ValueError(
+            f"checkpoint={str(checkpoint)!r} is a file: a reference's checkpoint is a folder "
+            "(one file per chain); pass a folder path"
+        )
 
 
 def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> None:

@@ -18,6 +18,7 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo import distributed, persist, step_rules
+from zoo.arguments import check_checkpoint_path, check_length, check_model, check_seed
 from zoo.batches import fit_batches
 from zoo.checkpoint import (
     LoopState,
@@ -132,6 +133,10 @@ def fit(
     optim, loss = group(Optim, optim), group(Loss, loss)
     engine, run = group(Engine, engine), group(Run, run)
     # The checks of the arguments alone, here: before any process is started.
+    check_model(model, guide)
+    check_seed(seed)
+    check_length(epochs, num_steps)
+    check_checkpoint_path(run.checkpoint)
     step_rules.check_options(engine, engine.distributed)
     num_steps, convergence = resolve_convergence(num_steps)
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)

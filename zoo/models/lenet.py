@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.models.base import BayesianModel
+from zoo.models.sizes import check_sizes
 from zoo.priors import Prior
 
 
@@ -36,6 +37,8 @@ class LeNet5Network(nn.Module):
     """
 
     def __init__(self, hidden: int = 100, num_classes: int = 10):
+        check_sizes("LeNet-5's hidden and num_classes", [hidden, num_classes])
+        check_sizes("LeNet-5's hidden width", [800, hidden, num_classes])
         super().__init__()
         self.conv1 = nn.Conv2d(1, 20, 5)
         self.conv2 = nn.Conv2d(20, 50, 5)

@@ -10,6 +10,7 @@ from torch import nn
 
 from zoo.likelihoods import Likelihood, from_task
 from zoo.models.base import BayesianModel
+from zoo.models.sizes import check_sizes
 from zoo.priors import Prior
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -21,9 +22,10 @@ def mlp_network(
     """``fc1 -> act -> fc2 -> ... -> fcL`` with layers named ``fc1`` ... ``fcL``."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-    sizes = [int(in_features), *[int(h) for h in hidden], int(out_features)]
-    if any(s < 1 for s in sizes):
-        raise ValueError(f"layer sizes must be positive, got {sizes}")
+    if isinstance(hidden, (int, str)) or not hasattr(hidden, "__iter__"):
+        raise TypeError(f"hidden must be a sequence of widths, e.g. (100,), got {hidden!r}")
+    sizes = [in_features, *hidden, out_features]
+    check_sizes("the layer sizes (in_features, *hidden, out_features)", sizes)
     layers: OrderedDict[str, nn.Module] = OrderedDict()
     for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:]), start=1):
         layers[f"fc{i}"] = nn.Linear(a, b)

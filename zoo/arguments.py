@@ -1,0 +1,134 @@
+"""Checks of the plain arguments of the library's entry points (``zoo.fit``, ``predict``,
+``reference``, ``compare``): each refuses a value that cannot be right before any work, with a
+message that says what was given, where, and what to pass instead. The option groups check
+their own fields (:mod:`zoo.options`)."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+__all__ = [
+    "MAX_SEED",
+    "check_checkpoint_path",
+    "check_factor",
+    "check_length",
+    "check_model",
+    "check_seed",
+]
+
+#: Seeds are integers in ``[0, MAX_SEED)``: what torch's generators take.
+MAX_SEED = 2**63
+
+
+def check_seed(seed, name: str = "seed") -> None:
+    """Refuse a seed that is not ``None`` or an integer in ``[0, 2**63)``."""
+    if seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+        raise ValueError(
+            f"{name} must be None (the global generators as they are) or an integer in "
+            f"[0, 2**63), got {seed!r}"
+        )
+
+
+def check_length(epochs, num_steps) -> None:
+    """``epochs`` and ``num_steps`` are two ways to say one thing: refuse both at once."""
+    if epochs is not None and num_steps is not None:
+        raise ValueError(
+            f"pass epochs= or num_steps=, not both (got epochs={epochs!r}, "
+            f"num_steps={num_steps!r}): num_steps counts optimiser steps across epochs"
+        )
+
+
+def check_model(model, guide=None) -> None:
+    """Refuse what cannot be a Pyro model of ``zoo.fit``: nothing, a non-callable, or a plain
+    torch module (no sample site: convert it); and a guide instance built for another model."""
+    from pyro.infer.autoguide import AutoGuide
+    from pyro.nn import PyroModule
+
+    from zoo.models.base import BayesianModel
+
+    if model is None or not callable(model):
+        raise TypeError(
+            f"model must be a Pyro model (a zoo.models network, or a callable model(x, y) with "
+            f"a sample site per weight), got {type(model).__name__}"
+        )
+    plain = isinstance(model, torch.nn.Module) and not isinstance(
+        model, (BayesianModel, PyroModule)
+    )
+    if plain and not _takes_two_arguments(model.forward):
+        raise TypeError(
+            f"model is a plain torch module ({type(model).__name__}) with no sample sites: "
+            "convert it to a Bayesian model first, zoo.models.from_module(net, "
+            "task='regression' or 'classification')"
+        )
+    if isinstance(guide, AutoGuide):
+        built_for = getattr(guide, "_model", (None,))[0]
+        if built_for is not None and built_for is not model:
+            raise ValueError(
+                f"the guide was built for another model ({type(built_for).__name__} object at "
+                f"{id(built_for):#x}), not the one given to fit; build it for this model "
+                "(guides.get(name)(model)) or pass the family's name"
+            )
+
+
+def _takes_two_arguments(function: Callable) -> bool:
+    import inspect
+
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return True
+    try:
+        signature.bind(None, None)
+    except TypeError:
+        return False
+    return True
+
+
+def check_checkpoint_path(path) -> None:
+    """Refuse a checkpoint path that names a folder, or whose folder cannot be made or
+    written, before the fit starts (a fit would otherwise fail at its first checkpoint)."""
+    if path is None:
+        return
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"checkpoint={str(path)!r} is a folder; pass a file path in it")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"checkpoint={str(path)!r}: its folder cannot be made ({err.strerror}); pass a "
+            "path in a folder you can write"
+        ) from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise ValueError(
+            f"checkpoint={str(path)!r}: its folder {str(path.parent)!r} is not writable; pass "
+            "a path in a folder you can write"
+        )
+
+
+def check_factor(name: str, schedule: Callable[[int], float], steps=(0,)) -> None:
+    """Call ``schedule`` at ``steps`` and refuse a value that is not a finite number >= 0: a
+    negative learning-rate factor is gradient ascent, a NaN ruins the first step."""
+    for step in steps:
+        try:
+            value = schedule(step)
+        except Exception as err:
+            raise ValueError(
+                f"{name} raised {type(err).__name__} at step {step}: {err}; it must take the "
+                "step (an int) and return a number >= 0"
+            ) from err
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if torch.is_tensor(value) and value.numel() == 1:
+            ok, value = True, value.item()
+        if not ok or not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"{name} gave {value!r} at step {step}: it must return a finite number >= 0 "
+                "(a negative factor turns the step round: it climbs the loss)"
+            )
