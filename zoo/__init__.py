@@ -21,9 +21,11 @@ from zoo.reference_result import Reference
 from zoo.reference_sampling import Budget as ReferenceBudget
 from zoo.reference_sampling import ReferenceTooLargeError, reference
 from zoo.result import FitResult, FitState, load
+from zoo.trainer import CheckpointError
 from zoo.training import fit
 
 __all__ = [
+    "CheckpointError",
     "REGRESSION_FIT",
     "ClassificationPrediction",
     "Convergence",

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoo import persist
+from zoo import file_checks, persist
 
 
 @dataclass
@@ -123,6 +123,7 @@ def read_checkpoint(path: str | os.PathLike, guide=None) -> dict:
             "resumed; start the fit again (zoo.load(path, allow_pickle=True) reads its guide)"
         )
     persist.require(payload, ("guide", "model", "optimizer", "rng", "state"), path)
+    file_checks.check_guide_payload(payload["guide"], path)
     check_loop_state(path, payload["state"])
     if guide is not None:
         check_resumed_family(path, payload["guide"], guide)

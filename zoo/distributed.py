@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import os
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
 import torch
+
+from zoo.children import scratch_folder
 
 #: Lightning strategies a fit can run on (data-parallel ones; ``"auto"`` lets Lightning pick).
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
@@ -95,12 +96,26 @@ def launch(function: Callable, *, accelerator, devices, num_nodes, strategy, reb
     )
     threads = torch.get_num_threads()  # Lightning sets cores / processes in this process
     try:
-        with tempfile.TemporaryDirectory(prefix="zoo-fit-") as folder:
+        with scratch_folder("zoo-fit-") as folder:
             handoff = Path(folder) / "rank0.fit"
-            result = fabric.launch(functools.partial(_in_process, function, os.getpid(), handoff))
+            try:
+                result = fabric.launch(
+                    functools.partial(_in_process, function, os.getpid(), handoff)
+                )
+            except torch.multiprocessing.ProcessExitedException as err:
+                raise RankFailedError(_exited(err)) from err
             return rebuild(result.path) if isinstance(result, _SavedFit) else result
     finally:
         torch.set_num_threads(threads)
+
+
+def _exited(err) -> str:
+    """What a rank that ended without an error of its own tells the others."""
+    how = f"signal {err.signal_name}" if err.signal_name else f"exit code {err.exit_code}"
+    return (
+        f"rank {err.error_index} (process {err.error_pid}) of the distributed fit ended with "
+        f"{how}, so the fit stopped; a checkpoint= written before resumes it (run.resume)"
+    )
 
 
 class _SavedFit(NamedTuple):
@@ -108,6 +123,10 @@ class _SavedFit(NamedTuple):
 
 
 def _in_process(function: Callable, parent: int, handoff: Path, fabric):
+    if os.getpid() != parent:  # a spawned or forked rank: it ends with the process it serves
+        from zoo.children import die_with_parent
+
+        die_with_parent(parent)
     result = function(Ranks(fabric))
     if os.getpid() == parent:
         return result

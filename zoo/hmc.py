@@ -28,7 +28,7 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc import NUTS
 from pyro.poutine.util import site_is_subsample
 
-from zoo import persist
+from zoo import file_checks, persist
 from zoo.rng import forked, seeded
 
 #: The per-draw statistics each chain records, in ArviZ's ``sample_stats`` names.
@@ -200,8 +200,40 @@ def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y) -> N
 
 
 def read_chain(path: Path) -> dict:
-    """A chain checkpoint (plain data, read without unpickling code)."""
-    return persist.read(path, "hmc-chain")
+    """A chain checkpoint (plain data, read without unpickling code), its entries checked
+    (:func:`check_chain`)."""
+    state = persist.read(path, "hmc-chain")
+    check_chain(state, path)
+    return state
+
+
+def check_chain(state: dict, path) -> None:
+    """Refuse a chain file whose entries no chain writes: a position or draw that is not a
+    finite tensor, a step size that is not a positive number, statistics of unequal lengths."""
+    keys = ("chain", "settings", "data", "z", "step_size", "inverse_mass_matrix", "draws")
+    persist.require(state, (*keys, "stats", "rng"), path)
+    file_checks.check_tensors(state["z"], path, "chain position z")
+    step = state["step_size"]
+    if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < float("inf"):
+        raise ValueError(f"{path}: the chain's step size is {step!r}, not a positive number")
+    stats = state["stats"]
+    if not isinstance(stats, dict) or set(stats) != set(STAT_NAMES):
+        raise ValueError(f"{path}: the chain's stats are not {list(STAT_NAMES)}")
+    lengths = {len(v) for v in stats.values()}
+    draws = state["draws"]
+    if not isinstance(draws, dict) or not isinstance(state["settings"], dict):
+        raise ValueError(f"{path}: the chain's draws or settings are not dicts")
+    lengths |= {len(v) for v in draws.values()}
+    if len(lengths) > 1:
+        raise ValueError(f"{path}: the chain's draws and stats differ in length {sorted(lengths)}")
+    for name, values in draws.items():
+        file_checks.check_tensors(dict(enumerate(values)), path, f"draws of {name!r}")
+    matrix = state["inverse_mass_matrix"]
+    if not isinstance(matrix, list) or not all(len(item) == 2 for item in matrix):
+        raise ValueError(f"{path}: the chain's inverse mass matrix is not [[names, tensor], ...]")
+    file_checks.check_tensors({str(n): v for n, v in matrix}, path, "inverse mass matrix")
+    if not isinstance(state["rng"], dict) or not torch.is_tensor(state["rng"].get("torch")):
+        raise ValueError(f"{path}: the chain's generator state is not a saved torch state")
 
 
 def stacked(state: dict) -> tuple[dict, dict]:

@@ -30,6 +30,7 @@ import torch
 
 import guides
 from guides.site import direct_parameters
+from zoo import file_checks
 
 FORMAT = "bnn-zoo"
 VERSION = 2
@@ -39,6 +40,9 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:
+        obj = {**obj, "checksum": file_checks.digest(obj)}
+    remove_stale_temporaries(path)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -58,6 +62,25 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     return path
 
 
+#: A temporary file of an interrupted save older than this (seconds) is removed by the next
+#: save to the same path; a younger one may be another process's save in progress.
+STALE_AFTER = 60.0
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove what a killed save to ``path`` left (``.<name>.*.tmp``, older than
+    :data:`STALE_AFTER` seconds)."""
+    import time
+
+    now = time.time()
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > STALE_AFTER:
+                tmp.unlink()
+        except OSError:
+            pass
+
+
 def read(
     path: str | os.PathLike, kind: str | tuple[str, ...], map_location=None, allow_pickle=False
 ):
@@ -74,7 +97,9 @@ def read(
         raise FileNotFoundError(f"no {label} file at {path}")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError:
+    except pickle.UnpicklingError as err:
+        if "global" not in str(err).lower():  # not objects: bytes no writer produces
+            raise ValueError(_damaged(path, label, err)) from None
         if not allow_pickle:
             raise ValueError(
                 f"{path} holds pickled Python objects (a {label} file of bnn-zoo before version "
@@ -84,18 +109,26 @@ def read(
             ) from None
         payload = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # truncated, bit-flipped or empty: whatever the reader hits
-        raise ValueError(
-            f"{path} is damaged and cannot be read as a {label} file ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else 'empty or truncated'}); it may have been "
-            "cut short or changed on disk: use another copy, or write it again"
-        ) from None
+        raise ValueError(_damaged(path, label, err)) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{path} is not a bnn-zoo {label} file")
     if payload.get("kind") not in kinds:
         raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {label} file")
     if payload.get("version", 0) > VERSION:
         raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
+    file_checks.verify(payload, path)
     return payload
+
+
+def _damaged(path, label: str, err: Exception) -> str:
+    first = str(err).strip().splitlines()[0] if str(err).strip() else "empty or truncated"
+    if isinstance(err, pickle.UnpicklingError):
+        first = "its bytes do not parse as saved data"
+    return (
+        f"{path} is damaged and cannot be read as a {label} file ({type(err).__name__}: "
+        f"{first}); it may have been cut short or changed on disk: use another copy, or write "
+        "it again"
+    )
 
 
 def require(payload: dict, keys, path, entry: str = "file") -> None:
@@ -148,8 +181,32 @@ def build_guide(model, payload: dict):
     found = {name: list(shape) for name, shape in guide.site_shapes().items()}
     if found != payload["sites"]:
         raise ValueError(_sites_differ(payload["sites"], found))
+    check_state(guide.state_dict(), payload["state"], "the guide")
     guide.load_state_dict(payload["state"])
     return guide
+
+
+def check_state(expected: dict, saved: dict, what: str) -> None:
+    """Refuse a saved state dict whose entries, shapes or dtypes differ from ``expected``
+    (the state of the object rebuilt to receive it), naming each difference."""
+    missing = sorted(set(expected) - set(saved))
+    extra = sorted(set(saved) - set(expected))
+    differ = [
+        f"{k}: {tuple(saved[k].shape)} {saved[k].dtype} saved, {tuple(v.shape)} {v.dtype} rebuilt"
+        for k, v in expected.items()
+        if k in saved and (saved[k].shape != v.shape or saved[k].dtype != v.dtype)
+    ]
+    parts = (
+        f"entries missing from the file {missing}" if missing else "",
+        f"entries {what} does not have {extra}" if extra else "",
+        f"shapes or dtypes differ ({'; '.join(differ)})" if differ else "",
+    )
+    if any(parts):
+        raise ValueError(
+            f"the saved state of {what} does not fit it: "
+            + "; ".join(p for p in parts if p)
+            + ". The file was changed, or written by another version of its family"
+        )
 
 
 def model_payload(model) -> dict:
@@ -179,7 +236,12 @@ def restore_model(payload: dict, model=None):
 
         model = build(payload["spec"])
     if isinstance(model, torch.nn.Module) and payload["state"]:
-        missing, unexpected = model.load_state_dict(payload["state"], strict=False)
+        try:
+            missing, unexpected = model.load_state_dict(payload["state"], strict=False)
+        except RuntimeError as err:  # a shape that differs
+            raise ValueError(
+                f"the saved model state does not fit the model: {str(err).splitlines()[-1]}"
+            ) from None
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
     return model

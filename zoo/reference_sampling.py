@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from zoo import hmc, persist
+from zoo import children, hmc, persist
 from zoo.arguments import check_seed
 from zoo.data_checks import check_data, gather_tensors
 from zoo.recipes import check_positive
@@ -122,7 +121,7 @@ def reference(
     settings = hmc.ChainSettings(warmup, draws, chunk, seed, target_accept, max_tree_depth, jit)
     workers = _workers(processes, chains, device)
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="zoo-hmc-") as scratch:
+    with children.scratch_folder("zoo-hmc-") as scratch:
         folder = Path(checkpoint) if checkpoint is not None else Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
         for c in range(chains):  # a checkpoint of another run is refused here, before any work
@@ -227,14 +226,18 @@ def _run_chains(model, x, y, settings, chains: int, folder: Path, workers: int, 
             return
         context = multiprocessing.get_context("fork")
         counter = context.Array("l", chains, lock=False)
+        parent = os.getpid()
         procs = [
-            context.Process(target=_chain_process, args=(model, x, y, settings, c, folder, counter))
+            context.Process(
+                target=_chain_process, args=(model, x, y, settings, c, folder, counter, parent)
+            )
             for c in range(chains)
         ]
         _supervise(procs, workers, counter, bar)
 
 
-def _chain_process(model, x, y, settings, chain, folder, counter) -> None:
+def _chain_process(model, x, y, settings, chain, folder, counter, parent: int) -> None:
+    children.die_with_parent(parent)  # a killed zoo.reference leaves no chain running
     torch.set_num_threads(1)  # this process's own setting: one core per chain
     hmc.run_chain(model, x, y, settings, chain, folder, counter)
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from zoo import persist
+from zoo import file_checks, persist
 from zoo.data_checks import check_labelled_data, gather_tensors
 from zoo.serial import one_at_a_time
 
@@ -235,10 +235,14 @@ def load(
         return reference_from_payload(payload, model, map_location)
     if payload.get("version", 1) < 2:
         return _load_v1(payload, model, map_location)
-    model = persist.restore_model(payload["model"], model)
-    if isinstance(model, torch.nn.Module):
-        model.to("cpu")
-    guide = persist.build_guide(model, payload["guide"])
+    check_fit_payload(payload, path)
+    try:
+        model = persist.restore_model(payload["model"], model)
+        if isinstance(model, torch.nn.Module):
+            model.to("cpu")
+        guide = persist.build_guide(model, payload["guide"])
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
     if isinstance(model, torch.nn.Module):
         model.to(map_location)
     guide.to(map_location)
@@ -252,6 +256,21 @@ def load(
         wall_time=history["wall_time"],
         device=torch.device(map_location),
         options=dict(payload["options"]),
+    )
+
+
+def check_fit_payload(payload: dict, path) -> None:
+    """Refuse a fit file whose entries, guide sizes or tensors no fit writes, before anything
+    is built from it (:mod:`zoo.file_checks`)."""
+    persist.require(payload, ("guide", "model", "history", "options"), path)
+    file_checks.check_guide_payload(payload["guide"], path)
+    model = payload["model"]
+    if not isinstance(model, dict) or "spec" not in model or "state" not in model:
+        raise ValueError(f"{path}: the model entry has no spec or state (the file was changed)")
+    file_checks.check_tensors(model["state"], path, "model state", floating=False)
+    history = payload["history"]
+    persist.require(
+        history, ("losses", "epoch_losses", "skipped_steps", "wall_time"), path, "history"
     )
 
 

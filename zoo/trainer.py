@@ -24,6 +24,20 @@ from zoo.result import FitResult, FitState
 POSTFIX_EVERY = 10
 
 
+class CheckpointError(OSError):
+    """A checkpoint could not be written (a full disk, a folder gone): the fit stops there and
+    ``err.result`` holds it as it was (every step taken), to save elsewhere or use."""
+
+    def __init__(self, path, step: int, cause: OSError, result: FitResult):
+        message = (
+            f"could not write the checkpoint {str(path)!r} at step {step} "
+            f"({cause.strerror or cause}); the fit stopped there: the error's .result holds "
+            "the fit so far (result.save(...) to another place keeps it)"
+        )
+        super().__init__(*((cause.errno, message) if cause.errno else (message,)))
+        self.result = result
+
+
 class Trainer:
     """Runs a fit's steps on its :class:`~zoo.engine.StepEngine`: every epoch's minibatches in
     order (a resumed fit replays its epoch's shuffle and skips the steps done), the host's
@@ -222,6 +236,12 @@ class Trainer:
         if not self.ranks.is_global_zero:
             return
         engine = self.engine
+        try:
+            self._write(engine, rank_rng)
+        except OSError as err:
+            raise CheckpointError(self.checkpoint, self.state.step, err, self.result) from err
+
+    def _write(self, engine, rank_rng) -> None:
         write_checkpoint(
             self.checkpoint,
             state=self.state,
