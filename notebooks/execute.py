@@ -23,7 +23,12 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(paths: list[str]) -> None:
-    os.environ.pop("ZOO_SMOKE", None)
+    if os.environ.get("ZOO_SMOKE"):
+        raise SystemExit(
+            "ZOO_SMOKE is set: this script writes the full run's outputs into the notebooks, "
+            "and a smoke run's would replace them; unset it (the tests run the smoke "
+            "configuration without saving, tests/test_notebook_outputs.py)"
+        )
     os.environ.pop("MPLBACKEND", None)
     os.environ.setdefault("ZOO_DATA", str(HERE.parents[1] / "shared" / "datasets"))
     for path in [Path(p) for p in paths] or sorted(HERE.glob("*.ipynb")):

@@ -7,6 +7,35 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
+#: Seconds after which a child process, notebook or wait of a test is taken to hang, not to be
+#: slow: no test limits how fast a loaded machine runs (set ZOO_TEST_HANG_AFTER to change it).
+HANG_AFTER = float(os.environ.get("ZOO_TEST_HANG_AFTER", 3600))
+
+#: Test files that run child processes, notebooks, HMC chains or MNIST fits: their tests are
+#: marked ``slow``, and ``python -m pytest -m "not slow"`` is the quick first check (the
+#: README's Quickstart runs everything).
+SLOW_FILES = {
+    "test_benchmarks.py",
+    "test_benchmark_dropout.py",
+    "test_notebooks.py",
+    "test_notebook_outputs.py",
+    "test_saved_runs.py",
+    "test_cli.py",
+    "test_compare.py",
+    "test_distributed.py",
+    "test_lightning.py",
+    "test_mnist.py",
+    "test_reference.py",
+    "test_conjugate_families.py",
+    "test_cuda.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if Path(str(item.fspath)).name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(autouse=True)
 def _fresh_rng():
@@ -47,4 +76,7 @@ def mnist_root() -> Path:
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: runs child processes, notebooks, HMC or MNIST (tests/conftest.py)"
+    )
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

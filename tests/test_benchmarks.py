@@ -17,13 +17,13 @@ import torch
 
 import guides
 import zoo
-from tests.conftest import REPO
+from tests.conftest import HANG_AFTER, REPO
 
 #: A benchmark that still passes zoo.fit's deprecated flat keywords fails (zoo.options).
 NO_FLAT_KEYWORDS = ("-W", "error:the keyword:DeprecationWarning")
 
 
-def _run(*args: str, timeout: int = 300) -> str:
+def _run(*args: str, timeout: float = HANG_AFTER) -> str:
     proc = subprocess.run(
         [sys.executable, *NO_FLAT_KEYWORDS, *args],
         cwd=REPO,

@@ -195,3 +195,14 @@ def test_fit_takes_at_most_twelve_parameters_and_its_groups_are_shared():
         for field in dataclasses.fields(cls):
             if "cli" in field.metadata:
                 assert field.name in fit_flags, (cls.__name__, field.name)
+
+
+def test_the_optional_modules_resolve_as_attributes_of_zoo():
+    """``import zoo`` then ``zoo.lightning.BayesianModule``, as the README writes it."""
+    import subprocess
+    import sys
+
+    code = "import zoo; print(zoo.plots.__name__, zoo.arviz.__name__, zoo.lightning.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["zoo.plots", "zoo.arviz", "zoo.lightning"]

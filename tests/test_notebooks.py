@@ -6,6 +6,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.conftest import HANG_AFTER
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
@@ -20,7 +22,10 @@ def test_notebook_runs(path, mnist_root, monkeypatch, tmp_path):
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = nbformat.read(path, as_version=4)
     client = NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        timeout=int(HANG_AFTER),
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     )
     client.execute()
     errors = [
@@ -31,3 +36,24 @@ def test_notebook_runs(path, mnist_root, monkeypatch, tmp_path):
         if out.get("output_type") == "error"
     ]
     assert not errors
+
+
+def test_executing_with_zoo_smoke_set_refuses_to_overwrite_the_notebooks(tmp_path):
+    """execute.py saves full runs into the notebooks; with ZOO_SMOKE set it would save a
+    smoke run's outputs over them: it stops first, and the notebook is unchanged."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    notebook = sorted((REPO / "notebooks").glob("*.ipynb"))[0]
+    before = notebook.read_bytes()
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "notebooks" / "execute.py"), str(notebook)],
+        env={**os.environ, "ZOO_SMOKE": "1"}, capture_output=True, text=True,
+        timeout=HANG_AFTER,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "ZOO_SMOKE is set" in proc.stderr
+    assert notebook.read_bytes() == before

@@ -77,10 +77,14 @@ def to_inference_data(
     threads : "auto", int or None
         CPU threads of the predictions, as ``zoo.fit``'s (:mod:`zoo.threads`).
     """
+    from zoo.arguments import check_seed
     from zoo.data_checks import check_labelled_data, gather_tensors
     from zoo.predictive import predict
+    from zoo.recipes import check_positive
     from zoo.rng import seeded
 
+    check_positive(num_samples=num_samples)
+    check_seed(seed)
     guide, model = fit.guide, fit.model
     if data is not None:
         x, y = gather_tensors(data)

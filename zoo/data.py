@@ -69,9 +69,9 @@ def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
         )
         raise FileNotFoundError(
             f"{cls.__name__} is not under {where} (from {source}) and could not be "
-            f"{'downloaded' if download else 'read (download=False)'}: {err}. Put the raw "
-            f"files in {where / cls.__name__ / 'raw'}, or point root= (or the ZOO_DATA "
-            "environment variable) at the folder that holds them"
+            f"{'downloaded' if download else 'read (download=False)'}: {err}. Put the "
+            f"{files_where(cls, where)}, or point root= (or the ZOO_DATA environment variable) "
+            "at the folder that holds them"
         ) from err
     images = torch.as_tensor(ds.data)
     if images.dim() == 3:  # (N, H, W) grey images
@@ -99,6 +99,19 @@ def fashion_mnist(root=None, train: bool = True, download: bool = True, limit: i
     from torchvision.datasets import FashionMNIST
 
     return _image_dataset(FashionMNIST, root, train, download, _FASHION_STATS, limit)
+
+
+def files_where(cls: type, root: Path) -> str:
+    """Where torchvision reads ``cls``'s files under ``root``, in words: MNIST-like sets keep
+    their raw files in ``<root>/<Class>/raw/``; CIFAR-10 its extracted python batches in
+    ``<root>/cifar-10-batches-py/`` (or the archive ``cifar-10-python.tar.gz`` in ``root``)."""
+    folder = getattr(cls, "base_folder", None)
+    if folder:  # CIFAR: torchvision's own folder name, not the class's
+        return (
+            f"extracted batches in {Path(root) / folder} (data_batch_1 ... test_batch, "
+            "batches.meta)"
+        )
+    return f"raw files in {Path(root) / cls.__name__ / 'raw'}"
 
 
 def cifar10(root=None, train: bool = True, download: bool = True, limit: int | None = None):

@@ -174,6 +174,42 @@ def warn_skipped(skipped: list[int], steps: int) -> None:
         )
 
 
+#: A fit whose loss, over its last :data:`BLOW_UP_WINDOW` steps, sits more than this many times
+#: the magnitude of its best window's above that window (and no lower since) warns at its end.
+BLOW_UP_FACTOR = 100.0
+BLOW_UP_WINDOW = 20
+
+
+class LossBlewUpWarning(RuntimeWarning):
+    """A fit's loss grew by orders of magnitude and stayed there: finite, but no longer a fit."""
+
+
+def warn_blow_up(losses: list[float]) -> None:
+    """Warn when the median loss of the last :data:`BLOW_UP_WINDOW` steps is higher than the
+    lowest median of any earlier window by more than :data:`BLOW_UP_FACTOR` times that
+    median's magnitude (at least 1): a step that threw the parameters far away (437 ->
+    1.9e23) leaves every loss finite, so no divergence test sees it."""
+    k = BLOW_UP_WINDOW
+    finite = [v for v in losses if math.isfinite(v)]
+    if len(finite) < 2 * k:
+        return
+    t = torch.tensor(finite, dtype=torch.float64)
+    medians = t.unfold(0, k, 1).median(-1).values
+    best_at = int(medians[:-k].argmin())
+    best, last = float(medians[best_at]), float(medians[-1])
+    if last - best <= BLOW_UP_FACTOR * max(abs(best), 1.0):
+        return
+    jump = int((t[best_at:] > best + BLOW_UP_FACTOR * max(abs(best), 1.0)).nonzero()[0]) + best_at
+    warnings.warn(
+        f"the loss grew from about {best:.4g} to {last:.4g} and stayed there (it first jumped "
+        f"at step {jump + 1}): the fit blew up without a non-finite value, and its parameters "
+        "are far from any fit. Use a smaller lr, clip_grad_norm, or resume from a checkpoint "
+        "written before that step",
+        LossBlewUpWarning,
+        stacklevel=3,
+    )
+
+
 def divergence_message(
     step: int, epoch: int, value: float, guide, good: int | None, every: int | None = None
 ) -> str:

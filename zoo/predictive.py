@@ -111,7 +111,7 @@ def predict(
     sample_batch_size: int | None = None,
     params: dict[str, torch.Tensor] | None = None,
     progress: bool = True,
-    seed: int | None = None,
+    seed: int | None = 0,
     distributed: bool = False,
     threads: int | str | None = "auto",
 ) -> Prediction:
@@ -133,7 +133,9 @@ def predict(
 
     ``progress`` shows a tqdm bar over the passes once a prediction has run for
     ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one. ``seed`` fixes the weight draws
-    without changing the caller's random state (``None``: draws from the global generator).
+    without changing the caller's random state; the default, 0, is the seeding rule of
+    ``evaluate`` and ``to_arviz`` too, so one call gives one answer (``None``: draws from the
+    global generator, and advances it).
 
     ``distributed=True``, called on every rank of a distributed run (after
     ``zoo.Engine(devices=...)``, under ``torchrun``...): rank 0's weight draws go to every rank,

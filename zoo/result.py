@@ -92,13 +92,15 @@ class FitResult:
         batch_size: int | None = None,
         progress: bool = True,
         sample_batch_size: int | None = None,
-        seed: int | None = None,
+        seed: int | None = 0,
         distributed: bool = False,
         threads: int | str | None = "auto",
     ):
         """Posterior predictive on ``x`` from ``num_samples`` sampled networks, evaluated in
         blocks of inputs (see :func:`zoo.predictive.predict`: the same options; its progress
-        bar appears after two seconds). ``distributed=True`` on every rank of a distributed
+        bar appears after two seconds). ``seed`` (default 0, as ``evaluate``'s and
+        ``to_arviz``'s) fixes the draws, the caller's random state untouched; ``None`` draws
+        from the global generator. ``distributed=True`` on every rank of a distributed
         run shards ``x`` across the ranks and gathers the outputs once. ``threads`` follows
         ``zoo.fit``'s rule (:mod:`zoo.threads`), the caller's setting restored after."""
         from zoo.predictive import predict

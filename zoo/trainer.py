@@ -14,7 +14,7 @@ from zoo.batches import Batches
 from zoo.checkpoint import write_checkpoint
 from zoo.convergence import Convergence, ConvergenceTracker
 from zoo.distributed import Ranks
-from zoo.divergence import FitDivergedError, warn_skipped
+from zoo.divergence import FitDivergedError, warn_blow_up, warn_skipped
 from zoo.engine import StepEngine
 from zoo.optim import apply_factor
 from zoo.priors import Prior
@@ -133,6 +133,7 @@ class Trainer:
             self.save_checkpoint()
         if self.ranks.is_global_zero:
             warn_skipped(state.skipped_steps, state.step)
+            warn_blow_up(state.losses)
             self.warn_prior()
 
     def _no_progress(self, seen: int) -> None:

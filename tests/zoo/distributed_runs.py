@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 import zoo
+from tests.conftest import HANG_AFTER
 from tests.zoo.linear_gaussian import (
     MEAN_FIELD_FIT,
     MEAN_FIELD_GUIDE,
@@ -43,7 +44,7 @@ def launch(scenario: str, out, steps: int, wait: bool = True, data=None):
     )
     if not wait:
         return proc
-    output, _ = proc.communicate(timeout=300)
+    output, _ = proc.communicate(timeout=HANG_AFTER)
     return proc.returncode, output
 
 

@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from tests.conftest import HANG_AFTER
 from zoo.cli import build_parser
 
 
@@ -13,7 +14,7 @@ def test_demo_writes_its_plot(tmp_path):
         [sys.executable, "-m", "zoo", "demo", "--steps", "60", "--quiet", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=HANG_AFTER,
     )
     assert proc.returncode == 0, proc.stderr
     assert "test rmse" in proc.stdout and "coverage_95" in proc.stdout
@@ -70,7 +71,7 @@ def test_fit_and_compare_commands(tmp_path, mnist_root):
         + common,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_AFTER,
     )
     assert proc.returncode == 0, proc.stderr
     assert "| accuracy |" in proc.stdout
@@ -86,7 +87,7 @@ def test_fit_and_compare_commands(tmp_path, mnist_root):
         + common,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_AFTER,
     )
     assert proc.returncode == 0, proc.stderr
     assert "lowrank" in proc.stdout and "mc_dropout" in proc.stdout
@@ -268,7 +269,7 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
         [sys.executable, "-m", "zoo", "demo", "--quiet", "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=HANG_AFTER,
     )
     assert proc.returncode == 0, proc.stderr
     printed = (
@@ -371,3 +372,24 @@ def test_every_group_flag_reaches_zoo_fit_in_its_group(monkeypatch, tmp_path, ca
 def test_the_cuda_graph_flag_defaults_to_auto_and_alone_means_true(flags, expected):
     args = build_parser().parse_args(["fit", "--data", "toy", *flags])
     assert args.cuda_graph == expected
+
+
+@pytest.mark.parametrize(
+    "flags, phrase",
+    [
+        (["--hidden", "-5"], "expected a whole number of at least 1, got '-5'"),
+        (["--hidden", "0"], "expected a whole number of at least 1, got '0'"),
+        (["--devices", "0"], "expected a whole number of at least 1, got '0'"),
+    ],
+)
+def test_sizes_and_device_counts_are_refused_by_the_parser(flags, phrase, capsys):
+    """An argparse message and exit code 2, not a traceback from deep inside the fit."""
+    with pytest.raises(SystemExit) as err:
+        build_parser().parse_args(["fit", "--data", "toy", *flags])
+    assert err.value.code == 2
+    assert phrase in capsys.readouterr().err
+
+
+def test_devices_takes_all_and_auto():
+    assert build_parser().parse_args(["fit", "--devices", "-1"]).devices == -1
+    assert build_parser().parse_args(["fit", "--devices", "auto"]).devices == "auto"

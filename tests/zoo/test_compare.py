@@ -71,3 +71,45 @@ def test_a_row_can_have_its_own_fit_options():
     assert fits["diagonal"].steps == 2 and fits["MC dropout"].steps == 3
     with pytest.raises(ValueError, match="each entry of guides"):
         zoo.compare(factory, [("a", "diagonal")], (x, y), (x, y), num_steps=1, progress=False)
+
+
+def test_an_empty_family_list_or_a_model_instance_is_refused_before_any_fit():
+    import torch
+
+    x, y = torch.randn(20, 3), torch.randn(20)
+    factory = lambda: zoo.models.BayesianMLP(3, (4,), noise=1.0)  # noqa: E731
+    with pytest.raises(ValueError, match="guides is empty"):
+        zoo.compare(factory, [], (x, y), (x, y))
+    with pytest.raises(TypeError, match="compare takes a model factory.*BayesianMLP"):
+        zoo.compare(factory(), ["diagonal"], (x, y), (x, y), num_steps=2)
+    with pytest.raises(ValueError, match="each entry of guides"):
+        zoo.compare(factory, ["diagonal", ("bad",)], (x, y), (x, y), num_steps=2)
+
+
+def test_a_reference_that_has_not_converged_is_flagged():
+    """Two chains that sit in different places: output R-hat far above 1."""
+    import torch
+
+    from zoo.comparison import ReferenceNotConvergedWarning, warn_unconverged
+    from zoo.reference_result import Reference
+
+    model = zoo.models.BayesianMLP(3, (4,), noise=1.0)
+    g = torch.Generator().manual_seed(0)
+    draws = {
+        name: torch.randn(2, 50, *shape, generator=g) * 0.01
+        + torch.tensor([0.0, 5.0]).reshape(2, 1, *[1] * len(shape))
+        for name, shape in model.site_shapes.items()
+    }
+    stats = {"lp": torch.randn(2, 50, generator=g)}
+    apart = Reference(model, draws, stats, 1.0, {}, torch.device("cpu"))
+    x = torch.randn(10, 3, generator=g)
+    with pytest.warns(ReferenceNotConvergedWarning, match="output R-hat"):
+        warn_unconverged(apart, apart.predict(x, progress=False))
+    mixed = Reference(model, {k: v[:, torch.randperm(50)] * 0 + v.mean((0, 1)) + 0.01 *
+                              torch.randn_like(v) for k, v in draws.items()}, stats, 1.0, {},
+                      torch.device("cpu"))  # fmt: skip
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_unconverged(mixed, mixed.predict(x, progress=False))

@@ -198,6 +198,17 @@ def test_missing_mnist_files_name_the_root_and_zoo_data(tmp_path, monkeypatch):
         zoo.data.mnist(download=False)
     with pytest.raises(FileNotFoundError, match="root= \\(or the ZOO_DATA"):
         zoo.data.mnist(tmp_path / "elsewhere", download=False)
+    with pytest.raises(FileNotFoundError, match=f"raw files in {tmp_path / 'MNIST' / 'raw'}"):
+        zoo.data.mnist(download=False)
+
+
+def test_missing_cifar10_files_name_the_folder_torchvision_reads(tmp_path):
+    """torchvision reads CIFAR-10 from <root>/cifar-10-batches-py/, not <root>/CIFAR10/raw."""
+    import zoo
+
+    with pytest.raises(FileNotFoundError, match="batches in .*cifar-10-batches-py") as err:
+        zoo.data.cifar10(tmp_path, download=False)
+    assert "CIFAR10/raw" not in str(err.value)
 
 
 class _Faulty(torch.utils.data.Dataset):
@@ -280,3 +291,58 @@ def test_a_bare_iterable_dataset_is_fitted_in_its_own_order_and_needs_a_length()
             num_steps=2,
             run=zoo.Run(progress=False),
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_model_is_refused_with_advice_that_works(dtype):
+    import zoo
+
+    x = torch.randn(20, 3)
+    model = zoo.models.BayesianMLP(3, (4,), noise=1.0).to(dtype)
+    with pytest.raises(TypeError, match="run in float32 or float64.*model.float\\(\\)") as err:
+        zoo.fit(model, "diagonal", (x.to(dtype), x[:, 0].to(dtype)), num_steps=2,
+                run=zoo.Run(progress=False))  # fmt: skip
+    assert "model.to(torch.float16)" not in str(err.value)
+    fixed = zoo.fit(model.float(), "diagonal", (x, x[:, 0]), num_steps=2,
+                    run=zoo.Run(progress=False))  # fmt: skip
+    assert fixed.steps == 2
+
+
+def test_half_precision_inputs_are_told_to_convert_the_inputs_only():
+    import zoo
+
+    x = torch.randn(20, 3)
+    with pytest.raises(TypeError, match="X.to\\(torch.float32\\)\\)") as err:
+        zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x.half(), x[:, 0]),
+                num_steps=2, run=zoo.Run(progress=False))  # fmt: skip
+    assert "model.to(torch.float16)" not in str(err.value)
+
+
+def test_evaluate_names_the_dataset_item_that_raises():
+    import zoo
+
+    x = torch.randn(20, 3)
+    fit = zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, x[:, 0]),
+                  num_steps=2, run=zoo.Run(progress=False))  # fmt: skip
+
+    class Broken(Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            if i == 13:
+                raise KeyError("missing image")
+            return x[i], x[i, 0]
+
+    with pytest.raises(ValueError, match="item 13 of the data set raised KeyError"):
+        fit.evaluate(Broken(), progress=False)
+
+
+def test_a_regression_model_warns_on_integer_targets():
+    import zoo
+
+    x = torch.randn(30, 3)
+    labels = torch.randint(0, 3, (30,))
+    with pytest.warns(UserWarning, match="int64 with 3 distinct values.*task='classification'"):
+        zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, labels),
+                num_steps=2, run=zoo.Run(progress=False))  # fmt: skip

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import IterableDataset, TensorDataset
 
 import zoo
+from tests.conftest import HANG_AFTER
 from tests.groups import grouped
 from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import (
@@ -86,14 +87,14 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path, mn
     rc, output = launch("lenet", whole, 40, data=mnist_root)
     assert rc == 0, output[-3000:]
     proc = launch("lenet", broken, 100_000, wait=False, data=mnist_root)
-    deadline = time.monotonic() + 240
+    deadline = time.monotonic() + HANG_AFTER
     while not ((broken / "fit.ckpt").exists() and (broken / "pid1").exists()):
         assert time.monotonic() < deadline and proc.poll() is None, "no checkpoint written"
         time.sleep(0.2)
     os.kill(int((broken / "pid1").read_text()), signal.SIGKILL)
     killed = time.monotonic()
-    output, _ = proc.communicate(timeout=60)
-    assert proc.returncode != 0 and time.monotonic() - killed < 60
+    output, _ = proc.communicate(timeout=HANG_AFTER)
+    assert proc.returncode != 0 and time.monotonic() - killed < HANG_AFTER
     assert "RankFailedError: rank 0 of 2: a collective at step" in output
     assert "so rank 1 stopped" in output
     step = read_checkpoint(broken / "fit.ckpt")["state"]["step"]
@@ -264,3 +265,24 @@ def test_distributed_arguments_are_checked_before_anything_starts():
     assert fit.options["world_size"] == 1
     with pytest.raises(RuntimeError, match="no process group here"):
         fit.predict(x, num_samples=2, distributed=True)
+
+
+def test_a_rank_that_exits_is_reported_as_rank_failed(monkeypatch):
+    """A ddp_spawn rank killed by a signal surfaces from torch's joiner as
+    ProcessExitedException; the fit raises the documented RankFailedError, naming the rank."""
+    from zoo import distributed
+
+    class Fabric:
+        def __init__(self, **kwargs):
+            pass
+
+        def launch(self, function):
+            raise torch.multiprocessing.ProcessExitedException(
+                "process 1 terminated with signal SIGKILL", error_index=1, error_pid=4242,
+                exit_code=-9, signal_name="SIGKILL",
+            )  # fmt: skip
+
+    monkeypatch.setattr(distributed, "fabric_class", lambda: Fabric)
+    with pytest.raises(distributed.RankFailedError, match="rank 1 \\(process 4242\\).*SIGKILL"):
+        distributed.launch(lambda ranks: None, accelerator="cpu", devices=2, num_nodes=1,
+                           strategy="ddp_spawn")  # fmt: skip

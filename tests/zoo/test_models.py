@@ -206,3 +206,24 @@ def test_pyros_jit_elbo_runs_on_zoo_models_and_matches_the_eager_elbo(case):
     for a, b in zip(compiled_grads, eager_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert all(a is b for a, b in zip(own, model.net.parameters()))  # its own weights are back
+
+
+@pytest.mark.parametrize(
+    "build, phrase",
+    [
+        (lambda: zoo.models.LeNet5(hidden=0), "LeNet-5's hidden and num_classes must be whole"),
+        (lambda: zoo.models.LeNet5(hidden=2.5), "must be whole numbers"),
+        (lambda: zoo.models.BayesianMLP(3, hidden=(0,)), "must be whole numbers of at least 1"),
+        (lambda: zoo.models.BayesianMLP(3, hidden=(-5,)), "must be whole numbers of at least 1"),
+        (lambda: zoo.models.BayesianMLP(3, hidden=(10**6, 10**6)), "GiB to fit"),
+    ],
+    ids=["lenet-0", "lenet-float", "mlp-0", "mlp-negative", "mlp-huge"],
+)
+def test_layer_sizes_no_network_can_have_are_refused_before_allocation(build, phrase):
+    with pytest.raises(ValueError, match=phrase):
+        build()
+
+
+def test_hidden_as_a_number_is_refused_with_the_form_to_use():
+    with pytest.raises(TypeError, match="hidden must be a sequence of widths, e.g. \\(100,\\)"):
+        zoo.models.BayesianMLP(3, hidden=100)

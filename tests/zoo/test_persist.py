@@ -14,6 +14,7 @@ import torch
 
 import guides
 import zoo
+from tests.conftest import HANG_AFTER
 from tests.families import CASES
 from tests.groups import grouped
 from zoo import persist
@@ -161,7 +162,7 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
             reads += 1
         assert child.poll() is None, "the child finished before it could be killed"
         child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        child.wait(timeout=HANG_AFTER)
     finally:
         if child.poll() is None:
             child.kill()

@@ -151,3 +151,37 @@ def test_a_cuda_device_without_a_gpu_is_a_sentence(monkeypatch):
             run=zoo.Run(progress=False),
             engine=zoo.Engine(device="cuda"),
         )
+
+
+def test_prediction_arguments_are_checked_before_any_draw():
+    import zoo as _zoo
+    from zoo.models import BayesianMLP as _MLP
+
+    x = torch.randn(20, 3)
+    fit = _zoo.fit(_MLP(3, (4,), noise=1.0), "diagonal", (x, x[:, 0]), num_steps=2,
+                   run=_zoo.Run(progress=False))  # fmt: skip
+    for options, phrase in [
+        (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+        (dict(num_samples=2.5), "num_samples must be a positive integer, got 2.5"),
+        (dict(sample_batch_size=-1), "sample_batch_size must be a positive integer"),
+        (dict(seed="a"), "seed must be None"),
+    ]:
+        with pytest.raises(ValueError, match=phrase):
+            fit.predict(x, progress=False, **options)
+    with pytest.raises(ValueError, match="num_samples must be a positive integer, got 0"):
+        fit.to_arviz(num_samples=0, progress=False)
+
+
+def test_predict_is_seeded_by_default_as_evaluate_and_to_arviz_are():
+    import zoo as _zoo
+    from zoo.models import BayesianMLP as _MLP
+
+    x = torch.randn(20, 3)
+    fit = _zoo.fit(_MLP(3, (4,), noise=1.0), "diagonal", (x, x[:, 0]), num_steps=2,
+                   run=_zoo.Run(progress=False))  # fmt: skip
+    state = torch.get_rng_state()
+    a = fit.predict(x, num_samples=5, progress=False).outputs
+    b = fit.predict(x, num_samples=5, progress=False).outputs
+    assert torch.equal(a, b) and torch.equal(torch.get_rng_state(), state)
+    c = fit.predict(x, num_samples=5, progress=False, seed=None).outputs
+    assert not torch.equal(a, c)

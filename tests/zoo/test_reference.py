@@ -145,8 +145,38 @@ def test_what_full_batch_hmc_cannot_do_is_refused_before_sampling():
 
     with pytest.raises(zoo.ReferenceTooLargeError, match="MiB.*data_bytes="):
         zoo.reference(big, Huge(), progress=False)
-    with pytest.raises(ValueError, match="draws >= 1"):
+    with pytest.raises(ValueError, match="draws must be a positive integer, got 0"):
         zoo.reference(big, TensorDataset(x, y), draws=0, progress=False)
+
+
+@pytest.mark.parametrize(
+    "options, phrase",
+    [
+        (dict(max_tree_depth=0), "max_tree_depth must be a positive integer, got 0"),
+        (dict(draws=2.5), "draws must be a positive integer, got 2.5"),
+        (dict(warmup=-1), "warmup must be a whole number >= 0"),
+        (dict(chains=0), "chains must be a positive integer"),
+        (dict(target_accept=1.5), "target_accept must be a number strictly between 0 and 1"),
+        (dict(target_accept=0), "target_accept must be a number strictly between 0 and 1"),
+        (dict(seed=-3), "seed must be None"),
+    ],
+)
+def test_settings_no_run_can_use_are_refused_before_any_work(options, phrase, monkeypatch):
+    def no_data(*args):
+        raise AssertionError("the data were read")
+
+    monkeypatch.setattr(zoo.reference_sampling, "_in_memory", no_data)
+    with pytest.raises(ValueError, match=phrase):
+        zoo.reference(zoo.models.BayesianMLP(3, (4,)), (torch.randn(9, 3), torch.randn(9)),
+                      progress=False, **options)  # fmt: skip
+
+
+def test_a_checkpoint_that_is_a_file_is_refused(tmp_path):
+    path = tmp_path / "chains.pt"
+    path.write_bytes(b"x")
+    with pytest.raises(ValueError, match="is a file: a reference's checkpoint is a folder"):
+        zoo.reference(zoo.models.BayesianMLP(3, (4,)), (torch.randn(9, 3), torch.randn(9)),
+                      checkpoint=path, progress=False)  # fmt: skip
 
 
 def test_bad_data_is_refused_before_sampling_and_a_failing_chain_is_reported():

@@ -39,3 +39,52 @@ def test_data_that_give_fewer_batches_than_their_length_stop_the_fit():
         zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", Short(), num_steps=20,
                 batch_size=8, run=zoo.Run(progress=False))  # fmt: skip
     assert e.value.result.steps == 4  # the steps taken are not lost
+
+
+def test_a_checkpoint_that_cannot_be_written_keeps_the_steps_taken(tmp_path, monkeypatch):
+    """A full disk at the first checkpoint: the fit stops with zoo.CheckpointError, whose
+    result holds every step taken, and no file or temporary is left behind."""
+    import errno
+
+    from zoo import persist
+
+    def full(obj, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(persist, "atomic_save", full)
+    path = tmp_path / "fit.ckpt"
+    with pytest.raises(zoo.CheckpointError, match="at step 10 \\(No space left") as err:
+        zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", data(64), num_steps=30,
+                batch_size=16, run=zoo.Run(progress=False, checkpoint=path,
+                                           checkpoint_every=10))  # fmt: skip
+    assert err.value.errno == errno.ENOSPC
+    assert err.value.result.steps == 10 and len(err.value.result.losses) == 10
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    assert err.value.result.save(tmp_path / "kept.pt").exists()
+
+
+def test_a_loss_that_blows_up_and_stays_there_warns(recwarn):
+    """A step that throws the weights far away leaves every loss finite: no divergence test
+    fires, so the end of the fit says so."""
+    from zoo.divergence import LossBlewUpWarning
+
+    def throw(state):
+        if state.step == 60:
+            with torch.no_grad():
+                for name, p in state.result.guide.named_parameters():
+                    if "loc" in name and "fc" in name:
+                        p.add_(30.0)
+
+    with pytest.warns(LossBlewUpWarning, match="grew from about .* and stayed there .* step 61"):
+        zoo.fit(BayesianMLP(3, (8,), noise=1.0), "diagonal", data(64), num_steps=120,
+                batch_size=16, lr=1e-4, run=zoo.Run(progress=False, callbacks=[throw]))  # fmt: skip
+
+
+def test_an_ordinary_fit_does_not_warn_of_a_blow_up():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        zoo.fit(BayesianMLP(3, (8,), noise=1.0), "diagonal", data(64), num_steps=200,
+                batch_size=16, lr=1e-2, run=zoo.Run(progress=False))  # fmt: skip

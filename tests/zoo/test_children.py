@@ -1,0 +1,80 @@
+"""Child processes end with their parent; scratch folders of killed runs go (zoo.children)."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import HANG_AFTER, REPO
+from zoo import children
+
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="fork and signals")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead: its parent (init) has not reaped it yet
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["prctl", "watcher"])
+def test_a_child_ends_when_its_parent_is_killed(tmp_path, kernel):
+    """The parent forks a child that calls die_with_parent and sleeps; SIGKILL of the parent
+    (no clean-up runs) must end the child, by the kernel's signal or by the watcher thread."""
+    pid_file = tmp_path / "child.pid"
+    module = REPO / "zoo" / "children.py"
+    script = textwrap.dedent(f"""
+        import importlib.util, os, sys, time
+        spec = importlib.util.spec_from_file_location("children", {str(module)!r})
+        children = importlib.util.module_from_spec(spec)  # the module alone, not all of zoo
+        spec.loader.exec_module(children)
+        if not {kernel}:
+            children.sys.platform = "other"  # no prctl: the watcher alone
+        parent = os.getpid()
+        if os.fork() == 0:
+            children.die_with_parent(parent)
+            open({str(pid_file)!r}, "w").write(str(os.getpid()))
+            time.sleep(600)
+            os._exit(0)
+        time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + HANG_AFTER
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert _alive(child)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        while _alive(child):
+            assert time.monotonic() < deadline, "the child outlived its parent"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_scratch_folders_of_dead_processes_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+    orphan = tmp_path / f"zoo-hmc-{dead}-abcd"
+    mine = tmp_path / f"zoo-hmc-{os.getpid()}-efgh"
+    other = tmp_path / "zoo-hmc-notapid-x"
+    for folder in (orphan, mine, other):
+        folder.mkdir()
+    (orphan / "chain0.pt").write_bytes(b"x")
+    removed = children.remove_orphans("zoo-hmc-", str(tmp_path))
+    assert removed == [orphan]
+    assert not orphan.exists() and mine.exists() and other.exists()

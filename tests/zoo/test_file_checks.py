@@ -1,0 +1,157 @@
+"""Files that lie (zoo.file_checks, zoo.persist): every tampering is refused before use with a
+ValueError naming the file and the entry; random bytes are damaged, never 'pickled'."""
+
+import os
+import time
+
+import pytest
+import torch
+
+import zoo
+from zoo import persist
+from zoo.models import BayesianMLP
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 3, generator=g)
+    fit = zoo.fit(BayesianMLP(3, (8,), noise=1.0), "diagonal", (x, x[:, 0]), num_steps=3,
+                  run=zoo.Run(progress=False))  # fmt: skip
+    path = tmp_path_factory.mktemp("fit") / "fit.pt"
+    fit.save(path)
+    return path.read_bytes()
+
+
+def rewrite(tmp_path, saved, change):
+    """The saved fit with ``change(payload)`` applied, written without a checksum (as an
+    attacker who knows the format would)."""
+    path = tmp_path / "fit.pt"
+    path.write_bytes(saved)
+    payload = torch.load(path, weights_only=True)
+    payload.pop("checksum")
+    change(payload)
+    torch.save(payload, path)
+    return path
+
+
+def first(payload):
+    return next(iter(payload["guide"]["state"]))
+
+
+def set_first(value):
+    return lambda p: p["guide"]["state"].__setitem__(first(p), value(p["guide"]["state"][first(p)]))
+
+
+CASES = {
+    "nan": (set_first(lambda t: torch.full_like(t, float("nan"))), "holds NaN or infinite"),
+    "int64": (set_first(lambda t: t.long()), "is torch.int64, where a fit writes floating"),
+    "shape": (set_first(lambda t: torch.zeros(2)), "shapes or dtypes differ"),
+    "missing": (lambda p: p["guide"]["state"].pop(first(p)), "entries missing from the file"),
+    "extra": (
+        lambda p: p["guide"]["state"].__setitem__("zzz", torch.zeros(1)),
+        "entries the guide does not have \\['zzz'\\]",
+    ),
+    "no guide": (lambda p: p.pop("guide"), "the file has no 'guide' entry"),
+    "no optimiser-like entry": (lambda p: p.pop("history"), "the file has no 'history' entry"),
+    "huge input": (
+        lambda p: p["guide"].__setitem__("input", [[[10**6, 10**6], "float32"]]),
+        "declares 1e\\+12 elements",
+    ),
+    "bad dtype": (
+        lambda p: p["guide"].__setitem__("input", [[[2, 3], "pickle"]]),
+        "has no dtype 'pickle'",
+    ),
+    "no family": (lambda p: p["guide"].__setitem__("spec", {}), "names no family"),
+    "model state": (
+        lambda p: p["model"]["state"].__setitem__(
+            next(iter(p["model"]["state"])), torch.tensor(float("inf"))
+        ),
+        "model state",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_changed_fit_file_is_refused_naming_the_file(tmp_path, saved, case):
+    change, phrase = CASES[case]
+    path = rewrite(tmp_path, saved, change)
+    with pytest.raises(ValueError, match=phrase) as err:
+        zoo.load(path)
+    assert str(path) in str(err.value)
+
+
+def test_changed_bytes_that_still_parse_fail_the_checksum(tmp_path, saved):
+    """A weight changed in place (the bytes of a tensor) loads as a wrong fit without it."""
+    payload = torch.load(_write(tmp_path, saved), weights_only=True)
+    key = first(payload)
+    raw = bytearray(saved)
+    needle = payload["guide"]["state"][key].numpy().tobytes()[:16]
+    at = raw.find(needle)
+    assert at > 0
+    raw[at : at + 4] = b"\x7f\x7f\x7f\x7f"  # 3.4e38 in float32
+    path = tmp_path / "fit.pt"
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="is damaged: its contents do not match the checksum"):
+        zoo.load(path)
+
+
+def _write(tmp_path, saved):
+    path = tmp_path / "fit.pt"
+    path.write_bytes(saved)
+    return path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_bytes_are_damaged_never_pickled(tmp_path, seed):
+    path = tmp_path / "random.pt"
+    path.write_bytes(torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(seed),
+                                   dtype=torch.uint8).numpy().tobytes())  # fmt: skip
+    with pytest.raises(ValueError, match="is damaged") as err:
+        zoo.load(path)
+    assert "allow_pickle" not in str(err.value)
+
+
+def test_the_untouched_file_loads(tmp_path, saved):
+    assert zoo.load(_write(tmp_path, saved)).steps == 3
+
+
+def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
+    path = tmp_path / "fit.pt"
+    stale = tmp_path / ".fit.pt.abc123.tmp"
+    fresh = tmp_path / ".fit.pt.def456.tmp"  # perhaps another process's save in progress
+    stale.write_bytes(b"half a file")
+    fresh.write_bytes(b"half a file")
+    old = time.time() - 2 * persist.STALE_AFTER
+    os.utime(stale, (old, old))
+    persist.atomic_save({"format": persist.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
+    assert not stale.exists() and fresh.exists() and path.exists()
+
+
+def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
+    from zoo import hmc
+
+    state = {
+        "format": persist.FORMAT, "kind": "hmc-chain", "version": persist.VERSION, "chain": 0,
+        "settings": {}, "data": [], "z": {"w": torch.zeros(2)}, "step_size": 0.1,
+        "inverse_mass_matrix": [[["w"], torch.ones(2)]],
+        "draws": {"w": [torch.zeros(2), torch.ones(2)]},
+        "stats": {name: [0.0, 0.0] for name in hmc.STAT_NAMES},
+        "rng": persist.torch_rng_state(),
+    }  # fmt: skip
+    path = tmp_path / "chain0.pt"
+    persist.atomic_save(state, path)
+    assert hmc.read_chain(path)["chain"] == 0
+    state["draws"]["w"][1] = torch.tensor([0.0, float("nan")])
+    persist.atomic_save(state, path)
+    with pytest.raises(ValueError, match="draws of 'w'.*NaN"):
+        hmc.read_chain(path)
+    for key, value, phrase in [
+        ("step_size", -1.0, "step size is -1.0"),
+        ("stats", {"lp": []}, "stats are not"),
+        ("z", {"w": "x"}, "is a str, not a tensor"),
+    ]:
+        broken = {**state, key: value, "draws": {"w": [torch.zeros(2)] * 2}}
+        persist.atomic_save(broken, path)
+        with pytest.raises(ValueError, match=phrase):
+            hmc.read_chain(path)
