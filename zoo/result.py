@@ -234,6 +234,9 @@ def load(
     if payload.get("kind") == "reference":
         from zoo.reference_result import reference_from_payload
 
+        persist.require(payload, ("model", "draws", "stats", "wall_time", "options"), path)
+        file_checks.check_tensors(payload["draws"], path, "draws")
+        file_checks.check_tensors(payload["stats"], path, "stats")
         return reference_from_payload(payload, model, map_location)
     if payload.get("version", 1) < 2:
         return _load_v1(payload, model, map_location)
