@@ -212,3 +212,5 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except FileNotFoundError as err:  # a data set that is not on disk and cannot be downloaded
         args.parser.error(str(err))
+    except ValueError as err:  # the library's refusals (a resume of another fit, a bad file)
+        args.parser.error(str(err))

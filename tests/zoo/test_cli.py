@@ -393,3 +393,17 @@ def test_sizes_and_device_counts_are_refused_by_the_parser(flags, phrase, capsys
 def test_devices_takes_all_and_auto():
     assert build_parser().parse_args(["fit", "--devices", "-1"]).devices == -1
     assert build_parser().parse_args(["fit", "--devices", "auto"]).devices == "auto"
+
+
+def test_resuming_another_familys_checkpoint_is_refused(tmp_path, capsys):
+    """--guide tridiagonal --resume of a low-rank checkpoint ran to the end and saved the
+    low-rank fit under the tridiagonal's name; now a usage error before any step."""
+    from zoo.cli import main
+
+    ckpt = tmp_path / "fit.ckpt"
+    common = ["fit", "--data", "toy", "--num-steps", "3", "--quiet", "--out-dir", str(tmp_path)]
+    assert main([*common, "--guide", "lowrank", "--checkpoint", str(ckpt)]) == 0
+    capsys.readouterr()
+    message = usage_error([*common, "--guide", "tridiagonal", "--resume", str(ckpt)], capsys)
+    assert "checkpoint of the 'lowrank' family" in message
+    assert not (tmp_path / "mlp-tridiagonal-toy.pt").exists()
