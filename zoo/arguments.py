@@ -68,13 +68,25 @@ def check_model(model, guide=None) -> None:
             "task='regression' or 'classification')"
         )
     if isinstance(guide, AutoGuide):
-        built_for = getattr(guide, "_model", (None,))[0]
-        if built_for is not None and built_for is not model:
+        built_for = _unwrapped(getattr(guide, "_model", (None,))[0])
+        if isinstance(built_for, torch.nn.Module) and built_for is not model:
             raise ValueError(
                 f"the guide was built for another model ({type(built_for).__name__} object at "
                 f"{id(built_for):#x}), not the one given to fit; build it for this model "
                 "(guides.get(name)(model)) or pass the family's name"
             )
+
+
+def _unwrapped(program, depth: int = 4):
+    """The module a guide's model is, under Pyro's handler wrappers (partials whose last
+    argument is the program they wrap); ``program`` itself when it is not one."""
+    import functools
+
+    for _ in range(depth):
+        if not isinstance(program, functools.partial) or not program.args:
+            break
+        program = program.args[-1]
+    return program
 
 
 def _takes_two_arguments(function: Callable) -> bool:

@@ -54,9 +54,14 @@ def test_what_cannot_be_a_model_is_refused(model, phrase):
 
 
 def test_a_guide_built_for_another_model_is_refused():
+    from pyro.infer.autoguide import AutoNormal
+
     other = BayesianMLP(5, (4,), noise=1.0)
-    with pytest.raises(ValueError, match="the guide was built for another model"):
-        fit(guide=guides.get("diagonal")(other))
+    for guide in (guides.get("diagonal")(other), AutoNormal(other)):
+        with pytest.raises(ValueError, match="the guide was built for another model"):
+            fit(guide=guide)
+    mine = BayesianMLP(3, (4,), noise=1.0)
+    assert fit(model=mine, guide=AutoNormal(mine)).steps == 2
 
 
 def test_a_checkpoint_path_that_cannot_be_written_is_refused_before_training(tmp_path):

@@ -19,10 +19,10 @@ def model():
     return BayesianMLP(3, (8,), noise=1.0)
 
 
-def fit(guide="lowrank", data_=None, **run):
+def fit(guide="lowrank", data_=None, model_=None, **run):
     options = dict(num_steps=run.pop("num_steps", 20), batch_size=run.pop("batch_size", 25))
     return zoo.fit(
-        model(), guide, data_ if data_ is not None else data(), **options,
+        model_ or model(), guide, data_ if data_ is not None else data(), **options,
         optim=run.pop("optim", None), run=zoo.Run(progress=False, **run),
     )  # fmt: skip
 
@@ -76,16 +76,18 @@ def test_a_longer_run_resumes(checkpoint):
 def test_a_resume_with_another_family_or_its_options_is_refused(checkpoint, guide):
     """However the guide comes (the CLI passes guides.family): a fit of one family must never
     continue another's checkpoint and be saved under its name."""
+    net = model()
     if guide == "instance":
-        guide = guides.get("matrix_normal")(model())
+        guide = guides.get("matrix_normal")(net)
     with pytest.raises(ValueError, match="checkpoint of the 'lowrank' family") as err:
-        fit(guide, resume=checkpoint)
+        fit(guide, model_=net, resume=checkpoint)
     assert "guides.family('lowrank', rank=10" in str(err.value)
 
 
 def test_the_same_family_given_any_way_resumes(checkpoint):
     assert fit(guides.family("lowrank", rank=10), resume=checkpoint).steps == 20
-    assert fit(guides.get("lowrank")(model()), resume=checkpoint).steps == 20
+    net = model()
+    assert fit(guides.get("lowrank")(net), model_=net, resume=checkpoint).steps == 20
 
 
 @pytest.mark.parametrize(
