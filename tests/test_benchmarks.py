@@ -434,3 +434,10 @@ def test_epoch_time_prints_cold_and_steady_times_per_family(mnist_root):
     for row in rows[1:]:
         steady = float(row.split("|")[3])
         assert steady > 0
+
+
+def test_fit_memory_prints_a_row_per_tracer():
+    out = _run("benchmarks/fit_memory.py", "--fits", "2", "--warmup", "1")
+    rows = [line for line in out.splitlines() if line.startswith("| compiled") or "eager" in line]
+    assert len(rows) == 3, out
+    assert "load" in out.splitlines()[0]
