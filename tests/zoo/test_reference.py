@@ -4,11 +4,19 @@ fit."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
 import pytest
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
 import zoo
+from tests.conftest import HANG_AFTER, REPO
 from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_for
 from zoo.arviz import chain_diagnostics
 from zoo.hmc import read_chain
@@ -201,3 +209,60 @@ def test_bad_data_is_refused_before_sampling_and_a_failing_chain_is_reported():
             progress=False,
             **{k: QUICK[k] for k in QUICK if k != "progress"},
         )
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc")
+def test_chains_end_when_a_killed_reference_leaves_them(tmp_path):
+    """SIGKILL of the process running zoo.reference: its forked chains must stop too (they
+    went on sampling into the checkpoint folder), and a scratch folder is not left running."""
+    folder = tmp_path / "chains"
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.path.insert(0, {str(REPO)!r})
+        import zoo
+        x = torch.randn(30, 2); y = x[:, 0]
+        zoo.reference(zoo.models.BayesianMLP(2, (3,), noise=1.0), (x, y), chains=2,
+                      processes=2, warmup=5, draws=10**6, chunk=5, jit=False,
+                      checkpoint={str(folder)!r}, progress=False)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        deadline = time.monotonic() + HANG_AFTER
+        while not (folder / "chain1.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        chains = _children_of(proc.pid)
+        assert len(chains) == 2
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        while any(_running(pid) for pid in chains):
+            assert time.monotonic() < deadline, "a chain outlived zoo.reference"
+            time.sleep(0.1)
+        written = {p: p.stat().st_mtime_ns for p in folder.iterdir()}
+        time.sleep(1.0)
+        assert {p: p.stat().st_mtime_ns for p in folder.iterdir()} == written
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
