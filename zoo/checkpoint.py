@@ -193,17 +193,41 @@ def check_position(path, state: LoopState, per_epoch: int) -> None:
         )
 
 
-def restore(payload: dict, model, optimizer, scheduler, generator) -> LoopState:
+def restore(payload: dict, model, optimizer, scheduler, generator, path=None) -> LoopState:
     """Put a checkpoint's model parameters, optimiser, schedule and RNG states back; returns
-    the training state."""
+    the training state. What does not fit (another parameter's shape, an optimiser state of
+    other shapes or groups) is a ``ValueError`` naming ``path`` and the entry."""
     trainable = payload["model"].get("trainable", {})
     if trainable and isinstance(model, torch.nn.Module):
+        params = dict(model.named_parameters())
+        persist.check_state(params, trainable, "the model's trainable parameters")
         with torch.no_grad():
-            params = dict(model.named_parameters())
             for name, value in trainable.items():
                 params[name].copy_(value)
-    optimizer.load_state_dict(payload["optimizer"])
-    if scheduler is not None and payload["scheduler"] is not None:
-        scheduler.load_state_dict(payload["scheduler"])
-    persist.set_rng_state(payload["rng"], generator)
+    try:
+        optimizer.load_state_dict(payload["optimizer"])
+        if scheduler is not None and payload["scheduler"] is not None:
+            scheduler.load_state_dict(payload["scheduler"])
+        persist.set_rng_state(payload["rng"], generator)
+    except (ValueError, KeyError, TypeError, RuntimeError, IndexError) as err:
+        raise ValueError(
+            f"{path}: the checkpoint's optimiser, schedule or generator state does not fit this "
+            f"fit ({type(err).__name__}: {err}); the file was changed"
+        ) from None
+    _check_optimizer_state(optimizer, path)
     return LoopState(**payload["state"])
+
+
+def _check_optimizer_state(optimizer, path) -> None:
+    """Refuse optimiser state tensors shaped unlike their parameters, or not finite."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            for key, value in optimizer.state.get(p, {}).items():
+                if not torch.is_tensor(value) or value.dim() == 0:
+                    continue
+                if value.shape != p.shape or not torch.isfinite(value).all():
+                    raise ValueError(
+                        f"{path}: the checkpoint's optimiser state {key!r} has shape "
+                        f"{tuple(value.shape)} for a parameter of shape {tuple(p.shape)}, or "
+                        "values that are not finite; the file was changed"
+                    )

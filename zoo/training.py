@@ -242,7 +242,7 @@ def _fit(
             guide, length, total, batches, optim, loss, objective, plan, seed, ranks
         )
         if resumed is not None:
-            state = restore(resumed, model, opt, sched, generator)
+            state = restore(resumed, model, opt, sched, generator, run.resume)
             check_position(run.resume, state, per_epoch)
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
                 torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws

@@ -103,6 +103,7 @@ def test_the_same_family_given_any_way_resumes(checkpoint):
 def test_a_changed_loop_state_is_refused_before_any_step(checkpoint, field, value, phrase):
     payload = torch.load(checkpoint, weights_only=True)
     payload["state"][field] = value
+    payload.pop("checksum")  # as one who knows the format would rewrite it
     torch.save(payload, checkpoint)
     with pytest.raises(ValueError, match=phrase):
         fit("lowrank", resume=checkpoint)
@@ -112,6 +113,7 @@ def test_a_changed_loop_state_is_refused_before_any_step(checkpoint, field, valu
 def test_a_checkpoint_without_an_entry_names_it(checkpoint, entry):
     payload = torch.load(checkpoint, weights_only=True)
     del payload[entry]
+    payload.pop("checksum")
     torch.save(payload, checkpoint)
     with pytest.raises(ValueError, match=f"'{entry}'|before version"):
         fit("lowrank", resume=checkpoint)
@@ -123,3 +125,28 @@ def test_a_checkpoint_records_the_data_and_the_settings(checkpoint):
     assert identity["data"]["size"] == 300 and len(identity["data"]["digest"]) == 64
     assert identity["settings"]["batch_size"] == 25
     assert identity["settings"]["optimizer"] == "adam"
+
+
+@pytest.mark.parametrize("change", ["shape", "nan", "groups"])
+def test_an_optimiser_state_that_does_not_fit_is_refused(checkpoint, change):
+    payload = torch.load(checkpoint, weights_only=True)
+    state = payload["optimizer"]["state"]
+    first = next(iter(state))
+    if change == "shape":
+        state[first]["exp_avg"] = torch.zeros(7)
+    elif change == "nan":
+        state[first]["exp_avg_sq"] = torch.full_like(state[first]["exp_avg_sq"], float("nan"))
+    else:
+        payload["optimizer"]["param_groups"].append(dict(payload["optimizer"]["param_groups"][0]))
+    payload.pop("checksum")
+    torch.save(payload, checkpoint)
+    with pytest.raises(ValueError, match=f"{checkpoint}: the checkpoint's optimiser"):
+        fit("lowrank", resume=checkpoint)
+
+
+def test_a_changed_checkpoint_fails_its_checksum(checkpoint):
+    payload = torch.load(checkpoint, weights_only=True)
+    payload["state"]["step"] = 3
+    torch.save(payload, checkpoint)
+    with pytest.raises(ValueError, match="is damaged: its contents do not match the checksum"):
+        fit("lowrank", resume=checkpoint)

@@ -63,6 +63,10 @@ CASES = {
         "has no dtype 'pickle'",
     ),
     "no family": (lambda p: p["guide"].__setitem__("spec", {}), "names no family"),
+    "huge model spec": (
+        lambda p: p["model"]["spec"]["args"].__setitem__("hidden", [10**6, 10**6]),
+        "GiB to fit",
+    ),
     "model state": (
         lambda p: p["model"]["state"].__setitem__(
             next(iter(p["model"]["state"])), torch.tensor(float("inf"))
