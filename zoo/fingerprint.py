@@ -66,7 +66,7 @@ def _update(digest, t: torch.Tensor) -> None:
         digest.update(t.view(torch.uint8).cpu().numpy().tobytes())
 
 
-def fit_identity(data_print: dict, *, batch_size: int, length, optim, loss, engine) -> dict:
+def fit_identity(data_print: dict, batch_size: int, length, optim, loss, engine) -> dict:
     """The identity a checkpoint records: ``data`` (:func:`data_fingerprint`) and ``settings``
     (the values of ``zoo.fit``'s arguments that change what a step computes; a callable
     schedule or KL weight is recorded as ``"callable"``, which cannot be compared further)."""

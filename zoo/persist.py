@@ -40,8 +40,9 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(obj, dict) and obj.get("format") == FORMAT:
-        obj = {**obj, "checksum": file_checks.digest(obj)}
+    if isinstance(obj, dict) and obj.get("format") == FORMAT:  # a payload read back has one
+        body = {key: value for key, value in obj.items() if key != "checksum"}
+        obj = {**body, "checksum": file_checks.digest(body)}
     remove_stale_temporaries(path)
     buffer = io.BytesIO()
     torch.save(obj, buffer)

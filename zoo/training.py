@@ -193,15 +193,10 @@ def _fit(
     with seeded(seed, dev):
         batches, generator = fit_batches(model, data, length.batch_size, dev, seed, ranks)
         guide = guide_registry.instantiate(guide, model, {})
-        identity = None
+        identity = None  # what a checkpoint records and a resume must match
         if run.checkpoint is not None or run.resume is not None:
             identity = fit_identity(
-                data_fingerprint(data),
-                batch_size=batches.batch_size,
-                length=length,
-                optim=optim,
-                loss=loss,
-                engine=engine,
+                data_fingerprint(data), batches.batch_size, length, optim, loss, engine
             )
         resumed = read_checkpoint(run.resume, guide) if run.resume else None
         if resumed is not None:

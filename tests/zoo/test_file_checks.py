@@ -159,3 +159,13 @@ def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
         persist.atomic_save(broken, path)
         with pytest.raises(ValueError, match=phrase):
             hmc.read_chain(path)
+
+
+def test_a_payload_read_back_and_saved_again_gets_a_fresh_checksum(tmp_path):
+    """A resumed HMC chain saves the payload it read (checksum included) after changing it."""
+    path = tmp_path / "x.pt"
+    persist.atomic_save({"format": persist.FORMAT, "kind": "fit", "n": torch.zeros(2)}, path)
+    payload = persist.read(path, "fit")
+    payload["n"] = torch.ones(3)
+    persist.atomic_save(payload, path)
+    assert torch.equal(persist.read(path, "fit")["n"], torch.ones(3))
