@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["WATCH_EVERY", "die_with_parent", "remove_orphans", "scratch_folder"]
+__all__ = ["WATCH_EVERY", "alive", "die_with_parent", "remove_orphans", "scratch_folder"]
 
 #: Seconds between a child's checks that its parent is alive, where the kernel cannot tell it.
 WATCH_EVERY = 0.5
@@ -54,7 +54,8 @@ def _watch(parent: int) -> None:
             os._exit(1)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -70,7 +71,7 @@ def remove_orphans(prefix: str, folder: str | None = None) -> list[Path]:
     removed = []
     for path in Path(folder or tempfile.gettempdir()).glob(f"{prefix}*-*"):
         pid = path.name[len(prefix) :].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if path.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
     return removed

@@ -46,7 +46,9 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     remove_stale_temporaries(path)
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(
+        prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent
+    )
     try:
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
         os.chmod(tmp, _file_mode(path))
@@ -65,18 +67,23 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
 
 #: A temporary file of an interrupted save older than this (seconds) is removed by the next
 #: save to the same path; a younger one may be another process's save in progress.
-STALE_AFTER = 60.0
+STALE_AFTER = 3600.0
 
 
 def remove_stale_temporaries(path: Path) -> None:
-    """Remove what a killed save to ``path`` left (``.<name>.*.tmp``, older than
-    :data:`STALE_AFTER` seconds)."""
+    """Remove what a killed save to ``path`` left: ``.<name>.<pid>.*.tmp`` files whose writing
+    process is gone, and any ``.<name>.*.tmp`` older than :data:`STALE_AFTER` seconds (a
+    writer on another machine sharing the folder)."""
     import time
 
-    now = time.time()
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+    from zoo.children import alive
+
+    now, head = time.time(), f".{path.name}."
+    for tmp in path.parent.glob(f"{head}*.tmp"):
+        writer = tmp.name[len(head) :].split(".", 1)[0]
         try:
-            if now - tmp.stat().st_mtime > STALE_AFTER:
+            dead = writer.isdigit() and not alive(int(writer))
+            if dead or now - tmp.stat().st_mtime > STALE_AFTER:
                 tmp.unlink()
         except OSError:
             pass

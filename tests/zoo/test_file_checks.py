@@ -121,15 +121,22 @@ def test_the_untouched_file_loads(tmp_path, saved):
 
 
 def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
     path = tmp_path / "fit.pt"
-    stale = tmp_path / ".fit.pt.abc123.tmp"
-    fresh = tmp_path / ".fit.pt.def456.tmp"  # perhaps another process's save in progress
-    stale.write_bytes(b"half a file")
-    fresh.write_bytes(b"half a file")
-    old = time.time() - 2 * persist.STALE_AFTER
-    os.utime(stale, (old, old))
+    killed = tmp_path / f".fit.pt.{dead}.abc123.tmp"  # its writer is gone
+    writing = tmp_path / f".fit.pt.{os.getppid()}.def456.tmp"  # a live process's save
+    old = tmp_path / ".fit.pt.ghi789.tmp"  # no writer named, over STALE_AFTER old
+    for tmp in (killed, writing, old):
+        tmp.write_bytes(b"half a file")
+    past = time.time() - 2 * persist.STALE_AFTER
+    os.utime(old, (past, past))
     persist.atomic_save({"format": persist.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
-    assert not stale.exists() and fresh.exists() and path.exists()
+    assert not killed.exists() and not old.exists() and writing.exists() and path.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fit.pt", writing.name])
 
 
 def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
