@@ -193,11 +193,11 @@ def _fit(
     with seeded(seed, dev):
         batches, generator = fit_batches(model, data, length.batch_size, dev, seed, ranks)
         guide = guide_registry.instantiate(guide, model, {})
-        identity = None  # what a checkpoint records and a resume must match
-        if run.checkpoint is not None or run.resume is not None:
-            identity = fit_identity(
-                data_fingerprint(data), batches.batch_size, length, optim, loss, engine
-            )
+        # What a checkpoint records and a resume must match; the data's fingerprint is kept in
+        # result.options too (a saved fit says what it was fitted to).
+        identity = fit_identity(
+            data_fingerprint(data), batches.batch_size, length, optim, loss, engine
+        )
         resumed = read_checkpoint(run.resume, guide) if run.resume else None
         if resumed is not None:
             check_identity(run.resume, resumed.get("identity"), identity)
@@ -236,6 +236,7 @@ def _fit(
         result.options = _options(
             guide, length, total, batches, optim, loss, objective, plan, seed, ranks
         )
+        result.options["data"] = identity["data"]
         if resumed is not None:
             state = restore(resumed, model, opt, sched, generator, run.resume)
             check_position(run.resume, state, per_epoch)

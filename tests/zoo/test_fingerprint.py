@@ -49,3 +49,14 @@ def test_a_dataset_is_fingerprinted_from_a_few_items():
     print_ = data_fingerprint(Spy())
     assert sorted(read) == [0, 20, 39]
     assert print_["size"] == 40 and print_["shapes"] == [[[3], "float32"], [[], "int64"]]
+
+
+def test_a_fit_and_its_saved_file_say_what_data_it_was_fitted_to(tmp_path):
+    import zoo
+    from zoo.models import BayesianMLP
+
+    x, y = xy()
+    fit = zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y.float()), num_steps=2,
+                  run=zoo.Run(progress=False))  # fmt: skip
+    assert fit.options["data"] == data_fingerprint((x, y.float()))
+    assert zoo.load(fit.save(tmp_path / "fit.pt")).options["data"] == fit.options["data"]
