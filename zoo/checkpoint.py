@@ -201,7 +201,7 @@ def restore(payload: dict, model, optimizer, scheduler, generator, path=None) ->
     if trainable and isinstance(model, torch.nn.Module):
         params = dict(model.named_parameters())
         expected = {n: p for n, p in params.items() if p.requires_grad}  # what is written
-        persist.check_state(expected, trainable, "the model's trainable parameters")
+        file_checks.check_state(expected, trainable, "the model's trainable parameters")
         with torch.no_grad():
             for name, value in trainable.items():
                 params[name].copy_(value)

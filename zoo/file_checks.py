@@ -16,7 +16,14 @@ import math
 
 import torch
 
-__all__ = ["MAX_ELEMENTS", "check_guide_payload", "check_tensors", "digest", "verify"]
+__all__ = [
+    "MAX_ELEMENTS",
+    "check_guide_payload",
+    "check_state",
+    "check_tensors",
+    "digest",
+    "verify",
+]
 
 #: The most elements a file may declare for one input or site (2**31, 8 GiB of float32): a
 #: size past it is a damaged or hostile file, refused before anything is allocated.
@@ -126,3 +133,26 @@ def check_guide_payload(guide: dict, path) -> None:
     if total > MAX_ELEMENTS:
         raise ValueError(f"{path}: the guide's sites declare {total:.3g} weights in all")
     check_tensors(guide["state"], path, "guide state")
+
+
+def check_state(expected: dict, saved: dict, what: str) -> None:
+    """Refuse a saved state dict whose entries, shapes or dtypes differ from ``expected``
+    (the state of the object rebuilt to receive it), naming each difference."""
+    missing = sorted(set(expected) - set(saved))
+    extra = sorted(set(saved) - set(expected))
+    differ = [
+        f"{k}: {tuple(saved[k].shape)} {saved[k].dtype} saved, {tuple(v.shape)} {v.dtype} rebuilt"
+        for k, v in expected.items()
+        if k in saved and (saved[k].shape != v.shape or saved[k].dtype != v.dtype)
+    ]
+    parts = (
+        f"entries missing from the file {missing}" if missing else "",
+        f"entries {what} does not have {extra}" if extra else "",
+        f"shapes or dtypes differ ({'; '.join(differ)})" if differ else "",
+    )
+    if any(parts):
+        raise ValueError(
+            f"the saved state of {what} does not fit it: "
+            + "; ".join(p for p in parts if p)
+            + ". The file was changed, or written by another version of its family"
+        )

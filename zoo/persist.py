@@ -189,32 +189,9 @@ def build_guide(model, payload: dict):
     found = {name: list(shape) for name, shape in guide.site_shapes().items()}
     if found != payload["sites"]:
         raise ValueError(_sites_differ(payload["sites"], found))
-    check_state(guide.state_dict(), payload["state"], "the guide")
+    file_checks.check_state(guide.state_dict(), payload["state"], "the guide")
     guide.load_state_dict(payload["state"])
     return guide
-
-
-def check_state(expected: dict, saved: dict, what: str) -> None:
-    """Refuse a saved state dict whose entries, shapes or dtypes differ from ``expected``
-    (the state of the object rebuilt to receive it), naming each difference."""
-    missing = sorted(set(expected) - set(saved))
-    extra = sorted(set(saved) - set(expected))
-    differ = [
-        f"{k}: {tuple(saved[k].shape)} {saved[k].dtype} saved, {tuple(v.shape)} {v.dtype} rebuilt"
-        for k, v in expected.items()
-        if k in saved and (saved[k].shape != v.shape or saved[k].dtype != v.dtype)
-    ]
-    parts = (
-        f"entries missing from the file {missing}" if missing else "",
-        f"entries {what} does not have {extra}" if extra else "",
-        f"shapes or dtypes differ ({'; '.join(differ)})" if differ else "",
-    )
-    if any(parts):
-        raise ValueError(
-            f"the saved state of {what} does not fit it: "
-            + "; ".join(p for p in parts if p)
-            + ". The file was changed, or written by another version of its family"
-        )
 
 
 def model_payload(model) -> dict:
