@@ -90,6 +90,15 @@ def test_the_same_family_given_any_way_resumes(checkpoint):
     assert fit(guides.get("lowrank")(net), model_=net, resume=checkpoint).steps == 20
 
 
+def rewrite(path, change) -> None:
+    """The checkpoint at ``path`` with ``change(payload)`` applied, saved without its checksum,
+    as one who knows the format would rewrite it."""
+    payload = torch.load(path, weights_only=True)
+    change(payload)
+    payload.pop("checksum")
+    torch.save(payload, path)
+
+
 @pytest.mark.parametrize(
     "field, value, phrase",
     [
@@ -101,20 +110,14 @@ def test_the_same_family_given_any_way_resumes(checkpoint):
     ],
 )
 def test_a_changed_loop_state_is_refused_before_any_step(checkpoint, field, value, phrase):
-    payload = torch.load(checkpoint, weights_only=True)
-    payload["state"][field] = value
-    payload.pop("checksum")  # as one who knows the format would rewrite it
-    torch.save(payload, checkpoint)
+    rewrite(checkpoint, lambda payload: payload["state"].__setitem__(field, value))
     with pytest.raises(ValueError, match=phrase):
         fit("lowrank", resume=checkpoint)
 
 
 @pytest.mark.parametrize("entry", ["optimizer", "state", "guide"])
 def test_a_checkpoint_without_an_entry_names_it(checkpoint, entry):
-    payload = torch.load(checkpoint, weights_only=True)
-    del payload[entry]
-    payload.pop("checksum")
-    torch.save(payload, checkpoint)
+    rewrite(checkpoint, lambda payload: payload.pop(entry))
     with pytest.raises(ValueError, match=f"'{entry}'|before version"):
         fit("lowrank", resume=checkpoint)
 
@@ -129,17 +132,18 @@ def test_a_checkpoint_records_the_data_and_the_settings(checkpoint):
 
 @pytest.mark.parametrize("change", ["shape", "nan", "groups"])
 def test_an_optimiser_state_that_does_not_fit_is_refused(checkpoint, change):
-    payload = torch.load(checkpoint, weights_only=True)
-    state = payload["optimizer"]["state"]
-    first = next(iter(state))
-    if change == "shape":
-        state[first]["exp_avg"] = torch.zeros(7)
-    elif change == "nan":
-        state[first]["exp_avg_sq"] = torch.full_like(state[first]["exp_avg_sq"], float("nan"))
-    else:
-        payload["optimizer"]["param_groups"].append(dict(payload["optimizer"]["param_groups"][0]))
-    payload.pop("checksum")
-    torch.save(payload, checkpoint)
+    def damage(payload):
+        state = payload["optimizer"]["state"]
+        first = next(iter(state))
+        if change == "shape":
+            state[first]["exp_avg"] = torch.zeros(7)
+        elif change == "nan":
+            state[first]["exp_avg_sq"] = torch.full_like(state[first]["exp_avg_sq"], float("nan"))
+        else:
+            groups = payload["optimizer"]["param_groups"]
+            groups.append(dict(groups[0]))
+
+    rewrite(checkpoint, damage)
     with pytest.raises(ValueError, match=f"{checkpoint}: the checkpoint's optimiser"):
         fit("lowrank", resume=checkpoint)
 
