@@ -35,6 +35,11 @@ against, then the forward and the backward of the first three steps (loss and ``
 hand, no optimiser), each also in the plan's steady steps; for the traced order (a fit's first
 ``zoo.compiled.REPLAN_AFTER`` steps on the CPU) and the re-planned graph (its later steps),
 medians over ``--rounds``.
+
+``--imports``: what a process pays before its first line of work (every Lightning rank, HMC
+chain, command-line call and test worker pays it): fresh interpreters running ``import torch,
+pyro``, ``import zoo`` and ``python -m zoo --help``, alternating, medians over ``--rounds``
+(target: the zoo at most 1.3 times torch + pyro).
 """
 
 from __future__ import annotations
@@ -255,6 +260,35 @@ def phases_table(rounds: int) -> dict[str, list[float]]:
     return medians
 
 
+#: What each ``--imports`` process runs: the libraries under the zoo, the zoo, its command line.
+IMPORTS = {
+    "torch + pyro": ["-c", "import torch, pyro"],
+    "zoo": ["-c", "import zoo"],
+    "python -m zoo --help": ["-m", "zoo", "--help"],
+}
+
+
+def imports_table(rounds: int) -> dict[str, float]:
+    """Median wall seconds of a fresh interpreter running each of :data:`IMPORTS`, the three
+    alternating in every round (one warm-up round first: the disk cache), and each against
+    ``torch + pyro``."""
+    import subprocess
+    import sys
+
+    times: dict[str, list[float]] = {name: [] for name in IMPORTS}
+    for r in range(rounds + 1):
+        for name, args in IMPORTS.items():
+            start = time.perf_counter()
+            subprocess.run([sys.executable, *args], check=True, stdout=subprocess.DEVNULL)
+            if r:
+                times[name].append(time.perf_counter() - start)
+    medians = {name: statistics.median(v) for name, v in times.items()}
+    print("| process | wall s | / torch + pyro |\n| --- | ---: | ---: |")
+    for name, value in medians.items():
+        print(f"| {name} | {value:.2f} | {value / medians['torch + pyro']:.2f} |")
+    return medians
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--net", nargs="+", default=list(NETS), choices=NETS)
@@ -263,9 +297,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--last-batch", action="store_true", help="see the module docstring")
     parser.add_argument("--repeat", action="store_true", help="see the module docstring")
     parser.add_argument("--phases", action="store_true", help="see the module docstring")
+    parser.add_argument("--imports", action="store_true", help="see the module docstring")
     args = parser.parse_args(argv)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)", flush=True)
-    extra = {"last_batch": last_batch_table, "repeat": repeat_table, "phases": phases_table}
+    extra = {
+        "last_batch": last_batch_table,
+        "repeat": repeat_table,
+        "phases": phases_table,
+        "imports": imports_table,
+    }
     chosen = [fn for flag, fn in extra.items() if getattr(args, flag)]
     if chosen:
         chosen[0](args.rounds)

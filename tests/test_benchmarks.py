@@ -406,6 +406,13 @@ def test_startup_times_fits_in_a_row():
     assert all(float(v.strip(" |")) > 0 for r in rows for v in r[1:]), out
 
 
+def test_startup_times_the_imports_against_torch_and_pyro():
+    out = _run("benchmarks/startup.py", "--imports", "--rounds", "1")
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0] for r in rows] == ["| torch + pyro", "| zoo", "| python -m zoo --help"], out
+    assert float(rows[0][2].strip(" |")) == 1.0 and all(float(r[1]) > 0 for r in rows), out
+
+
 def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_times():
     """``step_time.py`` times a CUDA fit by events recorded before its step 10 and after its
     last, inside one fit (never the difference of two fits); the same marks on the CPU take

@@ -206,3 +206,45 @@ def test_the_optional_modules_resolve_as_attributes_of_zoo():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["zoo.plots", "zoo.arviz", "zoo.lightning"]
+
+
+#: Stacks that ``import zoo`` and ``python -m zoo --help`` must not load: each costs seconds of
+#: every process a user starts (a Lightning rank, an HMC chain, a command-line call), and only
+#: the functions that need one import it.
+HEAVY_MODULES = (
+    "arviz",
+    "lightning",
+    "matplotlib",
+    "pandas",
+    "scipy",
+    "tabulate",
+    "torch._dynamo",
+    "torchmetrics",
+    "torchvision",
+    "xarray",
+)
+
+
+@pytest.mark.parametrize("entry", ["import zoo", "python -m zoo --help"])
+def test_importing_zoo_loads_no_heavy_stack(entry):
+    import subprocess
+    import sys
+
+    code = (
+        "import runpy, sys\n"
+        + (
+            "import zoo\n"
+            if entry == "import zoo"
+            else "sys.argv = ['zoo', '--help']\n"
+            "try:\n    runpy.run_module('zoo', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+        )
+        + f"print(sorted(m for m in sys.modules if m in {HEAVY_MODULES!r}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    # the check sees a heavy stack when one loads
+    probe = "import sys, zoo.plots; print('matplotlib' in sys.modules)"
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
+    assert seen.stdout.strip() == "True", seen.stderr

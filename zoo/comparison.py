@@ -7,7 +7,6 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-import pandas as pd
 import torch
 from tqdm import tqdm
 
@@ -128,6 +127,8 @@ def compare(
         fits[label] = result
     if reference is not None:
         rows.append(_reference_row(reference, ref_pred, y_test))
+    import pandas as pd
+
     table = pd.DataFrame(rows).set_index("family")
     if chart is not None:
         from zoo.plots import comparison_chart

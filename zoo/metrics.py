@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torchmetrics.functional.classification import binary_auroc, multiclass_calibration_error
 
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
@@ -36,6 +35,8 @@ def ece(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> float:
     ``ECE = sum_b (|B_b| / N) |accuracy(B_b) - mean confidence(B_b)|``, where the confidence of
     an example is its largest predictive probability (torchmetrics' ``l1`` calibration error).
     """
+    from torchmetrics.functional.classification import multiclass_calibration_error
+
     return multiclass_calibration_error(
         probs.float(), labels, num_classes=probs.shape[-1], n_bins=n_bins, norm="l1"
     ).item()
@@ -60,6 +61,8 @@ def reliability(probs: torch.Tensor, labels: torch.Tensor, n_bins: int = 15) -> 
 def ood_auroc(score_in: torch.Tensor, score_out: torch.Tensor) -> float:
     """AUROC of telling out-of-distribution from in-distribution inputs by a score (higher
     means "more likely out", e.g. predictive entropy or mutual information); 0.5 is chance."""
+    from torchmetrics.functional.classification import binary_auroc
+
     scores = torch.cat([score_in, score_out]).float()
     target = torch.cat([torch.zeros(len(score_in)), torch.ones(len(score_out))]).long()
     return binary_auroc(scores, target.to(scores.device)).item()
