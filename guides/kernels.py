@@ -18,28 +18,9 @@ twice differentiable.
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
-
-#: Names that moved to :mod:`guides.lowrank_kernels` (importable from here with a warning for
-#: one release). ``LowRankNoise`` and ``CapacitanceTerms`` were replaced by
-#: ``guides.lowrank_kernels.LowRankDraw`` and ``SiteCapacitanceTerms``.
-_MOVED = ("gram", "column_chunks", "blocked")
-
-
-def __getattr__(name: str):
-    if name in _MOVED:
-        warnings.warn(
-            f"guides.kernels.{name} is deprecated: use guides.lowrank_kernels.{name}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from guides import lowrank_kernels
-
-        return getattr(lowrank_kernels, name)
-    raise AttributeError(f"module 'guides.kernels' has no attribute {name!r}")
 
 
 # ---- shared ----------------------------------------------------------------------------------

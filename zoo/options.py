@@ -14,9 +14,9 @@ everything else comes in four small groups, each a frozen dataclass whose defaul
 
 A field's ``metadata["cli"]`` holds the ``argparse`` keywords of its command-line flag
 (``--field-name``); :func:`zoo.cli_parser.add_flags` builds the flags and
-:func:`zoo.cli_parser.from_flags` the group back, so the command line restates nothing. The
-flat keywords of earlier releases (``zoo.fit(..., optimizer="sgd")``) still work for one
-release, with a ``DeprecationWarning`` naming the group (:func:`accepts_flat_keywords`).
+:func:`zoo.cli_parser.from_flags` the group back, so the command line restates nothing. A
+group's field passed as a keyword of its own (``zoo.fit(..., optimizer="sgd")``) is refused with
+the group to pass it in (:func:`refuses_flat_keywords`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -353,44 +352,26 @@ def flat_keywords(groups: Mapping[str, type] = GROUPS) -> dict[str, str]:
     return {f.name: name for name, cls in groups.items() for f in dataclasses.fields(cls)}
 
 
-def accepts_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUPS) -> Callable:
-    """``function`` (whose group parameters are ``groups``) also taking the flat keywords of
-    earlier releases, each moved into its group with a ``DeprecationWarning``; and
-    ``guide_options``, moved into :func:`guides.family`."""
+def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUPS) -> Callable:
+    """``function`` (whose group parameters are ``groups``) refusing, before any work, a field
+    of a group passed as a keyword of its own (the flat keywords removed in 0.3.0) with a
+    ``TypeError`` that names the group to pass it in; every other call is ``function``'s."""
     owners = flat_keywords(groups)
+    name = function.__qualname__.removesuffix(".__init__")
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
-        options = kwargs.pop("guide_options", None)
-        if options is not None:
-            _deprecated("guide_options", "pass guides.family(name, **options) as the guide")
-            args, kwargs = _with_family(function, args, kwargs, options)
-        for key in [k for k in kwargs if k in owners]:
-            name = owners[key]
-            _deprecated(key, f"pass {name}=zoo.{groups[name].__name__}({key}=...)")
-        kwargs = grouped(kwargs, groups)
+        if "guide_options" in kwargs:
+            raise TypeError(
+                f"{name}() takes no guide_options=: pass guides.family(name, **options) as the "
+                "guide (guides.family('lowrank', rank=5))"
+            )
+        flat = [k for k in kwargs if k in owners]
+        if flat:
+            hints = ", ".join(
+                f"{k}= in {owners[k]}=zoo.{groups[owners[k]].__name__}({k}=...)" for k in flat
+            )
+            raise TypeError(f"{name}() takes its options in groups: pass {hints}")
         return function(*args, **kwargs)
 
     return wrapper
-
-
-def _deprecated(key: str, instead: str) -> None:
-    warnings.warn(
-        f"the keyword {key}= is deprecated and will be removed in the next release: {instead}",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-
-
-def _with_family(function, args: tuple, kwargs: dict, options: Mapping):
-    import inspect
-
-    import guides
-
-    names = list(inspect.signature(function).parameters)
-    where = names.index("guide")
-    if len(args) > where:
-        args = (*args[:where], guides.family(args[where], **options), *args[where + 1 :])
-    else:
-        kwargs["guide"] = guides.family(kwargs["guide"], **options)
-    return args, kwargs

@@ -42,7 +42,7 @@ from zoo.optim import (
     named_parameters,
     param_groups,
 )
-from zoo.options import Engine, Loss, Optim, Run, accepts_flat_keywords, group
+from zoo.options import Engine, Loss, Optim, Run, group, refuses_flat_keywords
 from zoo.recipes import Length, check_positive, resolve_device, resolve_length, warn_if_short
 from zoo.result import FitResult, load
 from zoo.rng import seeded
@@ -51,7 +51,7 @@ from zoo.threads import intra_op_threads
 from zoo.trainer import Trainer
 
 
-@accepts_flat_keywords
+@refuses_flat_keywords
 @one_at_a_time
 def fit(
     model: Callable,
@@ -119,9 +119,9 @@ def fit(
     run : zoo.Run or dict, optional
         The progress bar, callbacks, the divergence policy, checkpoints and resume.
 
-    Every group's fields and defaults are documented once, in :mod:`zoo.options`; the flat
-    keywords of earlier releases (``optimizer=``, ``progress=``, ``guide_options=``, ...) still
-    work with a ``DeprecationWarning`` naming the group.
+    Every group's fields and defaults are documented once, in :mod:`zoo.options`; a field
+    passed as a keyword of its own (``optimizer=``, ``progress=``) is refused with a
+    ``TypeError`` naming its group.
 
     Returns
     -------

@@ -40,15 +40,6 @@ def test_bad_options_are_rejected():
         LowRankSite(torch.zeros(3), 0.1, rank=0)
 
 
-def test_moved_names_still_import_from_kernels_with_a_warning():
-    import guides.kernels
-
-    with pytest.warns(DeprecationWarning, match="guides.lowrank_kernels.gram"):
-        assert guides.kernels.gram is guides.lowrank_kernels.gram
-    with pytest.raises(AttributeError):
-        guides.kernels.LowRankNoise  # noqa: B018 (replaced, not moved)
-
-
 def assert_same_gradients(got, want, weights, picked, inputs, tol):
     """The gradients of ``sum_i <weights_i, got_i>`` over the outputs ``picked`` equal those of
     the same sum over ``want`` (an input that ``want`` does not use gets none or zero)."""

@@ -1,12 +1,11 @@
-"""The option groups (zoo.options): defaults, checks before any work, dicts, and the deprecated
-flat keywords of earlier releases, which must give the same fit as the groups."""
+"""The option groups (zoo.options): defaults, checks before any work, dicts, and the flat
+keywords of earlier releases, refused naming the group."""
 
 import dataclasses
 
 import pytest
 import torch
 
-import guides
 import zoo
 from zoo.models import BayesianMLP
 from zoo.options import GROUPS, flat_keywords, group
@@ -47,35 +46,19 @@ def test_a_bad_option_fails_when_its_group_is_built(make, message):
         make()
 
 
-def test_flat_keywords_still_work_with_a_warning_naming_the_group():
-    """The same fit, step for step, whichever way its options are given."""
-    common = dict(num_steps=6, batch_size=8, seed=1)
-    with pytest.warns(DeprecationWarning) as caught:
-        old = zoo.fit(
-            BayesianMLP(3, (4,), 1),
-            "lowrank",
-            data(),
-            guide_options={"rank": 2},
-            optimizer="sgd",
-            kl_weight=0.5,
-            jit=False,
-            progress=False,
-            **common,
-        )
-    text = " ".join(str(w.message) for w in caught)
-    for hint in ("guides.family", "optim=zoo.Optim", "loss=zoo.Loss", "engine=zoo.Engine"):
-        assert hint in text
-    new = zoo.fit(
-        BayesianMLP(3, (4,), 1),
-        guides.family("lowrank", rank=2),
-        data(),
-        optim=zoo.Optim(optimizer="sgd"),
-        loss={"kl_weight": 0.5},
-        engine=zoo.Engine(jit=False),
-        run=zoo.Run(progress=False),
-        **common,
-    )
-    assert old.losses == new.losses and old.options == new.options
+def test_a_group_field_passed_on_its_own_is_refused_naming_its_group():
+    """The flat keywords removed in 0.3.0: a clear error before any work, saying where the
+    option goes."""
+    model = BayesianMLP(3, (4,), 1)
+    with pytest.raises(TypeError) as err:
+        zoo.fit(model, "diagonal", data(), num_steps=2, optimizer="sgd", jit=False)
+    for hint in ("optimizer= in optim=zoo.Optim(optimizer=...)", "engine=zoo.Engine(jit=...)"):
+        assert hint in str(err.value)
+    with pytest.raises(TypeError, match=r"guides.family\(name, \*\*options\)"):
+        zoo.fit(model, "lowrank", data(), num_steps=2, guide_options={"rank": 2})
+    assert not any(p.grad is not None for p in model.parameters())  # nothing ran
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sped'"):
+        zoo.fit(model, "diagonal", data(), num_steps=2, sped=3)  # not a field: Python's error
 
 
 def test_the_lightning_module_takes_the_same_groups():
@@ -87,5 +70,5 @@ def test_the_lightning_module_takes_the_same_groups():
         BayesianMLP(3, (4,), 1), "diagonal", 40, example=(x, y), loss=zoo.Loss(elbo="meanfield")
     )
     assert module.objective.elbo == "meanfield"
-    with pytest.warns(DeprecationWarning, match="loss=zoo.Loss"):
+    with pytest.raises(TypeError, match=r"loss=zoo.Loss\(elbo=...\)"):
         BayesianModule(BayesianMLP(3, (4,), 1), "diagonal", 40, example=(x, y), elbo="meanfield")

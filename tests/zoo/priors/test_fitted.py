@@ -275,13 +275,3 @@ def test_groups_and_bad_options():
         BayesianMLP(5, (4, 4), 1, prior=prior)
     with pytest.raises(TypeError, match="site_distribution"):
         prior.distribution(torch.Size([4, 3]), 3)
-
-
-def test_the_old_module_name_still_imports_with_a_deprecation_warning():
-    import importlib
-    import sys
-
-    sys.modules.pop("zoo.prior_scales", None)
-    with pytest.warns(DeprecationWarning, match="zoo.prior_scales moved to zoo.priors.fitted"):
-        old = importlib.import_module("zoo.prior_scales")
-    assert old.LearnedNormalPrior is LearnedNormalPrior
