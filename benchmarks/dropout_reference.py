@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zoo.likelihoods import Categorical
 from zoo.models.lenet import MaxPool2x2
-from zoo.prediction_result import ClassificationPrediction
+from zoo.models.likelihoods import Categorical
+from zoo.models.predictions import ClassificationPrediction
 
 
 class DropoutLeNet5(nn.Module):
@@ -100,8 +100,8 @@ def predict(
     net: DropoutLeNet5, x: torch.Tensor, num_samples: int, seed: int = 0, batch_size: int = 1000
 ) -> ClassificationPrediction:
     """``num_samples`` dropout passes over ``x``, as the library's categorical predictive (so
-    that its metrics are the library's: ``zoo.likelihoods.Categorical.metrics``); the caller's
-    random state is left as it was."""
+    that its metrics are the library's: ``zoo.models.likelihoods.Categorical.metrics``); the
+    caller's random state is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         logits = [torch.cat([net(xb) for xb in x.split(batch_size)]) for _ in range(num_samples)]

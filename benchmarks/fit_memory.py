@@ -6,9 +6,9 @@ process's resident memory measured after a warm-up and after the rest.
     python benchmarks/fit_memory.py --fits 3 --warmup 1   # a smoke run
 
 Rows, each in a fresh process so that one row's memory does not count in another's: the
-compiled loss as the library traces it (``zoo.compiled.trace``: a compilation unit per graph),
-the same fits with ``torch.jit.trace`` in its place (what the library did before, which keeps
-every traced function in TorchScript's process-wide unit), and the eager loss (``jit=False``,
+compiled loss as the library traces it (``zoo.inference.compiled.trace``: a compilation unit per
+graph), the same fits with ``torch.jit.trace`` in its place (what the library did before, which
+keeps every traced function in TorchScript's process-wide unit), and the eager loss (``jit=False``,
 no graph). Growth is MiB of resident memory per fit after ``gc.collect()``; Linux only
 (``/proc/self/statm``).
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROWS = {
-    "zoo.compiled.trace": "compiled loss, a compilation unit per graph",
+    "zoo.inference.compiled.trace": "compiled loss, a compilation unit per graph",
     "torch.jit.trace": "compiled loss, torch.jit.trace (before)",
     "eager": "eager loss (jit=False)",
 }
@@ -44,11 +44,13 @@ def child(row: str, fits: int, warmup: int, families: list[str]) -> dict:
 
     sys.path.insert(0, str(HERE.parent))
     import zoo
-    import zoo.compiled
+    import zoo.inference.compiled
 
     warnings.simplefilter("ignore")
     if row == "torch.jit.trace":
-        zoo.compiled.trace = lambda f, inputs: torch.jit.trace(f, inputs, check_trace=False)
+        zoo.inference.compiled.trace = lambda f, inputs: torch.jit.trace(
+            f, inputs, check_trace=False
+        )
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 3, generator=g)
     y = x[:, 0] - x[:, 1]

@@ -1,8 +1,8 @@
 """How big each family's compiled loss is, and what its loss and gradients cost, on a small net.
 
-On a small network the compiled step (``zoo.compiled``) is a sequence of small tensor operations,
-each costing a fixed few microseconds on the CPU whatever its size, so a family's step time
-follows the length of its graph. For every family this prints the tensor operations in the
+On a small network the compiled step (``zoo.inference.compiled``) is a sequence of small tensor
+operations, each costing a fixed few microseconds on the CPU whatever its size, so a family's step
+time follows the length of its graph. For every family this prints the tensor operations in the
 forward graph traced by ``jit=True`` (shape bookkeeping and constants left out), the Python calls
 left in it (custom ``autograd.Function``s, which call back into Python forward and backward), the
 tensor operations dispatched by one loss and backward pass (forward and backward; views left out:
@@ -44,7 +44,7 @@ import guides
 import guides.matrix_normal
 import guides.tridiagonal
 import zoo
-import zoo.compiled
+import zoo.inference.compiled
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from step_time import NETS, ZOO_ROWS, bayesian_model, bbb_loss, make_net  # noqa: E402
@@ -246,8 +246,8 @@ def hand_written_pass(net, x, y) -> Callable[[], None]:
 
 
 #: The fit step the passes are taken at: the re-planned graph, as a long fit's later steps run
-#: it on the CPU and every step on a GPU (``zoo.compiled.REPLAN_AFTER``).
-STEP = zoo.compiled.REPLAN_AFTER["cpu"]
+#: it on the CPU and every step on a GPU (``zoo.inference.compiled.REPLAN_AFTER``).
+STEP = zoo.inference.compiled.REPLAN_AFTER["cpu"]
 
 
 def loss_and_backward(objective: zoo.Objective, x, y, eager: bool = False) -> Callable[[], None]:

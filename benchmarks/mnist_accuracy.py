@@ -30,8 +30,8 @@ import time
 
 import guides
 import zoo
-from zoo.likelihoods import Categorical
-from zoo.options import grouped
+from zoo.models.likelihoods import Categorical
+from zoo.training.options import grouped
 
 #: The study's library rows: (label, guide options, fit options).
 LIBRARY_ROWS = [

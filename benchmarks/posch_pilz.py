@@ -32,7 +32,7 @@ import torch
 
 import zoo
 from zoo import metrics
-from zoo.options import grouped
+from zoo.training.options import grouped
 
 ITERATIONS = 100_000
 KL_DOWN_WEIGHT = 100.0  # nu = 1 / (N * 100): the paper's per-example KL, down-weighted

@@ -3,10 +3,10 @@
     python benchmarks/predict_batch.py
 
 For LeNet-5, the CIFAR net and the MLP, the same posterior draws are evaluated with
-``batch_size=512`` and with the default (``zoo.predictive.cpu_batch_size``: as many inputs as
-keep a pass's largest activation within a third of the last-level cache), interleaved, and the
-best of ``--rounds`` is reported with the speed-up. Random inputs: the time does not depend on
-the values.
+``batch_size=512`` and with the default (``zoo.evaluation.predictive.cpu_batch_size``: as many
+inputs as keep a pass's largest activation within a third of the last-level cache), interleaved,
+and the best of ``--rounds`` is reported with the speed-up. Random inputs: the time does not depend
+on the values.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 
 import guides
 import zoo
+from zoo.evaluation.predictive import cpu_batch_size
 from zoo.models.mlp import mlp_network
-from zoo.predictive import cpu_batch_size
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import torch
 
 import guides
 import zoo
-from zoo.options import grouped
+from zoo.training.options import grouped
 
 DATASETS = ("diabetes", "digits", "moons")
 #: Variants beside each family's defaults: a rank-2 factor (the default is 10), and MC dropout

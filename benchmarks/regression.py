@@ -14,8 +14,8 @@ the model's default (``default``: ``prior=None``); "deterministic" is a point-ma
 learned noise (weight decay from the fixed or the default prior), MC dropout (``p = 0.05``) the
 literature's baseline. Means and standard errors are over splits; every row sees the same splits.
 The fit recipe is ``zoo.REGRESSION_FIT`` unless ``--num-steps``/``--lr`` change it;
-``--num-steps auto`` stops each fit by ``zoo.convergence``'s rule (the record's ``steps`` and
-``stopped`` say where and why), and ``--compare-lengths FIXED.json AUTO.json`` prints two such
+``--num-steps auto`` stops each fit by ``zoo.training.convergence``'s rule (the record's ``steps``
+and ``stopped`` say where and why), and ``--compare-lengths FIXED.json AUTO.json`` prints two such
 runs side by side, split by split.
 
 Fits run in ``--workers`` processes of one thread each (this small net is dominated by per-step
@@ -103,7 +103,7 @@ def run_one(job: dict) -> dict:
     torch.set_num_threads(1)
     import zoo
     from zoo import metrics
-    from zoo.options import grouped
+    from zoo.training.options import grouped
 
     x, y = load(job["dataset"])
     (xtr, ytr), (xte, yte), y_mean, y_sd = split(x, y, job["split"])
@@ -113,7 +113,7 @@ def run_one(job: dict) -> dict:
         xtr.shape[1], [job["hidden"]], out, task="regression", noise="learned", prior=prior
     )
     recipe = dict(zoo.REGRESSION_FIT)
-    if job.get("num_steps") == "auto":  # zoo.convergence's rule; a constant rate (lr 1e-2)
+    if job.get("num_steps") == "auto":  # zoo.training.convergence's rule; a constant rate (lr 1e-2)
         recipe = {"num_steps": "auto", "lr": recipe["lr"]}
     recipe.update({k: job[k] for k in ("num_steps", "lr") if job.get(k) is not None})
     options = {"p": 0.05} if job["family"] == "mc_dropout" else {}
@@ -281,7 +281,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--num-steps",
         type=lambda v: v if v == "auto" else int(v),
         default=None,
-        help="an int, or 'auto' (stop on convergence, zoo.convergence); default: REGRESSION_FIT",
+        help="an int, or 'auto' (stop on convergence, zoo.training.convergence); "
+        "default: REGRESSION_FIT",
     )
     parser.add_argument("--lr", type=float, default=None, help="default: REGRESSION_FIT")
     parser.add_argument("--samples", type=int, default=200, help="networks drawn per test point")

@@ -39,7 +39,7 @@ def least_squares_variance(x: torch.Tensor, y: torch.Tensor) -> float:
 def decompose(split: int, prior: str, family: str, samples: int, num_steps: int | None) -> dict:
     """Fit one split and return the noise's two terms (standardised units)."""
     import zoo
-    from zoo.options import grouped
+    from zoo.training.options import grouped
 
     x, y = regression.load("diabetes")
     (xtr, ytr), (xte, _), _, _ = regression.split(x, y, split)

@@ -29,7 +29,7 @@ import torch
 def worker(args: argparse.Namespace) -> None:
     """One configuration: a warm-up fit, then the timed fit; rank 0 prints a JSON line."""
     import zoo
-    from zoo.options import grouped
+    from zoo.training.options import grouped
 
     (processes,) = args.processes
     train = zoo.data.mnist(args.data, limit=args.limit)

@@ -33,8 +33,8 @@ second and later fits pay beyond the first (medians over ``--rounds``, after a w
 one thread: tracing, the three check runs of the new graph and the eager loss it is checked
 against, then the forward and the backward of the first three steps (loss and ``backward`` by
 hand, no optimiser), each also in the plan's steady steps; for the traced order (a fit's first
-``zoo.compiled.REPLAN_AFTER`` steps on the CPU) and the re-planned graph (its later steps),
-medians over ``--rounds``.
+``zoo.inference.compiled.REPLAN_AFTER`` steps on the CPU) and the re-planned graph (its later
+steps), medians over ``--rounds``.
 
 ``--imports``: what a process pays before its first line of work (every Lightning rank, HMC
 chain, command-line call and test worker pays it): fresh interpreters running ``import torch,
@@ -54,7 +54,7 @@ import time
 import torch
 
 import zoo
-from zoo.options import grouped
+from zoo.training.options import grouped
 
 NETS = ("tiny", "mlp")
 
@@ -186,15 +186,16 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
     """One measurement of :data:`PHASES` (seconds) on the tiny net's diagonal family: the
     objective's first loss (tracing and checking its graph), then loss and backward by hand."""
     import guides
-    import zoo.compiled
+    import zoo.inference.compiled
 
     make, (x, y), batch = problem("tiny")
     xb, yb = x[:batch], y[:batch]
     runs: list[float] = []
     trace_time: list[float] = []
     checked_time: list[float] = []
-    trace, call, checked = (zoo.compiled.trace, zoo.compiled.ExecutorSetting.__call__,
-                            zoo.compiled.CompiledLoss._checked)  # fmt: skip
+    compiled = zoo.inference.compiled
+    trace, call, checked = (compiled.trace, compiled.ExecutorSetting.__call__,
+                            compiled.CompiledLoss._checked)  # fmt: skip
 
     def timed(fn, into):
         def wrapper(*args, **kwargs):
@@ -205,15 +206,15 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
 
         return wrapper
 
-    zoo.compiled.trace = timed(trace, trace_time)
-    zoo.compiled.ExecutorSetting.__call__ = timed(call, runs)
-    zoo.compiled.CompiledLoss._checked = timed(checked, checked_time)
+    zoo.inference.compiled.trace = timed(trace, trace_time)
+    zoo.inference.compiled.ExecutorSetting.__call__ = timed(call, runs)
+    zoo.inference.compiled.CompiledLoss._checked = timed(checked, checked_time)
     try:
         model = make()
         objective = zoo.Objective(model, guides.get("diagonal")(model), jit=True)
         objective.setup(xb, yb, batch_size=batch)
         steps = []
-        step = zoo.compiled.REPLAN_AFTER["cpu"] if optimised else 0  # the plan's steps
+        step = zoo.inference.compiled.REPLAN_AFTER["cpu"] if optimised else 0  # the plan's steps
         for _ in range(3 + steady_steps):
             start = time.perf_counter()
             loss = objective.loss(xb, yb, len(x), step=step)
@@ -221,11 +222,13 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
             loss.backward()
             steps.append((middle - start, time.perf_counter() - middle))
     finally:
-        zoo.compiled.trace = trace
-        zoo.compiled.ExecutorSetting.__call__ = call
-        zoo.compiled.CompiledLoss._checked = checked
+        zoo.inference.compiled.trace = trace
+        zoo.inference.compiled.ExecutorSetting.__call__ = call
+        zoo.inference.compiled.CompiledLoss._checked = checked
     assert len(checked_time) == 1, "the graph was not built once"
-    check = runs[: zoo.compiled.CHECK_RUNS if optimised else 1]  # the traced order runs once
+    check = runs[
+        : zoo.inference.compiled.CHECK_RUNS if optimised else 1
+    ]  # the traced order runs once
     eager_check = checked_time[0] - trace_time[0] - sum(check)
     check += [float("nan")] * (3 - len(check))
     first = [steps[0][0] - checked_time[0], steps[0][1], *steps[1], *steps[2]]

@@ -10,8 +10,8 @@ All methods run in one process, interleaved in blocks (every method runs a block
 the next method, for several rounds), and the table reports the median step time as a ratio to
 the hand-written Bayes-by-Backprop step (diagonal Gaussian, analytic KL, written below as the
 floor to approach). The zoo rows use zoo.fit's defaults (plain reparameterisation, Trace_ELBO)
-unless the row names another estimator (see zoo.estimators). bayesian-torch is timed when it
-is installed (``pip install bayesian-torch``; it is not a dependency of the project).
+unless the row names another estimator (see zoo.inference.estimators). bayesian-torch is timed when
+it is installed (``pip install bayesian-torch``; it is not a dependency of the project).
 
 ``--net tiny`` is a regression net (13 inputs as in the small UCI sets, 50 hidden units, Gaussian
 likelihood with a fixed noise of 1, as the hand-written step assumes), where the per-step host
@@ -48,7 +48,7 @@ import guides
 import zoo
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
-from zoo.options import grouped
+from zoo.training.options import grouped
 
 N_TRAIN = 60_000  # the data size that scales the likelihood, as for MNIST
 
@@ -375,7 +375,9 @@ def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
     except ImportError:
         print("bayesian-torch is not installed: its row is left out")
     zoo_rows = dict(ZOO_ROWS)
-    if device.type == "cuda":  # the default replays a CUDA graph (zoo.graphed); without it:
+    if (
+        device.type == "cuda"
+    ):  # the default replays a CUDA graph (zoo.training.cuda_graph); without it:
         zoo_rows["zoo diagonal, no CUDA graph"] = ("diagonal", {}, {"cuda_graph": False})
         for name in ("zoo tridiagonal posch", "zoo lowrank r=10", "zoo matrix normal"):
             family, options, fit_options = zoo_rows[name]

@@ -1,7 +1,7 @@
-"""The numbers behind ``zoo.fit``'s step rules on the CPU: the thread count (:mod:`zoo.threads`)
-and the compiled loss (:mod:`zoo.compiled`). The step time of one family at one thread and at
-all threads, with the eager and the compiled loss, alone and beside a competing CPU-bound
-process, across network sizes.
+"""The numbers behind ``zoo.fit``'s step rules on the CPU: the thread count
+(:mod:`zoo.runtime.threads`) and the compiled loss (:mod:`zoo.inference.compiled`). The step time
+of one family at one thread and at all threads, with the eager and the compiled loss, alone and
+beside a competing CPU-bound process, across network sizes.
 
     python benchmarks/threads.py                           # diagonal, every size, 5 rounds
     python benchmarks/threads.py --family lowrank --sizes tiny mlp
@@ -26,8 +26,7 @@ import torch
 
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
-from zoo.step_rules import SMALL_STEP_FLOPS
-from zoo.threads import forward_flops
+from zoo.runtime.threads import SMALL_STEP_FLOPS, forward_flops
 
 sys.path.insert(0, str(Path(__file__).parent))
 from step_time import Competitor, ZooStep  # noqa: E402  (the same process and fit)

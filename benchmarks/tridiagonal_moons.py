@@ -12,7 +12,7 @@ import os
 from reference import load  # benchmarks/reference.py, run from the benchmarks folder or root
 
 import zoo
-from zoo.options import grouped
+from zoo.training.options import grouped
 
 RUNS = [
     ("tridiagonal", "tridiagonal", {}),

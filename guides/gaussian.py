@@ -32,8 +32,8 @@ def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
 class GaussianMixin:
     """Moments shared by every family: flat views and a dense covariance for small sizes.
 
-    Capabilities that ``zoo.estimators`` asks of a site's distribution (a family states them
-    here, nothing outside the family tests its type):
+    Capabilities that ``zoo.inference.estimators`` asks of a site's distribution (a family states
+    them here, nothing outside the family tests its type):
 
     ``supports_local_reparameterization``
         :meth:`local_linear` samples ``x W^T + bias`` per example from its exact distribution.

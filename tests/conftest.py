@@ -54,7 +54,7 @@ def _cpu_by_default(request, monkeypatch):
         return
     import dataclasses
 
-    from zoo.options import Engine
+    from zoo.training.options import Engine
 
     names = [f.name for f in dataclasses.fields(Engine)]
     defaults = list(Engine.__init__.__defaults__)  # those of the last len(defaults) fields

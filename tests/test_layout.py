@@ -3,6 +3,7 @@
 import ast
 import dataclasses
 import inspect
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,93 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return next((c for c in map(visit, sorted(graph)) if c), None)
 
 
+#: zoo's packages and public top-level modules in import order: each may import ``guides`` and
+#: what comes before it, never what comes after (at module level or inside a function).
+#: ``zoo/__init__.py`` and ``__main__`` gather the public names and may import any of them.
+ZOO_LAYERS = [
+    "runtime",  # seeding, one call at a time, processes, threads, files, plain arguments
+    "metrics",  # formulas on tensors
+    "priors",
+    "models",  # networks, likelihoods, what a prediction holds, models as plain data
+    "data",  # data sets, checks of data in every form, minibatches
+    "inference",  # the objective (-ELBO), its scaling, estimators, how the loss is evaluated
+    "evaluation",  # posterior predictives, agreement with a reference
+    "plots",
+    "arviz",
+    "mcmc",  # reference posteriors: samplers, chains, their result
+    "training",  # zoo.fit: options, the loop, the step engine and its rules, checkpoints
+    "comparison",
+    "lightning",
+    "cli",  # only the command line imports the command line
+]
+
+
+def zoo_layer(module: str) -> str | None:
+    """The entry of :data:`ZOO_LAYERS` that holds ``module`` (``zoo.training.step`` ->
+    ``training``); None for ``zoo`` itself, ``zoo.__main__`` and modules outside zoo."""
+    parts = module.split(".")
+    if parts[0] != "zoo" or len(parts) < 2 or parts[1] == "__main__":
+        return None
+    return parts[1]
+
+
+def all_imports(path: Path, module: str) -> set[str]:
+    """Every module ``path`` imports, anywhere in it (a relative import resolved)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = node.module
+            if node.level:
+                base = ".".join(module.split(".")[: -node.level] + [node.module])
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def layer_violations() -> list[str]:
+    order = {name: i for i, name in enumerate(ZOO_LAYERS)}
+    bad = []
+    for path in (REPO / "zoo").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        own = zoo_layer(module)
+        if own is None:
+            continue
+        for target in all_imports(path, module):
+            if target == "zoo" and own != "cli":  # the public names: only the front end
+                bad.append(f"{module} imports zoo ({own} -> the whole package)")
+            other = zoo_layer(target)
+            if other is None or other == own:
+                continue
+            if order.get(other, len(order)) > order[own]:
+                bad.append(f"{module} imports {target} ({own} -> {other})")
+    return sorted(bad)
+
+
+def test_zoo_is_packages_in_one_import_order():
+    top = {p.stem for p in (REPO / "zoo").iterdir() if p.suffix == ".py" or p.is_dir()}
+    top -= {"__init__", "__main__", "__pycache__"}
+    assert top == set(ZOO_LAYERS), top ^ set(ZOO_LAYERS)
+    assert len([p for p in (REPO / "zoo").glob("*.py")]) <= 10
+    for name in ZOO_LAYERS:  # a package's job is in its docstring
+        path = REPO / "zoo" / name / "__init__.py"
+        path = path if path.exists() else REPO / "zoo" / f"{name}.py"
+        assert ast.get_docstring(ast.parse(path.read_text())), name
+    violations = layer_violations()
+    assert not violations, "\n".join(violations)
+
+
+def test_the_layer_check_sees_an_import_that_climbs(tmp_path, monkeypatch):
+    """A module of ``runtime`` that imports ``training`` inside a function is reported."""
+    fake = tmp_path / "zoo" / "runtime"
+    fake.mkdir(parents=True)
+    (fake / "x.py").write_text("def f():\n    from zoo.training import step\n")
+    (tmp_path / "zoo" / "cli.py").write_text("import zoo\nfrom zoo import metrics\n")
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert layer_violations() == ["zoo.runtime.x imports zoo.training.step (runtime -> training)"]
+
+
 def test_no_import_cycle_in_zoo_or_guides():
     graph = module_imports()
     assert "zoo.priors.fitted" in graph["zoo.priors"]  # the graph is read, not empty
@@ -120,7 +208,15 @@ def test_no_module_over_400_lines(package):
 
 
 def public_objects():
-    for module in (zoo, guides, zoo.models, zoo.likelihoods, zoo.priors, zoo.metrics, zoo.data):
+    for module in (
+        zoo,
+        guides,
+        zoo.models,
+        zoo.models.likelihoods,
+        zoo.priors,
+        zoo.metrics,
+        zoo.data,
+    ):
         for name in getattr(module, "__all__", None) or dir(module):
             obj = getattr(module, name)
             if name.startswith("_") or inspect.ismodule(obj):
@@ -145,12 +241,15 @@ def test_every_public_class_and_function_has_a_docstring():
 def test_no_module_is_named_like_a_function_it_exports():
     import importlib
 
-    for path in (REPO / "zoo").glob("*.py"):
-        if path.stem == "__main__":
+    for path in (REPO / "zoo").rglob("*.py"):
+        if path.stem in ("__main__", "__init__"):
             continue
-        module = importlib.import_module(f"zoo.{path.stem}")
-        assert not inspect.isfunction(getattr(zoo, path.stem, None)), path.stem
-        assert path.stem not in getattr(module, "__all__", [])
+        name = ".".join(path.relative_to(REPO).with_suffix("").parts)
+        module = importlib.import_module(name)
+        parent = importlib.import_module(name.rpartition(".")[0])
+        assert not inspect.isfunction(getattr(parent, path.stem, None)), name
+        assert not inspect.isfunction(getattr(zoo, path.stem, None)), name
+        assert path.stem not in getattr(module, "__all__", []), name
 
 
 def optimizer_step_calls(source: str) -> list[int]:
@@ -164,14 +263,16 @@ def optimizer_step_calls(source: str) -> list[int]:
 
 
 def test_the_step_engine_is_the_only_caller_of_optimizer_step():
-    """One body takes the update (zoo/engine.py); no other module of the library does."""
+    """One body takes the update (zoo/training/step.py); no other module of the library does."""
     callers = {
         str(path.relative_to(REPO)): found
         for package in ("zoo", "guides")
         for path in (REPO / package).rglob("*.py")
         if (found := optimizer_step_calls(path.read_text()))
     }
-    assert list(callers) == ["zoo/engine.py"] and len(callers["zoo/engine.py"]) == 1, callers
+    assert (
+        list(callers) == ["zoo/training/step.py"] and len(callers["zoo/training/step.py"]) == 1
+    ), callers
     # the scan finds calls, not mentions
     assert optimizer_step_calls("self.optimizer.step()\nopt.step()\n'opt.step()'\n") == [1, 2]
 
@@ -179,9 +280,9 @@ def test_the_step_engine_is_the_only_caller_of_optimizer_step():
 def test_fit_takes_at_most_twelve_parameters_and_its_groups_are_shared():
     """zoo.fit's few arguments plus one parameter per option group; BayesianModule and the
     command line take the same groups (the CLI's flags are the groups' declared ones)."""
-    from zoo.cli import build_parser
+    from zoo.cli.commands import build_parser
     from zoo.lightning import BayesianModule
-    from zoo.options import GROUPS
+    from zoo.training.options import GROUPS
 
     params = inspect.signature(zoo.fit).parameters
     assert len(params) <= 12, list(params)

@@ -6,23 +6,24 @@ fit = zoo.fit(model, "tridiagonal", zoo.data.mnist(), epochs=2)
 fit.evaluate(zoo.data.mnist(train=False))
 """
 
-from zoo import data, engine, likelihoods, metrics, models, priors
+from zoo import data, metrics, models, priors
 from zoo.comparison import compare
-from zoo.convergence import Convergence
-from zoo.divergence import FitDivergedError
-from zoo.elbo import ElboScale
-from zoo.engine import StepEngine
-from zoo.objective import Objective
-from zoo.options import Engine, Loss, Optim, Run
-from zoo.prediction_result import ClassificationPrediction, Prediction, RegressionPrediction
-from zoo.predictive import predict
-from zoo.recipes import REGRESSION_FIT
-from zoo.reference_result import Reference
-from zoo.reference_sampling import Budget as ReferenceBudget
-from zoo.reference_sampling import ReferenceTooLargeError, reference
-from zoo.result import FitResult, FitState, load
-from zoo.trainer import CheckpointError
-from zoo.training import fit
+from zoo.evaluation.predictive import predict
+from zoo.inference.elbo import ElboScale
+from zoo.inference.objective import Objective
+from zoo.mcmc.result import Reference
+from zoo.mcmc.sampling import Budget as ReferenceBudget
+from zoo.mcmc.sampling import ReferenceTooLargeError, reference
+from zoo.models import likelihoods
+from zoo.models.predictions import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.training.convergence import Convergence
+from zoo.training.divergence import FitDivergedError
+from zoo.training.fitting import fit
+from zoo.training.loop import CheckpointError
+from zoo.training.options import Engine, Loss, Optim, Run
+from zoo.training.recipes import REGRESSION_FIT
+from zoo.training.result import FitResult, FitState, load
+from zoo.training.step import StepEngine
 
 __all__ = [
     "CheckpointError",
@@ -46,7 +47,6 @@ __all__ = [
     "StepEngine",
     "compare",
     "data",
-    "engine",
     "fit",
     "likelihoods",
     "load",

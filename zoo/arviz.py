@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from zoo.serial import one_at_a_time
+from zoo.runtime.serial import one_at_a_time
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -73,15 +73,15 @@ def to_inference_data(
         Progress bar of the predictions (shown after two seconds).
     distributed : bool
         Called on every rank of a distributed run: the predictions are computed in shards and
-        gathered once (:func:`zoo.predictive.predict`); every rank returns the same groups.
+        gathered once (:func:`zoo.evaluation.predictive.predict`); every rank returns the same
+        groups.
     threads : "auto", int or None
-        CPU threads of the predictions, as ``zoo.fit``'s (:mod:`zoo.threads`).
+        CPU threads of the predictions, as ``zoo.fit``'s (:mod:`zoo.runtime.threads`).
     """
-    from zoo.arguments import check_seed
-    from zoo.data_checks import check_labelled_data, gather_tensors
-    from zoo.predictive import predict
-    from zoo.recipes import check_positive
-    from zoo.rng import seeded
+    from zoo.data.checks import check_labelled_data, gather_tensors
+    from zoo.evaluation.predictive import predict
+    from zoo.runtime.arguments import check_positive, check_seed
+    from zoo.runtime.rng import seeded
 
     check_positive(num_samples=num_samples)
     check_seed(seed)
@@ -124,13 +124,13 @@ def to_inference_data(
 def reference_inference_data(
     ref, data=None, var_names=None, seed: int | None = 0, progress: bool = True
 ) -> az.InferenceData:
-    """An ``az.InferenceData`` of a :class:`~zoo.reference_result.Reference`: ``posterior``
+    """An ``az.InferenceData`` of a :class:`~zoo.mcmc.result.Reference`: ``posterior``
     with dims ``(chain, draw, ...)`` (so ``az.summary`` gives R-hat and ESS), ``sample_stats``
     (``diverging`` as booleans, ``tree_depth``, ``step_size``, ``energy``, ``lp``,
     ``acceptance_rate``), and with ``data = (X, y)`` the groups :func:`to_inference_data` adds,
     one entry per draw of every chain (``seed`` fixes the replicated ``y``)."""
-    from zoo.data_checks import check_labelled_data, gather_tensors
-    from zoo.rng import seeded
+    from zoo.data.checks import check_labelled_data, gather_tensors
+    from zoo.runtime.rng import seeded
 
     c, d = ref.shape
     keep = _select(list(ref.draws), var_names)

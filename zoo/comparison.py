@@ -10,10 +10,10 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
-from zoo.agreement import distances
-from zoo.data_checks import check_labelled_data, gather_tensors
-from zoo.options import Engine, group, grouped
-from zoo.serial import one_at_a_time
+from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.evaluation.agreement import distances
+from zoo.runtime.serial import one_at_a_time
+from zoo.training.options import Engine, group, grouped
 
 
 @one_at_a_time
@@ -52,7 +52,7 @@ def compare(
         Also return ``{label: FitResult}``.
     reference : zoo.Reference, optional
         An HMC reference of the same model and training data (:func:`zoo.reference`): each
-        row also gets its distances to it on ``test`` (:func:`zoo.agreement.distances`:
+        row also gets its distances to it on ``test`` (:func:`zoo.evaluation.agreement.distances`:
         ``agreement`` and ``total_variation``, or ``w2``, ``sd_ratio`` and
         ``reference_coverage``), and the reference gets its own last row (``"HMC reference"``,
         its sampling time as ``fit_seconds``, its distances to itself).
@@ -61,7 +61,7 @@ def compare(
     **fit_options
         Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, the option groups
         ``optim``, ``loss``, ``engine``, ``run``, or the groups' fields flat, as a row's own
-        options are: :func:`zoo.options.grouped`); the engine's ``threads`` also sets the
+        options are: :func:`zoo.training.options.grouped`); the engine's ``threads`` also sets the
         evaluations' CPU threads (``zoo.fit``'s rule by default). A ``run`` group replaces
         ``progress``'s for the fits.
 
@@ -77,7 +77,7 @@ def compare(
         test metrics across those.
     """
     from guides import family as guide_family
-    from zoo.training import fit as run_fit
+    from zoo.training.fitting import fit as run_fit
 
     if train is None or test is None:
         raise ValueError("compare needs both train and test data")

@@ -7,12 +7,12 @@
     fit = module.to_fit_result()          # predict, metrics, plots, ArviZ, save/load
 
 ``training_step`` returns the scaled ``-ELBO`` of :class:`zoo.Objective` (the minibatch's
-likelihood scaled by ``num_data / B``, see :mod:`zoo.elbo`); under ``strategy="ddp"`` Lightning
-averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
-``zoo.Engine(devices=...)`` (:mod:`zoo.distributed`). Needs ``lightning`` (the ``distributed``
-extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard and compiled loss
-are not part of this route; its thread rule is (``threads``, applied from a stage's first
-batch to its ``teardown``, the caller's setting restored).
+likelihood scaled by ``num_data / B``, see :mod:`zoo.inference.elbo`); under ``strategy="ddp"``
+Lightning averages the ranks' gradients, an unbiased estimate of the full-data gradient as in
+``zoo.Engine(devices=...)`` (:mod:`zoo.runtime.distributed`). Needs ``lightning`` (the
+``distributed`` extra). Lightning's own loop runs the steps: ``zoo.fit``'s divergence guard and
+compiled loss are not part of this route; its thread rule is (``threads``, applied from a stage's
+first batch to its ``teardown``, the caller's setting restored).
 """
 
 from __future__ import annotations
@@ -23,16 +23,15 @@ from collections.abc import Mapping
 import torch
 
 import guides.registry
-from zoo.distributed import INSTALL_HINT
+from zoo.evaluation.predictive import predict
+from zoo.inference.objective import Objective
 from zoo.models.base import BayesianModel
-from zoo.objective import Objective
-from zoo.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
-from zoo.options import Loss, Optim, group, refuses_flat_keywords
-from zoo.predictive import predict
-from zoo.result import FitResult
-from zoo.rng import seeded
-from zoo.step_rules import threads_for
-from zoo.threads import check_threads
+from zoo.runtime.distributed import INSTALL_HINT
+from zoo.runtime.rng import seeded
+from zoo.runtime.threads import check_threads, threads_for
+from zoo.training.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
+from zoo.training.options import Loss, Optim, group, refuses_flat_keywords
+from zoo.training.result import FitResult
 
 try:
     import lightning as L
@@ -59,7 +58,7 @@ class BayesianModule(L.LightningModule):
         built); by default zeros shaped like ``model.input_shape``.
     lr : float, default 1e-3
     optim : zoo.Optim or dict, optional
-        As in ``zoo.fit`` (:mod:`zoo.options`); a named ``lr_schedule`` runs over
+        As in ``zoo.fit`` (:mod:`zoo.training.options`); a named ``lr_schedule`` runs over
         ``trainer.estimated_stepping_batches``. ``clip_grad_norm`` is Lightning's here: pass
         ``lightning.Trainer(gradient_clip_val=...)``.
     loss : zoo.Loss or dict, optional
@@ -71,7 +70,7 @@ class BayesianModule(L.LightningModule):
     threads : "auto", int or None, default "auto"
         Torch's intra-op CPU threads from the first batch to ``teardown`` of every Trainer
         stage, as ``zoo.fit``'s rule decides them for a forward pass of that batch
-        (:mod:`zoo.threads`: one thread for a small one on the CPU); the caller's setting is
+        (:mod:`zoo.runtime.threads`: one thread for a small one on the CPU); the caller's setting is
         restored at ``teardown``.
 
     Logged: ``train/elbo`` (full-data scale), ``train/kl`` (``KL(q || p)`` estimate, every

@@ -26,8 +26,8 @@ from tests.zoo.linear_gaussian import (
     model_for,
 )
 from zoo.models import BayesianMLP
-from zoo.options import grouped
 from zoo.priors import NormalPrior
+from zoo.training.options import grouped
 
 REPO = Path(__file__).resolve().parents[2]
 RANK = int(os.environ.get("LOCAL_RANK", 0))  # set by Lightning in the processes it starts

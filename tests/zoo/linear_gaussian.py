@@ -83,6 +83,6 @@ def decaying(step, rate=0.998):
 
 #: The mean-field recipe the distributed test and its one-process twin share (the comparison
 #: between them holds only if both fit with it): the guide, and zoo.fit's options, flat (pass
-#: them through zoo.options.grouped).
+#: them through zoo.training.options.grouped).
 MEAN_FIELD_GUIDE = guides.family("diagonal", init_scale=0.05)
 MEAN_FIELD_FIT = {"lr": 0.03, "lr_schedule": decaying}

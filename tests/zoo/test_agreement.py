@@ -1,5 +1,5 @@
-"""Distances to a reference predictive (zoo.agreement), each on a case with a known answer, and
-zoo.compare's reference columns."""
+"""Distances to a reference predictive (zoo.evaluation.agreement), each on a case with a known
+answer, and zoo.compare's reference columns."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import torch
 
 import zoo
 from tests.zoo.linear_gaussian import correlated_data, model_for
-from zoo import agreement
 from zoo.comparison import ReferenceNotConvergedWarning
-from zoo.likelihoods import Categorical
+from zoo.evaluation import agreement
+from zoo.models.likelihoods import Categorical
 
 
 def _classes(probs) -> zoo.ClassificationPrediction:

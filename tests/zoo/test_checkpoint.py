@@ -1,5 +1,6 @@
-"""Checkpoints (zoo.checkpoint, zoo.fingerprint): a resume continues the same fit or is refused
-with what differs; a checkpoint whose loop state no fit writes is refused before any step."""
+"""Checkpoints (zoo.training.checkpoint, zoo.training.fingerprint): a resume continues the same fit
+or is refused with what differs; a checkpoint whose loop state no fit writes is refused before any
+step."""
 
 import pytest
 import torch

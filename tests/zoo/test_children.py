@@ -1,4 +1,5 @@
-"""Child processes end with their parent; scratch folders of killed runs go (zoo.children)."""
+"""Child processes end with their parent; scratch folders of killed runs go
+(zoo.runtime.children)."""
 
 import os
 import signal
@@ -10,7 +11,7 @@ import time
 import pytest
 
 from tests.conftest import HANG_AFTER, REPO
-from zoo import children
+from zoo.runtime import children
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="fork and signals")
 
@@ -32,7 +33,7 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, kernel):
     """The parent forks a child that calls die_with_parent and sleeps; SIGKILL of the parent
     (no clean-up runs) must end the child, by the kernel's signal or by the watcher thread."""
     pid_file = tmp_path / "child.pid"
-    module = REPO / "zoo" / "children.py"
+    module = REPO / "zoo" / "runtime" / "children.py"
     script = textwrap.dedent(f"""
         import importlib.util, os, sys, time
         spec = importlib.util.spec_from_file_location("children", {str(module)!r})

@@ -340,7 +340,7 @@ def test_fit_takes_num_steps_auto(monkeypatch, tmp_path, capsys):
 
 
 def test_every_group_flag_reaches_zoo_fit_in_its_group(monkeypatch, tmp_path, capsys):
-    """The flags the option groups declare (zoo.options) arrive as zoo.fit's groups."""
+    """The flags the option groups declare (zoo.training.options) arrive as zoo.fit's groups."""
     import zoo
     from zoo.cli import main
 

@@ -1,5 +1,6 @@
-"""The compiled loss (zoo.compiled) against the eager one: same value and gradients for the same
-draws, for every family of the registry, both ELBOs and every estimator; and what it refuses."""
+"""The compiled loss (zoo.inference.compiled) against the eager one: same value and gradients for
+the same draws, for every family of the registry, both ELBOs and every estimator; and what it
+refuses."""
 
 import warnings
 
@@ -10,7 +11,7 @@ import torch
 
 import guides
 import zoo
-import zoo.compiled
+import zoo.inference.compiled
 import zoo.priors
 from tests.families import CASES, PRIMARY
 from zoo.models import BayesianMLP
@@ -193,12 +194,14 @@ def test_a_fits_first_steps_on_the_cpu_are_the_eager_fits_to_the_bit(label):
     """A fit's first ``REPLAN_AFTER`` steps on the CPU run each graph in the traced order: the
     operations of the eager loss and of its autograd backward, so a seeded fit ends at the same
     parameters as with ``jit=False``."""
-    assert zoo.compiled.REPLAN_AFTER["cpu"] > 20
+    assert zoo.inference.compiled.REPLAN_AFTER["cpu"] > 20
     params, losses = seeded_fit(*PRIMARY[label], jit=True)
     eager_params, eager_losses = seeded_fit(*PRIMARY[label], jit=False)
     for a, b in zip(params, eager_params):
         assert torch.equal(a, b)
-    assert losses == eager_losses  # the reported values too (zoo.surrogate reads no float back)
+    assert (
+        losses == eager_losses
+    )  # the reported values too (zoo.inference.surrogate reads no float back)
 
 
 def test_later_steps_run_the_replanned_graph_and_a_resumed_fit_continues_exactly(
@@ -208,15 +211,15 @@ def test_later_steps_run_the_replanned_graph_and_a_resumed_fit_continues_exactly
     fit interrupted before that step or after it and resumed ends at the uninterrupted fit's
     parameters, to the bit (the plan follows the global step, not the fit's length). The
     re-planned graph runs the function traced for the first steps: one trace per shape."""
-    monkeypatch.setitem(zoo.compiled.REPLAN_AFTER, "cpu", 6)
+    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 6)
     built = []
-    init = zoo.compiled.ExecutorSetting.__init__
+    init = zoo.inference.compiled.ExecutorSetting.__init__
 
     def record(self, function, optimised):
         built.append((bool(optimised), function))
         init(self, function, optimised)
 
-    monkeypatch.setattr(zoo.compiled.ExecutorSetting, "__init__", record)
+    monkeypatch.setattr(zoo.inference.compiled.ExecutorSetting, "__init__", record)
     params, _ = seeded_fit("matrix_normal", {}, jit=True)
     # The traced order from step 0, re-planned from step 6, both running one traced function.
     assert [optimised for optimised, _ in built] == [False, True]
@@ -267,7 +270,7 @@ def test_a_one_step_fit_traces_nothing(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a one-step fit traced a graph")
 
-    monkeypatch.setattr(zoo.compiled, "trace", refuse)
+    monkeypatch.setattr(zoo.inference.compiled, "trace", refuse)
     model = BayesianMLP(3, (6,), 2, task="regression")
     fit = zoo.fit(
         model,
@@ -282,7 +285,7 @@ def test_a_one_step_fit_traces_nothing(monkeypatch):
 
 def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
     """On the CPU a large step is arithmetic: "auto" does not compile it (the rule's threshold
-    is zoo.step_rules.SMALL_STEP_FLOPS); jit=True does."""
+    is zoo.runtime.threads.SMALL_STEP_FLOPS); jit=True does."""
     model = BayesianMLP(784, (400, 400), 10)
     x, y = torch.randn(64, 784), torch.randint(0, 10, (64,))
     guide = guides.get("diagonal")(model)
@@ -298,7 +301,7 @@ def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
 def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
     """TorchScript turns Ctrl-C into ``RuntimeError: KeyboardInterrupt``; the fit must stop as on
     any Ctrl-C (partial result, checkpoint written), not crash."""
-    real_trace = zoo.compiled.trace
+    real_trace = zoo.inference.compiled.trace
     calls = []
 
     class Interrupted:
@@ -308,14 +311,16 @@ def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
         def __call__(self, *args):
             calls.append(1)
             # batches of 8, 8, 4: two graphs, each checked CHECK_RUNS times; then steps 1-4
-            if len(calls) == 2 * zoo.compiled.CHECK_RUNS + 4:  # step 4's call
+            if len(calls) == 2 * zoo.inference.compiled.CHECK_RUNS + 4:  # step 4's call
                 raise RuntimeError(
                     "The following operation failed in the TorchScript interpreter.\n"
                     "RuntimeError: KeyboardInterrupt: <EMPTY MESSAGE>"
                 )
             return self.graph(*args)
 
-    monkeypatch.setattr(zoo.compiled, "trace", lambda *a, **k: Interrupted(real_trace(*a, **k)))
+    monkeypatch.setattr(
+        zoo.inference.compiled, "trace", lambda *a, **k: Interrupted(real_trace(*a, **k))
+    )
     checkpoint = tmp_path / "fit.ckpt"
     model = BayesianMLP(3, (6,), 2, task="regression")
     fit = zoo.fit(
@@ -336,14 +341,14 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     re-planned graph, and traces it again to run in the traced order: compiled, and equal to
     the eager loss at every run. ``OPTIMISED_EXECUTION[device] = False`` takes the traced order
     at once (and so do a fit's first ``REPLAN_AFTER`` steps: 0 here)."""
-    monkeypatch.setitem(zoo.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
-    monkeypatch.setitem(zoo.compiled.REPLAN_AFTER, "cpu", 0)
-    default_runs = zoo.compiled.CHECK_RUNS
+    monkeypatch.setitem(zoo.inference.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
+    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 0)
+    default_runs = zoo.inference.compiled.CHECK_RUNS
     monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
 
     def later_losses(runs):
-        monkeypatch.setattr(zoo.compiled, "CHECK_RUNS", runs)
+        monkeypatch.setattr(zoo.inference.compiled, "CHECK_RUNS", runs)
         model = BayesianMLP(3, (6,), 2, task="regression")
         guide = guides.get("block_diagonal")(model)
         eager, compiled = zoo.Objective(model, guide, jit=False), zoo.Objective(model, guide)
@@ -375,11 +380,13 @@ def test_a_refused_replan_goes_on_in_the_traced_order(monkeypatch):
     function traced for the first steps, draws in another order (previous test) and is refused.
     TorchScript then runs that function's optimised plan whatever the setting, so the traced
     order is traced afresh: compiled, no warning, equal to the eager loss at every step."""
-    monkeypatch.setitem(zoo.compiled.REPLAN_AFTER, "cpu", 2)
+    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 2)
     monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     traces = []
-    trace = zoo.compiled.trace
-    monkeypatch.setattr(zoo.compiled, "trace", lambda *a, **k: traces.append(1) or trace(*a, **k))
+    trace = zoo.inference.compiled.trace
+    monkeypatch.setattr(
+        zoo.inference.compiled, "trace", lambda *a, **k: traces.append(1) or trace(*a, **k)
+    )
     x, y = data()
     eager, compiled, _ = objectives("block_diagonal")
     with warnings.catch_warnings():
@@ -417,10 +424,10 @@ def test_mc_dropout_with_local_reparameterisation_compiles_and_equals_the_eager_
 
 
 def test_trace_makes_a_function_of_its_own():
-    """``zoo.compiled.trace`` wraps the tracer's private entry point: it must give a function
-    equal to the eager one, with its gradient, registered nowhere process-wide (TorchScript's
-    shared compilation unit never frees what is put in it). Fails when torch changes that
-    entry point."""
+    """``zoo.inference.compiled.trace`` wraps the tracer's private entry point: it must give a
+    function equal to the eager one, with its gradient, registered nowhere process-wide
+    (TorchScript's shared compilation unit never frees what is put in it). Fails when torch changes
+    that entry point."""
     shared = torch.jit._state._python_cu
     before = len(shared.get_functions())
     w = torch.randn(4, 4, requires_grad=True)
@@ -429,7 +436,7 @@ def test_trace_makes_a_function_of_its_own():
     def f(w, x):
         return (x @ w).tanh().sum()
 
-    traced = zoo.compiled.trace(f, (w, x))
+    traced = zoo.inference.compiled.trace(f, (w, x))
     assert isinstance(traced, torch.ScriptFunction)
     assert "aten::tanh" in str(traced.graph)
     other = torch.randn(3, 4)

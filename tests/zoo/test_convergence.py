@@ -1,5 +1,5 @@
-"""zoo.convergence: num_steps="auto" stops on a plateau, not on noise; the cap holds; a resumed
-fit keeps its windows."""
+"""zoo.training.convergence: num_steps="auto" stops on a plateau, not on noise; the cap holds; a
+resumed fit keeps its windows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 import zoo
 from tests.groups import grouped
 from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, MEAN_FIELD_GUIDE, correlated_data, model_for
-from zoo.convergence import Convergence, ConvergenceTracker, resolve
+from zoo.training.convergence import Convergence, ConvergenceTracker, resolve
 
 
 def _noisy(curve, sd=5.0, seed=0) -> list[float]:

@@ -212,7 +212,7 @@ def test_a_failed_capture_leaves_the_process_usable(monkeypatch):
     """A host read inside the capture fails it (as torch.linalg.cholesky did in the low-rank
     family): the fit warns once and goes on eagerly, and the next fit in the same process, and
     torch's CUDA generator, still work (issue 36)."""
-    import zoo.graphed
+    import zoo.training.cuda_graph
 
     def failing_record(self, run):
         self.optimizer.zero_grad(set_to_none=True)
@@ -234,7 +234,7 @@ def test_a_failed_capture_leaves_the_process_usable(monkeypatch):
         )
 
     with monkeypatch.context() as patch:
-        patch.setattr(zoo.graphed.GraphedStep, "_record", failing_record)
+        patch.setattr(zoo.training.cuda_graph.GraphedStep, "_record", failing_record)
         with pytest.warns(RuntimeWarning, match="capture of the step failed"):
             first = graph_fit()
     assert first.options["cuda_graph"].startswith("failed, ran eagerly")

@@ -1,4 +1,4 @@
-"""Every data form becomes the same tensors (zoo.data_checks.gather_tensors)."""
+"""Every data form becomes the same tensors (zoo.data.checks.gather_tensors)."""
 
 import warnings
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from zoo.data_checks import gather_tensors
+from zoo.data.checks import gather_tensors
 
 X = torch.arange(30.0).reshape(10, 3)
 Y = torch.arange(10)

@@ -1,6 +1,6 @@
-"""The divergence check read every k steps (zoo.engine, zoo.divergence) and the CUDA-graph
-step's static-buffer path (zoo.graphed, run eagerly here: the capture itself is tested in
-test_cuda.py)."""
+"""The divergence check read every k steps (zoo.training.step, zoo.training.divergence) and the
+CUDA-graph step's static-buffer path (zoo.training.cuda_graph, run eagerly here: the capture itself
+is tested in test_cuda.py)."""
 
 import math
 import warnings
@@ -10,7 +10,7 @@ import torch
 
 import guides
 import zoo
-import zoo.training
+import zoo.training.fitting
 from tests.families import CASES
 from tests.groups import grouped
 from zoo.models import BayesianMLP
@@ -120,7 +120,7 @@ def test_skip_records_the_same_steps_as_the_per_step_check():
 
 
 def test_skip_gives_up_after_too_many_in_a_row(monkeypatch):
-    monkeypatch.setattr(zoo.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
+    monkeypatch.setattr(zoo.training.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
     x, y = regression()
     x[:, 0] = 1e30  # every minibatch's loss overflows
     with pytest.raises(zoo.FitDivergedError, match="4 steps in a row") as err:
@@ -151,7 +151,7 @@ def test_auto_reads_every_step_on_the_cpu():
 
 
 def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
-    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
+    monkeypatch.setattr(zoo.training.rules, "device_refusal", lambda device: None)
     with pytest.raises(ValueError, match="needs the compiled loss"):
         fit(regression(), cuda_graph=True, jit=False)
 
@@ -159,27 +159,27 @@ def test_cuda_graph_needs_the_compiled_loss(monkeypatch):
 def capture_on_cpu(monkeypatch, record) -> None:
     """The graph step's capture path on the CPU: ``record(step, run)`` stands in for the CUDA
     capture, and the warm-up runs without a CUDA stream."""
-    import zoo.graphed
+    import zoo.training.cuda_graph
 
     def side_stream(self, run):
         self.optimizer.zero_grad(set_to_none=True)
         run()
 
-    init = zoo.graphed.GraphedStep.__init__
+    init = zoo.training.cuda_graph.GraphedStep.__init__
     monkeypatch.setattr(
-        zoo.graphed.GraphedStep,
+        zoo.training.cuda_graph.GraphedStep,
         "__init__",
         lambda self, *a, **k: init(self, *a, **{**k, "capture": True}),
     )
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_record", record)
-    monkeypatch.setattr(zoo.graphed.GraphedStep, "_on_side_stream", side_stream)
+    monkeypatch.setattr(zoo.training.cuda_graph.GraphedStep, "_record", record)
+    monkeypatch.setattr(zoo.training.cuda_graph.GraphedStep, "_on_side_stream", side_stream)
 
 
 @pytest.fixture
 def graph_on_cpu(monkeypatch):
     """``cuda_graph=True`` on the CPU: the GraphedStep's static buffers, tensor learning rates
     and in-step skip flag, run eagerly (``capture`` is only on CUDA)."""
-    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
+    monkeypatch.setattr(zoo.training.rules, "device_refusal", lambda device: None)
 
 
 @pytest.mark.parametrize("label", list(CASES))
@@ -241,9 +241,9 @@ def test_callbacks_read_every_step_but_copies_stay_every_k(monkeypatch):
     """A callback sees each step's loss (the host reads every step), while the parameter copy
     is still taken at most every ``check_every`` steps."""
     copies = []
-    begin = zoo.divergence.DivergenceGuard.begin
+    begin = zoo.training.divergence.DivergenceGuard.begin
     monkeypatch.setattr(
-        zoo.divergence.DivergenceGuard,
+        zoo.training.divergence.DivergenceGuard,
         "begin",
         lambda self, step: (copies.append(step), begin(self, step)),
     )

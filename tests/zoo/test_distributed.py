@@ -1,5 +1,5 @@
-"""Fits across processes (zoo.distributed): two CPU ranks on gloo, started by Lightning as it
-starts a user's script (tests/zoo/distributed_runs.py), and the sharding pieces in-process."""
+"""Fits across processes (zoo.runtime.distributed): two CPU ranks on gloo, started by Lightning as
+it starts a user's script (tests/zoo/distributed_runs.py), and the sharding pieces in-process."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from tests.zoo.linear_gaussian import (
     guide_gaussian,
     model_for,
 )
-from zoo.batches import Batches
-from zoo.checkpoint import read_checkpoint
-from zoo.distributed import Ranks, requested
+from zoo.data.batches import Batches
+from zoo.runtime.distributed import Ranks, requested
+from zoo.training.checkpoint import read_checkpoint
 
 pytest.importorskip("lightning")
 
@@ -270,7 +270,7 @@ def test_distributed_arguments_are_checked_before_anything_starts():
 def test_a_rank_that_exits_is_reported_as_rank_failed(monkeypatch):
     """A ddp_spawn rank killed by a signal surfaces from torch's joiner as
     ProcessExitedException; the fit raises the documented RankFailedError, naming the rank."""
-    from zoo import distributed
+    from zoo.runtime import distributed
 
     class Fabric:
         def __init__(self, **kwargs):

@@ -1,4 +1,4 @@
-"""The step engine (zoo.engine): gradient accumulation, the ELBO scaling of a step of several
+"""The step engine (zoo.training.step): gradient accumulation, the ELBO scaling of a step of several
 minibatches, and a hand-written loop on the engine without zoo.fit."""
 
 import math
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import zoo
-from zoo.engine import StepEngine
+from zoo.inference.objective import Objective
 from zoo.models import BayesianMLP
-from zoo.objective import Objective
+from zoo.training.step import StepEngine
 
 
 def regression(n=64, seed=0):

@@ -20,7 +20,7 @@ from tests.zoo.linear_gaussian import (
     guide_gaussian,
     model_for,
 )
-from zoo.estimators import LayerNoise, plan, wire
+from zoo.inference.estimators import LayerNoise, plan, wire
 from zoo.priors import ScaleMixturePrior
 
 CASES = [

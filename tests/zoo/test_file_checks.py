@@ -1,5 +1,5 @@
-"""Files that lie (zoo.file_checks, zoo.persist): every tampering is refused before use with a
-ValueError naming the file and the entry; random bytes are damaged, never 'pickled'."""
+"""Files that lie (zoo.runtime.file_checks, zoo.runtime.files): every tampering is refused before
+use with a ValueError naming the file and the entry; random bytes are damaged, never 'pickled'."""
 
 import os
 import time
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import zoo
-from zoo import persist
 from zoo.models import BayesianMLP
+from zoo.runtime import files
 
 
 @pytest.fixture(scope="module")
@@ -132,29 +132,29 @@ def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
     old = tmp_path / ".fit.pt.ghi789.tmp"  # no writer named, over STALE_AFTER old
     for tmp in (killed, writing, old):
         tmp.write_bytes(b"half a file")
-    past = time.time() - 2 * persist.STALE_AFTER
+    past = time.time() - 2 * files.STALE_AFTER
     os.utime(old, (past, past))
-    persist.atomic_save({"format": persist.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
+    files.atomic_save({"format": files.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
     assert not killed.exists() and not old.exists() and writing.exists() and path.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fit.pt", writing.name])
 
 
 def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
-    from zoo import hmc
+    from zoo.mcmc import chain as hmc
 
     state = {
-        "format": persist.FORMAT, "kind": "hmc-chain", "version": persist.VERSION, "chain": 0,
+        "format": files.FORMAT, "kind": "hmc-chain", "version": files.VERSION, "chain": 0,
         "settings": {}, "data": [], "z": {"w": torch.zeros(2)}, "step_size": 0.1,
         "inverse_mass_matrix": [[["w"], torch.ones(2)]],
         "draws": {"w": [torch.zeros(2), torch.ones(2)]},
         "stats": {name: [0.0, 0.0] for name in hmc.STAT_NAMES},
-        "rng": persist.torch_rng_state(),
+        "rng": files.torch_rng_state(),
     }  # fmt: skip
     path = tmp_path / "chain0.pt"
-    persist.atomic_save(state, path)
+    files.atomic_save(state, path)
     assert hmc.read_chain(path)["chain"] == 0
     state["draws"]["w"][1] = torch.tensor([0.0, float("nan")])
-    persist.atomic_save(state, path)
+    files.atomic_save(state, path)
     with pytest.raises(ValueError, match="draws of 'w'.*NaN"):
         hmc.read_chain(path)
     for key, value, phrase in [
@@ -163,7 +163,7 @@ def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
         ("z", {"w": "x"}, "is a str, not a tensor"),
     ]:
         broken = {**state, key: value, "draws": {"w": [torch.zeros(2)] * 2}}
-        persist.atomic_save(broken, path)
+        files.atomic_save(broken, path)
         with pytest.raises(ValueError, match=phrase):
             hmc.read_chain(path)
 
@@ -171,8 +171,8 @@ def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
 def test_a_payload_read_back_and_saved_again_gets_a_fresh_checksum(tmp_path):
     """A resumed HMC chain saves the payload it read (checksum included) after changing it."""
     path = tmp_path / "x.pt"
-    persist.atomic_save({"format": persist.FORMAT, "kind": "fit", "n": torch.zeros(2)}, path)
-    payload = persist.read(path, "fit")
+    files.atomic_save({"format": files.FORMAT, "kind": "fit", "n": torch.zeros(2)}, path)
+    payload = files.read(path, "fit")
     payload["n"] = torch.ones(3)
-    persist.atomic_save(payload, path)
-    assert torch.equal(persist.read(path, "fit")["n"], torch.ones(3))
+    files.atomic_save(payload, path)
+    assert torch.equal(files.read(path, "fit")["n"], torch.ones(3))

@@ -6,7 +6,7 @@ import torch
 
 import guides
 import zoo
-import zoo.divergence
+import zoo.training.divergence
 from tests.groups import grouped
 from tests.zoo.linear_gaussian import (
     correlated_data,
@@ -226,7 +226,7 @@ def test_evaluate_regression_metrics():
 
 
 def test_divergence_stops_and_keeps_the_last_finite_parameters(monkeypatch):
-    monkeypatch.setattr(zoo.divergence, "LAST_GOOD_EVERY", 1)
+    monkeypatch.setattr(zoo.training.divergence, "LAST_GOOD_EVERY", 1)
     x, y = torch.randn(20, 2), torch.randn(20)
     model = BayesianMLP(2, (3,), 1)
     snapshots = []
@@ -352,7 +352,7 @@ def test_skip_goes_on_from_the_last_finite_parameters_and_reports_the_skipped_st
 
 
 def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
-    monkeypatch.setattr(zoo.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
+    monkeypatch.setattr(zoo.training.divergence, "MAX_CONSECUTIVE_SKIPS", 4)
     x, y = torch.randn(20, 2), torch.randn(20)
     guide = guides.AutoDiagonal(BayesianMLP(2, (3,), 1))
 
@@ -368,7 +368,7 @@ def test_skip_gives_up_after_too_many_non_finite_steps_in_a_row(monkeypatch):
 def test_named_lr_schedules_follow_the_run_length():
     """``lr_schedule="exponential"`` is ``0.1 ** (step / total)`` over the run's own steps;
     ``"cosine"`` falls from 1 to 0.01; an unknown name fails before training."""
-    from zoo.optim import resolve_schedule
+    from zoo.training.optim import resolve_schedule
 
     x, y = correlated_data(n=64, d=3)
     kwargs = dict(num_steps=40, batch_size=16, lr=0.01, seed=0, run=zoo.Run(progress=False))

@@ -1,6 +1,6 @@
-"""The CUDA-graph step as the default on CUDA (``cuda_graph="auto"``, zoo.step_rules) and its
-check against the eager step on the first replay (zoo.graphed). The capture is emulated on the
-CPU: a recorded "graph" whose replay runs the recorded body, as a CUDA graph replays its
+"""The CUDA-graph step as the default on CUDA (``cuda_graph="auto"``, zoo.training.rules) and its
+check against the eager step on the first replay (zoo.training.cuda_graph). The capture is emulated
+on the CPU: a recorded "graph" whose replay runs the recorded body, as a CUDA graph replays its
 kernels; what only a GPU can show (the generator's offsets, the capture itself) is in
 test_cuda.py."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import zoo
-import zoo.graphed
+import zoo.training.cuda_graph
 from tests.zoo.test_deferred import capture_on_cpu, fit, regression, same_parameters
 
 
@@ -42,7 +42,7 @@ def emulated_capture(monkeypatch):
     """Every fit may take the graph step (the CUDA test of the rules lifted) and its capture
     records :class:`ReplayedBody`; setting ``perturb`` on the returned :class:`Captures` makes
     later replays shift every parameter (a graph that does not compute the eager step)."""
-    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
+    monkeypatch.setattr(zoo.training.rules, "device_refusal", lambda device: None)
     recorded = Captures()
 
     def record(self, run):
@@ -86,10 +86,10 @@ def test_a_replay_that_differs_from_the_eager_step_is_given_up(emulated_capture)
 def test_the_check_draws_the_replays_random_numbers_again():
     """The check's eager step runs from the generator state the replay started from: a body
     that draws gives the same values both times (on the CPU generator here; the CUDA generator's
-    offsets are restored the same way by ``zoo.rng.forked``)."""
+    offsets are restored the same way by ``zoo.runtime.rng.forked``)."""
     param = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.SGD([param], lr=0.1)
-    step = object.__new__(zoo.graphed.GraphedStep)
+    step = object.__new__(zoo.training.cuda_graph.GraphedStep)
     step.optimizer, step.params, step.device = opt, [param], torch.device("cpu")
     step.loss, step.norm, step.failed = torch.zeros(()), torch.zeros(()), None
 
@@ -114,10 +114,10 @@ def test_auto_is_off_where_the_fit_does_not_allow_the_graph(monkeypatch):
     ``True`` refuses the same fit before training."""
     plain = fit(regression(64), num_steps=2)
     assert plain.options["cuda_graph"] is False
-    monkeypatch.setattr(zoo.step_rules, "device_refusal", lambda device: None)
-    decide, decisions = zoo.step_rules.graph_decision, []
+    monkeypatch.setattr(zoo.training.rules, "device_refusal", lambda device: None)
+    decide, decisions = zoo.training.rules.graph_decision, []
     monkeypatch.setattr(
-        zoo.step_rules,
+        zoo.training.rules,
         "graph_decision",
         lambda *a, **k: decisions.append(decide(*a, **k)) or decisions[-1],
     )
@@ -134,12 +134,12 @@ def test_auto_is_off_where_the_fit_does_not_allow_the_graph(monkeypatch):
 
 
 def test_the_plan_records_why_auto_left_a_cuda_fit_without_the_graph():
-    plan = zoo.step_rules.StepPlan(
+    plan = zoo.training.rules.StepPlan(
         check_every=1, cuda_graph=False, accumulate=1, threads=None, graph_off="a reason"
     )
     assert plan.graph_record == "off (a reason)"
-    assert zoo.step_rules.StepPlan(1, False, 1, None).graph_record is False
-    assert zoo.step_rules.StepPlan(20, True, 1, None).graph_record is True
+    assert zoo.training.rules.StepPlan(1, False, 1, None).graph_record is False
+    assert zoo.training.rules.StepPlan(20, True, 1, None).graph_record is True
 
 
 def test_auto_is_off_across_processes_and_true_is_refused():
@@ -148,10 +148,10 @@ def test_auto_is_off_across_processes_and_true_is_refused():
 
     fused = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], fused=False)
     cuda = torch.device("cuda")
-    decide = zoo.step_rules.graph_decision
+    decide = zoo.training.rules.graph_decision
     assert decide("auto", Compiled(), fused, cuda, True) == (
         False,
-        zoo.step_rules.NEEDS_ONE_PROCESS["cuda_graph"],
+        zoo.training.rules.NEEDS_ONE_PROCESS["cuda_graph"],
     )
     assert decide(False, Compiled(), fused, cuda, True) == (False, None)
     with pytest.raises(ValueError, match="one process"):

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import zoo
-import zoo.compiled
+import zoo.inference.compiled
 from tests.families import CASES
 
 #: Operations that copy a device value to the host, or whose output shape depends on values.
@@ -79,7 +79,7 @@ def test_the_scan_finds_a_read_of_data_and_passes_a_read_of_a_shape():
         return torch.zeros(x.shape[0] * 2) + x[:1]
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace, as zoo.compiled
+        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace, as zoo.inference.compiled
         graphs = [torch.jit.trace(f, torch.randn(3)).graph for f in (reads_data, reads_shape)]
     assert len(data_scalar_reads(graphs[0])) == 1
     assert "aten::Int" in node_kinds(graphs[1]) and data_scalar_reads(graphs[1]) == []
@@ -146,14 +146,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_host_reads_are_counted():
-    library = SimpleNamespace(dtype=torch.float32)  # zoo.compiled makes a graph's scales so
+    library = SimpleNamespace(
+        dtype=torch.float32
+    )  # zoo.inference.compiled makes a graph's scales so
     with HostReads() as reads:
         float(torch.randn(3).sum())
         torch.randn(4).nonzero()
         torch.tensor(0.5)  # made here, in a test: not counted
-        zoo.compiled.CompiledLoss._scales(library, torch.zeros(1), 2.0, 1.0)
+        zoo.inference.compiled.CompiledLoss._scales(library, torch.zeros(1), 2.0, 1.0)
     assert len(reads.found) == 3, reads.found
-    assert reads.found[2].startswith("a tensor made from Python data at zoo/compiled.py:")
+    assert reads.found[2].startswith("a tensor made from Python data at zoo/inference/compiled.py:")
 
 
 @pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])
@@ -162,7 +164,7 @@ def test_host_reads_are_counted():
 def test_no_eager_loss_waits_for_the_host(family, options, estimator, elbo):
     """The eager loss (a GPU step that is not captured: the first, a refused graph, the last
     small batch) and its backward read nothing back: Pyro's ``Trace_ELBO`` reads every site's
-    log-density with ``.item()``; ``zoo.surrogate`` does not. Nor does the library make a
+    log-density with ``.item()``; ``zoo.inference.surrogate`` does not. Nor does the library make a
     tensor from Python data in a step (on a GPU, a copy from the host: MC dropout's bias scale
     was one per site)."""
     g = torch.Generator().manual_seed(0)

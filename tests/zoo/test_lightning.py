@@ -117,7 +117,7 @@ def test_the_trainer_route_takes_the_fits_thread_rule_and_restores_the_count(
     from zoo.lightning import BayesianModule
 
     if threshold is not None:
-        monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", threshold)
+        monkeypatch.setattr(zoo.runtime.threads, "SMALL_STEP_FLOPS", threshold)
     x, y = torch.randn(32, 13), torch.randn(32)
     model = zoo.models.BayesianMLP(13, (8,), noise=1.0)
     module = BayesianModule(model, "diagonal", len(x), example=(x, y), threads=threads)

@@ -1,5 +1,5 @@
-"""The option groups' checks (zoo.option_checks): a value that cannot be right is refused when
-the group is built or, for a schedule, before the first step."""
+"""The option groups' checks (zoo.training.option_checks): a value that cannot be right is refused
+when the group is built or, for a schedule, before the first step."""
 
 import math
 

@@ -1,4 +1,4 @@
-"""The option groups (zoo.options): defaults, checks before any work, dicts, and the flat
+"""The option groups (zoo.training.options): defaults, checks before any work, dicts, and the flat
 keywords of earlier releases, refused naming the group."""
 
 import dataclasses
@@ -8,7 +8,7 @@ import torch
 
 import zoo
 from zoo.models import BayesianMLP
-from zoo.options import GROUPS, flat_keywords, group
+from zoo.training.options import GROUPS, flat_keywords, group
 
 
 def data():

@@ -17,8 +17,8 @@ import zoo
 from tests.conftest import HANG_AFTER
 from tests.families import CASES
 from tests.groups import grouped
-from zoo import persist
 from zoo.models import BayesianMLP
+from zoo.runtime import files
 
 FAMILIES = CASES
 LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_v1"
@@ -91,12 +91,12 @@ def test_not_a_zoo_file(tmp_path):
 def test_atomic_save_gives_the_mode_of_a_plain_open_and_keeps_a_replaced_files_mode(tmp_path):
     with open(tmp_path / "plain", "wb"):
         pass
-    persist.atomic_save({"a": 1}, tmp_path / "new.pt")
+    files.atomic_save({"a": 1}, tmp_path / "new.pt")
     assert (tmp_path / "new.pt").stat().st_mode & 0o777 == (
         tmp_path / "plain"
     ).stat().st_mode & 0o777
     os.chmod(tmp_path / "new.pt", 0o640)
-    persist.atomic_save({"a": 2}, tmp_path / "new.pt")
+    files.atomic_save({"a": 2}, tmp_path / "new.pt")
     assert (tmp_path / "new.pt").stat().st_mode & 0o777 == 0o640
     assert torch.load(tmp_path / "new.pt")["a"] == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new.pt", "plain"]  # no temporaries
@@ -136,7 +136,7 @@ CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     import zoo
-    from zoo.options import grouped
+    from zoo.training.options import grouped
     from test_persist import OPTIONS, data, model
     zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(dict(
         OPTIONS, checkpoint={ckpt!r}, device="cpu", checkpoint_every=3,
@@ -158,7 +158,7 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
         reads = 0
         end = time.time() + 1.0
         while time.time() < end:
-            persist.read(ckpt, "checkpoint")
+            files.read(ckpt, "checkpoint")
             reads += 1
         assert child.poll() is None, "the child finished before it could be killed"
         child.send_signal(signal.SIGKILL)
@@ -167,7 +167,7 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
         if child.poll() is None:
             child.kill()
     assert reads > 0
-    stopped_at = persist.read(ckpt, "checkpoint")["state"]["step"]
+    stopped_at = files.read(ckpt, "checkpoint")["state"]["step"]
     assert 0 < stopped_at < 400
     resumed = zoo.fit(
         model(),

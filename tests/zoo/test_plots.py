@@ -3,7 +3,7 @@ import torch
 
 import zoo
 from zoo import plots
-from zoo.prediction_result import RegressionPrediction
+from zoo.models.predictions import RegressionPrediction
 
 
 def written(fig, tmp_path, name):

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 import zoo
-from zoo.prediction_result import ClassificationPrediction, RegressionPrediction
+from zoo.models.predictions import ClassificationPrediction, RegressionPrediction
 
 
 def test_mutual_information_is_zero_when_samples_agree_and_positive_otherwise():
@@ -29,9 +29,9 @@ def test_regression_moments():
 
 def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, capsys):
     import guides
-    import zoo.predictive
+    import zoo.evaluation.predictive
+    from zoo.evaluation.predictive import predict
     from zoo.models import BayesianMLP
-    from zoo.predictive import predict
 
     model = BayesianMLP(2, (3,), 1)
     guide = guides.AutoDiagonal(model)
@@ -41,7 +41,7 @@ def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, c
     predict(model, guide, x, num_samples=4, batch_size=5)  # faster than the 2 s delay
     predict(model, guide, x, num_samples=4, batch_size=5, progress=False)
     assert "predict" not in capsys.readouterr().err
-    monkeypatch.setattr(zoo.predictive, "PROGRESS_DELAY", 0.0)
+    monkeypatch.setattr(zoo.evaluation.predictive, "PROGRESS_DELAY", 0.0)
     pred = predict(model, guide, x, num_samples=4, batch_size=5)
     assert "predict" in capsys.readouterr().err  # 2 input blocks x 4 draws = 8 passes
     assert pred.outputs.shape[:2] == (4, 10)
@@ -51,9 +51,9 @@ def test_progress_bar_appears_only_when_asked_and_after_the_delay(monkeypatch, c
 
 def test_cpu_batch_size_bounds_the_largest_activation_of_a_pass(monkeypatch):
     import guides
-    import zoo.predictive
+    import zoo.evaluation.predictive
+    from zoo.evaluation.predictive import cpu_batch_size, predict
     from zoo.models import BayesianMLP, LeNet5
-    from zoo.predictive import cpu_batch_size, predict
 
     lenet = LeNet5()
     guide = guides.AutoDiagonal(lenet)
@@ -61,21 +61,27 @@ def test_cpu_batch_size_bounds_the_largest_activation_of_a_pass(monkeypatch):
     with torch.no_grad():
         guide(x[:2], torch.zeros(2, dtype=torch.long))
     draws = guide.sample_posterior(3)
-    assert zoo.predictive.last_level_cache_bytes() >= 1 << 20  # read from sysfs, or 32 MiB
+    assert (
+        zoo.evaluation.predictive.last_level_cache_bytes() >= 1 << 20
+    )  # read from sysfs, or 32 MiB
     per_image = 20 * 24 * 24 * 4  # LeNet-5's largest activation: conv1's output, float32
-    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 3 * 100 * per_image)
+    monkeypatch.setattr(
+        zoo.evaluation.predictive, "last_level_cache_bytes", lambda: 3 * 100 * per_image
+    )
     assert cpu_batch_size(lenet, x, draws) == 100
     assert cpu_batch_size(lenet, x[:1], draws) == 100  # one input is enough to measure
-    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 1)
-    assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_BATCH_RANGE[0]
-    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 1 << 40)
-    assert cpu_batch_size(lenet, x, draws) == zoo.predictive.CPU_ACTIVATION_CAP // per_image
+    monkeypatch.setattr(zoo.evaluation.predictive, "last_level_cache_bytes", lambda: 1)
+    assert cpu_batch_size(lenet, x, draws) == zoo.evaluation.predictive.CPU_BATCH_RANGE[0]
+    monkeypatch.setattr(zoo.evaluation.predictive, "last_level_cache_bytes", lambda: 1 << 40)
+    assert (
+        cpu_batch_size(lenet, x, draws) == zoo.evaluation.predictive.CPU_ACTIVATION_CAP // per_image
+    )
     # Weights do not count: a wide MLP with tiny activations gets the upper bound.
     mlp = BayesianMLP(784, (400, 400), 10, task="classification")
     mlp_guide = guides.AutoDiagonal(mlp)
     with torch.no_grad():
         mlp_guide(torch.randn(2, 784), torch.zeros(2, dtype=torch.long))
-    monkeypatch.setattr(zoo.predictive, "last_level_cache_bytes", lambda: 32 << 20)
+    monkeypatch.setattr(zoo.evaluation.predictive, "last_level_cache_bytes", lambda: 32 << 20)
     mlp_draws = mlp_guide.sample_posterior(2)
     assert cpu_batch_size(mlp, torch.randn(5, 784), mlp_draws) == 4096
     # The batch size changes only how the work is split, not the result.
@@ -88,8 +94,8 @@ def test_predict_without_a_fitted_guide_says_so():
     import pytest
 
     import guides
+    from zoo.evaluation.predictive import predict
     from zoo.models import BayesianMLP
-    from zoo.predictive import predict
 
     model = BayesianMLP(3, (4,), 1)
     x = torch.randn(5, 3)

@@ -1,4 +1,4 @@
-"""zoo.recipes: what a fit does when the caller gives no length, batch size or rate."""
+"""zoo.training.recipes: what a fit does when the caller gives no length, batch size or rate."""
 
 import warnings
 
@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import zoo
-from zoo.recipes import (
+from zoo.training.recipes import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
     MIN_DEFAULT_STEPS,

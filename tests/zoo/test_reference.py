@@ -1,4 +1,4 @@
-"""The HMC reference (zoo.reference_sampling, zoo.hmc, zoo.reference_result): exact on a
+"""The HMC reference (zoo.mcmc.sampling, zoo.mcmc.chain, zoo.mcmc.result): exact on a
 conjugate model, resumable exactly, refusing what it cannot do, predicting and saving like a
 fit."""
 
@@ -19,7 +19,7 @@ import zoo
 from tests.conftest import HANG_AFTER, REPO
 from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_for
 from zoo.arviz import chain_diagnostics
-from zoo.hmc import read_chain
+from zoo.mcmc.chain import read_chain
 
 QUICK = {"warmup": 40, "draws": 12, "chunk": 5, "progress": False}
 
@@ -173,7 +173,7 @@ def test_settings_no_run_can_use_are_refused_before_any_work(options, phrase, mo
     def no_data(*args):
         raise AssertionError("the data were read")
 
-    monkeypatch.setattr(zoo.reference_sampling, "_in_memory", no_data)
+    monkeypatch.setattr(zoo.mcmc.sampling, "_in_memory", no_data)
     with pytest.raises(ValueError, match=phrase):
         zoo.reference(zoo.models.BayesianMLP(3, (4,)), (torch.randn(9, 3), torch.randn(9)),
                       progress=False, **options)  # fmt: skip

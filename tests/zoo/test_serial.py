@@ -1,4 +1,4 @@
-"""Library calls from several threads (zoo.serial): each ends exactly as it would alone."""
+"""Library calls from several threads (zoo.runtime.serial): each ends exactly as it would alone."""
 
 import threading
 
@@ -48,7 +48,7 @@ def in_threads(jobs):
 def test_fits_in_threads_equal_the_same_fits_run_alone():
     """Models are built before the threads start: torch's global generator is the one Pyro
     draws from, so a thread that draws from it (a model's initialisation) while a fit runs
-    changes that fit's draws (zoo.serial)."""
+    changes that fit's draws (zoo.runtime.serial)."""
     cases = [("diagonal", 0), ("lowrank", 1), ("diagonal", 2), ("tridiagonal", 3)]
     alone = [params(one_fit(f, s)) for f, s in cases]
     models = [BayesianMLP(3, (16,), noise=1.0) for _ in cases]

@@ -1,6 +1,6 @@
-"""zoo.surrogate against Pyro's own ELBOs: the same value and gradients on the same draws, for
-every family of the registry, both ELBOs, scales as numbers and as tensors, several particles;
-Pyro's path for the draws it does not reduce; and the same numbers under validation."""
+"""zoo.inference.surrogate against Pyro's own ELBOs: the same value and gradients on the same
+draws, for every family of the registry, both ELBOs, scales as numbers and as tensors, several
+particles; Pyro's path for the draws it does not reduce; and the same numbers under validation."""
 
 import pyro
 import pyro.distributions as dist
@@ -12,10 +12,10 @@ from pyro.poutine.util import prune_subsample_sites
 import guides
 import zoo
 from tests.families import CASES
-from zoo.elbo import ElboScale
+from zoo.inference.elbo import ElboScale
+from zoo.inference.objective import loss_context
+from zoo.inference.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 from zoo.models import BayesianMLP
-from zoo.objective import loss_context
-from zoo.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 
 PAIRS = {
     "trace": (ReparamTrace_ELBO, Trace_ELBO),
@@ -211,7 +211,8 @@ def test_a_latent_the_guide_does_not_draw_adds_its_log_density_as_pyros_does():
      ("mc_dropout", "local"), ("map", "local")],
 )  # fmt: skip
 def test_the_estimators_losses_are_pyros(family, estimator, elbo):
-    """Under the local reparameterisation and flipout handlers (``zoo.estimators``) too."""
+    """Under the local reparameterisation and flipout handlers (``zoo.inference.estimators``)
+    too."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 3, generator=g), torch.randint(0, 3, (16,), generator=g)
     model = BayesianMLP(3, (8,), 3, task="classification")

@@ -4,7 +4,7 @@ import torch
 
 import guides
 import zoo
-import zoo.threads
+import zoo.runtime.threads
 from tests.groups import grouped
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
@@ -29,7 +29,7 @@ def test_forward_flops_counts_the_matrix_products_and_draws_nothing():
     model, x, y = tiny_model(), torch.randn(32, 13), torch.randn(32)
     state = torch.random.get_rng_state()
     with pyro.poutine.trace() as tape:
-        flops = zoo.threads.forward_flops(model, x, y)
+        flops = zoo.runtime.threads.forward_flops(model, x, y)
     assert flops == 2 * 32 * (13 * 50 + 50 * 1)
     assert torch.equal(state, torch.random.get_rng_state())
     assert not [n for n, s in tape.trace.nodes.items() if s["type"] == "sample"]
@@ -37,15 +37,15 @@ def test_forward_flops_counts_the_matrix_products_and_draws_nothing():
 
 def test_the_rule_gives_small_steps_one_thread_and_leaves_large_ones_alone():
     cpu = torch.device("cpu")
-    small = zoo.step_rules.SMALL_STEP_FLOPS - 1
-    assert zoo.step_rules.threads_for("auto", cpu, lambda: small) == 1
-    assert zoo.step_rules.threads_for("auto", cpu, lambda: small + 1) is None
-    assert zoo.step_rules.threads_for("auto", torch.device("cuda"), lambda: 0) is None
-    assert zoo.step_rules.threads_for(3, cpu, lambda: 0) == 3
-    assert zoo.step_rules.threads_for(None, cpu, lambda: 0) is None
+    small = zoo.runtime.threads.SMALL_STEP_FLOPS - 1
+    assert zoo.runtime.threads.threads_for("auto", cpu, lambda: small) == 1
+    assert zoo.runtime.threads.threads_for("auto", cpu, lambda: small + 1) is None
+    assert zoo.runtime.threads.threads_for("auto", torch.device("cuda"), lambda: 0) is None
+    assert zoo.runtime.threads.threads_for(3, cpu, lambda: 0) == 3
+    assert zoo.runtime.threads.threads_for(None, cpu, lambda: 0) is None
     # The threshold sits between the tiny regression net and LeNet-5 on a batch of 128.
     lenet = zoo.models.BayesianModel(LeNet5Network(100))
-    assert zoo.threads.forward_flops(lenet, torch.randn(128, 1, 28, 28)) > small
+    assert zoo.runtime.threads.forward_flops(lenet, torch.randn(128, 1, 28, 28)) > small
 
 
 def fit_tiny(n: int = 32, **options):
@@ -82,7 +82,7 @@ def test_the_rules_weigh_a_minibatch_not_the_two_example_probe(
     threshold at 16 examples of the 13-50-1 net (1,400 FLOP each), a minibatch of 32 runs on
     torch's threads and eagerly, one of 8 (or the 8 examples of a smaller data set) on one
     thread and compiled."""
-    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 16 * 1400)
+    monkeypatch.setattr(zoo.runtime.threads, "SMALL_STEP_FLOPS", 16 * 1400)
     seen = []
     data = (torch.randn(n, 13), torch.randn(n))
     fit = zoo.fit(
@@ -105,8 +105,8 @@ def test_the_objective_counts_a_minibatch_exactly_from_two_examples():
     x, y = torch.randn(128, 1, 28, 28), torch.randint(0, 10, (128,))
     objective = zoo.Objective(model, guides.AutoDiagonal(model), jit=False)
     objective.setup(x[:2], y[:2], batch_size=128)
-    assert objective.forward_flops() == zoo.threads.forward_flops(model, x, y)
-    assert objective.forward_flops() > 60 * zoo.threads.forward_flops(model, x[:2], y[:2])
+    assert objective.forward_flops() == zoo.runtime.threads.forward_flops(model, x, y)
+    assert objective.forward_flops() > 60 * zoo.runtime.threads.forward_flops(model, x[:2], y[:2])
 
 
 def test_an_explicit_count_is_used_and_none_leaves_torchs_setting(two_threads):
@@ -173,7 +173,7 @@ def test_prediction_weighs_its_block_of_inputs(two_threads, monkeypatch):
     """The prediction rule weighs one pass over a block of ``batch_size`` inputs (here the
     threshold sits at 16 inputs of the 13-50-1 net): blocks of 32 run on torch's threads, blocks
     of 8 on one."""
-    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 16 * 1400)
+    monkeypatch.setattr(zoo.runtime.threads, "SMALL_STEP_FLOPS", 16 * 1400)
     fit = fit_tiny(num_steps=2, threads=1)
     x = torch.randn(64, 13)
     for batch_size, expected in ((32, 2), (8, 1)):
@@ -182,7 +182,7 @@ def test_prediction_weighs_its_block_of_inputs(two_threads, monkeypatch):
 
 
 def test_a_large_prediction_pass_keeps_torchs_setting(two_threads, monkeypatch):
-    monkeypatch.setattr(zoo.step_rules, "SMALL_STEP_FLOPS", 0)
+    monkeypatch.setattr(zoo.runtime.threads, "SMALL_STEP_FLOPS", 0)
     fit = fit_tiny(num_steps=2, threads=1)
     seen = prediction_threads_seen(fit, lambda f: f.predict(torch.randn(8, 13), 2, progress=False))
     assert set(seen) == {2}

@@ -1,5 +1,5 @@
-"""The loop (zoo.trainer, zoo.batches): every pass over an epoch takes a step or the fit stops
-with the reason; it never spins."""
+"""The loop (zoo.training.loop, zoo.data.batches): every pass over an epoch takes a step or the fit
+stops with the reason; it never spins."""
 
 import pytest
 import torch
@@ -46,12 +46,12 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_steps_taken(tmp_path, mon
     result holds every step taken, and no file or temporary is left behind."""
     import errno
 
-    from zoo import persist
+    from zoo.runtime import files
 
     def full(obj, path):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(persist, "atomic_save", full)
+    monkeypatch.setattr(files, "atomic_save", full)
     path = tmp_path / "fit.ckpt"
     with pytest.raises(zoo.CheckpointError, match="at step 10 \\(No space left") as err:
         zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", data(64), num_steps=30,
@@ -67,7 +67,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_steps_taken(tmp_path, mon
 def test_a_loss_that_blows_up_and_stays_there_warns(recwarn):
     """A step that throws the weights far away leaves every loss finite: no divergence test
     fires, so the end of the fit says so."""
-    from zoo.divergence import LossBlewUpWarning
+    from zoo.training.divergence import LossBlewUpWarning
 
     def throw(state):
         if state.step == 60:

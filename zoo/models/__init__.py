@@ -1,6 +1,7 @@
 """The model zoo: Pyro programs with a sample site over every weight and bias."""
 
-from zoo import likelihoods, priors
+from zoo import priors
+from zoo.models import likelihoods
 from zoo.models.base import BayesianModel
 from zoo.models.cifar import CifarNet
 from zoo.models.convert import from_module

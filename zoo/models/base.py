@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from guides.site import fan_in
-from zoo.likelihoods import Likelihood, from_task
+from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior, resolve_prior
 
 
@@ -39,12 +39,12 @@ class BayesianModel(nn.Module):
     net : nn.Module
         The architecture. Its own parameter values are never used by the model (they are
         frozen); a guide may use them as initial means (``init_module=model.net``).
-    likelihood : zoo.likelihoods.Likelihood, optional
-        How the output explains ``y``: :class:`~zoo.likelihoods.Categorical` (class indices),
-        :class:`~zoo.likelihoods.Gaussian` (fixed or learned noise) or
-        :class:`~zoo.likelihoods.HeteroscedasticGaussian` (``net`` outputs ``2 D`` values).
+    likelihood : zoo.models.likelihoods.Likelihood, optional
+        How the output explains ``y``: :class:`~zoo.models.likelihoods.Categorical` (class indices),
+        :class:`~zoo.models.likelihoods.Gaussian` (fixed or learned noise) or
+        :class:`~zoo.models.likelihoods.HeteroscedasticGaussian` (``net`` outputs ``2 D`` values).
     task : {"classification", "regression"}, optional
-        Shortcut for ``likelihood`` (:func:`zoo.likelihoods.from_task`): ``"classification"``
+        Shortcut for ``likelihood`` (:func:`zoo.models.likelihoods.from_task`): ``"classification"``
         (the default) is ``Categorical()``; ``"regression"`` is ``Gaussian(noise)``, or
         ``HeteroscedasticGaussian()`` with ``noise="heteroscedastic"``.
     prior : Prior or float, optional
@@ -78,7 +78,8 @@ class BayesianModel(nn.Module):
             likelihood = from_task(task or "classification", noise, noise_prior_scale)
         elif not isinstance(likelihood, Likelihood):
             raise TypeError(
-                f"likelihood must be a zoo.likelihoods.Likelihood, got {type(likelihood).__name__}"
+                "likelihood must be a zoo.models.likelihoods.Likelihood, got "
+                f"{type(likelihood).__name__}"
             )
         elif task is not None and task != likelihood.task:
             raise ValueError(

@@ -6,8 +6,8 @@ import copy
 
 from torch import nn
 
-from zoo.likelihoods import Likelihood, from_task
 from zoo.models.base import BayesianModel
+from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior
 
 SUPPORTED_LAYERS = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.models.base import BayesianModel
-from zoo.models.sizes import check_sizes
+from zoo.models.checks import check_sizes
 from zoo.priors import Prior
 
 

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from zoo.likelihoods import Likelihood, from_task
 from zoo.models.base import BayesianModel
-from zoo.models.sizes import check_sizes
+from zoo.models.checks import check_sizes
+from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -57,7 +57,7 @@ class BayesianMLP(BayesianModel):
     activation : {"relu", "tanh", "gelu", "silu"}
     noise_prior_scale : float, default 1.0
         Scale of the ``HalfNormal`` prior of a learned noise.
-    likelihood : zoo.likelihoods.Likelihood, optional
+    likelihood : zoo.models.likelihoods.Likelihood, optional
         Instead of ``task`` and ``noise``; a heteroscedastic one doubles the last layer.
     input_shape : tuple of int, optional
         Shape of one input when it is not ``(in_features,)`` (e.g. ``(1, 28, 28)`` images):

@@ -56,8 +56,8 @@ def test_scale_mixture_prior_fits_with_every_elbo():
 
 
 def test_a_model_without_a_prior_gets_its_tasks_default():
-    from zoo.likelihoods import Gaussian
     from zoo.models import BayesianMLP, LeNet5
+    from zoo.models.likelihoods import Gaussian
     from zoo.priors import REGRESSION_GAIN, LayerwiseNormalPrior, NormalPrior, resolve_prior
 
     regression = BayesianMLP(3, (4,), 1)

@@ -1,0 +1,283 @@
+"""The command line's parser: its subcommands, flags, defaults and the usage checks that run
+before any data is read. The commands themselves live in :mod:`zoo.cli.commands`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable
+
+from zoo.cli.values import (
+    family_options,
+    guide_options,
+    noise_value,
+    prior_value,
+    steps_value,
+)
+from zoo.training.option_values import positive_float, positive_int
+from zoo.training.options import GROUPS
+
+#: The 1-D toy's recipe, shared by ``demo``, ``fit --data toy`` and ``compare --data toy``: 160
+#: training points, 500 test points, full batch (``zoo.fit``'s small-data recipe,
+#: ``zoo.REGRESSION_FIT``: 3,000 Adam steps at 1e-2 decaying tenfold) and small initial
+#: posterior scales (``init_scale`` 1e-3: the diagonal's band on the data starts narrow).
+TOY_POINTS = 160
+TOY_HIDDEN = (50, 50)
+TOY_TEST_POINTS = 500
+TOY_GUIDE_OPTIONS = {"init_scale": 1e-3}
+
+
+_DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
+_MODELS = ("mlp", "lenet5", "cifarnet")
+
+
+def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse, as usage errors, what would otherwise fail later: family options a family does
+    not take (or values it cannot use), a CUDA device on a machine without one, a model that
+    cannot take the data, a strategy Lightning's data-parallel fit does not know."""
+    import torch
+
+    from zoo.runtime.distributed import STRATEGIES
+
+    if args.command == "demo":
+        return
+    try:
+        if args.command == "fit":
+            args.options = {args.guide: guide_options(args.guide_option)}
+        else:
+            args.options = family_options(args.guide_option, args.guides)
+        for family, options in args.options.items():
+            _probe_family(family, options)
+    except (TypeError, ValueError) as err:
+        parser.error(str(err))
+    if str(args.device).startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device}: this machine has no CUDA device; use cpu or auto")
+    if args.command == "fit" and args.strategy not in STRATEGIES:
+        parser.error(f"--strategy: expected one of {', '.join(STRATEGIES)}, got {args.strategy!r}")
+    images = {"mnist": "lenet5", "fashion_mnist": "lenet5", "cifar10": "cifarnet", "toy": "mlp"}
+    if args.model is None:
+        args.model = images[args.data]
+    fits = {"lenet5": ("mnist", "fashion_mnist"), "cifarnet": ("cifar10",)}
+    if args.data == "toy" and args.model != "mlp":
+        parser.error(f"--data toy (1-D regression) needs --model mlp, not {args.model}")
+    if args.model in fits and args.data not in fits[args.model]:
+        parser.error(f"--model {args.model} takes {' or '.join(fits[args.model])} images")
+
+
+def _probe_family(family: str, options: dict) -> None:
+    """Build the family with ``options`` on a two-weight network and run it once, so a value
+    it cannot use (``rank=five``) is a usage error before any data is read."""
+    import torch
+
+    import guides
+    import zoo
+    from guides.base import check_family_options
+
+    cls = guides.get(family)
+    check_family_options(cls, *cls.site_spec(**options))
+    model = zoo.models.BayesianMLP(1, (2,), 1, noise=1.0)
+    try:
+        guides.instantiate(family, model, dict(options))(torch.zeros(2, 1), torch.zeros(2))
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"--guide-option for {family}: {err}") from None
+
+
+def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
+    p.add_argument(
+        "--model",
+        default=None,
+        choices=_MODELS,
+        help="network (default: lenet5 for mnist and fashion_mnist, cifarnet for cifar10, mlp "
+        "for toy)",
+    )
+    p.add_argument(
+        "--hidden",
+        type=positive_int,
+        nargs="*",
+        default=None,
+        help="hidden widths: MLP layers, or LeNet-5's FC width (default: 50 50 for --data toy, "
+        "as the demo; else 100)",
+    )
+    p.add_argument("--data", default="mnist", choices=_DATASETS, help="data set")
+    p.add_argument(
+        "--root", default=None, help="data root (default: $ZOO_DATA, else ~/.cache/bnn-zoo/data)"
+    )
+    p.add_argument(
+        "--limit", type=positive_int, default=None, help="use only the first N training examples"
+    )
+    p.add_argument(
+        "--test-limit", type=positive_int, default=None, help="only the first N test examples"
+    )
+    p.add_argument(
+        "--epochs",
+        type=positive_int,
+        default=None,
+        help="passes over the training data (default: zoo.fit's: one epoch, or the full-batch "
+        "recipe of 3,000 steps for regression data of at most 2,048 examples, as --data toy)",
+    )
+    p.add_argument(
+        "--num-steps",
+        type=steps_value,
+        default=None,
+        help="optimiser steps instead of --epochs, or 'auto': cut the rate at a plateau of the "
+        "ELBO and stop at the next (zoo.training.convergence; at most 20,000 steps)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="minibatch size (default: 128, or all the examples of small regression data)",
+    )
+    p.add_argument(
+        "--lr",
+        type=positive_float,
+        default=None,
+        help="Adam learning rate (default: 1e-3, or 1e-2 decaying tenfold for small regression "
+        "data)",
+    )
+    p.add_argument(
+        "--samples", type=positive_int, default=100, help="posterior samples per test input"
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--out-dir", default="runs", help="where to write results")
+    p.add_argument(
+        "--noise",
+        type=noise_value,
+        default=0.1,
+        help="--data toy: observation noise sd (the toy's own is 0.1), 'learned' or "
+        "'heteroscedastic'",
+    )
+    for name, cls in GROUPS.items():  # every option group's flags, as the group declares them
+        g = p.add_argument_group(f"{name} (zoo.{cls.__name__})")
+        add_flags(g, cls, one_fit=one_fit)
+
+
+def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
+    """The ``zoo`` parser; ``commands`` maps ``demo``, ``fit`` and ``compare`` to the functions
+    that run them (:func:`zoo.cli.commands.build_parser` passes :mod:`zoo.cli.commands`'s)."""
+    import guides
+    from zoo.training.recipes import REGRESSION_FIT
+
+    parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural network model zoo")
+    sub = parser.add_subparsers(dest="command", required=True)
+    formatter = DefaultsFormatter
+    p = sub.add_parser(
+        "demo",
+        formatter_class=formatter,
+        help="fit the 1D regression toy and plot its predictive band",
+        description="Fit a Bayesian MLP to the two-interval 1D toy, print test metrics and "
+        "write a PNG of the predictive mean with its credible band.",
+    )
+    p.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
+    p.add_argument(
+        "--steps",
+        type=positive_int,
+        default=REGRESSION_FIT["num_steps"],
+        help="optimiser steps (full batch)",
+    )
+    p.add_argument(
+        "--lr",
+        type=positive_float,
+        default=REGRESSION_FIT["lr"],
+        help="Adam learning rate, decayed tenfold over the run",
+    )
+    p.add_argument("--points", type=positive_int, default=TOY_POINTS, help="training points")
+    p.add_argument(
+        "--noise",
+        type=noise_value,
+        default=0.1,
+        help="observation noise sd: a number (the toy's own is 0.1), 'learned' (a "
+        "latent site; the ELBO then prefers a wider noise and a flatter, underfitted curve) or "
+        "'heteroscedastic' (the network predicts it per input)",
+    )
+    p.add_argument(
+        "--prior",
+        type=prior_value,
+        default=None,
+        help="weight prior: default (the regression MLP's own, N(0, 2 / fan_in) on every "
+        "weight: layerwise:1.414), learned, "
+        "hierarchical, normal:S (N(0, S^2) on every weight) or layerwise:G (N(0, G^2 / fan_in))",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--out", default="zoo-demo.png", help="where to write the PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=commands["demo"], parser=p)
+
+    f = sub.add_parser(
+        "fit",
+        formatter_class=formatter,
+        help="fit one model with one posterior family and evaluate it",
+        description="Fit a Bayesian network with one posterior family, print the test "
+        "metrics, save the fit (zoo.load) and an ArviZ netCDF of the posterior and predictive.",
+    )
+    _add_training_options(f, one_fit=True)
+    f.add_argument("--guide", default="diagonal", choices=guides.available(), help="family")
+    f.add_argument(
+        "--guide-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="family option, repeatable: rank=5, parameterization=free, ...",
+    )
+    f.add_argument("--arviz-samples", type=positive_int, default=100, help="draws in the netCDF")
+    f.add_argument(
+        "--arviz-points",
+        type=positive_int,
+        default=1000,
+        help="test points in the netCDF's predictive groups",
+    )
+    f.set_defaults(func=commands["fit"], parser=f)
+
+    c = sub.add_parser(
+        "compare",
+        formatter_class=formatter,
+        help="fit several families on the same data and tabulate them",
+        description="Fit each family with the same data, seed and options; print a table of "
+        "parameters, speed, final ELBO and test metrics; save it as CSV with a chart.",
+    )
+    _add_training_options(c, one_fit=False)
+    c.add_argument(
+        "--guides",
+        nargs="+",
+        default=list(guides.available()),
+        choices=guides.available(),
+        help="families to compare (every registered family)",
+    )
+    c.add_argument(
+        "--guide-option",
+        action="append",
+        metavar="FAMILY.KEY=VALUE",
+        help="an option of one family, repeatable: lowrank.rank=5, "
+        "tridiagonal.parameterization=free",
+    )
+    c.set_defaults(func=commands["compare"], parser=c)
+    return parser
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows a flag's default where it has one and its help does not already say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or "default" in text or action.default is argparse.SUPPRESS:
+            return text
+        return super()._get_help_string(action)
+
+
+def add_flags(parser, cls: type, one_fit: bool = True) -> None:
+    """Add a ``--flag`` to ``parser`` for each field of ``cls`` that declares one (with
+    ``one_fit=False``, for a command that runs several fits, none of the fields that only make
+    sense for one: the processes, the checkpoint path)."""
+    for f in dataclasses.fields(cls):
+        spec = dict(f.metadata.get("cli", {}))
+        if not spec or (spec.pop("one_fit", False) and not one_fit):
+            continue
+        flag = spec.pop("flag", "--" + f.name.replace("_", "-"))
+        parser.add_argument(flag, dest=f.name, default=f.default, **spec)
+
+
+def from_flags(cls: type, args: argparse.Namespace):
+    """The ``cls`` group of parsed flags (fields without a flag keep their defaults)."""
+    given = {
+        f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)
+    }
+    return cls(**given)

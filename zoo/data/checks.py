@@ -1,0 +1,233 @@
+"""The checks of the data in every form ``zoo.fit``, ``predict`` and ``evaluate`` take, run before
+any training step (what, where: the item index, and how to fix it), and the conversion of those
+forms to tensors. The minibatches themselves are :mod:`zoo.data.batches`'."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+
+from zoo.models.base import BayesianModel
+from zoo.models.likelihoods import check_labels, shape_n
+
+__all__ = [
+    "as_tensors",
+    "check_data",
+    "check_dataset",
+    "check_finite",
+    "check_input_shape",
+    "check_inputs",
+    "check_labelled_data",
+    "check_labels",
+    "check_targets",
+    "gather_tensors",
+    "split_batch",
+]
+
+
+#: Floating-point types a fit does not run in.
+HALF = (torch.float16, torch.bfloat16)
+
+
+def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(X, y)`` for a tuple/list of two tensors or a two-tensor ``TensorDataset``, else None."""
+    if isinstance(data, TensorDataset):
+        if len(data.tensors) != 2:
+            raise ValueError(
+                f"a TensorDataset for fit must hold (X, y), got {len(data.tensors)} tensors"
+            )
+        data = data.tensors
+    if isinstance(data, (tuple, list)):
+        if len(data) != 2:
+            raise ValueError(f"data must be (X, y), got a sequence of {len(data)} items")
+        x, y = data
+        if not (torch.is_tensor(x) and torch.is_tensor(y)):
+            raise TypeError(
+                f"(X, y) must both be torch tensors, got ({type(x).__name__}, "
+                f"{type(y).__name__}); convert with torch.as_tensor"
+            )
+        if x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"X and y have different lengths: {x.shape[0]} inputs but {y.shape[0]} targets; "
+                "they must have one target per input"
+            )
+        return x, y
+    if isinstance(data, (Dataset, DataLoader)):
+        return None
+    raise TypeError(
+        f"data must be (X, y) tensors, a torch Dataset or a DataLoader, got {type(data).__name__}"
+    )
+
+
+def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """All of ``data`` as two tensors ``(X, y)``, whatever its form: ``(X, y)`` and a two-tensor
+    ``TensorDataset`` as they are, any other ``Dataset`` or a ``DataLoader`` read in order
+    (batches of ``batch_size`` for a ``Dataset``) and concatenated. For evaluation and ArviZ
+    groups, which need every example at once."""
+    tensors = as_tensors(data)
+    if tensors is not None:
+        return tensors
+    loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
+    pairs, offset, items = [], 0, iter(loader)
+    while True:
+        try:
+            batch = next(items)
+        except StopIteration:
+            break
+        except Exception as err:  # an item that raises, or items that do not stack: name it
+            dataset = loader.dataset
+            if not isinstance(dataset, IterableDataset):
+                size = loader.batch_size or 1
+                locate_bad_item(dataset, offset, min(offset + size, len(dataset)), err)
+            raise
+        pairs.append(split_batch(batch))
+        offset += pairs[-1][0].shape[0]
+    if not pairs:
+        raise ValueError("the data set is empty: it has no examples to gather")
+    xs, ys = zip(*pairs)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def check_finite(t: torch.Tensor, label: str, where: str = "the data", offset: int = 0) -> None:
+    """Refuse NaN or infinite values, naming the first item (``offset`` + its row)."""
+    if t.is_floating_point() or t.is_complex():
+        bad = ~torch.isfinite(t)
+        if bad.any():
+            first = int(bad.reshape(t.shape[0], -1).any(-1).nonzero()[0]) if t.dim() else 0
+            raise ValueError(
+                f"{label} in {where} contains NaN or infinite values (first at item "
+                f"{offset + first}); remove or impute them before fitting"
+            )
+
+
+def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> None:
+    """One pass over a map-style ``Dataset``, in order, before training: every item must be an
+    ``(x, y)`` pair of finite values whose targets the model's likelihood takes; an error
+    names the item index. This costs one pass of data loading; in-memory tensors are checked
+    without one, and an ``IterableDataset`` (no index) is checked batch by batch instead."""
+    loader = iter(DataLoader(dataset, batch_size=batch_size, collate_fn=collate_fn))
+    offset = 0
+    while True:
+        try:
+            batch = next(loader)
+        except StopIteration:
+            break
+        except Exception as err:  # an item that raises, or items that do not stack
+            locate_bad_item(dataset, offset, min(offset + batch_size, len(dataset)), err)
+            raise
+        xb, yb = split_batch(batch)
+        check_finite(xb, "x", "the data set", offset)
+        check_finite(yb, "y", "the data set", offset)
+        check_targets(model, yb, offset)
+        offset += xb.shape[0]
+
+
+def locate_bad_item(dataset, start: int, stop: int, err: Exception) -> None:
+    """Raise a ``ValueError`` naming the first item in ``dataset[start:stop]`` that raises,
+    is not an ``(x, y)`` pair, or has other shapes than ``dataset[start]`` (so a batch could not
+    be stacked); return if none does (``err`` is then re-raised by the caller)."""
+    first = None
+    for index in range(start, stop):
+        try:
+            item = dataset[index]
+        except Exception as cause:
+            raise ValueError(
+                f"item {index} of the data set raised {type(cause).__name__}: {cause}; fix the "
+                "Dataset's __getitem__ (or drop that item) before fitting"
+            ) from cause
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ValueError(
+                f"item {index} of the data set is a {type(item).__name__}, not an (x, y) pair; "
+                "a Dataset for fit returns (input, target) from __getitem__"
+            )
+        shapes = tuple(tuple(getattr(part, "shape", ())) for part in item)
+        if first is None:
+            first = shapes
+        elif shapes != first:
+            raise ValueError(
+                f"item {index} of the data set has shapes x {shapes[0]}, y {shapes[1]}, where item "
+                f"{start} has x {first[0]}, y {first[1]}; every item needs the same shapes "
+                f"(the batches stack them): resize or drop item {index} ({err})"
+            )
+
+
+def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
+    """Every check that can run on in-memory data before training."""
+    if x.shape[0] == 0:
+        raise ValueError("the data set is empty: it has no examples")
+    check_finite(x, "X")
+    check_finite(y, "y")
+    check_targets(model, y)
+
+
+def check_targets(model, y: torch.Tensor, offset: int = 0) -> None:
+    """The target values, as the model's likelihood wants them (labels in range, ...); an
+    error names the item (``offset`` + its row)."""
+    if isinstance(model, BayesianModel):
+        model.likelihood.check_targets(y, model.out_features, offset)
+
+
+def check_labelled_data(model, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:
+    """Held-out ``(x, y)`` for evaluation: the checks fit runs on its data (values, labels) and
+    the input and target shapes, probed on two examples on ``device``."""
+    check_data(model, x, y)
+    check_input_shape(model, x[:2].to(device), y[:2].to(device))
+
+
+def check_inputs(model, x: torch.Tensor, device: torch.device | None = None) -> None:
+    """Inputs to predict from: a non-empty floating-point tensor of finite values that the
+    model's network takes (run once on two examples, on ``device``)."""
+    if not torch.is_tensor(x):
+        raise TypeError(f"x must be a torch tensor, got {type(x).__name__}; use torch.as_tensor")
+    if x.dim() == 0 or x.shape[0] == 0:
+        raise ValueError(f"x has no examples (shape {tuple(x.shape)})")
+    check_finite(x, "x")
+    probe = x[:2] if device is None else x[:2].to(device)
+    check_input_shape(model, probe)
+
+
+def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> None:
+    """Run the model's network once on two examples; turn a shape error into a clear message.
+    With ``y``, also check the shape of regression targets against the network's output."""
+    if not isinstance(model, BayesianModel):
+        return
+    weight = next(model.net.parameters(), None)
+    if not x.is_floating_point():
+        raise TypeError(f"X must be a floating-point tensor, got {x.dtype}; use X.float()")
+    if weight is not None and weight.dtype in HALF:
+        raise TypeError(
+            f"the model's weights are {weight.dtype}: fits and predictions run in float32 or "
+            "float64 (half precision loses the ELBO's sums and Adam's moments); use "
+            "model.float() and X.float()"
+        )
+    if weight is not None and x.dtype != weight.dtype:
+        advice = f"X.to({weight.dtype})"
+        if x.dtype not in HALF:
+            advice += f" or model.to({x.dtype})"
+        raise TypeError(
+            f"X is {x.dtype} but the model's weights are {weight.dtype}; convert one of them "
+            f"({advice})"
+        )
+    expected = model.input_shape
+    if expected is not None and tuple(x.shape[1:]) != expected:
+        raise ValueError(
+            f"the model expects inputs of shape {shape_n(expected)}, got {shape_n(x.shape[1:])}; "
+            f"reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
+        )
+    try:
+        with torch.no_grad():
+            params = {name: p for name, p in model.net.named_parameters()}
+            out = model.network(x, params)
+    except RuntimeError as err:
+        raise ValueError(
+            f"the model cannot take inputs of shape {shape_n(x.shape[1:])}: {err}"
+        ) from None
+    if y is not None:
+        model.likelihood.check_target_shape(y, out)
+
+
+def split_batch(batch) -> tuple:
+    """``(x, y)`` of a batch of a ``DataLoader``, refused unless it is a pair."""
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise ValueError("each batch of the data must be a pair (x, y)")

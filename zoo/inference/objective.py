@@ -1,0 +1,294 @@
+"""The training objective: the scaled ``-ELBO`` of a model and a guide, separate from any loop.
+
+``zoo.fit``, the benchmarks and a user's own training loop all call the same object::
+
+    objective = zoo.Objective(model, guide, kl_weight=1.0)
+    optimizer = torch.optim.Adam(guide.parameters(), lr=1e-3)  # after objective.setup(x, y)
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        objective.loss(xb, yb, num_data=len(dataset)).backward()
+        optimizer.step()
+
+The loss is Pyro's ``Trace_ELBO`` (or ``TraceMeanField_ELBO``) of the model and guide, with the
+minibatch scaled to the full data set as :mod:`zoo.inference.elbo` documents, reduced as
+:mod:`zoo.inference.surrogate` says: one sum per scale, and no value read back to the host.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable
+
+import pyro
+import torch
+
+from guides.site import direct_parameters
+from zoo.inference import estimators
+from zoo.inference.compiled import CompiledLoss, compile_refusal, jit_size_refusal
+from zoo.inference.elbo import ElboScale
+from zoo.inference.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
+from zoo.models.base import BayesianModel
+from zoo.runtime.threads import example_flops
+
+ELBOS = {"trace": ReparamTrace_ELBO, "meanfield": ReparamMeanField_ELBO}
+
+
+class Objective:
+    """``-ELBO`` of ``model`` and ``guide`` on a minibatch, scaled to the full data set.
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model ``model(x, y=None)`` observing ``y`` in ``pyro.plate("data", len(x))``.
+    guide : callable
+        A guide of the model (e.g. a ``guides`` family instance).
+    elbo : {"trace", "meanfield"}
+        ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
+        registered, which holds for every Gaussian family here against Normal priors).
+    estimator : {"reparam", "local", "flipout"}
+        How layers see the weight posterior (see :mod:`zoo.inference.estimators`). Needs
+        ``num_particles=1`` unless ``"reparam"``.
+    num_particles : int
+        ELBO samples per call, vectorised into one batched pass.
+    kl_weight : float or callable
+        Factor on the latent (KL) part, or ``step -> factor`` for annealing; ``1`` is the true
+        ELBO.
+    jit : "auto", bool
+        Evaluate the loss through a graph traced once per minibatch shape
+        (:mod:`zoo.inference.compiled`): the same value and gradients as the eager loss, without its
+        per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
+        particle (:func:`zoo.inference.compiled.compile_refusal`) whose step is small on the CPU or
+        on any CUDA device (:func:`zoo.inference.compiled.jit_size_refusal`), eagerly otherwise or
+        when a graph fails its check (with a warning); ``True``: whatever the size, raising instead
+        of falling back; ``False``: always eager. The decision never depends on the run's length,
+        so a fit extended by a resume computes what the longer fit computes.
+
+    Notes
+    -----
+    The guide's parameters are read without a ``pyro.param`` statement per access (the same
+    values as under Pyro's ``SVI``, constrained ones included) and Pyro's global param store is
+    not used: optimise ``guide.parameters()`` (and the model's own, if any) directly.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        guide: Callable,
+        *,
+        elbo: str = "trace",
+        estimator: str = "reparam",
+        num_particles: int = 1,
+        kl_weight: float | Callable[[int], float] = 1.0,
+        jit: bool | str = "auto",
+    ):
+        check_jit(jit)
+        check_elbo(elbo)
+        estimators.check_estimator(estimator)
+        if estimator != "reparam" and num_particles != 1:
+            raise ValueError(
+                f"estimator={estimator!r} draws independent noise per example already; use "
+                "num_particles=1 (or estimator='reparam' with several particles)"
+            )
+        self.model, self.guide = model, guide
+        self.elbo, self.estimator = elbo, estimator
+        self.num_particles = int(num_particles)
+        self.kl_weight = kl_weight
+        self.scale = ElboScale()
+        nesting = 1 if isinstance(model, BayesianModel) else float("inf")
+        self._elbo = ELBOS[elbo](
+            num_particles=self.num_particles,
+            vectorize_particles=self.num_particles > 1,
+            max_plate_nesting=nesting,
+        )
+        self._loss_fn = self._elbo.differentiable_loss
+        self.served: frozenset[str] = frozenset()
+        self._wired: tuple[Callable, Callable] | None = None
+        self.jit = jit
+        self.compiled: CompiledLoss | None = None
+        self._eager_reason: str | None = "not set up yet"
+        self._example_flops: float | None = None
+        #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
+        self.minibatch_size = 0
+        self._warned = False
+
+    def setup(
+        self, x: torch.Tensor, y: torch.Tensor | None = None, batch_size: int | None = None
+    ) -> None:
+        """Create the guide's parameters on an example batch (its prototype trace, if not yet
+        made) and find the sites the estimator serves. ``loss`` calls it on first use; call it
+        yourself before building an optimiser over ``guide.parameters()``.
+
+        ``batch_size`` is the number of examples in the minibatches the loss will see (default:
+        ``len(x)``; :attr:`minibatch_size`): the size rules of :mod:`zoo.training.rules`
+        (``jit="auto"``, the thread count) weigh the forward pass of a minibatch that size, not
+        of the example batch, which may be two examples (:meth:`forward_flops`); and a smaller
+        minibatch (the last of an epoch) is evaluated eagerly, without a graph of its own."""
+        # Pyro's argument checks run on the first step (``validate``), not on this trace too.
+        with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
+            if getattr(self.guide, "prototype_trace", True) is None:
+                self.guide(x, y)
+            skip = frozenset()
+            if self.estimator != "reparam":
+                self.served, skip = estimators.plan(
+                    self.model, self.guide, self.estimator, self.elbo, x, y
+                )
+                if not self.served:
+                    raise ValueError(
+                        f"estimator={self.estimator!r} serves no weight of this guide: 'local' "
+                        "needs a family with local reparameterisation (diagonal, matrix normal, "
+                        "MC dropout, point mass) "
+                        "on linear layers, 'flipout' one whose deviations are sign-symmetric "
+                        "(diagonal). Use estimator='reparam', or guides.AutoMixed to give those "
+                        "layers such a family."
+                    )
+        self._wired = estimators.wire(
+            self.scale(self.model), self.scale(self.guide), self.estimator, skip
+        )
+        self.compiled, self._example_flops = None, None
+        self._setup_batch = (x, y)
+        self.minibatch_size = len(x) if batch_size is None else int(batch_size)
+        self._eager_reason = self._why_eager(x, y)
+        if self._eager_reason is None:
+            params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
+            self.compiled = CompiledLoss(self._elbo, *self._wired, params, self.scale, loss_context)
+
+    def _why_eager(self, x: torch.Tensor, y: torch.Tensor | None) -> str | None:
+        """Why the loss is not compiled (``None``: it is); raises under ``jit=True``."""
+        if not self.jit:
+            return "jit=False"
+        refusal = compile_refusal(self.model, self.guide, self.num_particles)
+        if refusal is not None and self.jit is True:
+            raise ValueError(f"jit=True cannot compile this loss: {refusal}")
+        if refusal is None and self.jit == "auto":
+            refusal = jit_size_refusal(x.device, self.forward_flops)
+        return refusal
+
+    def flops_per_example(self) -> float:
+        """Floating-point operations of the model's forward pass per example
+        (:func:`zoo.runtime.threads.example_flops` on the batch given to :meth:`setup`), counted
+        once."""
+        if self._example_flops is None:
+            self._example_flops = example_flops(self.model, *self._setup_batch)
+            self._setup_batch = None  # counted: the batch is not kept
+        return self._example_flops
+
+    def forward_flops(self) -> int:
+        """Floating-point operations of the model's forward pass on one minibatch of
+        :meth:`setup`'s ``batch_size`` examples: :meth:`flops_per_example` times that size."""
+        return round(self.flops_per_example() * self.minibatch_size)
+
+    @property
+    def wired(self) -> tuple[Callable, Callable]:
+        """The model and guide the loss evaluates (after :meth:`setup`): wrapped in
+        :attr:`scale` (:mod:`zoo.inference.elbo`) and the estimator's handlers
+        (:mod:`zoo.inference.estimators`)."""
+        if self._wired is None:
+            raise RuntimeError("call setup(x, y) (or loss) first")
+        return self._wired
+
+    @property
+    def jit_state(self) -> str:
+        """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
+        reason = self._eager_reason
+        if reason is None and self.compiled is not None:
+            reason = self.compiled.refused
+        return "compiled" if reason is None else f"eager ({reason})"
+
+    def kl_weight_at(self, step: int) -> float:
+        """The KL weight at optimiser step ``step``."""
+        return float(self.kl_weight(step) if callable(self.kl_weight) else self.kl_weight)
+
+    def loss(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        num_data: int,
+        step: int = 0,
+        validate: bool = False,
+        eager: bool = False,
+    ) -> torch.Tensor:
+        """``-ELBO`` estimated on the minibatch ``(x, y)`` of a data set of ``num_data``
+        examples (likelihood scaled by ``num_data / len(x)``), a differentiable scalar.
+
+        ``step`` (the fit's global step) picks the KL weight of a schedule and the compiled
+        graph's plan (:data:`zoo.inference.compiled.REPLAN_AFTER`); ``validate`` turns on Pyro's
+        argument and support checks for this call (``zoo.fit`` does so on its first step); ``eager``
+        evaluates it without a graph (a single evaluation, which a graph would not repay). A
+        minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B`` does not
+        divide ``N``) is evaluated eagerly too: it comes once an epoch, and a graph of its own
+        (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
+        build (``benchmarks/README.md``, "Start-up").
+        """
+        if self._wired is None:
+            self.setup(x, y)
+        data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
+        small = x.shape[0] < self.minibatch_size
+        if self.compiled is not None and not (validate or eager or small) and y is not None:
+            value = self.compiled(x, y, data_scale, kl_weight, step)
+            if value is not None:
+                return value
+            if self.compiled.refused is not None:
+                self._refused()
+        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
+        with loss_context(validate):
+            return self._loss_fn(*self._wired, x, y)
+
+    @torch.no_grad()
+    def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A one-draw estimate of ``KL(q || p)`` on ``(x, y)`` (closed form with
+        ``elbo="meanfield"``): the eager loss with the likelihood scaled to zero and the KL
+        weight one."""
+        if self._wired is None:
+            self.setup(x, y)
+        self.scale.data_scale, self.scale.kl_weight = 0.0, 1.0
+        with loss_context():
+            return self._loss_fn(*self._wired, x, y).detach()
+
+    def _refused(self) -> None:
+        """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
+        family = getattr(self.guide, "family", None) or type(self.guide).__name__
+        which = f"{family} guide, estimator={self.estimator!r}, elbo={self.elbo!r}"
+        if self.jit is True:
+            raise RuntimeError(
+                f"jit=True cannot compile this loss ({which}): {self.compiled.refused}"
+            )
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"the loss ({which}) is evaluated eagerly: {self.compiled.refused} (jit=False "
+                "silences this)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+
+    __call__ = loss
+
+
+def check_jit(jit) -> None:
+    """Refuse a ``jit`` that is not ``"auto"``, ``True`` or ``False``."""
+    if jit not in (True, False, "auto"):
+        raise ValueError(f"jit must be 'auto', True or False, got {jit!r}")
+
+
+def check_elbo(elbo) -> None:
+    """Refuse an ``elbo`` that is not one of :data:`ELBOS`."""
+    if elbo not in ELBOS:
+        raise ValueError(f"elbo must be 'trace' or 'meanfield', got {elbo!r}")
+
+
+@contextlib.contextmanager
+def loss_context(validate: bool = False):
+    """How a loss is evaluated: Pyro's validation only when asked, site parameters read
+    directly, and no NaN warnings (``zoo.fit`` reports non-finite losses more clearly)."""
+    with pyro.validation_enabled(validate), direct_parameters(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Encountered NaN")
+        yield
+
+
+def named_parameters(guide, model) -> list[tuple[str, torch.Tensor]]:
+    """The guide's parameters and the model's own (``model.``-prefixed), as a fit sees them."""
+    named = list(guide.named_parameters())
+    if isinstance(model, torch.nn.Module):
+        named += [(f"model.{n}", p) for n, p in model.named_parameters()]
+    return named

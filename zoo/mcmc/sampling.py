@@ -1,0 +1,282 @@
+"""A reference posterior by Hamiltonian Monte Carlo: Pyro's NUTS on the zoo model itself, with
+the full-batch likelihood, in several chains.
+
+``ref = zoo.reference(model, (X, y))`` (:func:`reference`) samples the exact posterior
+``p(w | data)`` of the same model a guide is fitted to, and returns a :class:`Reference` that
+predicts like a fit (the same :class:`~zoo.Prediction` objects, so every metric and plot works
+on it), converts to ArviZ (a ``chain`` dimension, NUTS' sample statistics) and saves as plain
+data. ``zoo.compare(..., reference=ref)`` and :mod:`zoo.evaluation.agreement` say how close each
+variational family comes to it.
+
+Cost: every NUTS transition evaluates the full-data gradient up to ``2^max_tree_depth`` times,
+so full-batch HMC is for small networks on data that fit in memory: :class:`Budget` states the
+limits that :func:`reference` enforces before sampling.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from zoo.data.checks import check_data, gather_tensors
+from zoo.mcmc import chain as hmc
+from zoo.mcmc.result import Reference
+from zoo.runtime import children, files
+from zoo.runtime.arguments import check_positive, check_seed
+from zoo.runtime.serial import one_at_a_time
+from zoo.runtime.threads import example_flops, intra_op_threads
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What :func:`reference` agrees to sample; raise a field to go past it knowingly.
+
+    Attributes
+    ----------
+    parameters : int
+        Most latent scalars (weights, biases, a noise): NUTS with a diagonal mass matrix mixes
+        ever more slowly as the dimension grows, and BNN posteriors are multimodal.
+    gradient_flops : float
+        Most floating-point operations of one full-data gradient, estimated as three forward
+        passes over every example (``3 N F``, ``F`` the network's forward FLOPs per example).
+    data_bytes : int
+        Most bytes of ``(X, y)`` held in memory: HMC needs every example at every gradient.
+    """
+
+    parameters: int = 20_000
+    gradient_flops: float = 2e9
+    data_bytes: int = 1 << 30
+
+
+class ReferenceTooLargeError(ValueError):
+    """The model or data is past the :class:`Budget` of full-batch HMC."""
+
+
+@one_at_a_time
+def reference(
+    model,
+    data,
+    *,
+    chains: int = 4,
+    warmup: int = 500,
+    draws: int = 500,
+    seed: int = 0,
+    checkpoint: str | os.PathLike | None = None,
+    chunk: int = 50,
+    processes: int | str = "auto",
+    target_accept: float = 0.8,
+    max_tree_depth: int = 10,
+    jit: bool = True,
+    budget: Budget = Budget(),
+    progress: bool = True,
+):
+    """Sample the posterior of ``model`` given all of ``data`` with NUTS (Pyro's kernel).
+
+    Parameters
+    ----------
+    model : zoo.models.BayesianModel
+        The same model a guide is fitted to: ``model(x, y)`` observes ``y`` in the ``"data"``
+        plate. Every example enters every gradient (no minibatch scaling).
+    data : (X, y), Dataset or DataLoader
+        The training data, gathered into memory (refused past ``budget.data_bytes``).
+    chains, warmup, draws : int
+        Independent chains, each with ``warmup`` adaptation transitions (discarded) and
+        ``draws`` kept ones.
+    seed : int
+        Chain ``c`` starts from a draw of the prior and runs on a generator seeded from
+        ``(seed, c)``; the caller's random state is left as it was.
+    checkpoint : path, optional
+        A folder: each chain writes ``chain<c>.pt`` after warm-up and after every ``chunk``
+        draws (atomically). Calling again with the same folder, model, data and settings
+        resumes every chain where it stopped and continues with exactly the draws an
+        uninterrupted run makes; a larger ``draws`` extends a finished run.
+    processes : "auto" or int
+        Chains run in this many forked processes at once (``"auto"``: one per CPU core, at most
+        one per chain; 1 runs them here, one after another, as it must on CUDA).
+    target_accept, max_tree_depth : NUTS' dual-averaging target and its trajectory cap.
+    jit : bool
+        Trace the potential energy with ``torch.jit`` (Pyro's ``jit_compile``): several times
+        fewer microseconds per gradient on small networks.
+    budget : Budget
+        The limits checked before sampling (:class:`ReferenceTooLargeError` past them).
+    progress : bool
+        One bar over every chain's transitions.
+
+    Returns
+    -------
+    Reference
+    """
+    check_settings(chains, warmup, draws, seed, checkpoint, chunk, target_accept, max_tree_depth)
+    x, y = _in_memory(data, budget)
+    device = files.device_of(model) or torch.device("cpu")
+    x, y = x.to(device), y.to(device)
+    check_data(model, x, y)
+    check_budget(model, x, y, budget)
+    settings = hmc.ChainSettings(warmup, draws, chunk, seed, target_accept, max_tree_depth, jit)
+    workers = _workers(processes, chains, device)
+    start = time.perf_counter()
+    with children.scratch_folder("zoo-hmc-") as scratch:
+        folder = Path(checkpoint) if checkpoint is not None else Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        for c in range(chains):  # a checkpoint of another run is refused here, before any work
+            if hmc.chain_path(folder, c).exists():
+                hmc.check_resumable(hmc.read_chain(hmc.chain_path(folder, c)), settings, c, x, y)
+        _run_chains(model, x, y, settings, chains, folder, workers, progress)
+        states = [hmc.read_chain(hmc.chain_path(folder, c)) for c in range(chains)]
+    per_chain = [hmc.stacked(s) for s in states]
+    draws_ = {k: torch.stack([d[k][:draws] for d, _ in per_chain]) for k in per_chain[0][0]}
+    stats = {k: torch.stack([s[k][:draws] for _, s in per_chain]) for k in hmc.STAT_NAMES}
+    options = {**asdict(settings), "chains": chains, "processes": workers, "examples": len(x)}
+    return Reference(model, draws_, stats, time.perf_counter() - start, options, device)
+
+
+def check_settings(chains, warmup, draws, seed, checkpoint, chunk, target, depth) -> None:
+    """Refuse settings no run can use, before any work: counts that are not whole numbers
+    (``warmup`` may be 0), a ``target_accept`` outside (0, 1), a checkpoint that is a file."""
+    check_positive(chains=chains, draws=draws, chunk=chunk, max_tree_depth=depth)
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
+    check_seed(seed)
+    number = isinstance(target, (int, float)) and not isinstance(target, bool)
+    if not number or not 0 < target < 1:
+        raise ValueError(
+            f"target_accept must be a number strictly between 0 and 1 (NUTS' mean acceptance "
+            f"target, 0.8 by default), got {target!r}"
+        )
+    if checkpoint is not None and Path(checkpoint).exists() and not Path(checkpoint).is_dir():
+        raise ValueError(
+            f"checkpoint={str(checkpoint)!r} is a file: a reference's checkpoint is a folder "
+            "(one file per chain); pass a folder path"
+        )
+
+
+def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> None:
+    """Refuse a model or data past ``budget``, saying which limit and what to do."""
+    draw = hmc.prior_draw(model, x[:2], y[:2])
+    size = sum(value.numel() for value in draw.values())
+    if size > budget.parameters:
+        raise ReferenceTooLargeError(
+            f"the model has {size:,} latent scalars, past the reference's budget of "
+            f"{budget.parameters:,} (NUTS mixes slowly in high dimension and every draw costs "
+            "up to 2^max_tree_depth full-data gradients): sample a smaller network, or pass "
+            "budget=zoo.ReferenceBudget(parameters=...) to go on knowingly"
+        )
+    per_example = example_flops(model.network, x[:2], draw)
+    flops = 3 * len(x) * per_example
+    if flops > budget.gradient_flops:
+        raise ReferenceTooLargeError(
+            f"one full-data gradient costs about {flops:.2g} FLOPs ({len(x):,} examples x "
+            f"{per_example:.3g} per forward pass x 3), past the reference's budget of "
+            f"{budget.gradient_flops:.2g}: use fewer examples or a smaller network, or pass "
+            "budget=zoo.ReferenceBudget(gradient_flops=...) to go on knowingly"
+        )
+
+
+def _in_memory(data, budget: Budget) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(X, y)`` of ``data``, refusing a data set past ``budget.data_bytes`` before reading it
+    all where its length is known."""
+    from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+    dataset = data.dataset if isinstance(data, DataLoader) else data
+    if isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset):
+        first = dataset[0]
+        item = sum(torch.as_tensor(t).numel() * torch.as_tensor(t).element_size() for t in first)
+        _refuse_bytes(item * len(dataset), len(dataset), budget)
+    x, y = gather_tensors(data)
+    _refuse_bytes(x.numel() * x.element_size() + y.numel() * y.element_size(), len(x), budget)
+    return x, y
+
+
+def _refuse_bytes(size: int, n: int, budget: Budget) -> None:
+    if size > budget.data_bytes:
+        raise ReferenceTooLargeError(
+            f"the data ({n:,} examples, about {size / 2**20:,.0f} MiB) do not fit the "
+            f"reference's budget of {budget.data_bytes / 2**20:,.0f} MiB in memory, and every "
+            "HMC gradient needs all of them: use a subset, or pass "
+            "budget=zoo.ReferenceBudget(data_bytes=...) to go on knowingly"
+        )
+
+
+def _workers(processes, chains: int, device: torch.device) -> int:
+    if processes == "auto":
+        processes = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be 'auto' or a positive int, got {processes!r}")
+    forkable = "fork" in multiprocessing.get_all_start_methods()
+    return 1 if device.type != "cpu" or not forkable else min(processes, chains)
+
+
+def _run_chains(model, x, y, settings, chains: int, folder: Path, workers: int, progress: bool):
+    """Every chain to its draws: here one after another, or in ``workers`` forked processes
+    (one intra-op thread each) with one progress bar fed by a shared counter."""
+    total = chains * (settings.warmup + settings.draws)
+    bar = tqdm(total=total, desc="hmc", unit="transition", disable=not progress, leave=False)
+    with bar:
+        if workers == 1:
+            counter = _BarCounter(bar, chains)
+            with intra_op_threads(1 if x.device.type == "cpu" else None):
+                for c in range(chains):
+                    hmc.run_chain(model, x, y, settings, c, folder, counter)
+            return
+        context = multiprocessing.get_context("fork")
+        counter = context.Array("l", chains, lock=False)
+        parent = os.getpid()
+        procs = [
+            context.Process(
+                target=_chain_process, args=(model, x, y, settings, c, folder, counter, parent)
+            )
+            for c in range(chains)
+        ]
+        _supervise(procs, workers, counter, bar)
+
+
+def _chain_process(model, x, y, settings, chain, folder, counter, parent: int) -> None:
+    children.die_with_parent(parent)  # a killed zoo.reference leaves no chain running
+    torch.set_num_threads(1)  # this process's own setting: one core per chain
+    hmc.run_chain(model, x, y, settings, chain, folder, counter)
+
+
+def _supervise(procs: list, workers: int, counter, bar) -> None:
+    """Start ``procs`` ``workers`` at a time; raise if one fails (the others are stopped)."""
+    pending, running = list(procs), []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                running.append(pending.pop(0))
+                running[-1].start()
+            time.sleep(0.2)
+            bar.update(sum(counter) - bar.n)
+            for p in [p for p in running if not p.is_alive()]:
+                p.join()
+                running.remove(p)
+                if p.exitcode != 0:
+                    chain = procs.index(p)
+                    raise RuntimeError(
+                        f"chain {chain}'s process ended with exit code {p.exitcode} (its error "
+                        "is printed above); the finished chunks of every chain are in the "
+                        "checkpoint folder, if one was given, and resume from there"
+                    )
+    finally:
+        for p in running:
+            p.terminate()
+            p.join()
+
+
+class _BarCounter:
+    """``counter[chain] += n`` advancing a tqdm bar (the in-process route)."""
+
+    def __init__(self, bar, chains: int):
+        self.bar, self.counts = bar, [0] * chains
+
+    def __getitem__(self, chain: int) -> int:
+        return self.counts[chain]
+
+    def __setitem__(self, chain: int, value: int) -> None:
+        self.bar.update(value - self.counts[chain])
+        self.counts[chain] = value

@@ -1,0 +1,127 @@
+"""What a posterior predictive returns: outputs of ``S`` sampled networks and the quantities
+derived from them. The likelihood of the model decides which type (``zoo.models.likelihoods``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Prediction:
+    """Outputs of ``S`` sampled networks on ``N`` inputs.
+
+    Attributes
+    ----------
+    outputs : Tensor ``(S, N, ...)``
+        Raw network outputs (logits for classification).
+    likelihood : Distribution
+        The observation distribution of every sampled network, batch ``(S, N)``.
+    """
+
+    outputs: torch.Tensor
+    likelihood: torch.distributions.Distribution | None = None
+
+    #: ``"classification"`` or ``"regression"`` (a label; the type carries the behaviour).
+    task = ""
+
+    def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
+        """``log p(y_n | x_n, w_s)`` of each sampled network, ``(S, N)``."""
+        return self.likelihood.log_prob(y.to(self.outputs.device))
+
+    @property
+    def num_samples(self) -> int:
+        return self.outputs.shape[0]
+
+
+@dataclass
+class ClassificationPrediction(Prediction):
+    """A categorical predictive. ``sample_probs``: ``(S, N, C)`` class probabilities of each
+    sampled network."""
+
+    sample_probs: torch.Tensor | None = None
+    task = "classification"
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """Predictive probabilities ``1/S sum_s p(y | x, w_s)``, ``(N, C)``."""
+        return self.sample_probs.mean(0)
+
+    @property
+    def entropy(self) -> torch.Tensor:
+        """Predictive entropy ``H[mean_s p_s]`` (total uncertainty), ``(N,)``."""
+        return _entropy(self.probs)
+
+    @property
+    def expected_entropy(self) -> torch.Tensor:
+        """``mean_s H[p_s]`` (aleatoric part), ``(N,)``."""
+        return _entropy(self.sample_probs).mean(0)
+
+    @property
+    def mutual_information(self) -> torch.Tensor:
+        """``H[mean p] - mean H[p]`` (epistemic part, BALD), ``(N,)``; 0 when samples agree."""
+        return (self.entropy - self.expected_entropy).clamp_min(0)
+
+    def class_intervals(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central ``level`` credible interval of each class probability over the ``S``
+        sampled networks: ``(lower, upper)``, each ``(N, C)``; ``level`` in (0, 1)."""
+        check_level(level)
+        alpha = (1 - level) / 2
+        q = torch.tensor([alpha, 1 - alpha], dtype=self.sample_probs.dtype)
+        lower, upper = torch.quantile(self.sample_probs, q.to(self.sample_probs.device), dim=0)
+        return lower, upper
+
+
+@dataclass
+class RegressionPrediction(Prediction):
+    """A Gaussian predictive. ``sample_means``, ``sample_scales``: ``(S, N[, D])`` mean and
+    observation-noise standard deviation of each sampled network."""
+
+    sample_means: torch.Tensor | None = None
+    sample_scales: torch.Tensor | None = None
+    task = "regression"
+
+    @property
+    def mean(self) -> torch.Tensor:
+        """Predictive mean, ``(N[, D])``."""
+        return self.sample_means.mean(0)
+
+    @property
+    def epistemic_variance(self) -> torch.Tensor:
+        """Variance of the sampled means across networks."""
+        return self.sample_means.var(0, unbiased=False)
+
+    @property
+    def aleatoric_variance(self) -> torch.Tensor:
+        """Mean observation-noise variance across networks."""
+        return self.sample_scales.pow(2).mean(0)
+
+    @property
+    def variance(self) -> torch.Tensor:
+        """Total predictive variance (law of total variance)."""
+        return self.epistemic_variance + self.aleatoric_variance
+
+    def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+        """Central ``level`` interval of the predictive, by a moment-matched Normal; ``level``
+        in (0, 1) (0.95, not 95)."""
+        check_level(level)
+        z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
+        sd = self.variance.sqrt()
+        return self.mean - z * sd, self.mean + z * sd
+
+
+def _entropy(probs: torch.Tensor) -> torch.Tensor:
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+def check_level(level: float) -> None:
+    """Refuse a credible level outside (0, 1), such as 95 for 95%."""
+    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+        hint = (
+            f" (for {level}% pass {level / 100:g})"
+            if isinstance(level, (int, float)) and 1 < level < 100
+            else ""
+        )
+        raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}{hint}")

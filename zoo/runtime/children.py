@@ -1,0 +1,86 @@
+"""Child processes that end with their parent, and temporary folders that outlive neither.
+
+A forked HMC chain (:mod:`zoo.mcmc.sampling`) or a spawned rank of a distributed fit
+(:mod:`zoo.runtime.distributed`) calls :func:`die_with_parent` first: on Linux the kernel sends it
+``SIGKILL`` when the parent dies (``prctl(PR_SET_PDEATHSIG)``), elsewhere a daemon thread
+notices the parent is gone within :data:`WATCH_EVERY` seconds and ends the process. A parent
+killed with ``SIGKILL`` runs no clean-up of its own, so nothing else could stop them: they went
+on sampling and writing into the checkpoint folder, where a resumed run then wrote the same
+files.
+
+:func:`scratch_folder` makes a temporary folder named for its process; :func:`remove_orphans`
+removes those whose process is gone (a killed run's), at the next run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["WATCH_EVERY", "alive", "die_with_parent", "remove_orphans", "scratch_folder"]
+
+#: Seconds between a child's checks that its parent is alive, where the kernel cannot tell it.
+WATCH_EVERY = 0.5
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent: int) -> None:
+    """End this process when process ``parent`` (the one that started it) ends."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the signal was armed
+        os._exit(1)
+    watcher = threading.Thread(target=_watch, args=(parent,), daemon=True, name="zoo-parent")
+    watcher.start()
+
+
+def _watch(parent: int) -> None:
+    while True:
+        time.sleep(WATCH_EVERY)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_orphans(prefix: str, folder: str | None = None) -> list[Path]:
+    """Remove ``<folder>/<prefix><pid>-*`` folders whose process ``pid`` is gone; returns them
+    (``folder``: the system's temporary folder)."""
+    removed = []
+    for path in Path(folder or tempfile.gettempdir()).glob(f"{prefix}*-*"):
+        pid = path.name[len(prefix) :].split("-", 1)[0]
+        if path.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+@contextlib.contextmanager
+def scratch_folder(prefix: str):
+    """A temporary folder ``<prefix><pid>-XXXX`` for this process, removed afterwards; the
+    orphans of killed runs of the same prefix are removed first."""
+    remove_orphans(prefix)
+    with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-") as folder:
+        yield folder

@@ -1,0 +1,158 @@
+"""What a file must hold before anything is built from it: its checksum, its entries, the
+guide's declared sizes (checked before any allocation), and its tensors' dtypes and values.
+
+Every file of this version carries a SHA-256 ``checksum`` of its payload (:func:`digest`:
+every tensor's dtype, shape and bytes, every number and string, in key order), written by
+:func:`zoo.runtime.files.atomic_save` and compared by :func:`zoo.runtime.files.read`: a byte
+changed on disk that still unpickles (a weight of ``9.96e33``, ``0xff`` bytes that read as NaN) is
+refused as damaged instead of loading as a wrong fit. A file written before checksums were
+recorded is read without one. Each failure is a ``ValueError`` naming the file and the entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+__all__ = [
+    "MAX_ELEMENTS",
+    "check_guide_payload",
+    "check_state",
+    "check_tensors",
+    "digest",
+    "verify",
+]
+
+#: The most elements a file may declare for one input or site (2**31, 8 GiB of float32): a
+#: size past it is a damaged or hostile file, refused before anything is allocated.
+MAX_ELEMENTS = 2**31
+
+
+def digest(payload) -> str:
+    """The SHA-256 of ``payload`` (nested dicts, lists, tensors, numbers, strings, None)."""
+    h = hashlib.sha256()
+    _feed(h, payload)
+    return h.hexdigest()
+
+
+def _feed(h, value) -> None:
+    if isinstance(value, dict):
+        h.update(b"{%d" % len(value))
+        for key in sorted(value, key=str):
+            h.update(f"{key!s}:".encode())
+            _feed(h, value[key])
+        h.update(b"}")
+    elif isinstance(value, (list, tuple)):
+        h.update(b"[%d" % len(value))
+        for item in value:
+            _feed(h, item)
+        h.update(b"]")
+    elif torch.is_tensor(value):
+        t = value.detach().cpu().contiguous().reshape(-1)
+        h.update(f"T{t.dtype}{tuple(value.shape)}".encode())
+        if t.numel():
+            h.update(t.view(torch.uint8).numpy().tobytes())
+    else:
+        h.update(f"{type(value).__name__}={value!r};".encode())
+
+
+def verify(payload: dict, path) -> None:
+    """Refuse a payload whose recorded checksum differs from its contents'."""
+    recorded = payload.get("checksum")
+    if recorded is None:
+        return
+    rest = {k: v for k, v in payload.items() if k != "checksum"}
+    if digest(rest) != recorded:
+        raise ValueError(
+            f"{path} is damaged: its contents do not match the checksum written with them (bytes "
+            "changed on disk or in transfer); use another copy, or write it again"
+        )
+
+
+def check_tensors(tensors, path, entry: str, floating: bool = True) -> None:
+    """Refuse an entry ``{name: tensor}`` that holds a non-tensor, an integer tensor where
+    ``floating``, or NaN or infinite values."""
+    if not isinstance(tensors, dict):
+        raise ValueError(f"{path}: the {entry} entry is not a dict of tensors")
+    for name, value in tensors.items():
+        if not torch.is_tensor(value):
+            raise ValueError(f"{path}: {entry}[{name!r}] is a {type(value).__name__}, not a tensor")
+        if floating and not value.is_floating_point():
+            raise ValueError(
+                f"{path}: {entry}[{name!r}] is {value.dtype}, where a fit writes floating point; "
+                "the file was changed"
+            )
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            raise ValueError(
+                f"{path}: {entry}[{name!r}] holds NaN or infinite values (a diverged fit, or a "
+                "changed file): it cannot be used; load an earlier checkpoint or fit again"
+            )
+
+
+def _count(shape, path, what: str) -> int:
+    if not isinstance(shape, (list, tuple)) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
+        raise ValueError(f"{path}: {what} has shape {shape!r}, not a list of sizes")
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"{path}: {what} declares {count:.3g} elements (shape {list(shape)}), past the "
+            f"{MAX_ELEMENTS:.3g} a file may declare; the file is damaged or not a fit"
+        )
+    return count
+
+
+def check_guide_payload(guide: dict, path) -> None:
+    """Refuse a guide entry whose spec, example input, sites or state no fit writes, before
+    any of it is built: declared sizes within :data:`MAX_ELEMENTS`, state tensors floating
+    point and finite."""
+    if not isinstance(guide, dict):
+        raise ValueError(f"{path}: the guide entry is not a dict")
+    missing = [k for k in ("spec", "input", "sites", "state") if k not in guide]
+    if missing:
+        raise ValueError(f"{path}: the guide entry has no {missing} (the file was cut or changed)")
+    spec = guide["spec"]
+    if not isinstance(spec, dict) or not isinstance(spec.get("family"), str):
+        raise ValueError(f"{path}: the guide's spec {spec!r} names no family")
+    inputs = guide["input"]
+    if not isinstance(inputs, list) or not inputs:
+        raise ValueError(f"{path}: the guide's example input {inputs!r} is not a list of shapes")
+    for item in inputs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2):
+            raise ValueError(f"{path}: the guide's example input {item!r} is not [shape, dtype]")
+        shape, dtype = item
+        _count(shape, path, "the guide's example input")
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"{path}: the guide's example input has no dtype {dtype!r}")
+    if not isinstance(guide["sites"], dict):
+        raise ValueError(f"{path}: the guide's sites entry is not a dict of shapes")
+    total = sum(_count(s, path, f"site {n!r}") for n, s in guide["sites"].items())
+    if total > MAX_ELEMENTS:
+        raise ValueError(f"{path}: the guide's sites declare {total:.3g} weights in all")
+    check_tensors(guide["state"], path, "guide state")
+
+
+def check_state(expected: dict, saved: dict, what: str) -> None:
+    """Refuse a saved state dict whose entries, shapes or dtypes differ from ``expected``
+    (the state of the object rebuilt to receive it), naming each difference."""
+    missing = sorted(set(expected) - set(saved))
+    extra = sorted(set(saved) - set(expected))
+    differ = [
+        f"{k}: {tuple(saved[k].shape)} {saved[k].dtype} saved, {tuple(v.shape)} {v.dtype} rebuilt"
+        for k, v in expected.items()
+        if k in saved and (saved[k].shape != v.shape or saved[k].dtype != v.dtype)
+    ]
+    parts = (
+        f"entries missing from the file {missing}" if missing else "",
+        f"entries {what} does not have {extra}" if extra else "",
+        f"shapes or dtypes differ ({'; '.join(differ)})" if differ else "",
+    )
+    if any(parts):
+        raise ValueError(
+            f"the saved state of {what} does not fit it: "
+            + "; ".join(p for p in parts if p)
+            + ". The file was changed, or written by another version of its family"
+        )

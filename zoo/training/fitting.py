@@ -1,0 +1,313 @@
+"""``zoo.fit``: a fit of a variational posterior, built from its pieces.
+
+``fit`` reads its arguments (defaults: :mod:`zoo.training.recipes`; option groups:
+:mod:`zoo.training.options`), builds the pieces (batches, guide, objective, optimiser, the step
+plan of
+:mod:`zoo.training.rules`, the divergence guard, the step engine, the state) and runs a
+:class:`zoo.training.loop.Trainer` (epochs, checkpoints, Ctrl-C); each piece has its own module, and
+``result.options`` is written here only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Mapping
+
+import torch
+from pyro.infer.autoguide import AutoGuide
+
+import guides as guide_registry
+from zoo.data.batches import fit_batches
+from zoo.inference.objective import Objective
+from zoo.models import stored
+from zoo.models.checks import check_model
+from zoo.runtime import distributed
+from zoo.runtime.arguments import check_checkpoint_path, check_length, check_positive, check_seed
+from zoo.runtime.distributed import Ranks
+from zoo.runtime.rng import seeded
+from zoo.runtime.serial import one_at_a_time
+from zoo.runtime.threads import intra_op_threads
+from zoo.training import rules as step_rules
+from zoo.training.checkpoint import (
+    LoopState,
+    check_position,
+    read_checkpoint,
+    restore,
+    restore_rank_generator,
+)
+from zoo.training.convergence import Convergence, ConvergenceTracker
+from zoo.training.convergence import resolve as resolve_convergence
+from zoo.training.divergence import DivergenceGuard
+from zoo.training.fingerprint import check_identity, data_fingerprint, fit_identity
+from zoo.training.loop import Trainer
+from zoo.training.optim import (
+    check_finite_parameters,
+    check_optimizer,
+    make_optimizer,
+    make_scheduler,
+    named_parameters,
+    param_groups,
+)
+from zoo.training.options import Engine, Loss, Optim, Run, group, refuses_flat_keywords
+from zoo.training.recipes import (
+    Length,
+    resolve_device,
+    resolve_length,
+    warn_if_short,
+)
+from zoo.training.result import FitResult, load
+from zoo.training.step import StepEngine
+
+
+@refuses_flat_keywords
+@one_at_a_time
+def fit(
+    model: Callable,
+    guide: str | type | Callable | AutoGuide,
+    data,
+    *,
+    epochs: int | None = None,
+    num_steps: int | str | Convergence | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    seed: int | None = 0,
+    optim: Optim | Mapping | None = None,
+    loss: Loss | Mapping | None = None,
+    engine: Engine | Mapping | None = None,
+    run: Run | Mapping | None = None,
+) -> FitResult:
+    """Fit a variational posterior to a Pyro model by stochastic variational inference.
+
+    Each step draws a minibatch, estimates the full-data ELBO with Pyro's ``Trace_ELBO``
+    (or ``TraceMeanField_ELBO``), and takes one step of a torch optimiser on ``-ELBO``.
+    Minibatches are unbiased for the full-data ELBO: sites in ``pyro.plate("data", B)`` are
+    scaled by ``N / B`` (see :mod:`zoo.inference.elbo`).
+
+    Parameters
+    ----------
+    model : callable
+        A Pyro model ``model(x, y=None)`` that observes ``y`` in ``pyro.plate("data", len(x))``,
+        e.g. any ``zoo.models`` network.
+    guide : str, AutoGuide subclass, callable or AutoGuide
+        A registered family name (``guides.available()``: ``"diagonal"``, ``"lowrank"``,
+        ``"tridiagonal"``, ``"matrix_normal"``, ...), a family with options
+        (``guides.family("lowrank", rank=5)``), a guide class, a callable ``model -> guide``,
+        or a guide instance.
+    data : (X, y), Dataset or DataLoader
+        Training data; ``N = len(data)``.
+    epochs : int, optional
+        Passes over the data (ignored when ``num_steps`` is given).
+    num_steps : int, "auto" or zoo.Convergence, optional
+        Total optimiser steps, cycling over the data as needed; ``"auto"`` (or a
+        :class:`zoo.Convergence` with its own settings) cuts the rate tenfold when the mean
+        ``-ELBO`` of a window of steps stops improving on the previous window's, and stops at
+        the next such plateau, at most at the cap (:mod:`zoo.training.convergence`;
+        ``result.options["stopped"]`` says why a fit ended). With neither ``epochs`` nor
+        ``num_steps``: small regression data (at most :data:`zoo.training.recipes.SMALL_DATA` =
+        2,048 examples) gets the full-batch recipe :data:`zoo.REGRESSION_FIT` (every example in one
+        batch, 3,000 steps, ``lr`` 1e-2 decaying tenfold, each unless given); anything larger
+        one epoch, with a warning when that is under 200 steps (:mod:`zoo.training.recipes`).
+        ``result.options["recipe"]`` says which applied.
+    batch_size : int, optional
+        Minibatch size (a DataLoader keeps its own); default 128, or all of small data.
+    lr : float, optional
+        Learning rate; default 1e-3, or 1e-2 with the small-data recipe.
+    seed : int or None, default 0
+        Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
+        caller's global random state is the same after the fit as before. ``None`` draws
+        from the global generators as they are (and advances them).
+    optim : zoo.Optim or dict, optional
+        The optimiser, its schedule and options, gradient clipping, ``per_example`` scaling.
+    loss : zoo.Loss or dict, optional
+        The ELBO (``"trace"`` or ``"meanfield"``), the estimator, particles, KL weight.
+    engine : zoo.Engine or dict, optional
+        The device, threads, compiled loss, the host's read cadence, the CUDA graph, gradient
+        accumulation, and the processes of a distributed fit (:mod:`zoo.training.rules` says which
+        combine; refusals come before training).
+    run : zoo.Run or dict, optional
+        The progress bar, callbacks, the divergence policy, checkpoints and resume.
+
+    Every group's fields and defaults are documented once, in :mod:`zoo.training.options`; a field
+    passed as a keyword of its own (``optimizer=``, ``progress=``) is refused with a
+    ``TypeError`` naming its group.
+
+    Returns
+    -------
+    FitResult
+        ``result.options`` records what ran: the resolved length and recipe, the step plan
+        (``jit``, ``threads``, ``check_every``, ``cuda_graph``, ``accumulate``) and how the
+        fit ended (``stopped``, ``stopped_at``).
+    """
+    optim, loss = group(Optim, optim), group(Loss, loss)
+    engine, run = group(Engine, engine), group(Run, run)
+    # The checks of the arguments alone, here: before any process is started.
+    check_model(model, guide)
+    check_seed(seed)
+    check_length(epochs, num_steps)
+    check_checkpoint_path(run.checkpoint)
+    step_rules.check_options(engine, engine.distributed)
+    num_steps, convergence = resolve_convergence(num_steps)
+    given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
+    check_positive(**given)
+    auto = convergence is not None
+    length = resolve_length(data, model, **given, lr_schedule=optim.lr_schedule, auto=auto)
+    optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
+    settings = dict(
+        length=length,
+        seed=seed,
+        optim=optim,
+        loss=loss,
+        engine=engine,
+        run=run,
+        convergence=convergence,
+    )
+    if engine.distributed:
+        return distributed.launch(
+            functools.partial(_fit_with, model, guide, data, settings),
+            accelerator=distributed.accelerator_for(engine.device, engine.accelerator),
+            devices=engine.devices,
+            num_nodes=engine.num_nodes,
+            strategy=engine.strategy,
+            rebuild=functools.partial(load, model=model),
+        )
+    return _fit(Ranks(), model, guide, data, **settings)
+
+
+def _fit_with(model, guide, data, settings: dict, ranks: Ranks) -> FitResult:
+    return _fit(ranks, model, guide, data, **settings)
+
+
+def _fit(
+    ranks: Ranks,
+    model,
+    guide,
+    data,
+    *,
+    length: Length,
+    seed: int | None,
+    optim: Optim,
+    loss: Loss,
+    engine: Engine,
+    run: Run,
+    convergence: Convergence | None,
+) -> FitResult:
+    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
+    arguments ``fit`` has checked and resolved."""
+    dev = ranks.device if ranks.distributed else resolve_device(engine.device)
+    if isinstance(model, torch.nn.Module):
+        model.to(dev)
+    if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
+        seed = ranks.gather(int(torch.randint(2**31, ())))[0]
+    with seeded(seed, dev):
+        batches, generator = fit_batches(model, data, length.batch_size, dev, seed, ranks)
+        guide = guide_registry.instantiate(guide, model, {})
+        # What a checkpoint records and a resume must match; the data's fingerprint is kept in
+        # result.options too (a saved fit says what it was fitted to).
+        identity = fit_identity(
+            data_fingerprint(data), batches.batch_size, length, optim, loss, engine
+        )
+        resumed = read_checkpoint(run.resume, guide) if run.resume else None
+        if resumed is not None:
+            check_identity(run.resume, resumed.get("identity"), identity)
+            guide = stored.build_guide(model, resumed["guide"])
+        guide.to(dev)
+        objective = Objective(
+            model,
+            guide,
+            elbo=loss.elbo,
+            estimator=loss.estimator,
+            num_particles=loss.num_particles,
+            kl_weight=loss.kl_weight,
+            jit=engine.jit,
+        )
+        objective.setup(*batches.first(), batch_size=batches.minibatch_size)
+        if run.checkpoint is not None:
+            stored.guide_payload(guide)  # a guide that cannot be saved fails now, not later
+        groups = param_groups(guide, model, length.lr, optim.lr_multipliers)
+        opt_cls = check_optimizer(optim.optimizer)
+        opt = make_optimizer(opt_cls, groups, length.lr, optim.optimizer_options or {})
+        plan = step_rules.plan(engine, objective, opt, dev, ranks.distributed)
+        per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
+        total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch
+        if run.resume is None and ranks.rank == 0:
+            warn_if_short(length.recipe, total, len(batches), batches.batch_size)
+        tracker = convergence and ConvergenceTracker(convergence, len(batches))
+        sched = make_scheduler(opt, optim.lr_schedule, total, tracker)
+        check_finite_parameters(guide, model)
+        if ranks.distributed:  # the same start everywhere, then each rank's own draws
+            ranks.broadcast_(p for _, p in named_parameters(guide, model))
+            rank_seed = ranks.seed(seed)
+            torch.manual_seed(rank_seed)
+            if dev.type == "cuda":
+                torch.cuda.manual_seed(rank_seed)
+        result = FitResult(model=model, guide=guide, device=dev)
+        result.options = _options(
+            guide, length, total, batches, optim, loss, objective, plan, seed, ranks
+        )
+        result.options["data"] = identity["data"]
+        if resumed is not None:
+            state = restore(resumed, model, opt, sched, generator, run.resume)
+            check_position(run.resume, state, per_epoch)
+            if ranks.distributed and not restore_rank_generator(resumed, ranks):
+                torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws
+        else:
+            state = LoopState(epoch_start_state=generator.get_state())
+        params = [p for g in groups for p in g["params"]]
+        guard = DivergenceGuard(params, guide, run.on_divergence, plan.copy_every)
+        steps = StepEngine(
+            objective,
+            opt,
+            params,
+            guard,
+            plan,
+            state,
+            num_data=len(batches),
+            scheduler=sched,
+            clip_grad_norm=optim.clip_grad_norm,
+            per_example=optim.per_example,
+            ranks=ranks,
+        )
+        trainer = Trainer(
+            engine=steps,
+            batches=batches,
+            generator=generator,
+            result=result,
+            checkpoint=run.checkpoint,
+            checkpoint_every=run.checkpoint_every,
+            identity=identity,
+            ranks=ranks,
+            convergence=tracker,
+        )
+        try:
+            with intra_op_threads(plan.threads):
+                trainer.run(total, list(run.callbacks), run.progress)
+        finally:
+            graph = steps.graph.state if steps.graph is not None else plan.graph_record
+            result.options.update(jit=objective.jit_state, cuda_graph=graph, **trainer.outcome())
+        return result
+
+
+def _options(guide, length, total, batches, optim, loss, objective, plan, seed, ranks) -> dict:
+    """What a fit records in ``result.options`` before its first step (how it ended is added
+    after its last, from :meth:`zoo.training.loop.Trainer.outcome`)."""
+    return dict(
+        guide=getattr(guide, "family", None) or type(guide).__name__,
+        epochs=length.epochs,
+        num_steps=total,
+        recipe=length.recipe,
+        batch_size=batches.batch_size,
+        lr=length.lr,
+        num_particles=loss.num_particles,
+        kl_weight=loss.kl_weight if not callable(loss.kl_weight) else "schedule",
+        per_example=optim.per_example,
+        elbo=loss.elbo,
+        estimator=loss.estimator,
+        estimator_sites=sorted(objective.served),
+        seed=seed,
+        threads=plan.threads or torch.get_num_threads(),
+        world_size=ranks.world_size,
+        check_every=plan.check_every,
+        cuda_graph=plan.graph_record,
+        accumulate=plan.accumulate,
+    )

@@ -1,0 +1,132 @@
+"""The checks of the option groups' fields that need more than a type (:mod:`zoo.training.options`
+calls them from each group's ``__post_init__``): each refuses a value that cannot be right
+when the group is built, before any fit starts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+
+__all__ = [
+    "check_callbacks",
+    "check_device",
+    "check_devices",
+    "check_kl_weight",
+    "check_multipliers",
+    "check_optimizer_options",
+    "check_run",
+    "check_schedule",
+]
+
+
+def check_optimizer_options(options) -> None:
+    if options is None:
+        return
+    if not isinstance(options, Mapping):
+        raise TypeError(
+            f"optimizer_options must be a dict of the optimiser's arguments, got "
+            f"{type(options).__name__}"
+        )
+    taken = {"lr": "pass lr= to zoo.fit", "params": "the fit passes the guide's parameters"}
+    for key, why in taken.items():
+        if key in options:
+            raise ValueError(f"optimizer_options must not hold {key!r}: {why}")
+
+
+def check_multipliers(multipliers) -> None:
+    if multipliers is None:
+        return
+    if not isinstance(multipliers, Mapping):
+        raise TypeError(
+            f"lr_multipliers must be a dict pattern -> factor, got {type(multipliers).__name__}"
+        )
+    for pattern, factor in multipliers.items():
+        number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+        if not isinstance(pattern, str) or not number or not math.isfinite(factor) or factor < 0:
+            raise ValueError(
+                f"lr_multipliers[{pattern!r}] = {factor!r}: each pattern is a string and each "
+                "factor a finite number >= 0 (a negative factor climbs the loss; 0 freezes)"
+            )
+
+
+def check_device(device) -> None:
+    if device == "auto" or isinstance(device, torch.device) and device.type in ("cpu", "cuda"):
+        return
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        parsed = None
+    if parsed is None or parsed.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or a torch.device of those), "
+            f"got {device!r}"
+        )
+
+
+def check_devices(devices) -> None:
+    if isinstance(devices, str):
+        text = devices.strip()
+        if text == "auto" or text == "-1" or all(p.strip().isdigit() for p in text.split(",")):
+            if text not in ("0", ""):
+                return
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        if devices >= 1 or devices == -1:
+            return
+    elif isinstance(devices, (list, tuple)) and devices:
+        if all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+            return
+    raise ValueError(
+        f"devices must be a count >= 1, -1 (all), 'auto', or device indices such as [0, 1] "
+        f"(as Lightning's), got {devices!r}"
+    )
+
+
+def check_run(run) -> None:
+    """What :class:`zoo.Run`'s fields must hold together."""
+    if run.checkpoint_every is not None and run.checkpoint is None:
+        raise ValueError(
+            f"checkpoint_every={run.checkpoint_every} needs checkpoint= (the file to write); "
+            "pass both, or neither"
+        )
+    check_callbacks(run.callbacks)
+    if run.progress not in (True, False):
+        raise TypeError(f"progress must be True or False, got {run.progress!r}")
+
+
+def check_callbacks(callbacks) -> None:
+    if callable(callbacks) or isinstance(callbacks, (str, bytes)):
+        raise TypeError("callbacks must be a list of callables: pass callbacks=[f]")
+    try:
+        listed = list(callbacks)
+    except TypeError:
+        raise TypeError(
+            f"callbacks must be a list of callables, got {type(callbacks).__name__}"
+        ) from None
+    for cb in listed:
+        if not callable(cb):
+            raise TypeError(f"each callback must be callable, got {cb!r}")
+
+
+def check_schedule(schedule) -> None:
+    if schedule is None or callable(schedule):
+        return
+    from zoo.training.optim import SCHEDULES
+
+    if schedule not in SCHEDULES:
+        raise ValueError(
+            f"lr_schedule must be a callable step -> factor or one of {sorted(SCHEDULES)}, "
+            f"got {schedule!r}"
+        )
+
+
+def check_kl_weight(weight) -> None:
+    if callable(weight):
+        from zoo.runtime.arguments import check_factor
+
+        check_factor("kl_weight", weight)
+    elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+        raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
+    elif not math.isfinite(weight):
+        raise ValueError(f"kl_weight must be finite, got {weight!r}")

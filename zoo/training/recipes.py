@@ -1,0 +1,155 @@
+"""How long and how fast a fit runs when the caller does not say.
+
+``zoo.fit``'s length (``epochs``, ``num_steps``), ``batch_size``, ``lr`` and ``lr_schedule``
+default to ``None``, resolved here from the data size alone, before any training:
+
+- **Small regression data** (a model whose ``task`` is ``"regression"``, at most
+  :data:`SMALL_DATA` examples) with neither ``epochs`` nor ``num_steps`` given gets the
+  full-batch recipe :data:`REGRESSION_FIT`: every example in one batch (unless ``batch_size``
+  is given; a ``DataLoader`` keeps its own batches), 3,000 Adam steps at ``lr`` 1e-2 decaying
+  tenfold (each unless given). One epoch of such data is one or two steps, which learn nothing.
+- **Otherwise** one epoch at batch 128 and ``lr`` 1e-3 (each unless given). When that length
+  came from the defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns
+  and says what to pass.
+
+``device="auto"`` is CUDA when there is one, else the CPU (:func:`resolve_device`).
+
+``result.options["recipe"]`` says which applied (``"small regression data"``,
+``"default"``, or ``"given"`` when the caller set the length).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_LR",
+    "MIN_DEFAULT_STEPS",
+    "REGRESSION_FIT",
+    "SMALL_DATA",
+    "Length",
+    "ShortFitWarning",
+    "data_size",
+    "resolve_device",
+    "resolve_length",
+    "warn_if_short",
+]
+
+#: Data sets of at most this many examples get the full-batch recipe by default.
+SMALL_DATA = 2048
+#: The full-batch recipe for small data sets (the demo's): Adam at ``lr`` 1e-2 decaying tenfold
+#: over 3,000 steps; ``benchmarks/regression.py`` fits with it unless told otherwise.
+REGRESSION_FIT: dict = {"num_steps": 3000, "lr": 1e-2, "lr_schedule": "exponential"}
+#: The minibatch and learning rate of every other fit, unless given.
+DEFAULT_BATCH_SIZE = 128
+DEFAULT_LR = 1e-3
+#: A fit whose default length is fewer optimiser steps than this warns.
+MIN_DEFAULT_STEPS = 200
+
+
+class ShortFitWarning(UserWarning):
+    """A fit's default length gives it too few optimiser steps to learn much."""
+
+
+@dataclass(frozen=True)
+class Length:
+    """A fit's resolved length and rate: ``num_steps`` is None when ``epochs`` decides."""
+
+    epochs: int
+    num_steps: int | None
+    batch_size: int
+    lr: float
+    lr_schedule: object
+    recipe: str
+
+
+def data_size(data) -> int | None:
+    """The number of examples of ``data`` in any form ``fit`` takes, or None when it has no
+    length (an ``IterableDataset``) or the form is not one ``fit`` knows (its checks say so)."""
+    if isinstance(data, DataLoader):
+        data = data.dataset
+    if isinstance(data, (tuple, list)):
+        first = data[0] if len(data) == 2 else None
+        return int(first.shape[0]) if torch.is_tensor(first) and first.dim() else None
+    if isinstance(data, IterableDataset):
+        return None
+    try:
+        return len(data)
+    except TypeError:
+        return None
+
+
+def resolve_length(
+    data,
+    model=None,
+    *,
+    epochs: int | None,
+    num_steps: int | None,
+    batch_size: int | None,
+    lr: float | None,
+    lr_schedule,
+    auto: bool = False,
+) -> Length:
+    """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
+    docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
+    convergence rule (:mod:`zoo.training.convergence`), so small regression data keeps the
+    full-batch recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a
+    schedule over the cap would still be high where the rule stops)."""
+    n = data_size(data)
+    loader = isinstance(data, DataLoader)
+    small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
+    if epochs is None and (num_steps is None or auto) and small:
+        default_schedule = None if auto else REGRESSION_FIT["lr_schedule"]
+        return Length(
+            epochs=1,
+            num_steps=num_steps if auto else REGRESSION_FIT["num_steps"],
+            batch_size=batch_size
+            if batch_size is not None
+            else (DEFAULT_BATCH_SIZE if loader else n),
+            lr=lr if lr is not None else REGRESSION_FIT["lr"],
+            lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
+            recipe="small regression data" + (", length auto" if auto else ""),
+        )
+    recipe = "default" if epochs is None and num_steps is None else "given"
+    return Length(
+        epochs=epochs if epochs is not None else 1,
+        num_steps=num_steps,
+        batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
+        lr=lr if lr is not None else DEFAULT_LR,
+        lr_schedule=lr_schedule,
+        recipe=recipe,
+    )
+
+
+def warn_if_short(recipe: str, steps: int, n: int, batch_size: int) -> None:
+    """Warn when the default length (``recipe == "default"``) is under
+    :data:`MIN_DEFAULT_STEPS` optimiser steps, saying what to pass."""
+    if recipe != "default" or steps >= MIN_DEFAULT_STEPS:
+        return
+    epochs = math.ceil(MIN_DEFAULT_STEPS * 10 / max(steps, 1))
+    warnings.warn(
+        f"this fit takes {steps} optimiser step(s) (the default: one epoch of {n} examples in "
+        f"batches of {batch_size}), too few to learn much; pass num_steps= (e.g. "
+        f"num_steps={MIN_DEFAULT_STEPS * 10}) or epochs= (e.g. epochs={epochs})",
+        ShortFitWarning,
+        stacklevel=4,
+    )
+
+
+def resolve_device(device) -> torch.device:
+    """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={str(device)!r}, but this machine has no usable CUDA device (torch "
+            f"{torch.__version__} sees none); use device='auto' or 'cpu'"
+        )
+    return device
