@@ -282,7 +282,7 @@ class StepMarks:
         self.recorded = 0
 
     def __enter__(self):
-        self.original = original = zoo.StepEngine.step
+        self.original = original = zoo.Stepper.step
         marks = self
 
         def step(engine, inputs):
@@ -294,11 +294,11 @@ class StepMarks:
                 marks.end.record()
                 marks.recorded += 1
 
-        zoo.StepEngine.step = step
+        zoo.Stepper.step = step
         return self
 
     def __exit__(self, *exc):
-        zoo.StepEngine.step = self.original
+        zoo.Stepper.step = self.original
 
     def seconds(self) -> float:
         if self.recorded != 2:

@@ -417,11 +417,11 @@ def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_ti
     script = _script("step_time")
     x, y = torch.randn(8, 13), torch.randn(8)
     runner = script.ZooStep(script.make_net("tiny")[0], x, y, "diagonal", {}, torch.device("cpu"))
-    original = zoo.StepEngine.step
+    original = zoo.Stepper.step
     with script.StepMarks(2, 5, "cpu") as marks:
         zoo.fit(runner.model, runner.guide, (x, y), num_steps=6, run=zoo.Run(progress=False))
     assert marks.recorded == 2 and marks.seconds() > 0
-    assert zoo.StepEngine.step is original  # put back after the block
+    assert zoo.Stepper.step is original  # put back after the block
     runner.run_unobserved(3)  # the CUDA route, on the CPU's clock
     assert len(runner.times) == 3 and all(t > 0 for t in runner.times)
     with pytest.raises(SystemExit, match="not printed"):

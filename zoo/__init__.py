@@ -22,8 +22,8 @@ from zoo.training.fitting import fit
 from zoo.training.loop import CheckpointError
 from zoo.training.options import Engine, Loss, Optim, Run
 from zoo.training.recipes import REGRESSION_FIT
-from zoo.training.result import FitResult, FitState, load
-from zoo.training.step import StepEngine
+from zoo.training.result import CallbackView, FitResult, load
+from zoo.training.step import Stepper
 
 __all__ = [
     "CheckpointError",
@@ -34,7 +34,7 @@ __all__ = [
     "Engine",
     "FitDivergedError",
     "FitResult",
-    "FitState",
+    "CallbackView",
     "Loss",
     "Objective",
     "Optim",
@@ -44,7 +44,7 @@ __all__ = [
     "ReferenceTooLargeError",
     "RegressionPrediction",
     "Run",
-    "StepEngine",
+    "Stepper",
     "compare",
     "data",
     "fit",

@@ -24,6 +24,7 @@ import torch
 
 import guides.registry
 from zoo.evaluation.predictive import predict
+from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
 from zoo.models.base import BayesianModel
 from zoo.runtime.distributed import INSTALL_HINT
@@ -106,15 +107,7 @@ class BayesianModule(L.LightningModule):
             raise ValueError(f"num_data must be the training set's size, got {num_data!r}")
         self.model, self.num_data = model, int(num_data)
         self.guide = guides.registry.instantiate(guide, model, {})
-        self.objective = Objective(
-            model,
-            self.guide,
-            elbo=loss.elbo,
-            estimator=loss.estimator,
-            num_particles=loss.num_particles,
-            kl_weight=loss.kl_weight,
-            jit=False,
-        )
+        self.objective = Objective.from_loss(model, self.guide, loss, jit=False)
         self.objective.setup(*_example(model, example))
         self.lr, self.optim = lr, optim
         self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
@@ -159,7 +152,7 @@ class BayesianModule(L.LightningModule):
         self.log("train/elbo", -loss.detach(), prog_bar=True, sync_dist=True)
         if self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
             self.log("train/kl", self.kl(x, y), sync_dist=True)
-        return loss / self.num_data if self.per_example else loss
+        return differentiated(loss, self.num_data, self.per_example)
 
     def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """A one-draw estimate of ``KL(q || p)`` (:meth:`zoo.Objective.kl`)."""

@@ -9,7 +9,7 @@ import torch
 import zoo
 from zoo.inference.objective import Objective
 from zoo.models import BayesianMLP
-from zoo.training.step import StepEngine
+from zoo.training.step import Stepper
 
 
 def regression(n=64, seed=0):
@@ -79,7 +79,7 @@ def test_a_step_of_minibatches_of_unequal_sizes_weighs_them_by_size():
     whole.backward()
     expected = [p.grad.clone() for p in params]
     opt = torch.optim.SGD(params, lr=0.0)
-    engine = StepEngine.build(objective, opt, num_data=20)
+    engine = Stepper.build(objective, opt, num_data=20)
     opt.zero_grad()
     parts = [(x[:9], y[:9]), (x[9:12], y[9:12])]
     loss = engine.body(parts, lambda a, b: objective.loss(a, b, 20))[0]
@@ -97,7 +97,7 @@ def test_a_hand_written_loop_on_the_engine_reads_every_k_steps_and_guards():
     objective = Objective(model, guide)
     objective.setup(x[:2], y[:2])
     opt = torch.optim.Adam(list(guide.parameters()), lr=1e-3, fused=True)
-    engine = StepEngine.build(objective, opt, num_data=len(x), check_every=5)
+    engine = Stepper.build(objective, opt, num_data=len(x), check_every=5)
     reads = 0
     for start in range(0, 64, 8):
         engine.step([(x[start : start + 8], y[start : start + 8])])
@@ -125,5 +125,5 @@ def test_the_engine_takes_its_refusals_from_the_step_rules():
     objective.setup(x[:2], y[:2])
     opt = torch.optim.RMSprop(list(guide.parameters()), lr=1e-3)
     with pytest.raises(ValueError, match="skips a non-finite update on the device"):
-        StepEngine.build(objective, opt, num_data=16, check_every=5)
-    assert StepEngine.build(objective, opt, num_data=16).plan.check_every == 1
+        Stepper.build(objective, opt, num_data=16, check_every=5)
+    assert Stepper.build(objective, opt, num_data=16).plan.check_every == 1

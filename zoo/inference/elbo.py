@@ -30,6 +30,13 @@ from pyro.poutine.messenger import Messenger
 DATA_PLATE = "data"
 
 
+def differentiated(loss, num_data: int, per_example: bool):
+    """The loss a step differentiates from ``loss``, a full-data ``-ELBO`` estimate: ``loss``
+    itself, or with ``per_example`` (``zoo.Optim(per_example=True)``) ``loss / num_data``, the
+    per-example ``-ELBO / N``. Reported losses stay ``-ELBO``."""
+    return loss / num_data if per_example else loss
+
+
 class ElboScale(Messenger):
     """Scale likelihood sites (inside plate ``"data"``) by ``data_scale``, latent sites by
     ``kl_weight``."""

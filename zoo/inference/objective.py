@@ -112,6 +112,21 @@ class Objective:
         self.minibatch_size = 0
         self._warned = False
 
+    @classmethod
+    def from_loss(cls, model: Callable, guide: Callable, loss, *, jit: str | bool) -> Objective:
+        """The objective a ``zoo.Loss`` group ``loss`` describes (its ``elbo``, ``estimator``,
+        ``num_particles`` and ``kl_weight``), evaluated as ``jit`` says: how ``zoo.fit`` and
+        ``zoo.lightning.BayesianModule`` build theirs."""
+        return cls(
+            model,
+            guide,
+            elbo=loss.elbo,
+            estimator=loss.estimator,
+            num_particles=loss.num_particles,
+            kl_weight=loss.kl_weight,
+            jit=jit,
+        )
+
     def setup(
         self, x: torch.Tensor, y: torch.Tensor | None = None, batch_size: int | None = None
     ) -> None:

@@ -13,7 +13,7 @@ service gets correct results; for parallel fits use processes (``zoo.Engine(devi
 one process per fit). A call made inside another in the same thread (``compare``'s fits, a
 callback that predicts) does not wait.
 
-Code that drives Pyro itself (a user's loop on :class:`zoo.StepEngine`, ``pyro.infer.SVI``) in
+Code that drives Pyro itself (a user's loop on :class:`zoo.Stepper`, ``pyro.infer.SVI``) in
 other threads at the same time is outside the lock and is not protected; nor is a seeded fit's
 exactness against another thread that draws from torch's global generator while it runs
 (building a model initialises its layers from it): Pyro draws from that one generator, so the

@@ -5,7 +5,7 @@ Persistence is three modules, one story: :mod:`zoo.runtime.files` is the file fo
 of plain data that load without unpickling code, a guide or a model as plain data, RNG states);
 this module saves a fit that is still running, to resume it exactly; :mod:`zoo.training.result`
 saves a finished one (``FitResult.save``, ``zoo.load``), to predict with. A callback sees neither:
-it gets a :class:`zoo.FitState`, a read-only view of one step.
+it gets a :class:`zoo.CallbackView`, a read-only view of one step.
 
 A checkpoint is plain data: the loop state below, the guide (its
 spec and state dict), the model's own parameters and buffers, the optimiser's and the
@@ -28,7 +28,7 @@ from zoo.runtime import file_checks, files
 
 @dataclass
 class LoopState:
-    """The loop's position and history (what a checkpoint resumes; :class:`zoo.FitState` is
+    """The loop's position and history (what a checkpoint resumes; :class:`zoo.CallbackView` is
     what a callback sees of it after each step).
 
     Attributes

@@ -1,11 +1,12 @@
 """``zoo.fit``: a fit of a variational posterior, built from its pieces.
 
-``fit`` reads its arguments (defaults: :mod:`zoo.training.recipes`; option groups:
-:mod:`zoo.training.options`), builds the pieces (batches, guide, objective, optimiser, the step
-plan of
-:mod:`zoo.training.rules`, the divergence guard, the step engine, the state) and runs a
-:class:`zoo.training.loop.Trainer` (epochs, checkpoints, Ctrl-C); each piece has its own module, and
-``result.options`` is written here only.
+``fit`` checks and resolves its arguments into one :class:`Settings` (defaults:
+:mod:`zoo.training.recipes`; option groups: :mod:`zoo.training.options`); each process then
+builds the pieces (batches, guide, the objective by :meth:`zoo.Objective.from_loss`, the
+optimiser, the step plan of :mod:`zoo.training.rules`, the stepper by
+:meth:`zoo.Stepper.build`, the loop state) and runs a :class:`zoo.training.loop.Trainer`
+(epochs, checkpoints, Ctrl-C). Each piece has its own module; ``result.options`` is written
+here only.
 """
 
 from __future__ import annotations
@@ -38,7 +39,6 @@ from zoo.training.checkpoint import (
 )
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
-from zoo.training.divergence import DivergenceGuard
 from zoo.training.fingerprint import check_identity, data_fingerprint, fit_identity
 from zoo.training.loop import Trainer
 from zoo.training.optim import (
@@ -57,7 +57,7 @@ from zoo.training.recipes import (
     warn_if_short,
 )
 from zoo.training.result import FitResult, load
-from zoo.training.step import StepEngine
+from zoo.training.step import Stepper
 
 
 @refuses_flat_keywords
@@ -153,144 +153,132 @@ def fit(
     auto = convergence is not None
     length = resolve_length(data, model, **given, lr_schedule=optim.lr_schedule, auto=auto)
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
-    settings = dict(
-        length=length,
-        seed=seed,
-        optim=optim,
-        loss=loss,
-        engine=engine,
-        run=run,
-        convergence=convergence,
-    )
+    settings = Settings(length, seed, optim, loss, engine, run, convergence)
     if engine.distributed:
         return distributed.launch(
-            functools.partial(_fit_with, model, guide, data, settings),
+            functools.partial(_fit, model=model, guide=guide, data=data, settings=settings),
             accelerator=distributed.accelerator_for(engine.device, engine.accelerator),
             devices=engine.devices,
             num_nodes=engine.num_nodes,
             strategy=engine.strategy,
             rebuild=functools.partial(load, model=model),
         )
-    return _fit(Ranks(), model, guide, data, **settings)
+    return _fit(Ranks(), model=model, guide=guide, data=data, settings=settings)
 
 
-def _fit_with(model, guide, data, settings: dict, ranks: Ranks) -> FitResult:
-    return _fit(ranks, model, guide, data, **settings)
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What :func:`fit` checked and resolved, as every process of the fit receives it."""
+
+    length: Length
+    seed: int | None
+    optim: Optim
+    loss: Loss
+    engine: Engine
+    run: Run
+    convergence: Convergence | None
 
 
-def _fit(
-    ranks: Ranks,
-    model,
-    guide,
-    data,
-    *,
-    length: Length,
-    seed: int | None,
-    optim: Optim,
-    loss: Loss,
-    engine: Engine,
-    run: Run,
-    convergence: Convergence | None,
-) -> FitResult:
-    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``, on
-    arguments ``fit`` has checked and resolved."""
-    dev = ranks.device if ranks.distributed else resolve_device(engine.device)
+def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
+    """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``."""
+    s = settings
+    dev = ranks.device if ranks.distributed else resolve_device(s.engine.device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
+    seed = s.seed
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
     with seeded(seed, dev):
-        batches, generator = fit_batches(model, data, length.batch_size, dev, seed, ranks)
+        batches, generator = fit_batches(model, data, s.length.batch_size, dev, seed, ranks)
         guide = guide_registry.instantiate(guide, model, {})
         # What a checkpoint records and a resume must match; the data's fingerprint is kept in
         # result.options too (a saved fit says what it was fitted to).
         identity = fit_identity(
-            data_fingerprint(data), batches.batch_size, length, optim, loss, engine
+            data_fingerprint(data), batches.batch_size, s.length, s.optim, s.loss, s.engine
         )
-        resumed = read_checkpoint(run.resume, guide) if run.resume else None
+        resumed = read_checkpoint(s.run.resume, guide) if s.run.resume else None
         if resumed is not None:
-            check_identity(run.resume, resumed.get("identity"), identity)
+            check_identity(s.run.resume, resumed.get("identity"), identity)
             guide = stored.build_guide(model, resumed["guide"])
         guide.to(dev)
-        objective = Objective(
-            model,
-            guide,
-            elbo=loss.elbo,
-            estimator=loss.estimator,
-            num_particles=loss.num_particles,
-            kl_weight=loss.kl_weight,
-            jit=engine.jit,
-        )
+        objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)
         objective.setup(*batches.first(), batch_size=batches.minibatch_size)
-        if run.checkpoint is not None:
+        if s.run.checkpoint is not None:
             stored.guide_payload(guide)  # a guide that cannot be saved fails now, not later
-        groups = param_groups(guide, model, length.lr, optim.lr_multipliers)
-        opt_cls = check_optimizer(optim.optimizer)
-        opt = make_optimizer(opt_cls, groups, length.lr, optim.optimizer_options or {})
-        plan = step_rules.plan(engine, objective, opt, dev, ranks.distributed)
-        per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
-        total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch
-        if run.resume is None and ranks.rank == 0:
-            warn_if_short(length.recipe, total, len(batches), batches.batch_size)
-        tracker = convergence and ConvergenceTracker(convergence, len(batches))
-        sched = make_scheduler(opt, optim.lr_schedule, total, tracker)
+        opt, plan, sched, tracker, total = _optimiser(objective, batches, s, dev, ranks)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
             ranks.broadcast_(p for _, p in named_parameters(guide, model))
-            rank_seed = ranks.seed(seed)
-            torch.manual_seed(rank_seed)
-            if dev.type == "cuda":
-                torch.cuda.manual_seed(rank_seed)
+            _seed_rank(ranks.seed(seed), dev)
         result = FitResult(model=model, guide=guide, device=dev)
-        result.options = _options(
-            guide, length, total, batches, optim, loss, objective, plan, seed, ranks
-        )
+        result.options = _options(guide, total, batches, s, objective, plan, seed, ranks)
         result.options["data"] = identity["data"]
         if resumed is not None:
-            state = restore(resumed, model, opt, sched, generator, run.resume)
-            check_position(run.resume, state, per_epoch)
+            state = restore(resumed, model, opt, sched, generator, s.run.resume)
+            check_position(s.run.resume, state, plan.steps_per_epoch(batches.steps_per_epoch))
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
-                torch.manual_seed(ranks.seed(seed + state.step))  # other layout: fresh draws
+                _seed_rank(ranks.seed(seed + state.step), dev)  # another layout: fresh draws
         else:
             state = LoopState(epoch_start_state=generator.get_state())
-        params = [p for g in groups for p in g["params"]]
-        guard = DivergenceGuard(params, guide, run.on_divergence, plan.copy_every)
-        steps = StepEngine(
+        stepper = Stepper.build(
             objective,
             opt,
-            params,
-            guard,
-            plan,
-            state,
             num_data=len(batches),
+            on_divergence=s.run.on_divergence,
+            state=state,
+            plan=plan,
             scheduler=sched,
-            clip_grad_norm=optim.clip_grad_norm,
-            per_example=optim.per_example,
+            clip_grad_norm=s.optim.clip_grad_norm,
+            per_example=s.optim.per_example,
             ranks=ranks,
         )
         trainer = Trainer(
-            engine=steps,
+            stepper=stepper,
             batches=batches,
             generator=generator,
             result=result,
-            checkpoint=run.checkpoint,
-            checkpoint_every=run.checkpoint_every,
+            checkpoint=s.run.checkpoint,
+            checkpoint_every=s.run.checkpoint_every,
             identity=identity,
             ranks=ranks,
             convergence=tracker,
         )
         try:
             with intra_op_threads(plan.threads):
-                trainer.run(total, list(run.callbacks), run.progress)
+                trainer.run(total, list(s.run.callbacks), s.run.progress)
         finally:
-            graph = steps.graph.state if steps.graph is not None else plan.graph_record
+            graph = stepper.graph.state if stepper.graph is not None else plan.graph_record
             result.options.update(jit=objective.jit_state, cuda_graph=graph, **trainer.outcome())
         return result
 
 
-def _options(guide, length, total, batches, optim, loss, objective, plan, seed, ranks) -> dict:
+def _optimiser(objective, batches, s: Settings, dev, ranks: Ranks):
+    """The fit's optimiser, its step plan (:func:`zoo.training.rules.plan` on the fit's
+    ``zoo.Engine``), schedule and convergence tracker, and the fit's length in optimiser
+    steps."""
+    model, guide, length = objective.model, objective.guide, s.length
+    groups = param_groups(guide, model, length.lr, s.optim.lr_multipliers)
+    opt_cls = check_optimizer(s.optim.optimizer)
+    opt = make_optimizer(opt_cls, groups, length.lr, s.optim.optimizer_options or {})
+    plan = step_rules.plan(s.engine, objective, opt, dev, ranks.distributed)
+    per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
+    total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch
+    if s.run.resume is None and ranks.rank == 0:
+        warn_if_short(length.recipe, total, len(batches), batches.batch_size)
+    tracker = s.convergence and ConvergenceTracker(s.convergence, len(batches))
+    return opt, plan, make_scheduler(opt, s.optim.lr_schedule, total, tracker), tracker, total
+
+
+def _seed_rank(rank_seed: int, dev) -> None:
+    torch.manual_seed(rank_seed)
+    if dev is not None and dev.type == "cuda":
+        torch.cuda.manual_seed(rank_seed)
+
+
+def _options(guide, total, batches, s: Settings, objective, plan, seed, ranks) -> dict:
     """What a fit records in ``result.options`` before its first step (how it ended is added
     after its last, from :meth:`zoo.training.loop.Trainer.outcome`)."""
+    length, optim, loss = s.length, s.optim, s.loss
     return dict(
         guide=getattr(guide, "family", None) or type(guide).__name__,
         epochs=length.epochs,

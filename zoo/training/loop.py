@@ -1,5 +1,5 @@
 """The loop of a fit (:class:`Trainer`): epochs, checkpoints, callbacks, progress, Ctrl-C and
-the convergence rule, around a :class:`zoo.training.step.StepEngine` that takes the steps.
+the convergence rule, around a :class:`zoo.training.step.Stepper` that takes the steps.
 :func:`zoo.fit` builds one and runs it."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from zoo.training.checkpoint import write_checkpoint
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.divergence import FitDivergedError, warn_blow_up, warn_skipped
 from zoo.training.optim import apply_factor
-from zoo.training.result import FitResult, FitState
-from zoo.training.step import StepEngine
+from zoo.training.result import CallbackView, FitResult
+from zoo.training.step import Stepper
 
 #: Steps between the progress bar's updates of the loss it shows (at the host's reads).
 POSTFIX_EVERY = 10
@@ -39,16 +39,16 @@ class CheckpointError(OSError):
 
 
 class Trainer:
-    """Runs a fit's steps on its :class:`~zoo.training.step.StepEngine`: every epoch's minibatches
+    """Runs a fit's steps on its :class:`~zoo.training.step.Stepper`: every epoch's minibatches
     in order (a resumed fit replays its epoch's shuffle and skips the steps done), the host's
-    reads when the engine or the loop needs them (a full group, an epoch's end, a checkpoint,
+    reads when the stepper or the loop needs them (a full group, an epoch's end, a checkpoint,
     the last step, callbacks, a convergence window), checkpoints, callbacks, a progress bar and
     Ctrl-C. Built by :func:`zoo.fit`."""
 
     def __init__(
         self,
         *,
-        engine: StepEngine,
+        stepper: Stepper,
         batches: Batches,
         generator,
         result: FitResult,
@@ -58,13 +58,13 @@ class Trainer:
         ranks: Ranks | None = None,
         convergence: ConvergenceTracker | None = None,
     ):
-        self.engine, self.state, self.batches = engine, engine.state, batches
+        self.stepper, self.state, self.batches = stepper, stepper.state, batches
         self.generator, self.result = generator, result
         self.checkpoint, self.checkpoint_every = checkpoint, checkpoint_every
         self.identity = identity
         self.ranks = ranks if ranks is not None else Ranks()
         self.convergence = convergence
-        self.steps_per_epoch = engine.plan.steps_per_epoch(batches.steps_per_epoch)
+        self.steps_per_epoch = stepper.plan.steps_per_epoch(batches.steps_per_epoch)
         # The result shows the state's history as it grows.
         state = self.state
         result.losses, result.epoch_losses = state.losses, state.epoch_losses
@@ -83,31 +83,31 @@ class Trainer:
             raise
 
     def _run(self, total: int, callbacks: list, progress: bool) -> None:
-        state, engine = self.state, self.engine
+        state, stepper = self.state, self.stepper
         show = progress and self.ranks.is_global_zero
         bar = tqdm(
             total=total, initial=state.step, disable=not show, unit="step", dynamic_ncols=True
         )
         self._start = time.perf_counter()
-        engine.begin()
+        stepper.begin()
         stop, shown = False, state.step
         if state.step > 0 and self._converged(resumed=True):
             stop, self.reason = True, "converged"
         try:
             while state.step < total and not stop:
                 self.generator.set_state(state.epoch_start_state)
-                steps = engine.steps(self.batches.epoch(state.epoch))
+                steps = stepper.steps(self.batches.epoch(state.epoch))
                 before, seen = state.step, 0
                 for index, inputs in enumerate(steps):
                     seen = index + 1
                     if index < state.done_in_epoch:
                         continue
-                    engine.step(inputs)
+                    stepper.step(inputs)
                     state.done_in_epoch = index + 1
                     bar.update(1)
                     if not self._read_due(total, callbacks):
                         continue
-                    value = engine.settle()
+                    value = stepper.settle()
                     if state.step >= shown + POSTFIX_EVERY or state.step >= total:
                         bar.set_postfix(epoch=state.epoch, loss=f"{value:.4g}", refresh=False)
                         shown = state.step
@@ -122,12 +122,12 @@ class Trainer:
                     self._no_progress(seen)
         except KeyboardInterrupt:
             self.result.interrupted = True
-            engine.settle()
+            stepper.settle()
             self.save_checkpoint(gather=False)  # other ranks may not be here to gather
         finally:
             bar.close()
             self.result.wall_time = self._wall_time()
-        if engine.last_inputs is not None and not self.result.interrupted:
+        if stepper.last_inputs is not None and not self.result.interrupted:
             self.final_check()
         if not self.result.interrupted:
             self.save_checkpoint()
@@ -155,7 +155,7 @@ class Trainer:
         from the losses; ``resumed``: at a resumed fit's start, wherever it is. A rate cut it
         finds applies from the next step, found now or before a resume (a resumed tracker
         starts with no cuts, so its earlier cuts are applied again)."""
-        rule, scheduler = self.convergence, self.engine.scheduler
+        rule, scheduler = self.convergence, self.stepper.scheduler
         if rule is None or not (resumed or rule.due(self.state.step)):
             return False
         cuts = len(rule.cuts)
@@ -183,17 +183,17 @@ class Trainer:
 
     def warn_prior(self) -> None:
         """The prior's own warnings about its fitted state (a collapsed learned scale)."""
-        prior = getattr(self.engine.objective.model, "prior", None)
+        prior = getattr(self.stepper.objective.model, "prior", None)
         for message in prior.diagnose() if isinstance(prior, Prior) else []:
             warnings.warn(message, RuntimeWarning, stacklevel=5)
 
     def _read_due(self, total: int, callbacks: list) -> bool:
-        """Whether the host reads the losses now: the engine's group is full, an epoch's end,
+        """Whether the host reads the losses now: the stepper's group is full, an epoch's end,
         a checkpoint, the last step, a convergence window's end, or callbacks (which see every
         step's loss)."""
         state, every = self.state, self.checkpoint_every
         return (
-            self.engine.due
+            self.stepper.due
             or bool(callbacks)
             or state.step >= total
             or state.done_in_epoch == self.steps_per_epoch
@@ -205,7 +205,7 @@ class Trainer:
         """Epoch bookkeeping, checkpoint and callbacks; ``True`` when a callback stops."""
         state = self.state
         epoch_end = state.done_in_epoch == self.steps_per_epoch
-        fit_state = FitState(
+        fit_state = CallbackView(
             state.step, state.epoch, value, epoch_end or state.step == total, self.result
         )
         if epoch_end:
@@ -218,12 +218,12 @@ class Trainer:
 
     def final_check(self) -> None:
         """The last update is checked by no step: evaluate its loss, invisibly to the RNG."""
-        if self.engine.guard.good_step is None:
+        if self.stepper.guard.good_step is None:
             return
         rng = files.rng_state(self.generator)
-        final = self.engine.final_loss()
+        final = self.stepper.final_loss()
         files.set_rng_state(rng, self.generator)
-        self.engine.guard.final_check(final, self.state.step - 1)
+        self.stepper.guard.final_check(final, self.state.step - 1)
 
     def save_checkpoint(self, gather: bool = True) -> None:
         """Write the checkpoint, if the fit has one: rank 0 writes it, with every rank's
@@ -236,20 +236,20 @@ class Trainer:
             rank_rng = self.ranks.gather(files.torch_rng_state(), self.state.step)
         if not self.ranks.is_global_zero:
             return
-        engine = self.engine
+        stepper = self.stepper
         try:
-            self._write(engine, rank_rng)
+            self._write(stepper, rank_rng)
         except OSError as err:
             raise CheckpointError(self.checkpoint, self.state.step, err, self.result) from err
 
-    def _write(self, engine, rank_rng) -> None:
+    def _write(self, stepper, rank_rng) -> None:
         write_checkpoint(
             self.checkpoint,
             state=self.state,
-            guide=engine.objective.guide,
-            model=engine.objective.model,
-            optimizer=engine.optimizer,
-            scheduler=engine.scheduler,
+            guide=stepper.objective.guide,
+            model=stepper.objective.model,
+            optimizer=stepper.optimizer,
+            scheduler=stepper.scheduler,
             generator=self.generator,
             options=self.result.options,
             rank_rng=rank_rng,

@@ -268,7 +268,7 @@ class Run:
     progress : bool, default True
         Show a tqdm progress bar.
     callbacks : iterable of callables
-        Called as ``cb(FitState)`` after every step; a truthy return stops the fit.
+        Called as ``cb(CallbackView)`` after every step; a truthy return stops the fit.
     on_divergence : {"raise", "skip"}
         On a NaN/inf loss or gradient the guide goes back to parameters whose loss and
         gradients were finite (the message names the step), then: raise

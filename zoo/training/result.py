@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class FitState:
+class CallbackView:
     """What a callback sees after every step. Return ``True`` from the callback to stop."""
 
     step: int

@@ -1,14 +1,14 @@
 """The step engine: one optimiser step of a fit, written once.
 
-:class:`StepEngine` takes a step's minibatches and runs the one body every step shares
-(:meth:`StepEngine.body`): the loss of each minibatch with its gradients, the ranks' average,
+:class:`Stepper` takes a step's minibatches and runs the one body every step shares
+(:meth:`Stepper.body`): the loss of each minibatch with its gradients, the ranks' average,
 the gradient norm (clipped), the divergence test and the optimiser's update. What varies is
 chosen once, by :func:`zoo.training.rules.plan`, never by a branch of the training loop:
 
 - **where the divergence test runs**: on the host, which reads every step and updates only when
   the loss and gradient norm are finite; or on the device (``check_every > 1`` or a CUDA graph),
   where the fused optimiser skips a non-finite update on a flag the body sets, and the host reads
-  the steps in groups (:attr:`StepEngine.due`, :meth:`StepEngine.settle`). The settlement is
+  the steps in groups (:attr:`Stepper.due`, :meth:`Stepper.settle`). The settlement is
   :class:`zoo.training.divergence.DivergenceGuard`'s, the same for both;
 - **how the body runs**: eagerly, with the compiled loss, or replayed from a CUDA graph
   (:class:`zoo.training.cuda_graph.GraphedStep` records this same body);
@@ -23,7 +23,7 @@ A hand-written loop gets the same step without ``zoo.fit``::
     objective.setup(x[:2], y[:2])
     params = [p for p in guide.parameters()]
     opt = torch.optim.Adam(params, lr=1e-3, fused=True)
-    engine = zoo.StepEngine.build(objective, opt, num_data=len(x), check_every=10)
+    engine = zoo.Stepper.build(objective, opt, num_data=len(x), check_every=10)
     for epoch in range(10):
         for xb, yb in loader:
             engine.step([(xb, yb)])
@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
+from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
 from zoo.runtime.distributed import Ranks
 from zoo.training import rules as step_rules
@@ -52,7 +53,7 @@ from zoo.training.rules import StepPlan
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
-class StepEngine:
+class Stepper:
     """Optimiser steps on minibatches, their divergence test and its settlement.
 
     Parameters
@@ -118,19 +119,24 @@ class StepEngine:
         *,
         num_data: int,
         check_every: int | str = 1,
+        accumulate: int = 1,
         on_divergence: str = "raise",
         state: LoopState | None = None,
+        plan: StepPlan | None = None,
         **options,
-    ) -> StepEngine:
-        """An engine for a hand-written loop: every parameter of ``optimizer``, the host's
-        reads every ``check_every`` steps (``"auto"``: :mod:`zoo.training.rules`' rule, whose table
-        also refuses what cannot combine), a fresh :class:`~zoo.training.checkpoint.LoopState` (its
-        ``losses`` are the history) unless given; ``options``: ``scheduler``,
-        ``clip_grad_norm``, ``per_example``, ``accumulate``."""
+    ) -> Stepper:
+        """A stepper over every parameter of ``optimizer``: how ``zoo.fit`` builds its own and
+        how a hand-written loop gets the same step. The host reads the losses every
+        ``check_every`` steps (``"auto"``: :mod:`zoo.training.rules`' rule, whose table also
+        refuses what cannot combine) and a step takes ``accumulate`` minibatches, unless a
+        ``plan`` made by :func:`zoo.training.rules.plan` is given (``zoo.fit``'s, from its
+        ``zoo.Engine``); a fresh :class:`~zoo.training.checkpoint.LoopState` (its ``losses``
+        are the history) unless ``state`` is given. ``options``: ``scheduler``,
+        ``clip_grad_norm``, ``per_example``, ``ranks`` (as the constructor's)."""
         params = [p for g in optimizer.param_groups for p in g["params"]]
-        accumulate = options.pop("accumulate", 1)
-        engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
-        plan = step_rules.plan(engine, objective, optimizer, params[0].device, distributed=False)
+        if plan is None:
+            engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
+            plan = step_rules.plan(engine, objective, optimizer, params[0].device, False)
         guard = DivergenceGuard(params, objective.guide, on_divergence, plan.copy_every)
         built = cls(
             objective,
@@ -243,7 +249,7 @@ class StepEngine:
         for (x, y), share in zip(inputs, shares(inputs)):
             part = loss_of(x, y)
             weighted = part if share == 1 else part * share
-            (weighted / self.num_data if self.per_example else weighted).backward()
+            differentiated(weighted, self.num_data, self.per_example).backward()
             loss = weighted.detach() if loss is None else loss + weighted.detach()
         return loss
 
