@@ -90,7 +90,7 @@ def run(name: str, args) -> dict:
         warmup=args.warmup,
         draws=args.draws,
         seed=args.seed,
-        max_tree_depth=args.max_tree_depth,
+        sampler=zoo.NUTS(max_tree_depth=args.max_tree_depth),
         checkpoint=Path(args.workdir) / name,
         progress=not args.quiet,
     )

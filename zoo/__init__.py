@@ -12,6 +12,7 @@ from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import ElboScale
 from zoo.inference.objective import Objective
 from zoo.mcmc.result import Reference
+from zoo.mcmc.samplers import NUTS, Sampler
 from zoo.mcmc.sampling import Budget as ReferenceBudget
 from zoo.mcmc.sampling import ReferenceTooLargeError, reference
 from zoo.models import likelihoods
@@ -36,6 +37,7 @@ __all__ = [
     "FitResult",
     "CallbackView",
     "Loss",
+    "NUTS",
     "Objective",
     "Optim",
     "Prediction",
@@ -43,6 +45,7 @@ __all__ = [
     "ReferenceBudget",
     "ReferenceTooLargeError",
     "RegressionPrediction",
+    "Sampler",
     "Run",
     "Stepper",
     "compare",

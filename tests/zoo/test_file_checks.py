@@ -147,7 +147,7 @@ def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
         "settings": {}, "data": [], "z": {"w": torch.zeros(2)}, "step_size": 0.1,
         "inverse_mass_matrix": [[["w"], torch.ones(2)]],
         "draws": {"w": [torch.zeros(2), torch.ones(2)]},
-        "stats": {name: [0.0, 0.0] for name in hmc.STAT_NAMES},
+        "stats": {name: [0.0, 0.0] for name in zoo.NUTS.stat_names},
         "rng": files.torch_rng_state(),
     }  # fmt: skip
     path = tmp_path / "chain0.pt"

@@ -160,16 +160,19 @@ def test_what_full_batch_hmc_cannot_do_is_refused_before_sampling():
 @pytest.mark.parametrize(
     "options, phrase",
     [
-        (dict(max_tree_depth=0), "max_tree_depth must be a positive integer, got 0"),
+        (dict(sampler=zoo.NUTS(max_tree_depth=0)), "max_tree_depth must be a positive integer"),
         (dict(draws=2.5), "draws must be a positive integer, got 2.5"),
         (dict(warmup=-1), "warmup must be a whole number >= 0"),
         (dict(chains=0), "chains must be a positive integer"),
-        (dict(target_accept=1.5), "target_accept must be a number strictly between 0 and 1"),
-        (dict(target_accept=0), "target_accept must be a number strictly between 0 and 1"),
+        (dict(sampler=zoo.NUTS(target_accept=1.5)), "target_accept must be a number strictly"),
+        (dict(sampler=zoo.NUTS(target_accept=0)), "target_accept must be a number strictly"),
+        (dict(sampler=zoo.NUTS(jit="yes")), "jit must be True or False"),
         (dict(seed=-3), "seed must be None"),
     ],
 )
 def test_settings_no_run_can_use_are_refused_before_any_work(options, phrase, monkeypatch):
+    """The reference's settings and its sampler's, refused before the data are read."""
+
     def no_data(*args):
         raise AssertionError("the data were read")
 
@@ -177,6 +180,111 @@ def test_settings_no_run_can_use_are_refused_before_any_work(options, phrase, mo
     with pytest.raises(ValueError, match=phrase):
         zoo.reference(zoo.models.BayesianMLP(3, (4,)), (torch.randn(9, 3), torch.randn(9)),
                       progress=False, **options)  # fmt: skip
+
+
+def test_nuts_settings_passed_as_keywords_say_where_they_go_now():
+    """target_accept=, max_tree_depth= and jit= moved into the sampler object (0.3.0)."""
+    data = (torch.randn(9, 3), torch.randn(9))
+    with pytest.raises(TypeError, match=r"target_accept= goes in sampler=zoo.NUTS\(target_acc"):
+        zoo.reference(zoo.models.BayesianMLP(3, (4,)), data, target_accept=0.9)
+    for bad in (zoo.NUTS, "nuts", None):
+        with pytest.raises(TypeError, match="sampler must be"):
+            zoo.reference(zoo.models.BayesianMLP(3, (4,)), data, sampler=bad, progress=False)
+
+
+def test_a_second_sampler_is_one_class(tmp_path):
+    """The seam: Pyro's fixed-length HMC written as one Sampler subclass runs through
+    zoo.reference (chains, checkpoints and exact resume included) with no other change."""
+    import dataclasses
+
+    from pyro.infer.mcmc import HMC
+
+    from zoo.mcmc import samplers
+
+    @dataclasses.dataclass(frozen=True)
+    class FixedHMC(samplers.Sampler):
+        num_steps: int = 4
+        name = "fixed-hmc"
+        stat_names = ("step_size", "lp")
+
+        def check(self):
+            if self.num_steps < 1:
+                raise ValueError("num_steps must be at least 1")
+
+        def kernel(self, model, adapted=None):
+            step, steps = (0.05, self.num_steps) if adapted is None else adapted["trajectory"]
+            return HMC(model, step_size=step, num_steps=steps,
+                       adapt_step_size=adapted is None, adapt_mass_matrix=False)  # fmt: skip
+
+        def adapted(self, kernel):  # the adapted step size, and the steps Pyro derived from it
+            return {"trajectory": [float(kernel.step_size), kernel.num_steps]}
+
+        def restore(self, kernel, adapted):
+            pass
+
+        @classmethod
+        def check_adapted(cls, state, path):
+            assert state["trajectory"][0] > 0
+
+        def transition(self, kernel, z):
+            z = kernel.sample(z)
+            lp = -float(kernel.potential_fn(z))
+            return z, {"step_size": float(kernel.step_size), "lp": lp}
+
+    monkey = dict(samplers.SAMPLERS)
+    samplers.SAMPLERS["fixed-hmc"] = FixedHMC
+    try:
+        x = torch.randn(20, 2)
+        y = x[:, 0] + 0.1 * torch.randn(20)
+        make = lambda: zoo.models.BayesianMLP(2, (3,), noise=0.5)  # noqa: E731
+        options = dict(chains=2, warmup=5, draws=8, chunk=4, processes=1, progress=False)
+        whole = zoo.reference(make(), (x, y), sampler=FixedHMC(), seed=3, **options)
+        assert whole.options["sampler"] == "fixed-hmc" and set(whole.stats) == {"step_size", "lp"}
+        first = zoo.reference(make(), (x, y), sampler=FixedHMC(), seed=3, checkpoint=tmp_path,
+                              **{**options, "draws": 4})  # fmt: skip
+        resumed = zoo.reference(make(), (x, y), sampler=FixedHMC(), seed=3, checkpoint=tmp_path,
+                                **options)  # fmt: skip
+        assert len(first.stats["lp"][0]) == 4
+        for name in whole.draws:
+            assert torch.equal(whole.draws[name], resumed.draws[name])
+        with pytest.raises(ValueError, match="other settings.*num_steps"):
+            zoo.reference(make(), (x, y), sampler=FixedHMC(num_steps=5), seed=3,
+                          checkpoint=tmp_path, **options)  # fmt: skip
+    finally:
+        samplers.SAMPLERS.clear()
+        samplers.SAMPLERS.update(monkey)
+
+
+def test_the_nuts_recorder_reads_what_pyro_has():
+    """NUTS' per-transition energy and tree depth, its divergence count and running acceptance
+    are private to Pyro: zoo.mcmc.samplers._RecordingNUTS reads them in one place. This fails
+    when Pyro renames or reshapes one of them."""
+    import inspect
+
+    from pyro.infer.mcmc import NUTS
+
+    from zoo.mcmc.samplers import _RecordingNUTS
+
+    for method, params in [
+        ("_sample_r", ["self", "name"]),
+        (
+            "_build_tree",
+            ["self", "z", "r", "z_grads", "log_slice", "direction", "tree_depth", "energy_current"],
+        ),  # fmt: skip
+        ("_kinetic_energy", ["self", "r_unscaled"]),
+    ]:
+        assert list(inspect.signature(getattr(NUTS, method)).parameters) == params, method
+    x = torch.randn(10, 2)
+    model = zoo.models.BayesianMLP(2, (2,), noise=1.0)
+    kernel = zoo.NUTS(jit=False).kernel(model)
+    assert isinstance(kernel, _RecordingNUTS)
+    kernel.setup(2, x, x[:, 0])
+    z = {k: v.detach() for k, v in kernel.initial_params.items()}
+    for _ in range(3):
+        z, stats = zoo.NUTS().transition(kernel, z)
+    assert {"_divergences", "_mean_accept_prob", "_t", "_warmup_steps"} <= set(vars(kernel))
+    assert stats["tree_depth"] >= 1 and stats["energy"] >= -stats["lp"]  # kinetic >= 0
+    assert kernel._t == 3 and _RecordingNUTS.post_warmup_transitions(kernel) == 1
 
 
 def test_a_checkpoint_that_is_a_file_is_refused(tmp_path):
@@ -222,7 +330,7 @@ def test_chains_end_when_a_killed_reference_leaves_them(tmp_path):
         import zoo
         x = torch.randn(30, 2); y = x[:, 0]
         zoo.reference(zoo.models.BayesianMLP(2, (3,), noise=1.0), (x, y), chains=2,
-                      processes=2, warmup=5, draws=10**6, chunk=5, jit=False,
+                      processes=2, warmup=5, draws=10**6, chunk=5, sampler=zoo.NUTS(jit=False),
                       checkpoint={str(folder)!r}, progress=False)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])

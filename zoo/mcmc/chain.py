@@ -1,19 +1,15 @@
-"""One NUTS chain on a zoo model, run in chunks with a checkpoint after each: the engine under
-:func:`zoo.reference.reference`.
+"""One chain of a reference sampler on a zoo model, run in chunks with a checkpoint after each:
+the runner under :func:`zoo.reference`.
 
-The sampler is Pyro's own ``pyro.infer.mcmc.NUTS`` kernel, driven as ``pyro.infer.MCMC`` drives
-it (``setup``, then ``sample`` once per transition, then the kernel's ``transforms`` to the
-constrained space), one chunk of transitions at a time so that a long run can stop and resume.
-Warm-up (step-size and diagonal mass-matrix adaptation) is one chunk; after it, each chunk of
-draws ends with a checkpoint holding the chain's unconstrained position, the adapted step size
-and inverse mass matrix, the draws so far and torch's generator state. A resumed chain rebuilds
-the kernel from those, with adaptation off, and restores the generator, so it continues with
-exactly the draws the uninterrupted chain makes.
-
-Per draw the chain records what ArviZ reads as ``sample_stats``: ``diverging``, ``tree_depth``
-(number of trajectory doublings), ``step_size``, ``energy`` (the Hamiltonian at the start of the
-transition), ``lp`` (the log joint density in the unconstrained space, Jacobian included:
-``-potential energy``) and ``acceptance_rate`` (the transition's mean Metropolis acceptance).
+The sampler (:mod:`zoo.mcmc.samplers`, e.g. :class:`~zoo.mcmc.samplers.NUTS`) builds a Pyro MCMC
+kernel, driven as ``pyro.infer.MCMC`` drives it (``setup``, then ``sample`` once per transition,
+then the kernel's ``transforms`` to the constrained space), one chunk of transitions at a time
+so that a long run can stop and resume. Warm-up (the sampler's adaptation) is one chunk; after
+it, each chunk of draws ends with a checkpoint holding the chain's unconstrained position, what
+the warm-up adapted, the draws so far with the sampler's per-draw statistics (ArviZ's
+``sample_stats``) and torch's generator state. A resumed chain rebuilds the kernel from those,
+with adaptation off, and restores the generator, so it continues with exactly the draws the
+uninterrupted chain makes.
 """
 
 from __future__ import annotations
@@ -24,46 +20,29 @@ from pathlib import Path
 
 import pyro
 import torch
-from pyro.infer.autoguide.initialization import init_to_sample
-from pyro.infer.mcmc import NUTS
 from pyro.poutine.util import site_is_subsample
 
+from zoo.mcmc.samplers import NUTS, SAMPLERS, Sampler
 from zoo.runtime import file_checks, files
 from zoo.runtime.rng import forked, seeded
-
-#: The per-draw statistics each chain records, in ArviZ's ``sample_stats`` names.
-STAT_NAMES = ("diverging", "tree_depth", "step_size", "energy", "lp", "acceptance_rate")
 
 
 @dataclass(frozen=True)
 class ChainSettings:
     """What one chain does: ``warmup`` adaptation transitions, then ``draws`` kept ones in
-    chunks of ``chunk``, from ``seed``; NUTS' ``target_accept`` and ``max_tree_depth``;
-    ``jit``: trace the potential with ``torch.jit`` (Pyro's ``jit_compile``, several times
-    faster per gradient on small networks)."""
+    chunks of ``chunk``, from ``seed``, with ``sampler``."""
 
     warmup: int
     draws: int
     chunk: int
     seed: int
-    target_accept: float = 0.8
-    max_tree_depth: int = 10
-    jit: bool = True
+    sampler: Sampler = NUTS()
 
-
-class _RecordingNUTS(NUTS):
-    """Pyro's NUTS, also keeping the start energy and the tree depth of its last transition."""
-
-    def _sample_r(self, name):
-        r, r_unscaled = super()._sample_r(name)
-        kinetic = self._kinetic_energy(r_unscaled)
-        self.last_energy = float(kinetic + self._potential_energy_last)
-        self.last_depth = 0
-        return r, r_unscaled
-
-    def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
-        self.last_depth = max(self.last_depth, tree_depth + 1)
-        return super()._build_tree(z, r, z_grads, log_slice, direction, tree_depth, energy_current)
+    def as_dict(self) -> dict:
+        """Plain data, as files and ``Reference.options`` record it: the counts, the seed and
+        the sampler's settings (its name under ``"sampler"``)."""
+        counts = {k: v for k, v in asdict(self).items() if k != "sampler"}
+        return {**counts, **self.sampler.settings()}
 
 
 def chain_path(folder: Path, chain: int) -> Path:
@@ -85,7 +64,7 @@ def run_chain(model, x, y, settings: ChainSettings, chain: int, folder: Path, co
         warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace's deprecation notice
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         if state is None:
-            kernel = _kernel(model, settings)
+            kernel = settings.sampler.kernel(model)
             kernel.setup(settings.warmup, x, y)
             z = {k: v.detach() for k, v in kernel.initial_params.items()}
             for _ in range(settings.warmup):
@@ -95,59 +74,33 @@ def run_chain(model, x, y, settings: ChainSettings, chain: int, folder: Path, co
             _save(path, state)
         else:
             _count(counter, chain, settings.warmup + len(state["stats"]["lp"]))
-            kernel = _resumed_kernel(model, settings, state, x, y)
+            kernel = _resumed_kernel(model, settings.sampler, state, x, y)
             z = dict(state["z"])
             files.set_torch_rng_state(state["rng"])
         while len(state["stats"]["lp"]) < settings.draws:
             todo = min(settings.chunk, settings.draws - len(state["stats"]["lp"]))
-            z = _draw_chunk(kernel, z, todo, state, counter, chain)
+            z = _draw_chunk(kernel, settings.sampler, z, todo, state, counter, chain)
             state["z"] = z
             state["rng"] = files.torch_rng_state()
             _save(path, state)
 
 
-def _kernel(model, settings: ChainSettings, **options) -> _RecordingNUTS:
-    return _RecordingNUTS(
-        model,
-        target_accept_prob=settings.target_accept,
-        max_tree_depth=settings.max_tree_depth,
-        jit_compile=settings.jit,
-        ignore_jit_warnings=True,
-        init_strategy=init_to_sample,
-        **options,
-    )
-
-
-def _resumed_kernel(model, settings: ChainSettings, state: dict, x, y) -> _RecordingNUTS:
-    """A kernel at the adapted step size and mass matrix, adaptation off, at ``state["z"]``."""
-    kernel = _kernel(
-        model,
-        settings,
-        step_size=state["step_size"],
-        adapt_step_size=False,
-        adapt_mass_matrix=False,
-    )
+def _resumed_kernel(model, sampler: Sampler, state: dict, x, y):
+    """A kernel at what the warm-up adapted, adaptation off, at ``state["z"]``."""
+    kernel = sampler.kernel(model, adapted=state)
     kernel.initial_params = dict(state["z"])
     kernel.setup(0, x, y)
-    kernel.mass_matrix_adapter.inverse_mass_matrix = {
-        tuple(names): value for names, value in state["inverse_mass_matrix"]
-    }
+    sampler.restore(kernel, state)
     return kernel
 
 
-def _draw_chunk(kernel, z, todo: int, state: dict, counter, chain: int) -> dict:
+def _draw_chunk(kernel, sampler: Sampler, z, todo: int, state: dict, counter, chain: int):
     """``todo`` transitions; each draw (constrained) and its statistics appended to ``state``."""
     stats, draws = state["stats"], state["draws"]
     for _ in range(todo):
-        divergences, mean_accept = len(kernel._divergences), kernel._mean_accept_prob
-        z = kernel.sample(z)
-        n = kernel._t - kernel._warmup_steps  # post-warm-up transitions of this kernel
-        stats["diverging"].append(float(len(kernel._divergences) > divergences))
-        stats["tree_depth"].append(float(kernel.last_depth))
-        stats["step_size"].append(float(kernel.step_size))
-        stats["energy"].append(kernel.last_energy)
-        stats["lp"].append(-float(kernel._potential_energy_last))
-        stats["acceptance_rate"].append(n * kernel._mean_accept_prob - (n - 1) * mean_accept)
+        z, values = sampler.transition(kernel, z)
+        for name in sampler.stat_names:
+            stats[name].append(values[name])
         for name, value in z.items():
             transform = kernel.transforms.get(name)
             value = transform.inv(value) if transform is not None else value
@@ -163,15 +116,12 @@ def _state(kernel, z: dict, settings: ChainSettings, chain: int, x, y) -> dict:
         "kind": "hmc-chain",
         "version": files.VERSION,
         "chain": chain,
-        "settings": asdict(settings),
+        "settings": settings.as_dict(),
         "data": data_fingerprint(x, y),
         "z": z,
-        "step_size": float(kernel.step_size),
-        "inverse_mass_matrix": [
-            [list(names), value] for names, value in kernel.inverse_mass_matrix.items()
-        ],
+        **settings.sampler.adapted(kernel),
         "draws": {},
-        "stats": {name: [] for name in STAT_NAMES},
+        "stats": {name: [] for name in settings.sampler.stat_names},
         "rng": files.torch_rng_state(),
     }
 
@@ -183,8 +133,8 @@ def data_fingerprint(x: torch.Tensor, y: torch.Tensor) -> list[float]:
 
 def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y) -> None:
     """Refuse a checkpoint of another run: other data, seed, warm-up or kernel settings."""
-    saved = dict(state["settings"])
-    now = asdict(settings)
+    saved = {"sampler": NUTS.name, **state["settings"]}  # files before samplers were named
+    now = settings.as_dict()
     differ = [k for k in now if k not in ("draws", "chunk") and saved.get(k) != now[k]]
     if differ:
         raise ValueError(
@@ -208,30 +158,27 @@ def read_chain(path: Path) -> dict:
 
 
 def check_chain(state: dict, path) -> None:
-    """Refuse a chain file whose entries no chain writes: a position or draw that is not a
-    finite tensor, a step size that is not a positive number, statistics of unequal lengths."""
-    keys = ("chain", "settings", "data", "z", "step_size", "inverse_mass_matrix", "draws")
-    files.require(state, (*keys, "stats", "rng"), path)
-    file_checks.check_tensors(state["z"], path, "chain position z")
-    step = state["step_size"]
-    if isinstance(step, bool) or not isinstance(step, (int, float)) or not 0 < step < float("inf"):
-        raise ValueError(f"{path}: the chain's step size is {step!r}, not a positive number")
-    stats = state["stats"]
-    if not isinstance(stats, dict) or set(stats) != set(STAT_NAMES):
-        raise ValueError(f"{path}: the chain's stats are not {list(STAT_NAMES)}")
-    lengths = {len(v) for v in stats.values()}
-    draws = state["draws"]
-    if not isinstance(draws, dict) or not isinstance(state["settings"], dict):
+    """Refuse a chain file whose entries no chain writes: an unknown sampler, a position or draw
+    that is not a finite tensor, statistics other than the sampler's or of unequal lengths, and
+    what the sampler's own check refuses of its adapted values."""
+    keys = ("chain", "settings", "data", "z", "draws", "stats", "rng")
+    files.require(state, keys, path)
+    if not isinstance(state["draws"], dict) or not isinstance(state["settings"], dict):
         raise ValueError(f"{path}: the chain's draws or settings are not dicts")
-    lengths |= {len(v) for v in draws.values()}
+    name = state["settings"].get("sampler", NUTS.name)
+    sampler = SAMPLERS.get(name) if isinstance(name, str) else None
+    if sampler is None:
+        raise ValueError(f"{path}: the chain's sampler {name!r} is none of {sorted(SAMPLERS)}")
+    sampler.check_adapted(state, path)
+    file_checks.check_tensors(state["z"], path, "chain position z")
+    stats, draws = state["stats"], state["draws"]
+    if not isinstance(stats, dict) or set(stats) != set(sampler.stat_names):
+        raise ValueError(f"{path}: the chain's stats are not {list(sampler.stat_names)}")
+    lengths = {len(v) for v in stats.values()} | {len(v) for v in draws.values()}
     if len(lengths) > 1:
         raise ValueError(f"{path}: the chain's draws and stats differ in length {sorted(lengths)}")
-    for name, values in draws.items():
-        file_checks.check_tensors(dict(enumerate(values)), path, f"draws of {name!r}")
-    matrix = state["inverse_mass_matrix"]
-    if not isinstance(matrix, list) or not all(len(item) == 2 for item in matrix):
-        raise ValueError(f"{path}: the chain's inverse mass matrix is not [[names, tensor], ...]")
-    file_checks.check_tensors({str(n): v for n, v in matrix}, path, "inverse mass matrix")
+    for site, values in draws.items():
+        file_checks.check_tensors(dict(enumerate(values)), path, f"draws of {site!r}")
     if not isinstance(state["rng"], dict) or not torch.is_tensor(state["rng"].get("torch")):
         raise ValueError(f"{path}: the chain's generator state is not a saved torch state")
 

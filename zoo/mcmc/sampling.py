@@ -1,5 +1,6 @@
-"""A reference posterior by Hamiltonian Monte Carlo: Pyro's NUTS on the zoo model itself, with
-the full-batch likelihood, in several chains.
+"""A reference posterior by Markov chain Monte Carlo on the zoo model itself, with the
+full-batch likelihood, in several chains of a sampler (:mod:`zoo.mcmc.samplers`; Pyro's NUTS by
+default).
 
 ``ref = zoo.reference(model, (X, y))`` (:func:`reference`) samples the exact posterior
 ``p(w | data)`` of the same model a guide is fitted to, and returns a :class:`Reference` that
@@ -18,7 +19,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,8 +28,9 @@ from tqdm import tqdm
 from zoo.data.checks import check_data, gather_tensors
 from zoo.mcmc import chain as hmc
 from zoo.mcmc.result import Reference
+from zoo.mcmc.samplers import NUTS, Sampler, check_sampler
 from zoo.runtime import children, files
-from zoo.runtime.arguments import check_positive, check_seed
+from zoo.runtime.arguments import check_positive, check_seed, refuses_moved_keywords
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import example_flops, intra_op_threads
 
@@ -58,11 +60,17 @@ class ReferenceTooLargeError(ValueError):
     """The model or data is past the :class:`Budget` of full-batch HMC."""
 
 
+#: The keywords of NUTS' settings that ``reference`` took before samplers were objects.
+MOVED = {key: f"sampler=zoo.NUTS({key}=...)" for key in ("target_accept", "max_tree_depth", "jit")}
+
+
 @one_at_a_time
+@refuses_moved_keywords(MOVED)
 def reference(
     model,
     data,
     *,
+    sampler: Sampler = NUTS(),
     chains: int = 4,
     warmup: int = 500,
     draws: int = 500,
@@ -70,13 +78,11 @@ def reference(
     checkpoint: str | os.PathLike | None = None,
     chunk: int = 50,
     processes: int | str = "auto",
-    target_accept: float = 0.8,
-    max_tree_depth: int = 10,
-    jit: bool = True,
     budget: Budget = Budget(),
     progress: bool = True,
 ):
-    """Sample the posterior of ``model`` given all of ``data`` with NUTS (Pyro's kernel).
+    """Sample the posterior of ``model`` given all of ``data`` with ``sampler`` (Pyro's NUTS by
+    default).
 
     Parameters
     ----------
@@ -85,6 +91,9 @@ def reference(
         plate. Every example enters every gradient (no minibatch scaling).
     data : (X, y), Dataset or DataLoader
         The training data, gathered into memory (refused past ``budget.data_bytes``).
+    sampler : Sampler
+        The sampler of every chain, with its own settings: ``zoo.NUTS(target_accept=0.8,
+        max_tree_depth=10, jit=True)`` by default (:mod:`zoo.mcmc.samplers`).
     chains, warmup, draws : int
         Independent chains, each with ``warmup`` adaptation transitions (discarded) and
         ``draws`` kept ones.
@@ -99,10 +108,6 @@ def reference(
     processes : "auto" or int
         Chains run in this many forked processes at once (``"auto"``: one per CPU core, at most
         one per chain; 1 runs them here, one after another, as it must on CUDA).
-    target_accept, max_tree_depth : NUTS' dual-averaging target and its trajectory cap.
-    jit : bool
-        Trace the potential energy with ``torch.jit`` (Pyro's ``jit_compile``): several times
-        fewer microseconds per gradient on small networks.
     budget : Budget
         The limits checked before sampling (:class:`ReferenceTooLargeError` past them).
     progress : bool
@@ -112,13 +117,14 @@ def reference(
     -------
     Reference
     """
-    check_settings(chains, warmup, draws, seed, checkpoint, chunk, target_accept, max_tree_depth)
+    check_sampler(sampler)
+    check_settings(chains, warmup, draws, seed, checkpoint, chunk)
     x, y = _in_memory(data, budget)
     device = files.device_of(model) or torch.device("cpu")
     x, y = x.to(device), y.to(device)
     check_data(model, x, y)
     check_budget(model, x, y, budget)
-    settings = hmc.ChainSettings(warmup, draws, chunk, seed, target_accept, max_tree_depth, jit)
+    settings = hmc.ChainSettings(warmup, draws, chunk, seed, sampler)
     workers = _workers(processes, chains, device)
     start = time.perf_counter()
     with children.scratch_folder("zoo-hmc-") as scratch:
@@ -131,24 +137,18 @@ def reference(
         states = [hmc.read_chain(hmc.chain_path(folder, c)) for c in range(chains)]
     per_chain = [hmc.stacked(s) for s in states]
     draws_ = {k: torch.stack([d[k][:draws] for d, _ in per_chain]) for k in per_chain[0][0]}
-    stats = {k: torch.stack([s[k][:draws] for _, s in per_chain]) for k in hmc.STAT_NAMES}
-    options = {**asdict(settings), "chains": chains, "processes": workers, "examples": len(x)}
+    stats = {k: torch.stack([s[k][:draws] for _, s in per_chain]) for k in sampler.stat_names}
+    options = {**settings.as_dict(), "chains": chains, "processes": workers, "examples": len(x)}
     return Reference(model, draws_, stats, time.perf_counter() - start, options, device)
 
 
-def check_settings(chains, warmup, draws, seed, checkpoint, chunk, target, depth) -> None:
+def check_settings(chains, warmup, draws, seed, checkpoint, chunk) -> None:
     """Refuse settings no run can use, before any work: counts that are not whole numbers
-    (``warmup`` may be 0), a ``target_accept`` outside (0, 1), a checkpoint that is a file."""
-    check_positive(chains=chains, draws=draws, chunk=chunk, max_tree_depth=depth)
+    (``warmup`` may be 0), a checkpoint that is a file (the sampler checks its own)."""
+    check_positive(chains=chains, draws=draws, chunk=chunk)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
     check_seed(seed)
-    number = isinstance(target, (int, float)) and not isinstance(target, bool)
-    if not number or not 0 < target < 1:
-        raise ValueError(
-            f"target_accept must be a number strictly between 0 and 1 (NUTS' mean acceptance "
-            f"target, 0.8 by default), got {target!r}"
-        )
     if checkpoint is not None and Path(checkpoint).exists() and not Path(checkpoint).is_dir():
         raise ValueError(
             f"checkpoint={str(checkpoint)!r} is a file: a reference's checkpoint is a folder "
@@ -163,8 +163,8 @@ def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> Non
     if size > budget.parameters:
         raise ReferenceTooLargeError(
             f"the model has {size:,} latent scalars, past the reference's budget of "
-            f"{budget.parameters:,} (NUTS mixes slowly in high dimension and every draw costs "
-            "up to 2^max_tree_depth full-data gradients): sample a smaller network, or pass "
+            f"{budget.parameters:,} (MCMC mixes slowly in high dimension and every draw costs "
+            "many full-data gradients): sample a smaller network, or pass "
             "budget=zoo.ReferenceBudget(parameters=...) to go on knowingly"
         )
     per_example = example_flops(model.network, x[:2], draw)

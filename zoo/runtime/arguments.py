@@ -5,9 +5,10 @@ their own fields (:mod:`zoo.training.options`)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ __all__ = [
     "check_length",
     "check_positive",
     "check_seed",
+    "refuses_moved_keywords",
 ]
 
 #: Seeds are integers in ``[0, MAX_SEED)``: what torch's generators take.
@@ -116,3 +118,22 @@ def check_positive(**values) -> None:
         bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
         if bad or (name in INTEGERS and value != int(value)):
             raise ValueError(f"{name} must be a positive {kind}, got {value!r}")
+
+
+def refuses_moved_keywords(moved: Mapping[str, str]) -> Callable:
+    """A decorator: the function refuses, before any work, each keyword of ``moved`` (a keyword
+    an earlier release took) with a ``TypeError`` saying where it went, ``moved[keyword]``
+    (``{"target_accept": "sampler=zoo.NUTS(target_accept=...)"}``)."""
+
+    def decorate(function: Callable) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            given = [k for k in kwargs if k in moved]
+            if given:
+                hints = "; ".join(f"{k}= goes in {moved[k]}" for k in given)
+                raise TypeError(f"{function.__name__}() takes no {given[0]}=: {hints}")
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
