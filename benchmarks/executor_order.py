@@ -7,7 +7,7 @@
 ``zoo.inference.compiled.OPTIMISED_EXECUTION`` says per device whether a compiled graph may run
 re-planned (TorchScript's optimised executor: fused elementwise kernels, and possibly another order
 of the random draws than the traced one, which the compiled loss's check then refuses) or in the
-traced order (``REPLAN_AFTER`` is set to 0 here: each plan from a fit's first step). For each family
+traced order, for a whole fit. For each family
 this times a ``zoo.fit`` step both ways in one process, alternating, and
 prints the per-step times and their ratio: steps ``warm .. warm + steps`` of a fit, synchronised
 with the device, best of ``--rounds``; and each plan's start-up, what the fit's first ``warm`` (20)
@@ -37,7 +37,6 @@ def per_step(family, net, device, graph, optimised, steps, warm) -> tuple[float,
     from zoo.training.options import grouped
 
     zoo.inference.compiled.OPTIMISED_EXECUTION[device.type] = optimised
-    zoo.inference.compiled.REPLAN_AFTER[device.type] = 0  # each plan from the fit's first step
     g = torch.Generator().manual_seed(0)
     batch = NETS[net]
     if net == "lenet5":

@@ -90,7 +90,7 @@ BOOKKEEPING = {
 
 def graph_counts(objective: zoo.Objective, x, y) -> tuple[int, int]:
     """(tensor operations, Python calls) in the forward graph of ``objective``'s compiled loss."""
-    graph = objective.compiled.graph_for(x, y, 60000 / len(x), 1.0)
+    graph = objective.backend.function_for(x, y, 60000 / len(x), 1.0)
     kinds = collections.Counter(node.kind() for node in graph.graph.nodes())
     ops = sum(n for kind, n in kinds.items() if kind not in BOOKKEEPING)
     return ops, kinds["prim::PythonOp"]
@@ -245,17 +245,13 @@ def hand_written_pass(net, x, y) -> Callable[[], None]:
     return backward_pass(params, lambda: loss(x, y, 60000))
 
 
-#: The fit step the passes are taken at: the re-planned graph, as a long fit's later steps run
-#: it on the CPU and every step on a GPU (``zoo.inference.compiled.REPLAN_AFTER``).
-STEP = zoo.inference.compiled.REPLAN_AFTER["cpu"]
-
-
 def loss_and_backward(objective: zoo.Objective, x, y, eager: bool = False) -> Callable[[], None]:
-    """One loss and backward pass of ``objective`` (a data set of 60,000 examples) at
-    :data:`STEP` (``eager``: without its graph)."""
+    """One loss and backward pass of ``objective`` (a data set of 60,000 examples), in the plan
+    of its device (``zoo.inference.compiled.OPTIMISED_EXECUTION``; ``eager``: without its
+    graph)."""
     return backward_pass(
-        objective.compiled.params,
-        lambda: objective.loss(x, y, 60000, step=STEP, eager=eager),
+        objective.backend.params,
+        lambda: objective.loss(x, y, 60000, eager=eager),
     )
 
 

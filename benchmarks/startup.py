@@ -32,9 +32,9 @@ second and later fits pay beyond the first (medians over ``--rounds``, after a w
 ``--phases``: where the compiled loss's start-up goes, on the tiny net's diagonal family with
 one thread: tracing, the three check runs of the new graph and the eager loss it is checked
 against, then the forward and the backward of the first three steps (loss and ``backward`` by
-hand, no optimiser), each also in the plan's steady steps; for the traced order (a fit's first
-``zoo.inference.compiled.REPLAN_AFTER`` steps on the CPU) and the re-planned graph (its later
-steps), medians over ``--rounds``.
+hand, no optimiser), each also in the plan's steady steps; for the traced order (the CPU's plan,
+``zoo.inference.compiled.OPTIMISED_EXECUTION``) and the re-planned graph (CUDA's), medians over
+``--rounds``.
 
 ``--imports``: what a process pays before its first line of work (every Lightning rank, HMC
 chain, command-line call and test worker pays it): fresh interpreters running ``import torch,
@@ -195,7 +195,7 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
     checked_time: list[float] = []
     compiled = zoo.inference.compiled
     trace, call, checked = (compiled.trace, compiled.ExecutorSetting.__call__,
-                            compiled.CompiledLoss._checked)  # fmt: skip
+                            compiled.TracedLoss._checked)  # fmt: skip
 
     def timed(fn, into):
         def wrapper(*args, **kwargs):
@@ -208,23 +208,22 @@ def phases_run(optimised: bool, steady_steps: int = 40) -> list[float]:
 
     zoo.inference.compiled.trace = timed(trace, trace_time)
     zoo.inference.compiled.ExecutorSetting.__call__ = timed(call, runs)
-    zoo.inference.compiled.CompiledLoss._checked = timed(checked, checked_time)
+    zoo.inference.compiled.TracedLoss._checked = timed(checked, checked_time)
     try:
         model = make()
         objective = zoo.Objective(model, guides.get("diagonal")(model), jit=True)
         objective.setup(xb, yb, batch_size=batch)
         steps = []
-        step = zoo.inference.compiled.REPLAN_AFTER["cpu"] if optimised else 0  # the plan's steps
         for _ in range(3 + steady_steps):
             start = time.perf_counter()
-            loss = objective.loss(xb, yb, len(x), step=step)
+            loss = objective.loss(xb, yb, len(x))
             middle = time.perf_counter()
             loss.backward()
             steps.append((middle - start, time.perf_counter() - middle))
     finally:
         zoo.inference.compiled.trace = trace
         zoo.inference.compiled.ExecutorSetting.__call__ = call
-        zoo.inference.compiled.CompiledLoss._checked = checked
+        zoo.inference.compiled.TracedLoss._checked = checked
     assert len(checked_time) == 1, "the graph was not built once"
     check = runs[
         : zoo.inference.compiled.CHECK_RUNS if optimised else 1

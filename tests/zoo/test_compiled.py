@@ -85,18 +85,18 @@ def test_one_graph_serves_every_kl_weight_and_the_last_batch_runs_eagerly():
     x, y = data()
     assert compiled.minibatch_size == len(x)
     assert_same(eager, compiled, params, x, y, steps=(0, 7))
-    assert len(compiled.compiled.graphs) == 1
+    assert len(compiled.backend.graphs) == 1
     assert_same(eager, compiled, params, x[:7], y[:7], num_data=20)
-    assert len(compiled.compiled.graphs) == 1
+    assert len(compiled.backend.graphs) == 1
     assert_same(eager, compiled, params, torch.cat([x, x]), torch.cat([y, y]), num_data=40)
-    assert len(compiled.compiled.graphs) == 2
+    assert len(compiled.backend.graphs) == 2
 
 
 def test_the_first_step_and_validation_run_eagerly():
     eager, compiled, params = objectives("diagonal")
     x, y = data()
     compiled.loss(x, y, 20, validate=True)
-    assert compiled.compiled.graphs == {}
+    assert compiled.backend.graphs == {}
 
 
 def test_jit_true_refuses_what_it_cannot_compile_and_auto_falls_back():
@@ -191,10 +191,10 @@ def seeded_fit(family, options, jit, num_steps=20, **run_options):
 
 @pytest.mark.parametrize("label", sorted(PRIMARY))
 def test_a_fits_first_steps_on_the_cpu_are_the_eager_fits_to_the_bit(label):
-    """A fit's first ``REPLAN_AFTER`` steps on the CPU run each graph in the traced order: the
-    operations of the eager loss and of its autograd backward, so a seeded fit ends at the same
-    parameters as with ``jit=False``."""
-    assert zoo.inference.compiled.REPLAN_AFTER["cpu"] > 20
+    """On the CPU every graph runs in the traced order for the whole fit: the operations of the
+    eager loss and of its autograd backward, so a seeded fit ends at the same parameters as
+    with ``jit=False``."""
+    assert not zoo.inference.compiled.OPTIMISED_EXECUTION["cpu"]
     params, losses = seeded_fit(*PRIMARY[label], jit=True)
     eager_params, eager_losses = seeded_fit(*PRIMARY[label], jit=False)
     for a, b in zip(params, eager_params):
@@ -204,26 +204,20 @@ def test_a_fits_first_steps_on_the_cpu_are_the_eager_fits_to_the_bit(label):
     )  # the reported values too (zoo.inference.surrogate reads no float back)
 
 
-def test_later_steps_run_the_replanned_graph_and_a_resumed_fit_continues_exactly(
-    monkeypatch, tmp_path
-):
-    """From step ``REPLAN_AFTER`` (6 here) a re-planned graph runs, built once and checked; a
-    fit interrupted before that step or after it and resumed ends at the uninterrupted fit's
-    parameters, to the bit (the plan follows the global step, not the fit's length). The
-    re-planned graph runs the function traced for the first steps: one trace per shape."""
-    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 6)
+def test_one_plan_for_the_whole_fit_and_a_resumed_fit_continues_exactly(monkeypatch, tmp_path):
+    """A fit on the CPU builds one graph per minibatch shape, in the traced order, and keeps it
+    to its last step; a fit interrupted and resumed ends at the uninterrupted fit's
+    parameters, to the bit."""
     built = []
     init = zoo.inference.compiled.ExecutorSetting.__init__
 
     def record(self, function, optimised):
-        built.append((bool(optimised), function))
+        built.append(bool(optimised))
         init(self, function, optimised)
 
     monkeypatch.setattr(zoo.inference.compiled.ExecutorSetting, "__init__", record)
     params, _ = seeded_fit("matrix_normal", {}, jit=True)
-    # The traced order from step 0, re-planned from step 6, both running one traced function.
-    assert [optimised for optimised, _ in built] == [False, True]
-    assert built[0][1] is built[1][1]
+    assert built == [False]
     for stop in (4, 13):
         checkpoint = tmp_path / f"stop{stop}.pt"
 
@@ -291,11 +285,11 @@ def test_auto_leaves_a_large_cpu_step_eager_and_true_compiles_it():
     guide = guides.get("diagonal")(model)
     auto = zoo.Objective(model, guide)
     auto.setup(x, y)
-    assert auto.compiled is None
+    assert auto.backend is None
     assert auto.jit_state.startswith("eager (a large step on the CPU: its forward pass is 61.")
     forced = zoo.Objective(model, guide, jit=True)
     forced.setup(x, y)
-    assert forced.compiled is not None and forced.jit_state == "compiled"
+    assert forced.backend is not None and forced.jit_state == "compiled"
 
 
 def test_ctrl_c_inside_a_graph_interrupts_the_fit(tmp_path, monkeypatch):
@@ -339,10 +333,9 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     the eager loss for the same seed (0.2-1% off here). Checked on its first run only it would be
     kept (``CHECK_RUNS = 1``, below); the check runs a graph ``CHECK_RUNS`` times, refuses the
     re-planned graph, and traces it again to run in the traced order: compiled, and equal to
-    the eager loss at every run. ``OPTIMISED_EXECUTION[device] = False`` takes the traced order
-    at once (and so do a fit's first ``REPLAN_AFTER`` steps: 0 here)."""
+    the eager loss at every run. ``OPTIMISED_EXECUTION[device] = False`` (the CPU's plan) takes
+    the traced order at once."""
     monkeypatch.setitem(zoo.inference.compiled.OPTIMISED_EXECUTION, "cpu", optimised)
-    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 0)
     default_runs = zoo.inference.compiled.CHECK_RUNS
     monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
     x, y = data()
@@ -362,7 +355,7 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
                 a = eager.loss(x, y, 100)
                 pyro.set_rng_seed(seed)
                 losses.append((a.item(), compiled.loss(x, y, 100).item()))
-        (graph,) = compiled.compiled.graphs.values()
+        (graph,) = compiled.backend.graphs.values()
         return compiled.jit_state, losses, graph.optimised
 
     if optimised:
@@ -373,33 +366,6 @@ def test_a_replanned_graph_whose_draws_differ_runs_in_the_traced_order(monkeypat
     assert state == "compiled" and not replanned
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in losses)
     assert torch._C._get_graph_executor_optimize()  # the caller's setting, restored
-
-
-def test_a_refused_replan_goes_on_in_the_traced_order(monkeypatch):
-    """At step ``REPLAN_AFTER`` (2 here) the re-planned block-diagonal graph, which runs the
-    function traced for the first steps, draws in another order (previous test) and is refused.
-    TorchScript then runs that function's optimised plan whatever the setting, so the traced
-    order is traced afresh: compiled, no warning, equal to the eager loss at every step."""
-    monkeypatch.setitem(zoo.inference.compiled.REPLAN_AFTER, "cpu", 2)
-    monkeypatch.setattr(zoo.priors.fixed, "squared_norm", lambda x: x.square().sum(-1))
-    traces = []
-    trace = zoo.inference.compiled.trace
-    monkeypatch.setattr(
-        zoo.inference.compiled, "trace", lambda *a, **k: traces.append(1) or trace(*a, **k)
-    )
-    x, y = data()
-    eager, compiled, _ = objectives("block_diagonal")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no fallback warning
-        for step in range(5):
-            pyro.set_rng_seed(step)
-            a = eager.loss(x, y, 100, step=step)
-            pyro.set_rng_seed(step)
-            b = compiled.loss(x, y, 100, step=step)
-            torch.testing.assert_close(b, a, rtol=1e-5, atol=0.0)
-    (graph,) = compiled.compiled.graphs.values()
-    assert not graph.optimised and len(traces) == 2
-    assert compiled.jit_state == "compiled"
 
 
 def test_mc_dropout_with_local_reparameterisation_compiles_and_equals_the_eager_loss():
@@ -478,3 +444,39 @@ def test_many_compiled_fits_keep_no_memory():
         one(seed)
     growth = (_resident_mib() - start) / 40
     assert growth < 0.4, f"the process grew {growth:.2f} MiB per fit"
+
+
+def test_a_loss_backend_is_one_subclass_and_a_declined_call_runs_eagerly():
+    """The seam a torch.compile backend would use: a LossBackend subclass set on the objective
+    evaluates the loss; where it declines (returns None, with a reason) the eager backend runs
+    and the objective says why."""
+    from zoo.inference.backends import EagerLoss, LossBackend
+
+    class Counted(LossBackend):  # the eager loss through the interface, counted
+        name = "counted"
+
+        def __init__(self, eager: EagerLoss):
+            self.eager, self.params, self.calls, self.decline = eager, eager.params, 0, False
+
+        def function_for(self, x, y, data_scale, kl_weight):
+            self.calls += 1
+            if self.decline:
+                self.refused = "declined on purpose"
+                return None
+            return self.eager.function_for(x, y, data_scale, kl_weight)
+
+    x, y = data()
+    model = BayesianMLP(3, (6,), 2, task="regression")
+    objective = zoo.Objective(model, guides.get("diagonal")(model), jit=False)
+    objective.setup(x, y)
+    objective.use(Counted(objective.eager))
+    pyro.set_rng_seed(0)
+    through = objective.loss(x, y, 100)
+    pyro.set_rng_seed(0)
+    eager = objective.loss(x, y, 100, eager=True)
+    assert objective.backend.calls == 1 and torch.equal(through, eager)
+    assert objective.jit_state == "counted"
+    objective.backend.decline = True
+    with pytest.warns(RuntimeWarning, match="declined on purpose"):
+        objective.loss(x, y, 100)
+    assert objective.jit_state == "eager (declined on purpose)"

@@ -127,7 +127,7 @@ def test_the_compiled_loss_on_cuda_equals_the_eager_one(family, options):
     compiled = zoo.Objective(model, guide)
     eager.setup(x, y)
     compiled.setup(x, y)
-    assert compiled.compiled is not None
+    assert compiled.backend is not None
     params = [p for p in guide.parameters() if p.requires_grad]
     for seed in (1, 2):
         torch.manual_seed(seed)

@@ -144,7 +144,7 @@ def test_the_plan_records_why_auto_left_a_cuda_fit_without_the_graph():
 
 def test_auto_is_off_across_processes_and_true_is_refused():
     class Compiled:
-        compiled = object()
+        backend = object()
 
     fused = torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], fused=False)
     cuda = torch.device("cuda")

@@ -16,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import zoo
+import zoo.inference.backends
 import zoo.inference.compiled
 from tests.families import CASES
 
@@ -100,7 +101,7 @@ def test_no_compiled_loss_waits_for_the_host(family, options, estimator):
             raise
         pytest.skip(f"estimator={estimator!r} serves no site of {family}")
     objective.loss(x, y, 1000)  # the first step is eager (Pyro's validation)
-    graph = objective.compiled.graph_for(x, y, 1000 / len(x), 1.0)
+    graph = objective.backend.function_for(x, y, 1000 / len(x), 1.0)
     assert graph is not None, objective.jit_state
     found = node_kinds(graph.graph) & SYNCHRONISING
     assert not found, f"{family} {options} ({estimator}): {sorted(found)}"
@@ -146,16 +147,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_host_reads_are_counted():
-    library = SimpleNamespace(
-        dtype=torch.float32
-    )  # zoo.inference.compiled makes a graph's scales so
+    library = SimpleNamespace(dtype=torch.float32)  # a backend makes a graph's scales so
     with HostReads() as reads:
         float(torch.randn(3).sum())
         torch.randn(4).nonzero()
         torch.tensor(0.5)  # made here, in a test: not counted
-        zoo.inference.compiled.CompiledLoss._scales(library, torch.zeros(1), 2.0, 1.0)
+        zoo.inference.backends.LossBackend.scales(library, torch.zeros(1), 2.0, 1.0)
     assert len(reads.found) == 3, reads.found
-    assert reads.found[2].startswith("a tensor made from Python data at zoo/inference/compiled.py:")
+    assert reads.found[2].startswith("a tensor made from Python data at zoo/inference/backends.py:")
 
 
 @pytest.mark.parametrize("estimator", ["reparam", "local", "flipout"])

@@ -1,49 +1,41 @@
-"""The compiled loss: Pyro's ELBO traced once by TorchScript's tracer and replayed every step.
+"""The traced loss backend: Pyro's ELBO traced once by TorchScript's tracer and replayed.
 
 A step of the eager loss runs Pyro's two traces, a distribution object and a log-density per
 site, and the ELBO's bookkeeping in Python: for a small network that host work is most of the
-step. :class:`CompiledLoss` records the tensor operations of one evaluation (guide draws, model,
-log-densities, the sum) as a TorchScript graph and replays it: the same operations in the same
-order, without the Python around them.
+step. :class:`TracedLoss` (a :class:`~zoo.inference.backends.LossBackend`) records the tensor
+operations of one evaluation (guide draws, model, log-densities, the sum) as a TorchScript graph
+and replays it: the same operations in the same order, without the Python around them.
 
 What is traced is the loss of :mod:`zoo.inference.surrogate` (Pyro's ``Trace_ELBO`` or
 ``TraceMeanField_ELBO``, reduced with one sum per scale): for a guide whose sites are all
-reparameterised (every family in ``guides``) it is the ``-ELBO`` estimate and the surrogate whose
-gradient Pyro's ``SVI`` follows at once, so the compiled loss equals the eager one in value and
-gradient, for the same random draws (the graph's random operations draw from torch's generators
-in the eager order). Inputs of the graph: every
-optimised parameter (guide and model), the minibatch, and the two scales of
-:mod:`zoo.inference.elbo` (``N / B`` and the KL weight), so a schedule of KL weights needs no new
-graph; a new minibatch shape compiles one more, except the last, smaller batch of an epoch, which
-:class:`zoo.Objective` evaluates eagerly (it comes once an epoch; its graph would cost more to
-build than it saves).
+reparameterised (every family in ``guides``) it is the ``-ELBO`` estimate and the surrogate
+whose gradient Pyro's ``SVI`` follows at once, so the traced loss equals the eager one in value
+and gradient, for the same random draws (the graph's random operations draw from torch's
+generators in the eager order). Inputs of the graph: every optimised parameter (guide and
+model), the minibatch, and the two scales of :mod:`zoo.inference.elbo` (``N / B`` and the KL
+weight), so a schedule of KL weights needs no new graph; a new minibatch shape compiles one
+more, except the last, smaller batch of an epoch, which :class:`zoo.Objective` evaluates eagerly
+(it comes once an epoch; its graph would cost more to build than it saves).
 
-A graph runs in one of two plans. In the traced order (``torch.jit.optimized_execution(False)``)
-it replays the eager loss's operations, and their autograd backward, so its values and gradients
-are the eager loss's to the bit. Re-planned (TorchScript's graph executor, after its first runs)
-it is the same function, its backward differentiated symbolically, fused on CUDA: on the CPU
-the re-planning costs about five times the rest of a graph's start-up and saves 2-13% of a step
-(``benchmarks/startup.py --phases`` and ``benchmarks/executor_order.py``,
-``benchmarks/README.md``). So a fit's first :data:`REPLAN_AFTER` steps on a device run the
-traced order and the later ones the re-planned graph (where :data:`OPTIMISED_EXECUTION` allows
-it): a short fit never pays the re-planning, a long one repays it (the re-planned graph runs
-the function traced for the first steps, so the switch costs no second trace). The plan follows
-the fit's global step, not its length, so a fit's first ``k`` steps are those of any longer fit
-and a resumed fit computes what the uninterrupted one did. The re-planned order of independent
-random operations can differ from the traced one (the block-diagonal guide's noise draw moved
-ahead of the weights'; MC dropout's masks and pre-activation noise under ``estimator="local"``
-swapped between layers), and the graph then evaluates the loss on other draws than the eager
-loss (1e-5 to 1e-2 relative). Such a graph fails the check below and the traced order runs in
-its place.
+One plan per device, fixed for a whole fit (:data:`OPTIMISED_EXECUTION`). On the CPU a graph
+runs in the traced order (``torch.jit.optimized_execution(False)``): it replays the eager loss's
+operations and their autograd backward, so a seeded fit's values and gradients are the eager
+fit's to the bit. On CUDA it runs re-planned by TorchScript's graph executor (the backward
+differentiated symbolically, elementwise kernels fused): the fusion is worth about 1.2x of a
+GPU step, where on the CPU the re-planning costs several times the rest of a graph's start-up
+for a few percent of a step (``benchmarks/executor_order.py``, ``benchmarks/README.md``).
 
-When a graph is built, its value is checked once against the eager loss (the same ELBO's
-``differentiable_loss``), both on the same draws (other than the ones the trace saw), after
-``CHECK_RUNS`` runs of the graph: TorchScript's executor optimises a graph after its first
-run, and an optimised plan can draw its random numbers in another order than the traced one
-(``tests/zoo/test_compiled.py`` has a case). A guide with a site that is not reparameterised
-(its surrogate is not the loss) or a program whose Python reads tensor values that the graph
-would freeze shows there, and is evaluated eagerly instead.
-:func:`compile_refusal` lists what is never compiled.
+The re-planned order of independent random operations can differ from the traced one (the
+block-diagonal guide's noise draw moved ahead of the weights'; MC dropout's masks and
+pre-activation noise under ``estimator="local"`` swapped between layers), and the graph then
+evaluates the loss on other draws than the eager loss. So when a graph is built, its value is
+checked once against the eager loss (the same ELBO's ``differentiable_loss``), both on the same
+draws (other than the ones the trace saw), after ``CHECK_RUNS`` runs of a re-planned graph (the
+executor optimises a graph after its first run); a re-planned graph that fails runs in the
+traced order instead, and one that fails in the traced order too (a site that is not
+reparameterised, a program whose Python reads tensor values the graph would freeze) is
+declined: the objective evaluates that shape eagerly. :func:`compile_refusal` lists what is
+never compiled.
 """
 
 from __future__ import annotations
@@ -54,6 +46,7 @@ from collections.abc import Callable
 
 import torch
 
+from zoo.inference.backends import LossBackend
 from zoo.inference.elbo import ElboScale
 from zoo.runtime import threads
 from zoo.runtime.rng import forked
@@ -64,14 +57,10 @@ CHECK_RTOL = 1e-4
 #: graph on its first run and optimises it for the runs after, so the check sees the plan every
 #: step runs (a graph in the traced order is checked on its first run).
 CHECK_RUNS = 3
-#: Per device type, whether graphs may run with TorchScript's executor optimisation (its
-#: re-planned order of random operations can differ from the traced one; module docstring).
-OPTIMISED_EXECUTION = {"cpu": True, "cuda": True}
-#: Per device type, the steps of a fit (its global step) that run a graph in the traced order
-#: before a re-planned graph is built (module docstring). On CUDA the CUDA-graph step captures
-#: the re-planned graph from the start.
-REPLAN_AFTER = {"cpu": 1000, "cuda": 0}
-#: What ``CompiledLoss._compile`` returns when the eager loss is not finite (nothing to compare).
+#: Per device type, whether graphs run re-planned by TorchScript's executor (``True``) or in the
+#: traced order, for the whole fit (module docstring; other device types: re-planned).
+OPTIMISED_EXECUTION = {"cpu": False, "cuda": True}
+#: What ``TracedLoss._compile`` returns when the eager loss is not finite (nothing to compare).
 UNCHECKED = object()
 
 
@@ -92,7 +81,7 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     return None
 
 
-class CompiledLoss:
+class TracedLoss(LossBackend):
     """The surrogate ``-ELBO`` of ``elbo`` for the wired ``model`` and ``guide``, one traced
     graph per minibatch shape.
 
@@ -109,12 +98,13 @@ class CompiledLoss:
         ``context()`` is the context manager an evaluation runs in (``zoo.inference.objective``'s).
     """
 
+    name = "compiled"
+
     def __init__(self, elbo, model, guide, params, scale: ElboScale, context: Callable):
         self.elbo, self.model, self.guide = elbo, model, guide
         self.params, self.scale, self.context = list(params), scale, context
-        self.graphs: dict[tuple, torch.jit.ScriptFunction | None] = {}
-        #: Why the last refused graph was refused (``None`` while none was).
-        self.refused: str | None = None
+        self.graphs: dict[tuple, ExecutorSetting | None] = {}
+        self.refused = None
 
     def surrogate(self, *inputs: torch.Tensor) -> torch.Tensor:
         """The surrogate loss of ``(x, y, data_scale, kl_weight)`` (the last four inputs;
@@ -124,82 +114,35 @@ class CompiledLoss:
         with self.context():
             return self.elbo.differentiable_loss(self.model, self.guide, x, y)
 
-    def graph_for(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        data_scale: float,
-        kl_weight: float,
-        step: int | None = None,
-    ):
-        """The checked graph for minibatches shaped like ``(x, y)`` at the fit's global
-        ``step`` (compiled on first use; ``None``: the plan of a long fit's later steps), called
-        as ``graph(*params, x, y, data_scale, kl_weight)`` with the scales as 0-d tensors of the
-        parameters' dtype; ``None`` when it was refused, or could not be checked yet because the
-        loss is not finite."""
-        optimised = replanned(x.device, step)
-        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device, optimised)
+    def function_for(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
+        """The checked graph for minibatches shaped like ``(x, y)`` (traced on first use), or
+        ``None`` when it was declined, or could not be checked yet because the loss is not
+        finite."""
+        key = (tuple(x.shape), x.dtype, tuple(y.shape), y.dtype, x.device)
         if key not in self.graphs:
-            # The re-planned graph runs the traced-order graph's function: once TorchScript has
-            # an optimised plan for a function it runs that plan whatever the setting, so the
-            # traced-order entry goes (a refused re-plan traces the traced order afresh).
-            traced = self.graphs.pop((*key[:-1], False), None) if optimised else None
-            graph = self._compile(x, y, data_scale, kl_weight, optimised, traced)
+            graph = self._compile(x, y, data_scale, kl_weight, replanned(x.device))
             if graph is UNCHECKED:
                 return None  # no verdict on a non-finite loss: eager now, compile again later
             self.graphs[key] = graph
         return self.graphs[key]
 
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype of the scales a graph takes (the parameters')."""
-        return self.params[0].dtype if self.params else torch.get_default_dtype()
-
-    def __call__(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        data_scale: float,
-        kl_weight: float,
-        step: int | None = None,
-    ):
-        """The loss of this minibatch at the fit's global ``step`` through its graph (compiled
-        on first use), or ``None`` when its graph was refused, or could not be checked yet
-        because the loss is not finite: the caller evaluates it eagerly then."""
-        graph = self.graph_for(x, y, data_scale, kl_weight, step)
-        if graph is None:
-            return None
-        try:
-            return graph(*self.params, x, y, *self._scales(x, data_scale, kl_weight))
-        except RuntimeError as err:  # Ctrl-C inside the TorchScript interpreter
-            if "KeyboardInterrupt" in str(err):
-                raise KeyboardInterrupt from err
-            raise
-
-    def _scales(self, x: torch.Tensor, data_scale: float, kl_weight: float):
-        return torch.tensor([data_scale, kl_weight], dtype=self.dtype, device=x.device).unbind()
-
-    def _compile(self, x, y, data_scale: float, kl_weight: float, optimised: bool, traced=None):
+    def _compile(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
         """A checked graph for ``(x, y)``: re-planned if ``optimised`` and its value is right,
         else in the traced order; ``None`` (with ``self.refused``) when neither matches the
-        eager loss, ``UNCHECKED`` when the eager loss is not finite. ``traced``: this shape's
-        graph in the traced order, whose function the re-planned graph runs (no second trace)."""
+        eager loss, ``UNCHECKED`` when the eager loss is not finite."""
         if optimised:
-            graph = self._checked(x, y, data_scale, kl_weight, True, traced)
+            graph = self._checked(x, y, data_scale, kl_weight, True)
             if graph is not None or self.refused.startswith("torch.jit.trace failed"):
                 return graph
         return self._checked(x, y, data_scale, kl_weight, False)  # the re-planned draws differ
 
-    def _checked(self, x, y, data_scale: float, kl_weight: float, optimised: bool, traced=None):
-        inputs = (*self.params, x, y, *self._scales(x, data_scale, kl_weight))
+    def _checked(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
+        inputs = (*self.params, x, y, *self.scales(x, data_scale, kl_weight))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the tracer's notes on Python values
             try:
-                if traced is None:
-                    with forked(x.device), torch.jit.optimized_execution(optimised):
-                        function = trace(_weak_method(self.surrogate), inputs)
-                else:
-                    function = traced.function
+                with forked(x.device), torch.jit.optimized_execution(optimised):
+                    function = trace(_weak_method(self.surrogate), inputs)
                 graph = ExecutorSetting(function, optimised)
                 # The same draws each run; the last is checked (a traced order has no re-plan).
                 for _ in range(CHECK_RUNS if optimised else 1):
@@ -246,13 +189,9 @@ def trace(function: Callable, inputs: tuple) -> torch.ScriptFunction:
     return unit.create_function(getattr(function, "__name__", "traced"), graph)
 
 
-def replanned(device: torch.device, step: int | None) -> bool:
-    """Whether a graph at a fit's global ``step`` on ``device`` runs re-planned
-    (:data:`OPTIMISED_EXECUTION`, :data:`REPLAN_AFTER`; ``step=None``: a long fit's later
-    steps)."""
-    if not OPTIMISED_EXECUTION.get(device.type, True):
-        return False
-    return step is None or step >= REPLAN_AFTER.get(device.type, 0)
+def replanned(device: torch.device) -> bool:
+    """Whether a graph on ``device`` runs re-planned (:data:`OPTIMISED_EXECUTION`)."""
+    return OPTIMISED_EXECUTION.get(device.type, True)
 
 
 class ExecutorSetting:
@@ -277,7 +216,7 @@ class ExecutorSetting:
 def _weak_method(method):
     """``method`` called through a weak reference to its object: the traced function keeps the
     Python function it traced, and through a bound method the graph would keep the
-    ``CompiledLoss`` that holds the graph, a reference cycle that only the cycle collector frees
+    ``TracedLoss`` that holds the graph, a reference cycle that only the cycle collector frees
     (a dropped fit then keeps its guide, its parameters and its optimiser state alive until it
     runs)."""
     ref, func = weakref.ref(method.__self__), method.__func__

@@ -25,7 +25,8 @@ import torch
 
 from guides.site import direct_parameters
 from zoo.inference import estimators
-from zoo.inference.compiled import CompiledLoss, compile_refusal, jit_size_refusal
+from zoo.inference.backends import EagerLoss, LossBackend
+from zoo.inference.compiled import TracedLoss, compile_refusal, jit_size_refusal
 from zoo.inference.elbo import ElboScale
 from zoo.inference.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 from zoo.models.base import BayesianModel
@@ -101,11 +102,13 @@ class Objective:
             vectorize_particles=self.num_particles > 1,
             max_plate_nesting=nesting,
         )
-        self._loss_fn = self._elbo.differentiable_loss
         self.served: frozenset[str] = frozenset()
         self._wired: tuple[Callable, Callable] | None = None
         self.jit = jit
-        self.compiled: CompiledLoss | None = None
+        #: The backend that evaluates the loss when it can (:mod:`zoo.inference.backends`;
+        #: ``None``: every call is eager), and the eager one every other call takes.
+        self.backend: LossBackend | None = None
+        self.eager: EagerLoss | None = None
         self._eager_reason: str | None = "not set up yet"
         self._example_flops: float | None = None
         #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
@@ -160,13 +163,22 @@ class Objective:
         self._wired = estimators.wire(
             self.scale(self.model), self.scale(self.guide), self.estimator, skip
         )
-        self.compiled, self._example_flops = None, None
+        self.backend, self._example_flops = None, None
         self._setup_batch = (x, y)
         self.minibatch_size = len(x) if batch_size is None else int(batch_size)
         self._eager_reason = self._why_eager(x, y)
+        params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
+        wired = (self._elbo, *self._wired, params, self.scale, loss_context)
+        self.eager = EagerLoss(*wired)
         if self._eager_reason is None:
-            params = [p for _, p in named_parameters(self.guide, self.model) if p.requires_grad]
-            self.compiled = CompiledLoss(self._elbo, *self._wired, params, self.scale, loss_context)
+            self.backend = TracedLoss(*wired)
+
+    def use(self, backend: LossBackend) -> None:
+        """Evaluate the loss through ``backend`` from now on (after :meth:`setup`, which picks
+        the traced backend or none by ``jit``); a call it declines runs eagerly."""
+        if self._wired is None:
+            raise RuntimeError("call setup(x, y) before choosing a backend")
+        self.backend, self._eager_reason = backend, None
 
     def _why_eager(self, x: torch.Tensor, y: torch.Tensor | None) -> str | None:
         """Why the loss is not compiled (``None``: it is); raises under ``jit=True``."""
@@ -206,9 +218,9 @@ class Objective:
     def jit_state(self) -> str:
         """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
         reason = self._eager_reason
-        if reason is None and self.compiled is not None:
-            reason = self.compiled.refused
-        return "compiled" if reason is None else f"eager ({reason})"
+        if reason is None and self.backend is not None:
+            reason = self.backend.refused
+        return self.backend.name if reason is None else f"eager ({reason})"
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at optimiser step ``step``."""
@@ -226,28 +238,25 @@ class Objective:
         """``-ELBO`` estimated on the minibatch ``(x, y)`` of a data set of ``num_data``
         examples (likelihood scaled by ``num_data / len(x)``), a differentiable scalar.
 
-        ``step`` (the fit's global step) picks the KL weight of a schedule and the compiled
-        graph's plan (:data:`zoo.inference.compiled.REPLAN_AFTER`); ``validate`` turns on Pyro's
-        argument and support checks for this call (``zoo.fit`` does so on its first step); ``eager``
-        evaluates it without a graph (a single evaluation, which a graph would not repay). A
-        minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B`` does not
-        divide ``N``) is evaluated eagerly too: it comes once an epoch, and a graph of its own
-        (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
+        ``step`` (the fit's global step) picks the KL weight of a schedule; ``validate`` turns on
+        Pyro's argument and support checks for this call (``zoo.fit`` does so on its first step);
+        ``eager`` evaluates it without a graph (a single evaluation, which a graph would not
+        repay). A minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B``
+        does not divide ``N``) is evaluated eagerly too: it comes once an epoch, and a graph of its
+        own (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
         build (``benchmarks/README.md``, "Start-up").
         """
         if self._wired is None:
             self.setup(x, y)
         data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
         small = x.shape[0] < self.minibatch_size
-        if self.compiled is not None and not (validate or eager or small) and y is not None:
-            value = self.compiled(x, y, data_scale, kl_weight, step)
+        if self.backend is not None and not (validate or eager or small) and y is not None:
+            value = self.backend(x, y, data_scale, kl_weight)
             if value is not None:
                 return value
-            if self.compiled.refused is not None:
+            if self.backend.refused is not None:
                 self._refused()
-        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
-        with loss_context(validate):
-            return self._loss_fn(*self._wired, x, y)
+        return self.eager(x, y, data_scale, kl_weight, validate=validate)
 
     @torch.no_grad()
     def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -256,9 +265,7 @@ class Objective:
         weight one."""
         if self._wired is None:
             self.setup(x, y)
-        self.scale.data_scale, self.scale.kl_weight = 0.0, 1.0
-        with loss_context():
-            return self._loss_fn(*self._wired, x, y).detach()
+        return self.eager(x, y, 0.0, 1.0).detach()
 
     def _refused(self) -> None:
         """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
@@ -266,12 +273,12 @@ class Objective:
         which = f"{family} guide, estimator={self.estimator!r}, elbo={self.elbo!r}"
         if self.jit is True:
             raise RuntimeError(
-                f"jit=True cannot compile this loss ({which}): {self.compiled.refused}"
+                f"jit=True cannot compile this loss ({which}): {self.backend.refused}"
             )
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"the loss ({which}) is evaluated eagerly: {self.compiled.refused} (jit=False "
+                f"the loss ({which}) is evaluated eagerly: {self.backend.refused} (jit=False "
                 "silences this)",
                 RuntimeWarning,
                 stacklevel=4,

@@ -81,10 +81,10 @@ class GraphedStep:
     ):
         self.objective, self.optimizer, self.num_data = objective, optimizer, num_data
         self.accumulate = int(accumulate)
-        self.params = objective.compiled.params
+        self.params = objective.backend.params
         self.device = self.params[0].device
         self.capture = self.device.type == "cuda" if capture is None else capture
-        dtype = objective.compiled.dtype
+        dtype = objective.backend.dtype
         self.data_scale = torch.zeros((), dtype=dtype, device=self.device)
         self.kl_weight = torch.zeros((), dtype=dtype, device=self.device)
         self.loss = torch.zeros((), dtype=dtype, device=self.device)
@@ -114,7 +114,7 @@ class GraphedStep:
             full = self.objective.minibatch_size
             if len(batches) < self.accumulate or any(len(a) < full for a, _ in batches):
                 return False
-            fn = self.objective.compiled.graph_for(x, y, self.num_data / len(x), 1.0)
+            fn = self.objective.backend.function_for(x, y, self.num_data / len(x), 1.0)
             if fn is None:
                 return False
             self.fn = fn

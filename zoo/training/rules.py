@@ -159,7 +159,7 @@ def graph_refusal(objective, device: torch.device) -> str | None:
     reason = device_refusal(device)
     if reason is not None:
         return reason
-    if objective.compiled is None:
+    if objective.backend is None:
         return NEEDS_COMPILED.format(state=objective.jit_state)
     return None
 
