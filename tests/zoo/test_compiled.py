@@ -480,3 +480,31 @@ def test_a_loss_backend_is_one_subclass_and_a_declined_call_runs_eagerly():
     with pytest.warns(RuntimeWarning, match="declined on purpose"):
         objective.loss(x, y, 100)
     assert objective.jit_state == "eager (declined on purpose)"
+
+
+def test_the_tracer_works_on_this_torch():
+    """The traced backend rests on TorchScript's tracer, which torch deprecates. This names the
+    releases it was run on and fails loudly on one where tracing no longer works; the library
+    shows no deprecation notice of its own on a compiled fit."""
+    on = zoo.inference.compiled.TRACED_ON
+    release = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    hint = (
+        f"TorchScript tracing worked on torch {', '.join(on)}; on torch {torch.__version__} "
+        "{what}: the traced loss backend (zoo.inference.compiled) needs a replacement "
+        "(jit=False runs the eager backend meanwhile)"
+    )
+    try:
+        function = zoo.inference.compiled.trace(lambda x: (x * 2).sum(), (torch.ones(3),))
+        value = function(torch.arange(3.0))
+    except Exception as err:  # noqa: BLE001 (any failure is the signal)
+        pytest.fail(hint.format(what=f"it fails ({type(err).__name__}: {err})"))
+    assert value.item() == 6.0, hint.format(what="it computes something else")
+    assert tuple(map(int, release.split("."))) <= tuple(map(int, on[-1].split("."))), hint.format(
+        what="it has not been run yet: run the suite and add the release to TRACED_ON"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit = zoo.fit(BayesianMLP(3, (4,), 2, task="regression"), "diagonal", data(),
+                      num_steps=3, batch_size=20, run=zoo.Run(progress=False))  # fmt: skip
+    assert fit.options["jit"] == "compiled"
+    assert not [w for w in caught if "jit" in str(w.message)], [str(w.message) for w in caught]

@@ -60,6 +60,12 @@ CHECK_RUNS = 3
 #: Per device type, whether graphs run re-planned by TorchScript's executor (``True``) or in the
 #: traced order, for the whole fit (module docstring; other device types: re-planned).
 OPTIMISED_EXECUTION = {"cpu": False, "cuda": True}
+#: The torch releases the traced backend has been run on, the whole suite at each. TorchScript's
+#: tracer is deprecated (``torch.jit.trace`` says so with a ``FutureWarning``; this module calls
+#: the tracer's entry point, which does not): the day a release removes or breaks it,
+#: ``tests/zoo/test_compiled.py::test_the_tracer_works_on_this_torch`` fails naming these, and
+#: ``jit=False`` (the eager backend) is the way on. ``pyproject.toml`` bounds torch to them.
+TRACED_ON = ("2.11", "2.14")
 #: What ``TracedLoss._compile`` returns when the eager loss is not finite (nothing to compare).
 UNCHECKED = object()
 
@@ -139,7 +145,7 @@ class TracedLoss(LossBackend):
     def _checked(self, x, y, data_scale: float, kl_weight: float, optimised: bool):
         inputs = (*self.params, x, y, *self.scales(x, data_scale, kl_weight))
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the tracer's notes on Python values
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # notes on Python values
             try:
                 with forked(x.device), torch.jit.optimized_execution(optimised):
                     function = trace(_weak_method(self.surrogate), inputs)

@@ -61,7 +61,10 @@ def run_chain(model, x, y, settings: ChainSettings, chain: int, folder: Path, co
             return
     seed = settings.seed * 1_000_003 + chain
     with warnings.catch_warnings(), seeded(seed, x.device):
-        warnings.simplefilter("ignore", FutureWarning)  # torch.jit.trace's deprecation notice
+        # Pyro's jit_compile calls torch.jit.trace, whose deprecation notice would show once per
+        # chain: that one notice is kept from the user (zoo.inference.compiled.TRACED_ON says
+        # where tracing was run), and the tracer's notes on Python values.
+        warnings.filterwarnings("ignore", r"`?torch\.jit\.trace`? is deprecated", FutureWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         if state is None:
             kernel = settings.sampler.kernel(model)
