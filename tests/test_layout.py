@@ -349,3 +349,35 @@ def test_importing_zoo_loads_no_heavy_stack(entry):
     probe = "import sys, zoo.plots; print('matplotlib' in sys.modules)"
     seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO)
     assert seen.stdout.strip() == "True", seen.stderr
+
+
+#: The hooks Pyro made for subclasses: an effect handler's (a Messenger subclass overrides
+#: them) and an AutoGuide's set-up (every AutoGuide of Pyro's own overrides it); and what
+#: Python's abc module sets on every subclass.
+PYRO_HOOKS = {"_process_message", "_postprocess_message", "_setup_prototype", "_abc_impl"}
+
+
+def test_no_private_pyro_method_is_overridden():
+    """The library builds on Pyro's public API: no class of zoo or guides overrides a private
+    method of a Pyro base class (the effect handlers' own hooks aside)."""
+    import importlib
+
+    overridden = []
+    for package in ("zoo", "guides"):
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__main__":
+                continue
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            module = importlib.import_module(name)
+            for cls in vars(module).values():
+                if not inspect.isclass(cls) or cls.__module__ != name:
+                    continue
+                for base in cls.__mro__[1:]:
+                    if not base.__module__.startswith("pyro"):
+                        continue
+                    for attr in vars(cls):
+                        private = attr.startswith("_") and not attr.startswith("__")
+                        if private and attr in vars(base) and attr not in PYRO_HOOKS:
+                            overridden.append(f"{name}.{cls.__name__}.{attr} ({base.__name__})")
+    assert not overridden, overridden

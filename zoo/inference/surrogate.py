@@ -18,23 +18,30 @@ device, and it is also the surrogate whose gradient is followed: every site of t
 reparameterised, so the two coincide (Pyro returns the same value and gradient, summed in
 another order; ``tests/zoo/test_surrogate.py`` compares them).
 
-A draw with a site these reductions do not cover (a guide site without ``rsample``, a masked
-site) is handed to Pyro's own ``_differentiable_loss_particle`` unchanged. Under Pyro's
-validation (``zoo.fit``'s first step) the traces come from Pyro's ``get_importance_trace`` with
-all its checks; the reduction then reads the unscaled log-densities those checks computed, so a
-validated step computes the same numbers as any other.
+Everything here goes through Pyro's public API: ``poutine.trace`` and ``poutine.replay`` make the
+traces (``pyro.infer.enum.get_importance_trace`` with all its checks under Pyro's validation,
+``zoo.fit``'s first step: the reduction then reads the unscaled log-densities those checks
+computed, so a validated step computes the same numbers as any other), several particles run in
+one ``pyro.plate`` as Pyro vectorises them, and a program these reductions do not cover (a guide
+site without ``rsample``, a masked site) is handed to Pyro's own ELBO,
+``Trace_ELBO().differentiable_loss``, on the same draws: the generators are put back to where
+the first trace of that program started (its reducibility is then known, and later calls go to
+Pyro's ELBO at once).
 """
 
 from __future__ import annotations
 
 import numbers
 
+import pyro
 import torch
 from pyro import poutine
 from pyro.distributions.kl import kl_divergence
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
+from pyro.infer.enum import get_importance_trace
 from pyro.infer.util import is_validation_enabled
 from pyro.poutine.util import prune_subsample_sites
+from pyro.util import check_if_enumerated
 
 
 class _Groups:
@@ -96,28 +103,77 @@ def reducible(model_trace, guide_trace) -> bool:
 
 
 class _Reduced:
-    """What both ELBOs share: the traces without Pyro's per-site sums, and the loss."""
+    """What both ELBOs share: the traces, the reduction, and Pyro's ELBO (``pyro_class``) for
+    what the reduction does not cover. The constructor takes Pyro's ELBO's arguments."""
 
-    def _get_trace(self, model, guide, args, kwargs):
+    pyro_class: type
+
+    def __init__(
+        self,
+        num_particles: int = 1,
+        max_plate_nesting: float = float("inf"),
+        vectorize_particles: bool = False,
+    ):
+        self.pyro = self.pyro_class(
+            num_particles=num_particles,
+            max_plate_nesting=max_plate_nesting,
+            vectorize_particles=vectorize_particles,
+        )
+        self.num_particles, self.vectorize_particles = num_particles, vectorize_particles
+        self.max_plate_nesting = self.pyro.max_plate_nesting  # one more for vectorised particles
+        #: ``(id(model), id(guide)) -> (model, guide, reducible)`` of the programs seen.
+        self._programs: dict[tuple[int, int], tuple] = {}
+
+    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
+        """The ``-ELBO`` estimate averaged over ``num_particles`` draws, differentiable. For
+        reducible draws its value never passes through the host (no ``.item()``, no NaN check:
+        ``zoo.fit`` checks the loss on the device); other programs get Pyro's
+        ``differentiable_loss`` on the same draws."""
+        key = (id(model), id(guide))
+        known = self._programs.get(key)
+        if known is not None and not known[2]:
+            return self.pyro.differentiable_loss(model, guide, *args, **kwargs)
+        start = _generator_states(args) if known is None else None
+        draws = []
+        for model_trace, guide_trace in self._traces(model, guide, args, kwargs):
+            if not reducible(model_trace, guide_trace):
+                self._programs[key] = (model, guide, False)
+                _set_generator_states(start)  # Pyro's ELBO draws what this trace drew
+                return self.pyro.differentiable_loss(model, guide, *args, **kwargs)
+            draws.append(self._particle(model_trace, guide_trace))
+        self._programs[key] = (model, guide, True)
+        return self._mean(draws)
+
+    def _traces(self, model, guide, args, kwargs):
+        """``(model_trace, guide_trace)`` per draw: one vectorised pair for several particles
+        in a plate (as Pyro's ELBO makes them), else ``num_particles`` pairs."""
+        if self.num_particles > 1 and self.vectorize_particles:
+            plate = pyro.plate("num_particles_vectorized", self.num_particles,
+                               dim=-self.max_plate_nesting)  # fmt: skip
+            yield self._trace(plate(model), plate(guide), args, kwargs)
+            return
+        for _ in range(self.num_particles):
+            yield self._trace(model, guide, args, kwargs)
+
+    def _trace(self, model, guide, args, kwargs):
         """The guide's trace and the model's replayed against it; under validation (or for a
         ``GuideMessenger``) Pyro's ``get_importance_trace`` and its checks."""
         if is_validation_enabled() or isinstance(
             poutine.unwrap(guide), poutine.messenger.Messenger
         ):
-            return super()._get_trace(model, guide, args, kwargs)
+            model_trace, guide_trace = get_importance_trace(
+                "flat", self.max_plate_nesting, model, guide, args, kwargs
+            )
+            if is_validation_enabled():
+                check_if_enumerated(guide_trace)
+            return model_trace, guide_trace
         guide_trace = poutine.trace(guide, graph_type="flat").get_trace(*args, **kwargs)
         replayed = poutine.replay(model, trace=guide_trace)
         model_trace = poutine.trace(replayed, graph_type="flat").get_trace(*args, **kwargs)
         return prune_subsample_sites(model_trace), prune_subsample_sites(guide_trace)
 
-    def _particle(self, model_trace, guide_trace):
-        """``(surrogate, loss)`` of one draw; ``loss`` is ``None`` where it is the surrogate's
-        value (a reducible draw), Pyro's host-read estimate otherwise."""
-        if not reducible(model_trace, guide_trace):
-            model_trace.compute_log_prob()
-            guide_trace.compute_score_parts()
-            loss, surrogate = super()._differentiable_loss_particle(model_trace, guide_trace)
-            return surrogate, loss
+    def _particle(self, model_trace, guide_trace) -> torch.Tensor:
+        """The reduced ``-ELBO`` of one draw (its value and its surrogate at once)."""
         groups = _Groups()
         for name, site in model_trace.nodes.items():
             if site["type"] != "sample":
@@ -129,29 +185,12 @@ class _Reduced:
         for name, site in guide_trace.nodes.items():  # auxiliary sites of the guide
             if site["type"] == "sample" and name not in model_trace.nodes:
                 groups.add(site, _log_prob(site), -1)
-        return -groups.total(), None
+        return -groups.total()
 
     def _latent(self, groups: _Groups, model_site: dict, guide_site: dict) -> None:
         """Add a weight site's ``log p - log q`` (the Monte Carlo estimate of ``-KL``)."""
         groups.add(model_site, _log_prob(model_site), +1)
         groups.add(guide_site, _log_prob(guide_site), -1)
-
-    def _differentiable_loss_particle(self, model_trace, guide_trace):
-        """Pyro's ``(loss, surrogate)`` pair of one draw (for its ``loss`` and
-        ``loss_and_grads``)."""
-        surrogate, loss = self._particle(model_trace, guide_trace)
-        return (surrogate.detach() if loss is None else loss), surrogate
-
-    def differentiable_loss(self, model, guide, *args, **kwargs) -> torch.Tensor:
-        """The ``-ELBO`` estimate averaged over ``num_particles`` draws, differentiable. For
-        reducible draws its value never passes through the host (no ``.item()``, no NaN check:
-        ``zoo.fit`` checks the loss on the device)."""
-        draws = [self._particle(*traces) for traces in self._get_traces(model, guide, args, kwargs)]
-        surrogate = self._mean([s for s, _ in draws])
-        if all(loss is None for _, loss in draws):
-            return surrogate
-        losses = [s.detach() if v is None else torch.as_tensor(v).to(s) for s, v in draws]
-        return self._mean(losses) + (surrogate - surrogate.detach())
 
     def _mean(self, values: list[torch.Tensor]) -> torch.Tensor:
         """The particles' mean: one draw's value as it is, else the sum over the traces (one
@@ -161,15 +200,38 @@ class _Reduced:
         return (values[0] if len(values) == 1 else sum(values)) / self.num_particles
 
 
-class ReparamTrace_ELBO(_Reduced, Trace_ELBO):
+def _generator_states(args) -> dict:
+    """torch's CPU generator state, and the CUDA one of the inputs' device, to restore."""
+    states = {"cpu": torch.get_rng_state()}
+    devices = {a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"}
+    for device in devices:
+        states[device] = torch.cuda.get_rng_state(device)
+    return states
+
+
+def _set_generator_states(states: dict | None) -> None:
+    if states is None:  # a program that reduced before and not now: fresh draws
+        return
+    for device, state in states.items():
+        if device == "cpu":
+            torch.set_rng_state(state)
+        else:
+            torch.cuda.set_rng_state(state, device)
+
+
+class ReparamTrace_ELBO(_Reduced):
     """Pyro's ``Trace_ELBO`` with the reduction of :mod:`zoo.inference.surrogate`: a latent site
     contributes ``scale * (log p(w) - log q(w))`` at the guide's draw ``w``."""
 
+    pyro_class = Trace_ELBO
 
-class ReparamMeanField_ELBO(_Reduced, TraceMeanField_ELBO):
+
+class ReparamMeanField_ELBO(_Reduced):
     """Pyro's ``TraceMeanField_ELBO`` with the reduction of :mod:`zoo.inference.surrogate`: a
     latent site contributes ``-scale * KL(q || p)`` in closed form where one is registered (every
     Gaussian family here against Normal priors), ``scale * (log p(w) - log q(w))`` otherwise."""
+
+    pyro_class = TraceMeanField_ELBO
 
     def _latent(self, groups: _Groups, model_site: dict, guide_site: dict) -> None:
         try:

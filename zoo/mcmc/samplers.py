@@ -18,6 +18,7 @@ from typing import ClassVar
 
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc import NUTS as PyroNUTS
+from pyro.poutine.messenger import Messenger
 
 from zoo.runtime import file_checks, files
 from zoo.runtime.arguments import check_positive
@@ -114,12 +115,12 @@ class NUTS(Sampler):
             raise ValueError(f"jit must be True or False, got {self.jit!r}")
 
     def kernel(self, model, adapted: dict | None = None):
-        """Pyro's NUTS on ``model`` (recording each transition's start energy and depth)."""
+        """Pyro's NUTS kernel on ``model``."""
         options = {}
         if adapted is not None:
             options = dict(step_size=adapted["step_size"], adapt_step_size=False)
             options["adapt_mass_matrix"] = False
-        return _RecordingNUTS(
+        return PyroNUTS(
             model,
             target_accept_prob=self.target_accept,
             max_tree_depth=self.max_tree_depth,
@@ -160,57 +161,60 @@ class NUTS(Sampler):
         file_checks.check_tensors({str(n): v for n, v in matrix}, path, "inverse mass matrix")
 
     def transition(self, kernel, z: dict) -> tuple[dict, dict[str, float]]:
-        """One NUTS transition and its statistics (:func:`_RecordingNUTS.counters`)."""
-        divergences, mean_accept = _RecordingNUTS.counters(kernel)
-        z = kernel.sample(z)
-        divergences_after, mean_after = _RecordingNUTS.counters(kernel)
-        n = _RecordingNUTS.post_warmup_transitions(kernel)
+        """One NUTS transition and its statistics: the momentum and the doublings are read
+        from the transition's own sample sites (a :class:`_Transition` handler); what Pyro
+        keeps of the rest is read by :func:`_pyro_state`."""
+        before = _pyro_state(kernel)
+        potential = before["potential"]
+        if potential is None:  # Pyro's cache was cleared: it recomputes the same value
+            potential = kernel.potential_fn(z)
+        with _Transition() as seen:
+            z = kernel.sample(z)
+        after = _pyro_state(kernel)
+        kinetic = 0.0
+        for value in seen.momentum:  # as Pyro sums it: site by site, then halved
+            kinetic = kinetic + value.dot(value)
+        n = after["post_warmup"]
         return z, {
-            "diverging": float(divergences_after > divergences),
-            "tree_depth": float(kernel.last_depth),
+            "diverging": float(after["divergences"] > before["divergences"]),
+            "tree_depth": float(seen.doublings),
             "step_size": float(kernel.step_size),
-            "energy": kernel.last_energy,
-            "lp": -float(kernel.last_potential),
-            "acceptance_rate": n * mean_after - (n - 1) * mean_accept,
+            "energy": float(0.5 * kinetic + potential),
+            "lp": -float(after["potential"]),
+            "acceptance_rate": n * after["mean_accept"] - (n - 1) * before["mean_accept"],
         }
 
 
-class _RecordingNUTS(PyroNUTS):
-    """Pyro's NUTS, also keeping the start energy and the tree depth of its last transition.
+class _Transition(Messenger):
+    """Records a NUTS transition's momentum draws (sites ``r_t=...``) and its trajectory
+    doublings (one ``direction_t=..._treedepth=...`` site each)."""
 
-    Pyro exposes neither per transition, nor the running divergence count and mean acceptance
-    it keeps: this class is the one place that reads its private state (``_sample_r``,
-    ``_build_tree``, ``_kinetic_energy``, ``_potential_energy_last``, ``_divergences``,
-    ``_mean_accept_prob``, ``_t``, ``_warmup_steps``), and
-    ``tests/zoo/test_reference.py::test_the_nuts_recorder_reads_what_pyro_has`` fails when one
-    of them changes.
-    """
+    def __init__(self):
+        super().__init__()
+        self.momentum: list = []
+        self.doublings = 0
 
-    def _sample_r(self, name):
-        r, r_unscaled = super()._sample_r(name)
-        kinetic = self._kinetic_energy(r_unscaled)
-        self.last_energy = float(kinetic + self._potential_energy_last)
-        self.last_depth = 0
-        return r, r_unscaled
+    def _postprocess_message(self, msg):
+        if msg["type"] != "sample":
+            return
+        if msg["name"].startswith("r_t="):
+            self.momentum.append(msg["value"])
+        elif msg["name"].startswith("direction_t="):
+            self.doublings += 1
 
-    def _build_tree(self, z, r, z_grads, log_slice, direction, tree_depth, energy_current):
-        self.last_depth = max(self.last_depth, tree_depth + 1)
-        return super()._build_tree(z, r, z_grads, log_slice, direction, tree_depth, energy_current)
 
-    @property
-    def last_potential(self) -> float:
-        """The potential energy at the last transition's end (``-lp``)."""
-        return float(self._potential_energy_last)
-
-    @staticmethod
-    def counters(kernel) -> tuple[int, float]:
-        """``(divergences so far, mean acceptance so far)`` of ``kernel``."""
-        return len(kernel._divergences), kernel._mean_accept_prob
-
-    @staticmethod
-    def post_warmup_transitions(kernel) -> int:
-        """Transitions ``kernel`` took after its warm-up."""
-        return kernel._t - kernel._warmup_steps
+def _pyro_state(kernel) -> dict:
+    """What Pyro's NUTS keeps and does not expose: the potential energy at its last position,
+    its running divergence count and mean acceptance probability, and its transitions after
+    warm-up. The one place that reads its private state;
+    ``tests/zoo/test_reference.py::test_the_nuts_statistics_read_what_pyro_has`` fails when one
+    of them, or the site names :class:`_Transition` reads, changes."""
+    return {
+        "potential": kernel._potential_energy_last,
+        "divergences": len(kernel._divergences),
+        "mean_accept": kernel._mean_accept_prob,
+        "post_warmup": kernel._t - kernel._warmup_steps,
+    }
 
 
 #: The samplers by name, as files record them.
