@@ -410,6 +410,17 @@ def test_startup_times_the_imports_against_torch_and_pyro():
     assert float(rows[0][2].strip(" |")) == 1.0 and all(float(r[1]) > 0 for r in rows), out
 
 
+def test_compile_backend_counts_the_graphs_and_times_the_three_losses():
+    out = _run(
+        "benchmarks/compile_backend.py", "--backend", "eager", "--steps", "2", "--rounds", "1"
+    )
+    graphs = re.search(r"explain: (\d+) graphs, (\d+) graph breaks", out)
+    assert graphs and int(graphs[1]) >= 1 and int(graphs[2]) == int(graphs[1]) - 1, out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith("| ")][2:]
+    assert [r[0] for r in rows] == ["| eager", "| traced (jit=True)", "| torch.compile (eager)"]
+    assert all(float(r[1]) > 0 for r in rows), out
+
+
 def test_step_time_marks_a_run_of_steps_inside_one_fit_and_refuses_impossible_times():
     """``step_time.py`` times a CUDA fit by events recorded before its step 10 and after its
     last, inside one fit (never the difference of two fits); the same marks on the CPU take

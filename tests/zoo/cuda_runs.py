@@ -1,0 +1,88 @@
+"""What ``tests/zoo/test_cuda.py`` runs in a process of its own: a CUDA-graph capture that fails
+can leave CUDA unusable for the rest of a process, so the suite's own process never holds one.
+
+    python -m tests.zoo.cuda_runs capture-fails-then-every-family
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import warnings
+
+import torch
+
+import guides
+import zoo
+import zoo.training.cuda_graph as cuda_graph
+from tests.families import CASES
+from tests.groups import grouped
+
+
+def data(n: int = 200):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 1, 28, 28, generator=g)
+    return x, torch.randint(0, 10, (n,), generator=g)
+
+
+def failing_record(self, run) -> None:
+    """``GraphedStep._record`` with a host read inside the capture, which fails it (as
+    ``torch.linalg.cholesky`` did in the low-rank family)."""
+    self.optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+        torch.zeros((), device=self.device).item()
+    self.graph = graph
+
+
+def fit(family, options, **engine):
+    """24 steps of LeNet-5 on 200 images in batches of 64 (every fourth step, the epoch's last
+    batch of 8, runs eagerly between replays), with a learning-rate and a KL schedule."""
+    kwargs = grouped(
+        family,
+        guide_options=options,
+        num_steps=24,
+        batch_size=64,
+        progress=False,
+        lr_schedule="exponential",
+        kl_weight=lambda i: min(1.0, i / 10),
+        **engine,
+    )
+    return zoo.fit(zoo.models.LeNet5(hidden=32), kwargs.pop("guide"), data(), **kwargs)
+
+
+def capture_fails_then_every_family() -> None:
+    """Under the default ``cuda_graph="auto"``: a capture forced to fail warns and the fit goes
+    on eagerly to its end; then, in the same process, every family of the registry fits through
+    the graph step and matches its eager fit (one host read per step, no graph)."""
+    real = cuda_graph.GraphedStep._record
+    cuda_graph.GraphedStep._record = failing_record
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            first = fit("diagonal", {})
+    finally:
+        cuda_graph.GraphedStep._record = real
+    assert any("capture of the step failed" in str(w.message) for w in caught), caught
+    assert str(first.options["cuda_graph"]).startswith("failed, ran eagerly"), first.options
+    assert len(first.losses) == 24 and all(math.isfinite(v) for v in first.losses)
+    torch.randn(8, device="cuda")  # the generator is out of capture mode
+    assert {family for family, _ in CASES.values()} >= set(guides.available()) - {"mixed"}
+    for label, (family, options) in CASES.items():
+        eager = fit(family, options, check_every=1, cuda_graph=False)
+        graphed = fit(family, options)
+        assert graphed.options["cuda_graph"] is True, (label, graphed.options["cuda_graph"])
+        for a, b in zip(eager.losses, graphed.losses):
+            assert math.isclose(a, b, rel_tol=1e-3), (label, a, b)
+        want, got = eager.guide.state_dict(), graphed.guide.state_dict()
+        for key in want:
+            assert torch.allclose(want[key], got[key], rtol=1e-3, atol=1e-4), (label, key)
+        print(f"{label}: graph step = eager step", flush=True)
+
+
+RUNS = {"capture-fails-then-every-family": capture_fails_then_every_family}
+
+if __name__ == "__main__":
+    RUNS[sys.argv[1]]()
+    print("ok")
