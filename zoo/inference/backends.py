@@ -12,7 +12,7 @@
 A backend returns ``None`` for a call it declines (a graph refused by its check, a loss not
 finite yet), and the objective evaluates that call eagerly. The CUDA-graph step
 (:mod:`zoo.training.cuda_graph`) captures :meth:`LossBackend.function_for`, a function of tensors
-only; the step engine knows nothing else of a backend, so a ``torch.compile`` or
+only; the stepper knows nothing else of a backend, so a ``torch.compile`` or
 ``torch.export`` backend, the day Pyro's handlers run under them without graph breaks
 (``benchmarks/compile_backend.py`` measures that), is one more subclass here.
 """

@@ -1,4 +1,4 @@
-"""What :func:`zoo.reference.reference` returns: the chains' draws, predicting like a fit."""
+"""What :func:`zoo.reference` returns: the chains' draws, predicting like a fit."""
 
 from __future__ import annotations
 

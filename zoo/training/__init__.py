@@ -1,5 +1,5 @@
 """A fit: ``zoo.fit`` (:mod:`~zoo.training.fitting`), its option groups
-(:mod:`~zoo.training.options`), the loop (:mod:`~zoo.training.loop`), the step engine
+(:mod:`~zoo.training.options`), the loop (:mod:`~zoo.training.loop`), the stepper
 (:mod:`~zoo.training.step`) and its rules (:mod:`~zoo.training.rules`), the CUDA-graph step,
 divergence, optimisers, convergence, default lengths (:mod:`~zoo.training.recipes`),
 checkpoints, and what a fit returns (:mod:`~zoo.training.result`)."""

@@ -4,7 +4,7 @@ whenever the fit allows it).
 With the compiled loss (:mod:`zoo.inference.compiled`) the Python of Pyro's traces is gone, but
 every step still launches each of its kernels from the host: the forward pass, the backward pass,
 the gradient norm, the fused optimiser. On a GPU these launches, not the arithmetic, bound the step
-of a small network. :class:`GraphedStep` records the step engine's body (:mod:`zoo.training.step`)
+of a small network. :class:`GraphedStep` records the stepper's body (:mod:`zoo.training.step`)
 once with ``torch.cuda.graph`` and replays the recording: one launch per step.
 
 What the graph holds, and what stays outside:

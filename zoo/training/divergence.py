@@ -1,6 +1,6 @@
 """The divergence guard of a fit: no NaN parameters are ever returned.
 
-Every step's loss and gradient norm are tested. Where the test runs is the step engine's
+Every step's loss and gradient norm are tested. Where the test runs is the stepper's
 business (:mod:`zoo.training.step`): on the host, which reads each step and takes the update only if
 both are finite; or on the device, where the fused optimiser skips a non-finite update on a
 flag and the host reads the steps in groups. Either way the guard settles the steps the host has

@@ -1,4 +1,4 @@
-"""Which step options combine, and why: the one table of the step engine's rules.
+"""Which step options combine, and why: the one table of the stepper's rules.
 
 A fit's step is chosen by :class:`zoo.training.options.Engine` (``jit``, ``threads``,
 ``check_every``, ``cuda_graph``, ``accumulate``) on a device, an optimiser and a number of

@@ -1,4 +1,4 @@
-"""The step engine: one optimiser step of a fit, written once.
+"""The stepper: one optimiser step of a fit, written once.
 
 :class:`Stepper` takes a step's minibatches and runs the one body every step shares
 (:meth:`Stepper.body`): the loss of each minibatch with its gradients, the ranks' average,
