@@ -97,14 +97,14 @@ class PerSiteGuide(AutoGuide):
         sites of the same names, e.g. a pretrained deterministic net.
     create_plates : callable, optional
         As in :class:`pyro.infer.autoguide.AutoGuide`.
-    **family_options
+    family_options : keyword arguments
         Options of the family (see each subclass).
 
-    Subclassing
-    -----------
-    ``class AutoX(PerSiteGuide, family="x")`` registers the family ``"x"``. Set ``site_class``
-    (a :class:`~guides.site.SitePosterior`), or override :meth:`site_spec` to choose the site
-    class from the options, and list notable configurations in ``variants`` (the test suite
+    Notes
+    -----
+    To subclass: ``class AutoX(PerSiteGuide, family="x")`` registers the family ``"x"``. Set
+    ``site_class`` (a :class:`~guides.site.SitePosterior`), or override :meth:`site_spec` to choose
+    the site class from the options, and list notable configurations in ``variants`` (the test suite
     runs each).
     """
 

@@ -7,7 +7,7 @@ with the variational parameter ``M`` shaped like the weight,
 
     W = M diag(z) + sigma E,    z_j ~ Bernoulli(1 - p),    E_ij ~ N(0, 1),
 
-so column ``j`` (``K = out kh kw`` elements) is a mixture of two narrow Gaussians,
+so column ``j`` (``K = out kh kw`` elements) is a mixture of two narrow Gaussians::
 
     q(W_:j) = (1 - p) N(M_:j, sigma^2 I) + p N(0, sigma^2 I).
 

@@ -44,8 +44,8 @@ class SitePosterior(PyroModule):
     """Variational parameters of one sample site and the distribution they define.
 
     Subclasses take ``init_loc`` (the initial mean, shaped like the site) and ``init_scale`` (the
-    initial marginal standard deviation) plus family options, create ``PyroParam``s, and return
-    their distribution from :meth:`distribution`.
+    initial marginal standard deviation) plus family options, create ``PyroParam`` objects, and
+    return their distribution from :meth:`distribution`.
     """
 
     family: str = ""

@@ -192,7 +192,7 @@ def summary(idata: az.InferenceData, var_names=None, kind: str = "stats", **kwar
 
 def layer_summary(idata: az.InferenceData):
     """One row per posterior variable: size, mean of the posterior means, mean posterior sd,
-    mean |mean| / sd (signal to noise). Fast at any size."""
+    mean ``|mean| / sd`` (signal to noise). Fast at any size."""
     import pandas as pd
 
     rows = []

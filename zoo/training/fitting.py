@@ -128,16 +128,18 @@ def fit(
     run : zoo.Run or dict, optional
         The progress bar, callbacks, the divergence policy, checkpoints and resume.
 
-    Every group's fields and defaults are documented once, in :mod:`zoo.training.options`; a field
-    passed as a keyword of its own (``optimizer=``, ``progress=``) is refused with a
-    ``TypeError`` naming its group.
-
     Returns
     -------
     FitResult
         ``result.options`` records what ran: the resolved length and recipe, the step plan
         (``jit``, ``threads``, ``check_every``, ``cuda_graph``, ``accumulate``) and how the
         fit ended (``stopped``, ``stopped_at``).
+
+    Notes
+    -----
+    Every group's fields and defaults are documented once, in :mod:`zoo.training.options`; a field
+    passed as a keyword of its own (``optimizer=``, ``progress=``) is refused with a
+    ``TypeError`` naming its group.
     """
     optim, loss = group(Optim, optim), group(Loss, loss)
     engine, run = group(Engine, engine), group(Run, run)

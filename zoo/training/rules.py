@@ -6,29 +6,29 @@ processes. Every ``"auto"`` rule and every refusal is here, each with its reason
 :mod:`zoo.training.step` runs what
 :func:`plan` decides and decides nothing itself.
 
-=====================  ==========================================================================
-option                 rule
-=====================  ==========================================================================
-``jit="auto"``         compile a ``zoo`` model with a ``guides`` family and one particle
-                       (:func:`zoo.inference.compiled.compile_refusal`) on CUDA at any size, on the
-                       CPU when the forward pass of a minibatch is under
-                       :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (above it the arithmetic,
-                       which a graph does not speed up, is the step)
-``threads="auto"``     one intra-op thread on the CPU under
-                       :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (threads only add waiting
-                       there); torch's setting otherwise and on CUDA
-``check_every="auto"`` 1 (the host reads every step's loss) on the CPU, across processes and with
-                       an optimiser that cannot skip an update on the device; otherwise
-                       :data:`CUDA_CHECK_EVERY`
-``check_every > 1``    needs one process (ranks meet every step anyway) and an optimiser that
-                       skips on the device (:data:`DEVICE_SKIP_OPTIMIZERS`, fused)
-``cuda_graph="auto"``  the graph step whenever the fit allows it: a CUDA device, one process, the
-                       compiled loss and an optimiser that skips on the device; off otherwise,
-                       with the reason in ``result.options["cuda_graph"]`` (on CUDA)
-``cuda_graph=True``    the same needs, refused before training when one is missing; reads every
-                       :data:`CUDA_CHECK_EVERY` steps by default
-``accumulate=k``       ``k`` minibatches per optimiser step: combines with every option above
-=====================  ==========================================================================
+======================  ==========================================================================
+option                  rule
+======================  ==========================================================================
+``jit="auto"``          compile a ``zoo`` model with a ``guides`` family and one particle
+                        (:func:`zoo.inference.compiled.compile_refusal`) on CUDA at any size, on the
+                        CPU when the forward pass of a minibatch is under
+                        :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (above it the arithmetic,
+                        which a graph does not speed up, is the step)
+``threads="auto"``      one intra-op thread on the CPU under
+                        :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (threads only add waiting
+                        there); torch's setting otherwise and on CUDA
+``check_every="auto"``  1 (the host reads every step's loss) on the CPU, across processes and with
+                        an optimiser that cannot skip an update on the device; otherwise
+                        :data:`CUDA_CHECK_EVERY`
+``check_every > 1``     needs one process (ranks meet every step anyway) and an optimiser that
+                        skips on the device (:data:`DEVICE_SKIP_OPTIMIZERS`, fused)
+``cuda_graph="auto"``   the graph step whenever the fit allows it: a CUDA device, one process, the
+                        compiled loss and an optimiser that skips on the device; off otherwise,
+                        with the reason in ``result.options["cuda_graph"]`` (on CUDA)
+``cuda_graph=True``     the same needs, refused before training when one is missing; reads every
+                        :data:`CUDA_CHECK_EVERY` steps by default
+``accumulate=k``        ``k`` minibatches per optimiser step: combines with every option above
+======================  ==========================================================================
 
 One small-step threshold, :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS`, serves both size rules.
 """
