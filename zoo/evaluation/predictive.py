@@ -77,15 +77,9 @@ def _fitted_guide_device(guide) -> torch.device:
 def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> int:
     """Inputs per CPU pass: as many as keep the largest activation of one pass within a third of
     the last-level cache and ``CPU_ACTIVATION_CAP`` (16 MiB), within ``CPU_BATCH_RANGE``, found
-    by running the network on three inputs.
-
-    Measured on a 2-core CPU with a 32 MiB cache (``benchmarks/predict_batch.py``): LeNet-5,
-    whose first convolution writes 46 KB per image, predicted 1.35-1.5x faster with 242 images
-    per pass than with 512. The cut lies between 448 and 512 images, and it is the allocator's:
-    at 512 a prediction took 387,375 minor page faults and 0.85 s of system time against
-    24,000-52,000 and 0.05-0.11 s at 242-448 (glibc maps large blocks afresh for every pass;
-    ``MALLOC_MMAP_THRESHOLD_`` set high removes the difference). The CIFAR net was 1.2x faster
-    at 85; the MLP, whose activations are small, 1.04x at 4,096.
+    by running the network on three inputs. Larger passes are slower on the CPU, not faster:
+    past the cache, glibc maps each pass's large activations afresh (page faults, system time);
+    ``benchmarks/predict_batch.py`` measures it.
     """
     with torch.no_grad():
         # Three rows (repeated if x has fewer): a leading size that weights are unlikely to share.
@@ -122,13 +116,12 @@ def predict(
     (``{site: (S, *shape)}``) evaluates given draws instead of new ones (``guide`` may then be
     ``None``, as for :meth:`zoo.mcmc.result.Reference.predict`).
 
-    Defaults, from ``benchmarks/predict_time.py``: ``sample_batch_size=None`` evaluates one draw
-    per pass (a plain forward), which was as fast or faster than ``vmap`` over draws on the CPU
-    and on an H100 (``vmap`` turns convolutions into slower grouped ones); ``batch_size=None``
-    takes 8192 inputs per pass on CUDA, where small passes leave the GPU waiting on kernel
-    launches, and on the CPU as many as keep a pass's largest activation within a third of
-    the last-level cache and 16 MiB (:func:`cpu_batch_size`: 242 for LeNet-5 with a 32 MiB
-    cache, 4096 for the MLP). Pass ``sample_batch_size > 1`` to vectorise over draws.
+    Defaults (``benchmarks/predict_time.py`` measures them): ``sample_batch_size=None``
+    evaluates one draw per pass (a plain forward; ``vmap`` over draws turns convolutions into
+    grouped ones, no faster); ``batch_size=None`` takes 8192 inputs per pass on CUDA, where small
+    passes leave the GPU waiting on kernel launches, and on the CPU as many as keep a pass's
+    largest activation within a third of the last-level cache and 16 MiB
+    (:func:`cpu_batch_size`). Pass ``sample_batch_size > 1`` to vectorise over draws.
 
     ``progress`` shows a tqdm bar over the passes once a prediction has run for
     ``PROGRESS_DELAY`` (2) seconds; ``False`` never shows one. ``seed`` fixes the weight draws

@@ -21,9 +21,9 @@ One plan per device, fixed for a whole fit (:data:`OPTIMISED_EXECUTION`). On the
 runs in the traced order (``torch.jit.optimized_execution(False)``): it replays the eager loss's
 operations and their autograd backward, so a seeded fit's values and gradients are the eager
 fit's to the bit. On CUDA it runs re-planned by TorchScript's graph executor (the backward
-differentiated symbolically, elementwise kernels fused): the fusion is worth about 1.2x of a
-GPU step, where on the CPU the re-planning costs several times the rest of a graph's start-up
-for a few percent of a step (``benchmarks/executor_order.py``, ``benchmarks/README.md``).
+differentiated symbolically, elementwise kernels fused), which pays on a GPU; on the CPU the
+re-planning costs more start-up than it saves for most families (``benchmarks/executor_order.py``
+measures both plans).
 
 The re-planned order of independent random operations can differ from the traced one (the
 block-diagonal guide's noise draw moved ahead of the weights'; MC dropout's masks and
@@ -181,8 +181,8 @@ def trace(function: Callable, inputs: tuple) -> torch.ScriptFunction:
     executor's plans.
 
     ``torch.jit.trace`` registers every function it traces in TorchScript's one process-wide
-    compilation unit, which never lets go of them: each fit kept its graphs (about 2 MiB for a
-    small network) until the process ended. This is the one place that uses the tracer's
+    compilation unit, which never lets go of them: each fit kept its graphs until the process
+    ended. This is the one place that uses the tracer's
     private entry point (``torch._C._create_graph_by_tracing``, as ``torch.jit.trace`` does,
     strict and without out-of-place rewriting); ``tests/zoo/test_compiled.py`` fails when it
     changes."""

@@ -30,7 +30,7 @@ What the graph holds, and what stays outside:
   another step) does not stop the fit: it warns once, names the cause in
   ``result.options["cuda_graph"]``, takes the step eagerly, and runs every later step eagerly
   (with the compiled loss). On the CPU both are tested with an emulated capture
-  (``tests/zoo/test_graphed.py``); on a GPU they are not measured yet.
+  (``tests/zoo/test_graphed.py``), and on a GPU by ``tests/zoo/test_cuda.py``.
 
 :mod:`zoo.training.rules` decides when a fit may use it (CUDA, one process, the compiled loss, a
 fused optimiser).

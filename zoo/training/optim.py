@@ -55,7 +55,7 @@ def param_groups(guide, model, lr: float, multipliers: Mapping[str, float] | Non
 
 def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mapping):
     """The built-in optimisers run fused (one kernel per step for all tensors, on the CPU as on
-    CUDA: several times faster than the per-tensor loop on large models), else ``foreach``.
+    CUDA), else ``foreach``.
     An explicit ``fused`` or ``foreach`` in ``options`` wins."""
     options = dict(options)
     try:
