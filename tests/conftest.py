@@ -17,6 +17,7 @@ HANG_AFTER = float(os.environ.get("ZOO_TEST_HANG_AFTER", 3600))
 SLOW_FILES = {
     "test_benchmarks.py",
     "test_docs.py",
+    "test_install.py",
     "test_benchmark_dropout.py",
     "test_notebooks.py",
     "test_notebook_outputs.py",
