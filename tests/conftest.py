@@ -18,6 +18,7 @@ SLOW_FILES = {
     "test_benchmarks.py",
     "test_docs.py",
     "test_install.py",
+    "test_readme.py",
     "test_benchmark_dropout.py",
     "test_notebooks.py",
     "test_notebook_outputs.py",

@@ -1,5 +1,5 @@
-"""The tables and figures that README.md and benchmarks/README.md quote from issue 35's saved runs
-are those runs' (``benchmarks/results/*.json``), as the scripts print them."""
+"""The tables and figures that the documentation and benchmarks/README.md quote from issue 35's
+saved runs are those runs' (``benchmarks/results/*.json``), as the scripts print them."""
 
 import contextlib
 import io
@@ -62,13 +62,13 @@ def test_the_dropout_tables_are_the_saved_mnist_runs():
     assert [line for line in out.getvalue().splitlines()[2:]] == seeds
 
 
-def test_the_readmes_mc_dropout_figures_are_the_studys():
+def test_the_guides_mc_dropout_figures_are_the_studys():
     rows = {r["row"]: r for r in _rows("mnist_dropout.json")}
     before = rows["mc_dropout, p=0.1 on every layer incl. the image, a mask per step"]
     after = rows["mc_dropout, p=0.1, none on the image, a mask per step"]
     torch_before = rows["plain PyTorch dropout, p=0.1 on every layer incl. the image"]
     torch_after = rows["plain PyTorch dropout, p=0.1, none on the image"]
-    text = " ".join((REPO / "README.md").read_text().split())
+    text = " ".join((REPO / "docs" / "guide" / "choosing.md").read_text().split())
     assert f"NLL {before['nll']:.3f} -> {after['nll']:.3f}" in text
     assert f"ECE {before['ece']:.3f} -> {after['ece']:.3f}" in text
     assert f"({torch_before['nll']:.3f} / {torch_before['ece']:.3f} with the image" in text

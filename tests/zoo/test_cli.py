@@ -253,11 +253,11 @@ def test_toy_fit_needs_no_model_and_takes_the_noise(tmp_path):
 
 
 def test_the_readme_quotes_what_the_demo_prints(tmp_path):
-    """The README's demo numbers come from `python -m zoo demo`: run it and compare."""
+    """benchmarks/README.md's demo numbers come from `python -m zoo demo`: run it and compare."""
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text()
     quoted = re.search(
         r"test RMSE ([\d.]+) \(the toy's noise is 0\.1\), 95% coverage ([\d.]+), epistemic sd "
         r"([\d.]+) on the data,\s+([\d.]+) in the gap `\|x\| < 0\.5`, ([\d.]+) beyond",

@@ -1,0 +1,36 @@
+"""README.md: at most about 250 lines, and every Python block in it runs as written, in order,
+in one fresh process (in a scratch folder: the blocks write files)."""
+
+import os
+import re
+import subprocess
+import sys
+
+from tests.conftest import HANG_AFTER, REPO
+
+README = (REPO / "README.md").read_text()
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def test_the_readme_is_short():
+    assert len(README.splitlines()) <= 250
+
+
+def test_every_python_block_of_the_readme_runs_as_written(tmp_path):
+    blocks = python_blocks(README)
+    assert len(blocks) >= 6, "the README's examples are its python blocks"
+    script = tmp_path / "readme.py"
+    script.write_text("\n\n".join(blocks))
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=HANG_AFTER,
+        env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"},
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    assert (tmp_path / "toy.pt").exists() and (tmp_path / "run.ckpt").exists()
