@@ -142,24 +142,15 @@ def test_the_compiled_loss_on_cuda_equals_the_eager_one(family, options):
     assert compiled.jit_state == "compiled"
 
 
-def cuda_graph_pair(family, options, n=200, **extra):
-    """The same fit eagerly (one host read per step) and as a replayed CUDA graph; 200 = 3 x 64
-    + 8, so every fourth step runs eagerly between replays."""
-    kwargs = dict(
-        num_steps=24,
-        batch_size=64,
-        progress=False,
-        guide_options=options,
-        lr_schedule="exponential",
-        kl_weight=lambda i: min(1.0, i / 10),
+def cuda_graph_pair(family, options, **extra):
+    """The same fit (``tests/zoo/cuda_runs.py``'s: 24 steps on 200 = 3 x 64 + 8 images, so
+    every fourth step runs eagerly between replays) eagerly, one host read per step, and as a
+    replayed CUDA graph."""
+    from tests.zoo.cuda_runs import fit
+
+    return fit(family, options, check_every=1, cuda_graph=False, **extra), fit(
+        family, options, **extra
     )
-    kwargs.update(extra)
-
-    def run(**engine):
-        options = grouped(family, **kwargs, **engine)
-        return zoo.fit(zoo.models.LeNet5(hidden=32), options.pop("guide"), data(n), **options)
-
-    return run(check_every=1, cuda_graph=False), run()
 
 
 @pytest.mark.parametrize("family,options", FAMILIES)

@@ -80,27 +80,35 @@ class LossBackend(ABC):
             raise
 
 
-class EagerLoss(LossBackend):
-    """Pyro's ELBO (``elbo.differentiable_loss``) on the wired ``model`` and ``guide``, run as
-    Python every call, inside ``context(validate)``; ``scale`` is the messenger they are
-    wrapped in."""
-
-    name = "eager"
+class WiredLoss(LossBackend):
+    """What a backend of Pyro's ELBO holds: ``elbo`` (``zoo.inference.surrogate``'s), the wired
+    ``model`` and ``guide`` (wrapped in ``scale``, the :class:`~zoo.inference.elbo.ElboScale`
+    messenger, and an estimator's handlers), the ``params`` the loss differentiates, and
+    ``context``, the context manager an evaluation runs in (``context(validate)``)."""
 
     def __init__(self, elbo, model, guide, params, scale: ElboScale, context: Callable):
         self.elbo, self.model, self.guide = elbo, model, guide
         self.params, self.scale, self.context = list(params), scale, context
 
+    def surrogate(self, *inputs: torch.Tensor) -> torch.Tensor:
+        """The surrogate loss of ``(x, y, data_scale, kl_weight)`` (the last four inputs; the
+        parameters before them are read from the modules, by identity): the scales set from
+        the inputs, then the ELBO."""
+        x, y, data_scale, kl_weight = inputs[-4:]
+        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
+        with self.context():
+            return self.elbo.differentiable_loss(self.model, self.guide, x, y)
+
+
+class EagerLoss(WiredLoss):
+    """Pyro's ELBO (``elbo.differentiable_loss``) on the wired ``model`` and ``guide``, run as
+    Python every call."""
+
+    name = "eager"
+
     def function_for(self, x, y, data_scale, kl_weight) -> Callable:
-        """A function that sets the scales from its last two inputs and runs the ELBO."""
-
-        def loss(*inputs):
-            x, y, data_scale, kl_weight = inputs[-4:]
-            self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
-            with self.context():
-                return self.elbo.differentiable_loss(self.model, self.guide, x, y)
-
-        return loss
+        """:meth:`surrogate`: it sets the scales from its last two inputs and runs the ELBO."""
+        return self.surrogate
 
     def __call__(self, x, y, data_scale: float, kl_weight: float, validate: bool = False):
         """The loss of ``(x, y)``, with Pyro's argument and support checks if ``validate``."""

@@ -46,7 +46,7 @@ from collections.abc import Callable
 
 import torch
 
-from zoo.inference.backends import LossBackend
+from zoo.inference.backends import WiredLoss
 from zoo.inference.elbo import ElboScale
 from zoo.runtime import threads
 from zoo.runtime.rng import forked
@@ -87,7 +87,7 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     return None
 
 
-class TracedLoss(LossBackend):
+class TracedLoss(WiredLoss):
     """The surrogate ``-ELBO`` of ``elbo`` for the wired ``model`` and ``guide``, one traced
     graph per minibatch shape.
 
@@ -107,18 +107,9 @@ class TracedLoss(LossBackend):
     name = "compiled"
 
     def __init__(self, elbo, model, guide, params, scale: ElboScale, context: Callable):
-        self.elbo, self.model, self.guide = elbo, model, guide
-        self.params, self.scale, self.context = list(params), scale, context
+        super().__init__(elbo, model, guide, params, scale, context)
         self.graphs: dict[tuple, ExecutorSetting | None] = {}
         self.refused = None
-
-    def surrogate(self, *inputs: torch.Tensor) -> torch.Tensor:
-        """The surrogate loss of ``(x, y, data_scale, kl_weight)`` (the last four inputs;
-        the parameters before them are read from the modules, by identity)."""
-        x, y, data_scale, kl_weight = inputs[-4:]
-        self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
-        with self.context():
-            return self.elbo.differentiable_loss(self.model, self.guide, x, y)
 
     def function_for(self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float):
         """The checked graph for minibatches shaped like ``(x, y)`` (traced on first use), or
