@@ -269,7 +269,7 @@ def share_posch_work(
     tensors (a dict the caller keeps). The caller sets ``shared`` back to ``None`` afterwards.
     """
     locs = [site.loc for site in group]
-    sizes = [m.numel() for m in locs]
+    sizes = [int(m.numel()) for m in locs]  # ints under the tracer too: the cache key
     rho = posch_rho(torch.stack([site.gamma for site in group]))
     if joint is None:
         joint = joint_draw_pays(sum(sizes), len(sizes), locs[0].device)

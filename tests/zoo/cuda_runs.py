@@ -77,7 +77,8 @@ def capture_fails_then_every_family() -> None:
             assert math.isclose(a, b, rel_tol=1e-3), (label, a, b)
         want, got = eager.guide.state_dict(), graphed.guide.state_dict()
         for key in want:
-            assert torch.allclose(want[key], got[key], rtol=1e-3, atol=1e-4), (label, key)
+            # cuDNN's kernels are not bitwise deterministic: two eager fits differ as much
+            assert torch.allclose(want[key], got[key], rtol=1e-3, atol=1e-3), (label, key)
         print(f"{label}: graph step = eager step", flush=True)
 
 

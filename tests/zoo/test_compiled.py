@@ -2,6 +2,7 @@
 the same draws, for every family of the registry, both ELBOs and every estimator; and what it
 refuses."""
 
+import math
 import warnings
 
 import pyro
@@ -508,3 +509,46 @@ def test_the_tracer_works_on_this_torch():
                       num_steps=3, batch_size=20, run=zoo.Run(progress=False))  # fmt: skip
     assert fit.options["jit"] == "compiled"
     assert not [w for w in caught if "jit" in str(w.message)], [str(w.message) for w in caught]
+
+
+#: Operations whose value changes from call to call although their arguments are constants.
+RANDOM_OPS = ("aten::randn", "aten::rand", "aten::normal", "aten::bernoulli", "aten::uniform")
+#: Operations that make or move a tensor's data: from constants alone, the same data each call.
+MOVES = ("aten::to", "aten::_to_copy", "aten::lift_fresh", "aten::copy_")
+
+
+def moved_constants(graph) -> list[str]:
+    """The nodes of a traced graph that make or move a tensor of more than one element from
+    constants alone: work the trace repeats on every call (on a GPU, a copy from the host inside
+    each step, which a CUDA graph cannot hold)."""
+    constant, found = set(), []
+    for node in graph.nodes():
+        kind, inputs = node.kind(), list(node.inputs())
+        if kind.startswith(RANDOM_OPS) or not (
+            kind == "prim::Constant" or (inputs and all(v in constant for v in inputs))
+        ):
+            continue
+        constant.update(node.outputs())
+        for out in node.outputs():
+            sizes = out.type().sizes() if out.type().kind() == "TensorType" else None
+            if kind in MOVES and sizes is not None and math.prod(sizes) > 1:
+                found.append(str(node).strip())
+    return found
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_compiled_loss_builds_no_tables_on_each_call(case, monkeypatch):
+    """What a guide builds once (index tables, layouts) is a constant of the traced graph, not
+    rebuilt on every call: the Posch family's joint-draw layout was once keyed by sizes that
+    the tracer hands out as tensors, so the trace recorded its construction and every CUDA
+    replay copied it from the host (the capture then failed). The joint draw is forced, as on
+    a GPU."""
+    import guides.tridiagonal
+
+    monkeypatch.setattr(guides.tridiagonal, "joint_draw_pays", lambda *args: True)
+    family, options = CASES[case]
+    _, compiled, _ = objectives(family, options)
+    x, y = data()
+    compiled.loss(x, y, 100)
+    (graph,) = compiled.backend.graphs.values()
+    assert moved_constants(graph.graph) == []

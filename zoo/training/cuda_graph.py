@@ -148,7 +148,8 @@ class GraphedStep:
         else:
             try:
                 self._record(run)
-            except RuntimeError as error:  # an operation the capture cannot hold
+            except Exception as error:  # an operation the capture cannot hold
+                self._end_failed_capture()  # first: the warning may be raised as an error
                 self._give_up(error)
                 self.optimizer.zero_grad(set_to_none=True)
                 run()  # the step the capture did not take, eagerly
@@ -165,6 +166,29 @@ class GraphedStep:
         with torch.cuda.graph(graph):
             run()
         self.graph = graph
+
+    def _end_failed_capture(self) -> None:
+        """Leave torch's CUDA generators as a completed capture would. A capture that raises
+        ends without its epilogue, so the generator stays marked as capturing and every later
+        draw in the process fails ("Offset increment outside graph capture encountered
+        unexpectedly"); a capture that completes clears the mark, so one of a single kernel
+        is taken and dropped. If even that fails, the warning says so."""
+        if self.device.type != "cuda":
+            return
+        try:
+            probe = torch.zeros(1, device=self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                probe.add_(1)
+            del graph
+        except Exception as error:  # noqa: BLE001 - reported, the fit goes on eagerly
+            warnings.warn(
+                "after the failed CUDA-graph capture, torch's CUDA generator could not be "
+                f"reset ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                "random draws on this device may fail for the rest of the process",
+                RuntimeWarning,
+                stacklevel=5,
+            )
 
     def _checked_replay(self, run: Callable) -> None:
         """The first replay, checked against the same step taken eagerly from the same state
