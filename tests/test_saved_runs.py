@@ -60,16 +60,3 @@ def test_the_dropout_tables_are_the_saved_mnist_runs():
     with contextlib.redirect_stdout(out):
         mnist_accuracy.print_seed_summary(_rows("mnist_dropout_seeds.json"))
     assert [line for line in out.getvalue().splitlines()[2:]] == seeds
-
-
-def test_the_guides_mc_dropout_figures_are_the_studys():
-    rows = {r["row"]: r for r in _rows("mnist_dropout.json")}
-    before = rows["mc_dropout, p=0.1 on every layer incl. the image, a mask per step"]
-    after = rows["mc_dropout, p=0.1, none on the image, a mask per step"]
-    torch_before = rows["plain PyTorch dropout, p=0.1 on every layer incl. the image"]
-    torch_after = rows["plain PyTorch dropout, p=0.1, none on the image"]
-    text = " ".join((REPO / "docs" / "guide" / "choosing.md").read_text().split())
-    assert f"NLL {before['nll']:.3f} -> {after['nll']:.3f}" in text
-    assert f"ECE {before['ece']:.3f} -> {after['ece']:.3f}" in text
-    assert f"({torch_before['nll']:.3f} / {torch_before['ece']:.3f} with the image" in text
-    assert f"dropped, {torch_after['nll']:.3f} / {torch_after['ece']:.3f} without" in text
