@@ -48,5 +48,9 @@ suppress_warnings = ["mystnb.unknown_mime_type"]
 
 html_theme = "pydata_sphinx_theme"
 html_title = "bnn-zoo"
-html_theme_options = {"show_toc_level": 2, "navigation_with_keys": False}
+html_theme_options = {
+    "show_toc_level": 2,
+    "navigation_with_keys": False,
+    "header_links_before_dropdown": 4,
+}
 html_static_path = []
