@@ -115,6 +115,7 @@ ZOO_LAYERS = [
     "arviz",
     "mcmc",  # reference posteriors: samplers, chains, their result
     "training",  # zoo.fit: options, the loop, the step engine and its rules, checkpoints
+    "baselines",  # deep ensembles; the loader of every kind of result file
     "comparison",
     "lightning",
     "cli",  # only the command line imports the command line

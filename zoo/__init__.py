@@ -7,6 +7,8 @@ fit.evaluate(zoo.data.mnist(train=False))
 """
 
 from zoo import data, metrics, models, priors
+from zoo.baselines.ensembles import Ensemble, ensemble
+from zoo.baselines.loading import load
 from zoo.comparison import compare
 from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import ElboScale
@@ -23,7 +25,7 @@ from zoo.training.fitting import fit
 from zoo.training.loop import CheckpointError
 from zoo.training.options import Engine, Loss, Optim, Run
 from zoo.training.recipes import REGRESSION_FIT
-from zoo.training.result import CallbackView, FitResult, load
+from zoo.training.result import CallbackView, FitResult
 from zoo.training.step import Stepper
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "Convergence",
     "ElboScale",
     "Engine",
+    "Ensemble",
     "FitDivergedError",
     "FitResult",
     "CallbackView",
@@ -50,6 +53,7 @@ __all__ = [
     "Stepper",
     "compare",
     "data",
+    "ensemble",
     "fit",
     "likelihoods",
     "load",

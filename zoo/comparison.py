@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 from tqdm import tqdm
 
+from zoo.baselines.ensembles import ensemble
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
 from zoo.runtime.serial import one_at_a_time
@@ -42,6 +43,9 @@ def compare(
         fit_options)`` for options of that row's ``zoo.fit`` only (they override
         ``**fit_options``), e.g. ``("MC dropout", "mc_dropout", {"p": 0.1},
         {"estimator": "local"})``. Default: every registered family (``guides.available()``).
+        A deep ensemble is a row too: ``("5 MAP nets", "ensemble", {"members": 5, "family":
+        "map"})`` fits :func:`zoo.ensemble` (its ``parameters`` and ``fit_seconds`` are all
+        members' together, its ``final_elbo`` is NaN: an ensemble has no ELBO).
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
     num_samples : int
@@ -109,18 +113,23 @@ def compare(
             tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
         args = {**fit_options, **own}
         args = grouped(args if "run" in args else {"progress": progress, **args})
-        guide = guide_family(family, **options) if options else family
-        result = run_fit(model_factory(), guide, train, **args)
+        if family == "ensemble":
+            result = ensemble(model_factory, train, **options, **args)
+            parameters, final_elbo = result.num_variational_parameters(), float("nan")
+        else:
+            guide = guide_family(family, **options) if options else family
+            result = run_fit(model_factory(), guide, train, **args)
+            parameters = result.guide.num_variational_parameters()
+            final_elbo = -(result.epoch_losses[-1] if result.epoch_losses else result.losses[-1])
         threads = _threads(args)  # fit's rule, for both
         metrics = _evaluate(result, x_test, y_test, num_samples, progress, threads, ref_pred)
-        last = result.epoch_losses[-1] if result.epoch_losses else result.losses[-1]
         rows.append(
             {
                 "family": label,
-                "parameters": result.guide.num_variational_parameters(),
+                "parameters": parameters,
                 "fit_seconds": result.wall_time,
                 "steps_per_second": result.steps / max(result.wall_time, 1e-9),
-                "final_elbo": -last,
+                "final_elbo": final_elbo,
                 **metrics,
             }
         )
@@ -211,12 +220,22 @@ def warn_unconverged(reference, pred) -> None:
         )
 
 
+#: What an ``"ensemble"`` row of :func:`compare` may set (:func:`zoo.ensemble`'s options).
+ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed"})
+
+
 def _row(spec) -> tuple[str, object, dict, dict]:
-    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``."""
+    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``; an
+    ``"ensemble"`` entry's options are :func:`zoo.ensemble`'s (``members``, ``family``)."""
     if isinstance(spec, str):
         return spec, spec, {}, {}
     if isinstance(spec, tuple) and len(spec) in (3, 4):
         label, family, options, *own = spec
+        if family == "ensemble" and not set(dict(options)) <= ENSEMBLE_OPTIONS:
+            raise ValueError(
+                f"the ensemble row {label!r} takes the options {sorted(ENSEMBLE_OPTIONS)}, "
+                f"got {sorted(dict(options))}"
+            )
         return label, family, dict(options), dict(own[0]) if own else {}
     raise ValueError(
         "each entry of guides is a family name, (label, family, guide_options) or "

@@ -125,3 +125,46 @@ def check_level(level: float) -> None:
             else ""
         )
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}{hint}")
+
+
+def mixture(predictions: list[Prediction]) -> Prediction:
+    """The equal mixture of ``K`` predictions of the same task on the same inputs: their
+    sampled networks side by side, ``S = sum_k S_k`` outputs (equal weights when every
+    ``S_k`` is the same, as :func:`zoo.baselines.ensembles.ensemble` draws them).
+
+    Raises ``ValueError`` for predictions of different types or inputs."""
+    if not predictions:
+        raise ValueError("a mixture needs at least one prediction")
+    kind = type(predictions[0])
+    shapes = {tuple(p.outputs.shape[1:]) for p in predictions}
+    if any(type(p) is not kind for p in predictions) or len(shapes) > 1:
+        raise ValueError(
+            "a mixture's predictions must be of one type on the same inputs; got "
+            f"{sorted({type(p).__name__ for p in predictions})} with output shapes "
+            f"{sorted(shapes)}"
+        )
+    fields = {}
+    for name in kind.__dataclass_fields__:
+        values = [getattr(p, name) for p in predictions]
+        if name == "likelihood":
+            fields[name] = _mixed_distribution(values)
+        else:
+            fields[name] = None if values[0] is None else torch.cat(values)
+    return kind(**fields)
+
+
+def _mixed_distribution(dists: list) -> torch.distributions.Distribution | None:
+    """The observation distributions of ``K`` predictions concatenated along their first
+    batch dimension (the sampled networks): Categorical, Normal, and either one made
+    ``Independent``."""
+    if dists[0] is None:
+        return None
+    first = dists[0]
+    if isinstance(first, torch.distributions.Independent):
+        base = _mixed_distribution([d.base_dist for d in dists])
+        return torch.distributions.Independent(base, first.reinterpreted_batch_ndims)
+    if isinstance(first, torch.distributions.Categorical):
+        return type(first)(logits=torch.cat([d.logits for d in dists]))
+    if isinstance(first, torch.distributions.Normal):
+        return type(first)(torch.cat([d.loc for d in dists]), torch.cat([d.scale for d in dists]))
+    raise TypeError(f"cannot mix predictions whose likelihood is a {type(first).__name__}")

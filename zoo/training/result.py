@@ -125,22 +125,24 @@ class FitResult:
         without unpickling code; a model that is not a ``zoo.models`` class is passed again as
         ``zoo.load(path, model=...)``."""
         return files.atomic_save(
-            {
-                "format": files.FORMAT,
-                "version": files.VERSION,
-                "kind": "fit",
-                "guide": stored.guide_payload(self.guide),
-                "model": stored.model_payload(self.model),
-                "history": {
-                    "losses": torch.tensor(self.losses, dtype=torch.float64),
-                    "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64),
-                    "skipped_steps": torch.tensor(self.skipped_steps, dtype=torch.int64),
-                    "wall_time": float(self.wall_time),
-                },
-                "options": files.plain_data(self.options),
-            },
+            {"format": files.FORMAT, "version": files.VERSION, "kind": "fit", **self.payload()},
             path,
         )
+
+    def payload(self) -> dict:
+        """The fit as plain data (what :meth:`save` writes beside the file's format entries;
+        an ensemble's file holds one per member)."""
+        return {
+            "guide": stored.guide_payload(self.guide),
+            "model": stored.model_payload(self.model),
+            "history": {
+                "losses": torch.tensor(self.losses, dtype=torch.float64),
+                "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64),
+                "skipped_steps": torch.tensor(self.skipped_steps, dtype=torch.int64),
+                "wall_time": float(self.wall_time),
+            },
+            "options": files.plain_data(self.options),
+        }
 
     def to_arviz(
         self,
@@ -230,6 +232,14 @@ def load(
         ``save`` again to rewrite them as plain data).
     """
     payload = files.read(path, ("fit", "reference"), map_location="cpu", allow_pickle=allow_pickle)
+    return from_payload(payload, path, model, map_location)
+
+
+def from_payload(
+    payload: dict, path, model: Callable | None, map_location
+) -> FitResult | Reference:
+    """The fit or reference of a file's ``payload`` (read by :func:`zoo.runtime.files.read`),
+    checked before anything is built from it; ``path`` names the file in errors."""
     if payload.get("kind") == "reference":
         from zoo.mcmc.result import reference_from_payload
 

@@ -1,0 +1,171 @@
+"""Deep ensembles (zoo.baselines.ensembles): members seeded apart, the predictive is the equal
+mixture of the members' (checked against the members' own predictions), an ensemble of
+identical members is that member, one file saves and loads it, compare gives it a row, and bad
+arguments are refused before any fit."""
+
+import math
+
+import pytest
+import torch
+
+import zoo
+from zoo.models.predictions import mixture
+
+
+def classification(n=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+
+
+def classifier():
+    return zoo.models.BayesianMLP(3, (8,), 2, task="classification")
+
+
+def regressor():
+    return zoo.models.BayesianMLP(3, (8,), 1, task="regression", noise=0.1)
+
+
+def test_members_are_fits_seeded_apart():
+    """Member ``k`` is ``zoo.fit`` with the seed ``seed + k``, to the bit."""
+    data = classification()
+    ens = zoo.ensemble(classifier, data, members=3, seed=5, num_steps=20, progress=False)
+    assert len(ens.members) == 3 and ens.options == {"members": 3, "family": "map", "seed": 5}
+    alone = zoo.fit(classifier(), "map", data, num_steps=20, seed=6, run=zoo.Run(progress=False))
+    for a, b in zip(ens.members[1].guide.parameters(), alone.guide.parameters()):
+        assert torch.equal(a, b)
+    first, second = (next(m.guide.parameters()) for m in ens.members[:2])
+    assert not torch.equal(first, second)
+    assert ens.steps == 60 and ens.wall_time == pytest.approx(sum(m.wall_time for m in ens.members))
+
+
+def test_the_predictive_is_the_equal_mixture_of_the_members():
+    """Classification: the mixture's probabilities are the mean of each member's predictive
+    (``ceil(S / K)`` draws each, member ``k`` seeded ``k``); regression: its mean is the mean
+    of the members' means and its epistemic variance includes their spread."""
+    x, y = classification()
+    ens = zoo.ensemble(
+        classifier, (x, y), members=2, family="diagonal", num_steps=20, progress=False
+    )
+    pred = ens.predict(x, num_samples=6, progress=False)
+    assert pred.outputs.shape == (6, 64, 2) and isinstance(pred, zoo.ClassificationPrediction)
+    parts = [m.predict(x, num_samples=3, seed=k, progress=False) for k, m in enumerate(ens.members)]
+    want = torch.stack([p.probs for p in parts]).mean(0)
+    torch.testing.assert_close(pred.probs, want)
+    lp = pred.log_likelihood(y)
+    torch.testing.assert_close(lp, torch.cat([p.log_likelihood(y) for p in parts]))
+
+    target = x[:, 0] - x[:, 1]
+    reg = zoo.ensemble(regressor, (x, target), members=3, num_steps=30, progress=False)
+    pred = reg.predict(x, progress=False)
+    means = torch.stack([m.predict(x, num_samples=1, progress=False).mean for m in reg.members])
+    assert pred.num_samples == 3  # one network per MAP member
+    torch.testing.assert_close(pred.mean, means.mean(0))
+    torch.testing.assert_close(pred.epistemic_variance, means.var(0, unbiased=False))
+    torch.testing.assert_close(pred.variance, means.var(0, unbiased=False) + 0.01)
+
+
+def test_an_ensemble_of_identical_members_is_that_member():
+    x, y = classification()
+    fit = zoo.fit(classifier(), "map", (x, y), num_steps=20, run=zoo.Run(progress=False))
+    same = zoo.Ensemble([fit, fit, fit])
+    torch.testing.assert_close(
+        same.predict(x, progress=False).probs, fit.predict(x, num_samples=1, progress=False).probs
+    )
+    want = fit.evaluate((x, y), progress=False)
+    assert same.evaluate((x, y), progress=False) == pytest.approx(want)
+
+
+def test_mixture_refuses_predictions_of_different_kinds_or_inputs():
+    x, _ = classification()
+    fit = zoo.fit(classifier(), "map", classification(), num_steps=5, run=zoo.Run(progress=False))
+    a = fit.predict(x, num_samples=1, progress=False)
+    b = fit.predict(x[:10], num_samples=1, progress=False)
+    with pytest.raises(ValueError, match="same inputs"):
+        mixture([a, b])
+    with pytest.raises(ValueError, match="at least one"):
+        mixture([])
+
+
+def test_one_file_saves_and_loads_the_ensemble(tmp_path):
+    x, y = classification()
+    ens = zoo.ensemble(classifier, (x, y), members=2, family="diagonal", num_steps=10,
+                       progress=False)  # fmt: skip
+    path = ens.save(tmp_path / "ens.pt")
+    back = zoo.load(path)
+    assert isinstance(back, zoo.Ensemble) and back.options == ens.options
+    torch.testing.assert_close(
+        back.predict(x, progress=False).probs, ens.predict(x, progress=False).probs
+    )
+    own = zoo.load(path, model=classifier())  # a model given is copied for every member
+    assert own.members[0].model is not own.members[1].model
+    raw = path.read_bytes()
+    (tmp_path / "cut.pt").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ValueError, match="damaged"):
+        zoo.load(tmp_path / "cut.pt")
+
+
+def test_a_changed_member_is_refused_naming_it(tmp_path):
+    x, y = classification()
+    ens = zoo.ensemble(classifier, (x, y), members=2, num_steps=5, progress=False)
+    payload = {"format": "bnn-zoo", "version": 2, "kind": "ensemble", "options": {}}
+    members = [m.payload() for m in ens.members]
+    del members[1]["history"]
+    torch.save({**payload, "members": members}, tmp_path / "changed.pt")
+    with pytest.raises(ValueError, match=r"member 1.*'history'"):
+        zoo.load(tmp_path / "changed.pt")
+    torch.save({**payload, "members": []}, tmp_path / "empty.pt")
+    with pytest.raises(ValueError, match="no members"):
+        zoo.load(tmp_path / "empty.pt")
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"members": 0}, ValueError, "members"),
+        ({"members": "5"}, TypeError, "members must be an int"),
+        ({"members": True}, TypeError, "members must be an int"),
+        ({"family": "diagnoal"}, ValueError, "diagnoal"),
+        ({"seed": None}, TypeError, "seed must be an int"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_fit(kwargs, error, match):
+    built = []
+
+    def factory():
+        built.append(1)
+        return classifier()
+
+    with pytest.raises(error, match=match):
+        zoo.ensemble(factory, classification(), **{"num_steps": 5, "progress": False, **kwargs})
+    assert built == []
+
+
+def test_a_model_instead_of_a_factory_is_refused():
+    with pytest.raises(TypeError, match="model factory"):
+        zoo.ensemble(classifier(), classification(), members=2)
+
+
+def test_the_progress_bar_is_over_members_and_can_be_turned_off(capsys):
+    zoo.ensemble(classifier, classification(), members=2, num_steps=5, progress=False)
+    assert "ensemble" not in capsys.readouterr().err
+    zoo.ensemble(classifier, classification(), members=2, num_steps=5)
+    assert "ensemble" in capsys.readouterr().err
+
+
+def test_compare_has_an_ensemble_row():
+    x, y = classification()
+    table = zoo.compare(
+        classifier,
+        ["map", ("3 MAP nets", "ensemble", {"members": 3})],
+        (x, y),
+        (x, y),
+        num_steps=20,
+        num_samples=10,
+        progress=False,
+    )
+    row = table.loc["3 MAP nets"]
+    assert row["parameters"] == 3 * table.loc["map"]["parameters"]
+    assert math.isnan(row["final_elbo"]) and 0 <= row["accuracy"] <= 1
+    with pytest.raises(ValueError, match="takes the options"):
+        zoo.compare(classifier, [("e", "ensemble", {"membres": 3})], (x, y), (x, y))
