@@ -8,6 +8,8 @@ fit.evaluate(zoo.data.mnist(train=False))
 
 from zoo import data, metrics, models, priors
 from zoo.baselines.ensembles import Ensemble, ensemble
+from zoo.baselines.laplace_fit import LaplaceFit, laplace
+from zoo.baselines.laplace_torch import LaplaceOptions
 from zoo.baselines.loading import load
 from zoo.comparison import compare
 from zoo.evaluation.predictive import predict
@@ -38,6 +40,8 @@ __all__ = [
     "Ensemble",
     "FitDivergedError",
     "FitResult",
+    "LaplaceFit",
+    "LaplaceOptions",
     "CallbackView",
     "Loss",
     "NUTS",
@@ -55,6 +59,7 @@ __all__ = [
     "data",
     "ensemble",
     "fit",
+    "laplace",
     "likelihoods",
     "load",
     "metrics",

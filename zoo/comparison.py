@@ -11,6 +11,8 @@ import torch
 from tqdm import tqdm
 
 from zoo.baselines.ensembles import ensemble
+from zoo.baselines.laplace_fit import laplace
+from zoo.baselines.laplace_torch import LaplaceOptions
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
 from zoo.runtime.serial import one_at_a_time
@@ -45,7 +47,12 @@ def compare(
         {"estimator": "local"})``. Default: every registered family (``guides.available()``).
         A deep ensemble is a row too: ``("5 MAP nets", "ensemble", {"members": 5, "family":
         "map"})`` fits :func:`zoo.ensemble` (its ``parameters`` and ``fit_seconds`` are all
-        members' together, its ``final_elbo`` is NaN: an ensemble has no ELBO).
+        members' together, its ``final_elbo`` is NaN: an ensemble has no ELBO). So is the
+        Laplace approximation (laplace-torch installed): ``("Laplace, last-layer KFAC",
+        "laplace", {"weights": "last_layer", "hessian": "kron"})`` takes
+        :class:`zoo.LaplaceOptions`' fields and runs :func:`zoo.laplace` (a MAP fit with the
+        row's fit options, then laplace-torch); its ``parameters`` are the MAP weights and the
+        curvature's numbers.
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
     num_samples : int
@@ -115,6 +122,9 @@ def compare(
         args = grouped(args if "run" in args else {"progress": progress, **args})
         if family == "ensemble":
             result = ensemble(model_factory, train, **options, **args)
+            parameters, final_elbo = result.num_variational_parameters(), float("nan")
+        elif family == "laplace":
+            result = laplace(model_factory(), train, options=options, **args)
             parameters, final_elbo = result.num_variational_parameters(), float("nan")
         else:
             guide = guide_family(family, **options) if options else family
@@ -236,6 +246,8 @@ def _row(spec) -> tuple[str, object, dict, dict]:
                 f"the ensemble row {label!r} takes the options {sorted(ENSEMBLE_OPTIONS)}, "
                 f"got {sorted(dict(options))}"
             )
+        if family == "laplace":
+            LaplaceOptions(**dict(options))  # refused now, not after the rows before it
         return label, family, dict(options), dict(own[0]) if own else {}
     raise ValueError(
         "each entry of guides is a family name, (label, family, guide_options) or "

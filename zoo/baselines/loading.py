@@ -20,8 +20,9 @@ def load(
     allow_pickle: bool = False,
 ):
     """Load a fit (:meth:`zoo.FitResult.save`), an HMC reference
-    (:meth:`zoo.Reference.save`) or an ensemble (:meth:`zoo.Ensemble.save`), returned as
-    what was saved, on ``map_location`` (CPU by default).
+    (:meth:`zoo.Reference.save`), an ensemble (:meth:`zoo.Ensemble.save`) or a Laplace
+    approximation (:meth:`zoo.LaplaceFit.save`, laplace-torch installed), returned as what was
+    saved, on ``map_location`` (CPU by default).
 
     Parameters
     ----------
@@ -42,10 +43,14 @@ def load(
     Every file is checked before anything is built from it: a damaged or changed file is
     refused with a ``ValueError`` naming it.
     """
-    kinds = ("fit", "reference", "ensemble")
+    kinds = ("fit", "reference", "ensemble", "laplace")
     payload = files.read(path, kinds, map_location="cpu", allow_pickle=allow_pickle)
     if payload.get("kind") == "ensemble":
         from zoo.baselines.ensembles import ensemble_from_payload
 
         return ensemble_from_payload(payload, path, model, map_location)
+    if payload.get("kind") == "laplace":
+        from zoo.baselines.laplace_fit import laplace_from_payload
+
+        return laplace_from_payload(payload, path, model, map_location)
     return from_payload(payload, path, model, map_location)

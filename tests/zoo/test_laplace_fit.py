@@ -1,0 +1,158 @@
+"""The Laplace baseline through laplace-torch (zoo.baselines.laplace_torch): the same
+predictive as laplace-torch called directly on the same network, the exact posterior of a
+conjugate Bayesian linear regression, plain-data saves, compare rows, and what is refused
+before any work. Skipped without laplace-torch (``pip install "bnn-zoo[laplace]"``)."""
+
+import math
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+import zoo
+from zoo.baselines import laplace_torch
+
+laplace = pytest.importorskip("laplace", exc_type=ImportError)
+
+
+def classification(n=128, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+
+
+def classifier():
+    return zoo.models.BayesianMLP(3, (16,), 2, task="classification")
+
+
+def direct(fit, x, y, weights, hessian, **kwargs):
+    """laplace-torch on a copy of the network at the same MAP weights, fitted on the same
+    data, with the zoo fit's prior precision."""
+    net = laplace_torch.network_at(fit.model, fit.map_weights)
+    la = laplace.Laplace(net, fit.model.likelihood.task, weights, hessian, **kwargs)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128)
+    la.fit(loader)
+    la.prior_precision = fit.laplace.prior_precision.clone()
+    return la
+
+
+def test_the_predictive_is_laplace_torchs_on_the_same_network():
+    """GLM function samples equal laplace-torch's for the same generator seed, and the probit
+    predictive equals laplace-torch's closed form; both fit the prior precision by marginal
+    likelihood."""
+    x, y = classification()
+    fit = zoo.laplace(classifier(), (x, y), num_steps=200, progress=False)
+    la = direct(fit, x, y, "last_layer", "kron")
+    want = la.functional_samples(x, "glm", n_samples=30, generator=torch.Generator().manual_seed(3))
+    got = fit.predict(x, num_samples=30, seed=3, progress=False)
+    torch.testing.assert_close(got.outputs, want)
+    torch.testing.assert_close(got.probs, want.softmax(-1).mean(0))
+    probit = zoo.laplace(
+        classifier(), (x, y), num_steps=200, progress=False, options={"predictive": "probit"}
+    )
+    la = direct(probit, x, y, "last_layer", "kron")
+    torch.testing.assert_close(
+        probit.predict(x, progress=False).probs, la(x, pred_type="glm", link_approx="probit")
+    )
+    assert fit.info["prior_precision"][0] > 0 and fit.info["map_steps"] == 200
+
+
+def test_full_laplace_of_a_bayesian_linear_regression_is_its_exact_posterior():
+    """``y = X w + b + N(0, s^2)`` with ``w, b ~ N(0, 1 / a)``: the posterior is Gaussian with
+    precision ``A = Z^T Z / s^2 + a I`` (``Z = [X, 1]``) and mean ``A^-1 Z^T y / s^2``. Centred
+    there, the full Laplace approximation (GGN = the exact Hessian for a linear model) is that
+    posterior, and its predictive variance of ``f(x)`` is ``z^T A^-1 z``."""
+    torch.set_default_dtype(torch.float64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(50, 2, generator=g)
+        s, a = 0.3, 2.0
+        y = x @ torch.tensor([1.5, -0.7]) + 0.2 + s * torch.randn(50, generator=g)
+        z = torch.cat([x, torch.ones(50, 1)], 1)
+        precision = z.T @ z / s**2 + a * torch.eye(3)
+        cov = torch.linalg.inv(precision)
+        mean = cov @ z.T @ y / s**2
+        net = nn.Linear(2, 1)
+        with torch.no_grad():
+            net.weight.copy_(mean[:2].reshape(1, 2))
+            net.bias.copy_(mean[2:])
+        model = zoo.models.from_module(net, task="regression", noise=s, prior=a**-0.5)
+        options = {"weights": "all", "hessian": "full", "prior_precision": a}
+        fit = zoo.laplace(model, (x, y), at="module", options=options)
+        torch.testing.assert_close(fit.laplace.posterior_covariance, cov)
+        pred = fit.predict(x[:5], num_samples=20000, seed=0, progress=False)
+        exact = (z[:5] @ cov * z[:5]).sum(-1)
+        torch.testing.assert_close(pred.epistemic_variance, exact, rtol=0.05, atol=0)
+        torch.testing.assert_close(pred.mean, z[:5] @ mean, rtol=0, atol=0.01)
+        assert pred.aleatoric_variance == pytest.approx(torch.full((5,), s**2))
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_plain_data_save_loads_with_the_same_predictive(tmp_path):
+    x, y = classification()
+    for options in ({}, {"weights": "all", "hessian": "diag", "predictive": "nn"}):
+        fit = zoo.laplace(classifier(), (x, y), num_steps=50, progress=False, options=options)
+        back = zoo.load(fit.save(tmp_path / "la.pt"))
+        assert isinstance(back, zoo.LaplaceFit) and back.options == fit.options
+        torch.testing.assert_close(
+            back.predict(x, num_samples=10, progress=False).probs,
+            fit.predict(x, num_samples=10, progress=False).probs,
+        )
+    raw = (tmp_path / "la.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(raw[:100])
+    with pytest.raises(ValueError, match="damaged"):
+        zoo.load(tmp_path / "cut.pt")
+
+
+def test_compare_has_laplace_rows():
+    x, y = classification()
+    table = zoo.compare(
+        classifier,
+        ["map", ("Laplace LL KFAC", "laplace", {}), ("Laplace diag", "laplace",
+                                                     {"weights": "all", "hessian": "diag"})],
+        (x, y), (x, y), num_steps=50, num_samples=10, progress=False,
+    )  # fmt: skip
+    assert math.isnan(table.loc["Laplace diag"]["final_elbo"])
+    assert table.loc["Laplace diag"]["parameters"] == 2 * table.loc["map"]["parameters"]
+    assert 0 <= table.loc["Laplace LL KFAC"]["accuracy"] <= 1
+    with pytest.raises(ValueError, match="hessian="):
+        zoo.compare(classifier, [("L", "laplace", {"hessian": "kfac"})], (x, y), (x, y))
+
+
+@pytest.mark.parametrize(
+    "model,options,match",
+    [
+        (lambda: classifier(), {"hessian": "kfac"}, "hessian='kfac'"),
+        (lambda: classifier(), {"prior_precision": -1.0}, "prior_precision"),
+        (lambda: classifier(), {"weights": "some"}, "weights='some'"),
+        (
+            lambda: zoo.models.BayesianMLP(3, (8,), 1, task="regression"),
+            {"predictive": "probit"},
+            "probit.*classification",
+        ),
+        (
+            lambda: zoo.models.BayesianMLP(3, (8,), 1, task="regression", noise="heteroscedastic"),
+            {},
+            "heteroscedastic",
+        ),
+        (
+            lambda: zoo.models.BayesianMLP(3, (200, 200), 2, task="classification"),
+            {"weights": "all", "hessian": "full"},
+            "dense",
+        ),
+    ],
+)
+def test_what_laplace_torch_cannot_do_is_refused_before_any_fit(model, options, match, monkeypatch):
+    fits = []
+    monkeypatch.setattr(zoo.training.fitting, "fit", lambda *a, **k: fits.append(1))
+    with pytest.raises((ValueError, TypeError), match=match):
+        zoo.laplace(model(), classification(), options=options, num_steps=5)
+    assert fits == []
+
+
+def test_without_laplace_torch_the_error_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "laplace", None)  # import laplace then fails
+    with pytest.raises(ImportError, match=r'pip install "bnn-zoo\[laplace\]"'):
+        zoo.laplace(classifier(), classification(), num_steps=5)

@@ -1,0 +1,170 @@
+"""The Laplace approximation through laplace-torch (``pip install "bnn-zoo[laplace]"``).
+
+A local Gaussian at the MAP weights ``w*``: ``q(w) = N(w*, (H + P)^-1)``, ``H`` the Hessian of
+the negative log likelihood of the training data at ``w*`` in laplace-torch's approximation
+(generalised Gauss-Newton: Kronecker-factored, diagonal or full), ``P`` the prior precision,
+by default fitted by maximising the marginal likelihood (the evidence) after the fact.
+laplace-torch does the curvature and the predictive; this module only gives it a zoo model's
+network at its MAP weights and turns its predictive samples into the library's ``Prediction``
+objects, so every metric, plot, ``compare`` row and ``agreement`` distance works on it.
+
+The MAP weights come from a ``zoo.fit`` of the model with the point-mass family (``"map"``:
+``-log p(D | w) - log p(w)`` under the model's own prior, so the Laplace posterior is the
+model's), from a fit given, or from the model's network as it is (a trained network converted
+with :func:`zoo.models.from_module`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+#: The weights laplace-torch approximates, the Hessian structures and predictives it offers
+#: here (laplace-torch's names).
+WEIGHTS = ("last_layer", "all")
+HESSIANS = ("kron", "diag", "full")
+PREDICTIVES = ("glm", "nn", "probit")
+#: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
+FULL_HESSIAN_MAX = 20_000
+
+
+@dataclass(frozen=True)
+class LaplaceOptions:
+    """laplace-torch's choices, checked when the group is built.
+
+    Parameters
+    ----------
+    weights : {"last_layer", "all"}, default "last_layer"
+        Which weights get the Gaussian; the others stay at their MAP values.
+    hessian : {"kron", "diag", "full"}, default "kron"
+        The curvature's structure: Kronecker-factored per layer (KFAC), diagonal, or dense
+        (refused above ``FULL_HESSIAN_MAX`` weights).
+    prior_precision : "marglik" or float, default "marglik"
+        ``P``: fitted by maximising the marginal likelihood (laplace-torch's recommended
+        recipe), or a fixed precision (``1 / sigma^2`` of an isotropic ``N(0, sigma^2)``).
+    predictive : {"glm", "nn", "probit"}, default "glm"
+        How predictions are made: function-space samples of the linearised network (the GLM
+        predictive, consistent with the curvature), sampled networks (``"nn"``), or, for
+        classification, the probit approximation of the GLM predictive in closed form (one
+        deterministic probability vector per input: a ``Prediction`` of one "network").
+    """
+
+    weights: str = "last_layer"
+    hessian: str = "kron"
+    prior_precision: str | float = "marglik"
+    predictive: str = "glm"
+
+    def __post_init__(self):
+        for name, allowed in (
+            ("weights", WEIGHTS),
+            ("hessian", HESSIANS),
+            ("predictive", PREDICTIVES),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"LaplaceOptions({name}={value!r}): choose one of {allowed}")
+        p = self.prior_precision
+        if p != "marglik":
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
+                raise ValueError(
+                    f"LaplaceOptions(prior_precision={p!r}): 'marglik' (fitted by marginal "
+                    "likelihood) or a positive number"
+                )
+
+
+@contextlib.contextmanager
+def torch_script_notice_off():
+    """Silence torch's deprecation notice of ``torch.jit.script``, which laplace-torch's
+    dependencies (and torch's own forward-mode decompositions, loaded by their curvature
+    products) call once on first use: a notice about their code, not the user's."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
+        yield
+
+
+def import_laplace():
+    """laplace-torch's ``Laplace``, or an ``ImportError`` that says how to install it."""
+    try:
+        with torch_script_notice_off():
+            from laplace import Laplace
+    except ImportError as err:
+        raise ImportError(
+            f'the Laplace baseline needs laplace-torch ({err}): pip install "bnn-zoo[laplace]"'
+        ) from None
+    return Laplace
+
+
+def network_at(model, weights: dict) -> torch.nn.Module:
+    """A copy of ``model.net`` (the plain architecture) holding ``weights``, trainable, for
+    laplace-torch."""
+    net = copy.deepcopy(model.net)
+    with torch.no_grad():
+        for name, p in net.named_parameters():
+            p.copy_(weights[name].to(p))
+    net.requires_grad_(True)
+    return net
+
+
+def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None):
+    """laplace-torch's object for ``model`` at ``weights`` (not fitted yet)."""
+    Laplace = import_laplace()
+    net = network_at(model, weights).to(next(iter(weights.values())).device)
+    kwargs = {}
+    if options.weights == "last_layer" and last_layer_name is not None:
+        kwargs["last_layer_name"] = last_layer_name
+    if options.prior_precision != "marglik":
+        kwargs["prior_precision"] = float(options.prior_precision)
+    task = model.likelihood.task
+    if task == "regression" and not getattr(model.likelihood, "learned", True):
+        kwargs["sigma_noise"] = float(model.likelihood.noise)  # a fixed noise (a buffer)
+    return Laplace(net, task, options.weights, options.hessian, **kwargs)
+
+
+def check_laplace_model(model, options: LaplaceOptions) -> None:
+    """Refuse, before any work, what laplace-torch cannot do with ``model``."""
+    if not hasattr(model, "net") or not hasattr(model, "site_shapes"):
+        raise TypeError(
+            "laplace takes a zoo model built on a plain network (zoo.models.*, or "
+            f"zoo.models.from_module(net)); got a {type(model).__name__}"
+        )
+    likelihood = model.likelihood
+    if type(likelihood).__name__ == "HeteroscedasticGaussian":
+        raise ValueError(
+            "laplace-torch's regression likelihood has one noise level: a heteroscedastic "
+            "model is not supported; use noise='learned' or a fixed noise"
+        )
+    if options.predictive == "probit" and likelihood.task != "classification":
+        raise ValueError("predictive='probit' is for classification; use 'glm' or 'nn'")
+    sites = set(model.site_shapes) - {"noise"}
+    if options.hessian == "full":
+        count = sum(math.prod(s) for n, s in model.site_shapes.items() if n in sites)
+        if options.weights == "all" and count > FULL_HESSIAN_MAX:
+            raise ValueError(
+                f"a full Hessian of all {count:,} weights is a dense {count:,} x {count:,} "
+                f"matrix (more than {FULL_HESSIAN_MAX:,} weights are refused); use "
+                "hessian='kron' or 'diag', or weights='last_layer'"
+            )
+
+
+def tensors(value):
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors(v)
+
+
+def plain(value):
+    """laplace-torch's state entry as plain data (its enums as their strings)."""
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, str):
+        return str(value.value) if hasattr(value, "value") else str(value)
+    return value
