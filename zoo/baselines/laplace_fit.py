@@ -13,10 +13,10 @@ from zoo.baselines.laplace_torch import (
     LaplaceOptions,
     build,
     check_laplace_model,
+    dependency_notices_off,
     import_laplace,
     plain,
     tensors,
-    torch_script_notice_off,
 )
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.models import stored
@@ -74,7 +74,8 @@ class LaplaceFit:
     ) -> Prediction:
         """The predictive on ``x`` as the library's ``Prediction``: ``num_samples`` function
         samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
-        blocks of ``batch_size`` (default 1,024). ``seed`` fixes the draws (``None``: torch's
+        blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
+        which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws (``None``: torch's
         global generator); ``progress`` and ``threads`` are accepted for a fit's signature."""
         check_positive(num_samples=num_samples, batch_size=batch_size)
         check_seed(seed)
@@ -82,10 +83,13 @@ class LaplaceFit:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=device).manual_seed(seed)
+        if batch_size is None:  # the GLM predictive of all weights holds a Jacobian per input
+            glm_all = self.options.weights == "all" and self.options.predictive == "glm"
+            batch_size = 16 if glm_all else 1024
         blocks = []
-        for start in range(0, x.shape[0], batch_size or 1024):
-            chunk = x[start : start + (batch_size or 1024)].to(device)
-            with torch_script_notice_off():
+        for start in range(0, x.shape[0], batch_size):
+            chunk = x[start : start + batch_size].to(device)
+            with dependency_notices_off():
                 blocks.append(self._outputs(chunk, num_samples, generator))
         outputs = torch.cat(blocks, dim=1)
         noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
@@ -217,11 +221,11 @@ def laplace(
     if model.likelihood.task == "regression":
         y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
     loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
-    with torch_script_notice_off():
+    with dependency_notices_off():
         la.fit(loader)
     if options.prior_precision == "marglik":
         pred_type = "nn" if options.predictive == "nn" else "glm"
-        with torch_script_notice_off(), warnings.catch_warnings():
+        with dependency_notices_off(), warnings.catch_warnings():
             # laplace-torch's note on link_approx, which the marginal likelihood does not use
             warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
             la.optimize_prior_precision(pred_type=pred_type, method="marglik")

@@ -78,19 +78,25 @@ class LaplaceOptions:
 
 
 @contextlib.contextmanager
-def torch_script_notice_off():
-    """Silence torch's deprecation notice of ``torch.jit.script``, which laplace-torch's
-    dependencies (and torch's own forward-mode decompositions, loaded by their curvature
-    products) call once on first use: a notice about their code, not the user's."""
+def dependency_notices_off():
+    """Silence notices about laplace-torch's and its dependencies' code, not the user's:
+    torch's deprecation of ``torch.jit.script`` (called on import, and by torch's own
+    forward-mode decompositions that their curvature products load) and of the non-full
+    backward hooks that ASDL registers for the diagonal curvature, and laplace-torch's own
+    note on ASDL's Jacobians."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*torch.jit.script.*", FutureWarning)
+        warnings.filterwarnings("ignore", "Using a non-full backward hook", FutureWarning)
+        # laplace-torch's note that the GLM predictive of an ASDL (diagonal) fit forms its
+        # Jacobians with torch.func instead: what LaplaceFit.predict's small blocks allow for
+        warnings.filterwarnings("ignore", "ASDL backend is used", UserWarning)
         yield
 
 
 def import_laplace():
     """laplace-torch's ``Laplace``, or an ``ImportError`` that says how to install it."""
     try:
-        with torch_script_notice_off():
+        with dependency_notices_off():
             from laplace import Laplace
     except ImportError as err:
         raise ImportError(
@@ -119,6 +125,10 @@ def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None):
         kwargs["last_layer_name"] = last_layer_name
     if options.prior_precision != "marglik":
         kwargs["prior_precision"] = float(options.prior_precision)
+    if options.hessian == "diag":  # laplace-torch's default backend forms every Jacobian
+        from laplace.curvature import AsdlGGN
+
+        kwargs["backend"] = AsdlGGN
     task = model.likelihood.task
     if task == "regression" and not getattr(model.likelihood, "learned", True):
         kwargs["sigma_noise"] = float(model.likelihood.noise)  # a fixed noise (a buffer)
