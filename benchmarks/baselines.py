@@ -112,8 +112,10 @@ def main() -> None:
     device = torch.device(args.device)
     load = os.getloadavg()[0]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"LeNet-5 (100 hidden), MNIST, {args.epochs} epoch(s), batch 128, seed 0, "
-          f"{args.samples} draws per image; {where}; load {load:.2f} (1-minute average)\n")  # fmt: skip
+    print(
+        f"LeNet-5 (100 hidden), MNIST, {args.epochs} epoch(s), batch 128, seed 0, "
+        f"{args.samples} draws per image; {where}; load {load:.2f} (1-minute average)\n"
+    )
     header = ["row", "fit s", "fit peak MiB", "accuracy", "NLL", "ECE", "AUROC noise",
               "AUROC permuted"]  # fmt: skip
     print("| " + " | ".join(header) + " |")

@@ -75,8 +75,9 @@ class LaplaceFit:
         """The predictive on ``x`` as the library's ``Prediction``: ``num_samples`` function
         samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
         blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
-        which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws (``None``: torch's
-        global generator); ``progress`` and ``threads`` are accepted for a fit's signature."""
+        which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws
+        (``None``: torch's global generator); ``progress`` and ``threads`` are accepted for a
+        fit's signature."""
         check_positive(num_samples=num_samples, batch_size=batch_size)
         check_seed(seed)
         device = self.device
