@@ -106,7 +106,7 @@ def compare(
     if not guides:
         raise ValueError("guides is empty: name at least one family (guides.available())")
     for spec in guides:
-        _row(spec)  # a malformed entry fails now, not after the fits before it
+        check_row(spec)  # a malformed entry fails now, not after the fits before it
     x_test, y_test = gather_tensors(test)
     ref_pred = None
     if reference is not None:
@@ -121,7 +121,7 @@ def compare(
         args = {**fit_options, **own}
         args = grouped(args if "run" in args else {"progress": progress, **args})
         if family == "ensemble":
-            result = ensemble(model_factory, train, **options, **args)
+            result = ensemble(model_factory, train, **options, progress=progress, **args)
             parameters, final_elbo = result.num_variational_parameters(), float("nan")
         elif family == "laplace":
             result = laplace(model_factory(), train, options=options, **args)
@@ -234,6 +234,20 @@ def warn_unconverged(reference, pred) -> None:
 ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed"})
 
 
+def check_row(spec) -> None:
+    """Refuse an entry of :func:`compare`'s ``guides`` that could not run, before any fit:
+    its shape, and a baseline row's options."""
+    label, family, options, _ = _row(spec)
+    if family == "ensemble":
+        members = options.get("members", 5)
+        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
+            raise ValueError(f"the ensemble row {label!r}: members must be an int >= 1")
+        if isinstance(options.get("family", "map"), str):
+            from guides import family as guide_family
+
+            guide_family(options.get("family", "map"))
+
+
 def _row(spec) -> tuple[str, object, dict, dict]:
     """``(label, family, guide_options, fit_options)`` of one entry of ``guides``; an
     ``"ensemble"`` entry's options are :func:`zoo.ensemble`'s (``members``, ``family``)."""
@@ -246,8 +260,14 @@ def _row(spec) -> tuple[str, object, dict, dict]:
                 f"the ensemble row {label!r} takes the options {sorted(ENSEMBLE_OPTIONS)}, "
                 f"got {sorted(dict(options))}"
             )
-        if family == "laplace":
-            LaplaceOptions(**dict(options))  # refused now, not after the rows before it
+        if family == "laplace":  # refused now, not after the rows before it
+            fields = set(LaplaceOptions.__dataclass_fields__)
+            if not set(dict(options)) <= fields:
+                raise ValueError(
+                    f"the laplace row {label!r} takes the options {sorted(fields)} "
+                    f"(zoo.LaplaceOptions), got {sorted(dict(options))}"
+                )
+            LaplaceOptions(**dict(options))
         return label, family, dict(options), dict(own[0]) if own else {}
     raise ValueError(
         "each entry of guides is a family name, (label, family, guide_options) or "

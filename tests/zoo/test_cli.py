@@ -407,3 +407,25 @@ def test_resuming_another_familys_checkpoint_is_refused(tmp_path, capsys):
     message = usage_error([*common, "--guide", "tridiagonal", "--resume", str(ckpt)], capsys)
     assert "checkpoint of the 'lowrank' family" in message
     assert not (tmp_path / "mlp-tridiagonal-toy.pt").exists()
+
+
+def test_compare_takes_the_baselines(tmp_path, capsys):
+    """``--guides ... laplace ensemble`` with their options: one row each (laplace-torch
+    installed for the Laplace row); a baseline's unknown option is a usage error."""
+    from zoo.cli import main
+
+    pytest.importorskip("laplace", exc_type=ImportError)
+    args = ["compare", "--data", "toy", "--num-steps", "60", "--samples", "5", "--quiet"]
+    args += ["--guides", "map", "laplace", "ensemble", "--guide-option", "ensemble.members=2"]
+    args += ["--guide-option", "laplace.hessian=diag", "--out-dir", str(tmp_path)]
+    assert main(args) == 0
+    table = (tmp_path / "compare-mlp-toy.csv").read_text()
+    assert {line.split(",")[0] for line in table.splitlines()[1:]} == {"map", "laplace", "ensemble"}
+    for bad, message in (
+        ("laplace.hesian=diag", "takes the options"),
+        ("ensemble.members=0", "members must be an int"),
+    ):
+        with pytest.raises(SystemExit):
+            main(["compare", "--data", "toy", "--guides", "laplace", "ensemble",
+                  "--guide-option", bad])  # fmt: skip
+        assert message in capsys.readouterr().err

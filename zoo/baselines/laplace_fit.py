@@ -157,7 +157,6 @@ def laplace(
     *,
     at=None,
     options: LaplaceOptions | dict | None = None,
-    batch_size: int = 128,
     progress: bool = True,
     **fit_options,
 ) -> LaplaceFit:
@@ -178,12 +177,11 @@ def laplace(
         they are (a network trained outside the library and converted).
     options : LaplaceOptions or dict, optional
         Which weights, the Hessian's structure, the prior precision, the predictive.
-    batch_size : int, default 128
-        Minibatch size of laplace-torch's pass over the data.
     progress : bool, default True
         The MAP fit's progress bar.
     **fit_options
-        Passed to the MAP fit's ``zoo.fit`` (``epochs``, ``lr``, ``seed``, option groups).
+        Passed to the MAP fit's ``zoo.fit`` (``epochs``, ``lr``, ``seed``, option groups);
+        its ``batch_size`` (default 128) is also that of laplace-torch's pass over the data.
 
     Everything laplace-torch cannot do with the model, and a missing laplace-torch, is refused
     before any fit.
@@ -199,6 +197,7 @@ def laplace(
     options = LaplaceOptions(**options) if isinstance(options, dict) else options
     options = options or LaplaceOptions()
     check_laplace_model(model, options)
+    batch_size = fit_options.get("batch_size") or 128
     check_positive(batch_size=batch_size)
     if not (at is None or at == "module" or isinstance(at, FitResult)):
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")

@@ -108,8 +108,11 @@ def _model_factory(args, train):
 
 
 def _guide_options(args, family: str) -> dict:
-    """The family options given on the command line, over the toy's recipe for ``--data toy``."""
-    base = TOY_GUIDE_OPTIONS if args.data == "toy" else {}
+    """The family options given on the command line, over the toy's recipe for ``--data toy``
+    (a guide's initial scale: not the baselines', which have no guide of their own)."""
+    from zoo.cli.parser import BASELINES
+
+    base = TOY_GUIDE_OPTIONS if args.data == "toy" and family not in BASELINES else {}
     return {**base, **args.options[family]}
 
 

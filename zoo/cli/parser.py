@@ -29,6 +29,8 @@ TOY_GUIDE_OPTIONS = {"init_scale": 1e-3}
 
 _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
 _MODELS = ("mlp", "lenet5", "cifarnet")
+#: Rows of ``compare`` that are not guide families (:func:`zoo.compare`).
+BASELINES = ("laplace", "ensemble")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -66,12 +68,19 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def _probe_family(family: str, options: dict) -> None:
     """Build the family with ``options`` on a two-weight network and run it once, so a value
-    it cannot use (``rank=five``) is a usage error before any data is read."""
+    it cannot use (``rank=five``) is a usage error before any data is read; the baselines'
+    options are checked as :func:`zoo.compare` checks them."""
     import torch
 
     import guides
     import zoo
     from guides.base import check_family_options
+
+    if family in BASELINES:
+        from zoo.comparison import check_row
+
+        check_row((family, family, options))
+        return
 
     cls = guides.get(family)
     check_family_options(cls, *cls.site_spec(**options))
@@ -239,15 +248,16 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         "--guides",
         nargs="+",
         default=list(guides.available()),
-        choices=guides.available(),
-        help="families to compare (every registered family)",
+        choices=list(guides.available()) + list(BASELINES),
+        help="families to compare (every registered family), and the baselines: laplace "
+        "(laplace-torch installed) and ensemble",
     )
     c.add_argument(
         "--guide-option",
         action="append",
         metavar="FAMILY.KEY=VALUE",
         help="an option of one family, repeatable: lowrank.rank=5, "
-        "tridiagonal.parameterization=free",
+        "tridiagonal.parameterization=free, laplace.hessian=diag, ensemble.members=5",
     )
     c.set_defaults(func=commands["compare"], parser=c)
     return parser
