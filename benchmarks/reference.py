@@ -44,6 +44,13 @@ VARIANTS = [
     ("lowrank r=2", "lowrank", {"rank": 2}),
     ("mc_dropout p=0.05", "mc_dropout", {"p": 0.05}),
 ]
+#: The field's baselines as rows (``zoo.compare``): Laplace through laplace-torch (last-layer
+#: KFAC; all weights with a full Hessian, which these small networks allow) and 5 MAP nets.
+BASELINES = [
+    ("laplace LL-KFAC", "laplace", {}),
+    ("laplace full", "laplace", {"weights": "all", "hessian": "full"}),
+    ("ensemble 5 MAP", "ensemble", {"members": 5}),
+]
 
 
 def load(name: str, seed: int = 0):
@@ -99,7 +106,9 @@ def run(name: str, args) -> dict:
     depth = ref.stats["tree_depth"].mean().item()
     print(f"\n== {name}: {len(train[0])} train / {len(test[0])} test; reference {ref}")
     print(f"   convergence {diagnostics}; mean tree depth {depth:.2f}; {sampled:.0f} s this call")
-    families = args.families or [*guides.available(), *VARIANTS]
+    named = {label: row for label, *row in [*VARIANTS, *BASELINES]}
+    families = [(f, *named[f]) if f in named else f for f in args.families or []]
+    families = families or [*guides.available(), *VARIANTS, *BASELINES]
     table = zoo.compare(
         factory,
         families,
@@ -129,7 +138,11 @@ def run(name: str, args) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
-    parser.add_argument("--families", nargs="+", help="default: every registered family")
+    parser.add_argument(
+        "--families",
+        nargs="+",
+        help="family names, or the labels of VARIANTS and BASELINES (default: all of them)",
+    )
     parser.add_argument("--chains", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=500)
     parser.add_argument("--draws", type=int, default=500)
