@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.evaluation.scoring import evaluate
 from zoo.models.predictions import Prediction, mixture
 from zoo.runtime import files
 from zoo.runtime.arguments import check_positive, check_seed
@@ -126,13 +126,8 @@ class Ensemble:
     ) -> dict[str, float]:
         """Held-out metrics of the mixture predictive, as :meth:`zoo.FitResult.evaluate`
         defines them for the model's likelihood."""
-        x, y = gather_tensors(data)
-        check_labelled_data(self.model, x, y, self.device)
-        pred = self.predict(
-            x, num_samples=num_samples, batch_size=batch_size, progress=progress, seed=seed,
-            threads=threads,
-        )  # fmt: skip
-        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+        options = dict(num_samples=num_samples, batch_size=batch_size, progress=progress)
+        return evaluate(self, data, seed=seed, threads=threads, **options)
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
         """Write the ensemble to ``path`` (atomically) as one file of plain data: every

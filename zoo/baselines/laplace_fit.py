@@ -19,6 +19,7 @@ from zoo.baselines.laplace_torch import (
     tensors,
 )
 from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.evaluation.scoring import evaluate
 from zoo.models import stored
 from zoo.models.predictions import Prediction
 from zoo.runtime import files
@@ -125,10 +126,7 @@ class LaplaceFit:
     ) -> dict[str, float]:
         """Held-out metrics of the predictive, as :meth:`zoo.FitResult.evaluate` defines
         them for the model's likelihood."""
-        x, y = gather_tensors(data)
-        check_labelled_data(self.model, x, y, self.device)
-        pred = self.predict(x, num_samples=num_samples, batch_size=batch_size, seed=seed)
-        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+        return evaluate(self, data, num_samples=num_samples, batch_size=batch_size, seed=seed)
 
     def save(self, path: str | os.PathLike) -> os.PathLike:
         """Write the approximation to ``path`` (atomically) as plain data: the model, the MAP

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.models import stored
 from zoo.runtime import file_checks, files
 from zoo.runtime.serial import one_at_a_time
@@ -191,10 +190,11 @@ class FitResult:
         returns the metrics one process computes with those draws. ``threads`` as in
         :meth:`predict`.
         """
-        x, y = gather_tensors(data)
-        check_labelled_data(self.model, x, y, self.device)
-        pred = self.predict(
-            x,
+        from zoo.evaluation.scoring import evaluate
+
+        return evaluate(
+            self,
+            data,
             num_samples=num_samples,
             batch_size=batch_size,
             progress=progress,
@@ -202,7 +202,6 @@ class FitResult:
             distributed=distributed,
             threads=threads,
         )
-        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
 
 
 @one_at_a_time
