@@ -14,12 +14,14 @@ Columns, on all 10,000 test images with ``--samples`` draws each: accuracy, NLL,
 AUROC of telling test digits from uniform-noise images and from test digits with their pixels
 permuted (a fixed permutation), by predictive entropy; fit seconds (everything before the
 first prediction: the MAP fit and the curvature for Laplace, all members for the ensemble);
-on CUDA the allocator's peak memory during the fit.
+on CUDA the allocator's peak memory during the fit above what was allocated before it (the JSON
+also records that, ``allocated_before``: it grows if earlier rows leave memory behind).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -69,19 +71,25 @@ def ood_sets(x_test: torch.Tensor, n: int, seed: int = 0):
 def measure(row, data, x_test, y_test, ood, args, device) -> dict:
     options = {"epochs": args.epochs, "seed": 0, "run": zoo.Run(progress=False)}
     options["engine"] = zoo.Engine(device=device)
-    if device.type == "cuda":
+    before = 0.0
+    if device.type == "cuda":  # what earlier rows left allocated is not this row's
+        gc.collect()
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated() / 2**20
     start = time.perf_counter()
     result = train(row, data, options)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == "cuda" else float("nan")
+    peak = float("nan")
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated() / 2**20 - before
     pred = result.predict(x_test, num_samples=args.samples, progress=False)
     scores = result.model.likelihood.metrics(pred, y_test.to(pred.outputs.device))
     entropy_in = pred.entropy.cpu()
-    out = {"row": row, "fit_seconds": seconds, "fit_peak_mib": peak}
+    out = {"row": row, "fit_seconds": seconds, "fit_peak_mib": peak, "allocated_before": before}
     out.update({k: scores[k] for k in ("accuracy", "nll", "ece")})
     for name, x in ood.items():
         other = result.predict(x, num_samples=args.samples, progress=False)
