@@ -146,6 +146,17 @@ def test_a_model_instead_of_a_factory_is_refused():
         zoo.ensemble(classifier(), classification(), members=2)
 
 
+def test_a_guide_instance_is_refused_and_a_family_spec_is_taken():
+    import guides
+
+    with pytest.raises(TypeError, match="guide of its own"):
+        zoo.ensemble(classifier, classification(), family=guides.AutoDiagonal(classifier()))
+    spec = guides.family("lowrank", rank=2)
+    ens = zoo.ensemble(classifier, classification(), members=2, family=spec, num_steps=5,
+                       progress=False)  # fmt: skip
+    assert all(m.options["guide"] == "lowrank" for m in ens.members)
+
+
 def test_the_progress_bar_is_over_members_and_can_be_turned_off(capsys):
     zoo.ensemble(classifier, classification(), members=2, num_steps=5, progress=False)
     assert "ensemble" not in capsys.readouterr().err

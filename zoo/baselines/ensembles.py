@@ -189,6 +189,11 @@ def ensemble(
         raise TypeError(f"seed must be an int (member k is fitted with seed + k), got {seed!r}")
     if isinstance(family, str):
         guide_family(family)  # an unknown name fails now, not after the first member
+    elif isinstance(family, torch.nn.Module):  # an AutoGuide instance is bound to one model
+        raise TypeError(
+            "an ensemble's family is a name or a guides.family(...) spec, not a guide "
+            f"instance ({type(family).__name__}): every member needs a guide of its own"
+        )
     args = grouped(fit_options if "run" in fit_options else {"progress": False, **fit_options})
     fits = []
     for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress):
