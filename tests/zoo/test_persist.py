@@ -81,9 +81,7 @@ def test_loading_onto_a_different_model_is_refused(tmp_path):
 
 def test_not_a_zoo_file(tmp_path):
     torch.save({"a": 1}, tmp_path / "x.pt")
-    with pytest.raises(
-        ValueError, match="not a bnn-zoo fit or reference or ensemble or laplace file"
-    ):
+    with pytest.raises(ValueError, match="not a bnn-zoo fit, reference, ensemble or laplace file"):
         zoo.load(tmp_path / "x.pt")
     with pytest.raises(FileNotFoundError):
         zoo.load(tmp_path / "missing.pt")

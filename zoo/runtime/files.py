@@ -98,7 +98,7 @@ def read(
     """
     path = Path(path)
     kinds = (kind,) if isinstance(kind, str) else tuple(kind)
-    label = " or ".join(kinds)
+    label = kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
     if not path.exists():
         raise FileNotFoundError(f"no {label} file at {path}")
     try:
