@@ -7,14 +7,14 @@ import sys
 import warnings
 from collections.abc import Callable, Sequence
 
-import torch
 from tqdm import tqdm
 
-from zoo.baselines.ensembles import ensemble
+from zoo.baselines.ensembles import check_ensemble, ensemble
 from zoo.baselines.laplace_fit import laplace
 from zoo.baselines.laplace_torch import LaplaceOptions
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
+from zoo.runtime.arguments import check_model_factory
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.options import Engine, group, grouped
 
@@ -92,12 +92,7 @@ def compare(
 
     if train is None or test is None:
         raise ValueError("compare needs both train and test data")
-    if isinstance(model_factory, torch.nn.Module) or not callable(model_factory):
-        raise TypeError(
-            f"compare takes a model factory, () -> a new model (each family is fitted to a "
-            f"fresh one), e.g. lambda: zoo.models.BayesianMLP(...); got a "
-            f"{type(model_factory).__name__} {'instance' if callable(model_factory) else ''}"
-        )
+    check_model_factory(model_factory, "compare")
     if guides is None:
         from guides import available
 
@@ -236,38 +231,28 @@ ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed"})
 
 def check_row(spec) -> None:
     """Refuse an entry of :func:`compare`'s ``guides`` that could not run, before any fit:
-    its shape, and a baseline row's options."""
+    its shape, and a baseline row's options (as :func:`zoo.ensemble` and
+    :class:`zoo.LaplaceOptions` check them)."""
     label, family, options, _ = _row(spec)
-    if family == "ensemble":
-        members = options.get("members", 5)
-        if isinstance(members, bool) or not isinstance(members, int) or members < 1:
-            raise ValueError(f"the ensemble row {label!r}: members must be an int >= 1")
-        if isinstance(options.get("family", "map"), str):
-            from guides import family as guide_family
-
-            guide_family(options.get("family", "map"))
+    try:
+        if family == "ensemble":
+            if not set(options) <= ENSEMBLE_OPTIONS:
+                raise ValueError(
+                    f"it takes the options {sorted(ENSEMBLE_OPTIONS)}, got {sorted(options)}"
+                )
+            check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
+        elif family == "laplace":
+            LaplaceOptions.of(options)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"the {family} row {label!r}: {err}") from None
 
 
 def _row(spec) -> tuple[str, object, dict, dict]:
-    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``; an
-    ``"ensemble"`` entry's options are :func:`zoo.ensemble`'s (``members``, ``family``)."""
+    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``."""
     if isinstance(spec, str):
         return spec, spec, {}, {}
     if isinstance(spec, tuple) and len(spec) in (3, 4):
         label, family, options, *own = spec
-        if family == "ensemble" and not set(dict(options)) <= ENSEMBLE_OPTIONS:
-            raise ValueError(
-                f"the ensemble row {label!r} takes the options {sorted(ENSEMBLE_OPTIONS)}, "
-                f"got {sorted(dict(options))}"
-            )
-        if family == "laplace":  # refused now, not after the rows before it
-            fields = set(LaplaceOptions.__dataclass_fields__)
-            if not set(dict(options)) <= fields:
-                raise ValueError(
-                    f"the laplace row {label!r} takes the options {sorted(fields)} "
-                    f"(zoo.LaplaceOptions), got {sorted(dict(options))}"
-                )
-            LaplaceOptions(**dict(options))
         return label, family, dict(options), dict(own[0]) if own else {}
     raise ValueError(
         "each entry of guides is a family name, (label, family, guide_options) or "

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from zoo.evaluation.scoring import evaluate
 from zoo.models.predictions import Prediction, mixture
 from zoo.runtime import files
-from zoo.runtime.arguments import check_positive, check_seed
+from zoo.runtime.arguments import check_model_factory, check_positive, check_seed
 from zoo.training.options import grouped
 from zoo.training.result import FitResult, check_fit_payload, from_payload
 
@@ -178,22 +178,10 @@ def ensemble(
 
     Every argument is checked before the first member is fitted.
     """
-    from guides import family as guide_family
     from zoo.training.fitting import fit
 
-    check_factory(model_factory, "ensemble")
-    if isinstance(members, bool) or not isinstance(members, int):
-        raise TypeError(f"members must be an int (the number of fits), got {members!r}")
-    check_positive(members=members)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise TypeError(f"seed must be an int (member k is fitted with seed + k), got {seed!r}")
-    if isinstance(family, str):
-        guide_family(family)  # an unknown name fails now, not after the first member
-    elif isinstance(family, torch.nn.Module):  # an AutoGuide instance is bound to one model
-        raise TypeError(
-            "an ensemble's family is a name or a guides.family(...) spec, not a guide "
-            f"instance ({type(family).__name__}): every member needs a guide of its own"
-        )
+    check_model_factory(model_factory, "ensemble")
+    check_ensemble(members, family, seed)
     args = grouped(fit_options if "run" in fit_options else {"progress": False, **fit_options})
     fits = []
     for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress):
@@ -202,13 +190,23 @@ def ensemble(
     return Ensemble(fits, {"members": members, "family": name, "seed": seed})
 
 
-def check_factory(model_factory, where: str) -> None:
-    """Refuse a model instance (or anything not callable) where ``() -> model`` is needed."""
-    if isinstance(model_factory, torch.nn.Module) or not callable(model_factory):
+def check_ensemble(members, family, seed) -> None:
+    """Refuse :func:`ensemble`'s ``members``, ``family`` or ``seed`` before any fit (what
+    :func:`zoo.compare` checks of an ``"ensemble"`` row too)."""
+    from guides import family as guide_family
+
+    if isinstance(members, bool) or not isinstance(members, int):
+        raise TypeError(f"members must be an int (the number of fits), got {members!r}")
+    if members < 1:
+        raise ValueError(f"members must be an int >= 1 (the number of fits), got {members}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int (member k is fitted with seed + k), got {seed!r}")
+    if isinstance(family, str):
+        guide_family(family)  # an unknown name fails now, not after the first member
+    elif isinstance(family, torch.nn.Module):  # an AutoGuide instance is bound to one model
         raise TypeError(
-            f"{where} takes a model factory, () -> a new model (each fit gets a fresh one), "
-            f"e.g. lambda: zoo.models.BayesianMLP(...); got a {type(model_factory).__name__}"
-            f"{' instance' if callable(model_factory) else ''}"
+            "an ensemble's family is a name or a guides.family(...) spec, not a guide "
+            f"instance ({type(family).__name__}): every member needs a guide of its own"
         )
 
 

@@ -192,8 +192,7 @@ def laplace(
     from zoo.training.options import grouped
     from zoo.training.result import FitResult
 
-    options = LaplaceOptions(**options) if isinstance(options, dict) else options
-    options = options or LaplaceOptions()
+    options = LaplaceOptions.of(options)
     check_laplace_model(model, options)
     batch_size = fit_options.get("batch_size") or 128
     check_positive(batch_size=batch_size)

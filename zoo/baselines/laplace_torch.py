@@ -59,6 +59,20 @@ class LaplaceOptions:
     prior_precision: str | float = "marglik"
     predictive: str = "glm"
 
+    @classmethod
+    def of(cls, options: LaplaceOptions | dict | None) -> LaplaceOptions:
+        """``options`` as the group: ``None`` for the defaults, a mapping of its fields (an
+        unknown key refused, naming the fields), or the group itself."""
+        if options is None or isinstance(options, cls):
+            return options or cls()
+        unknown = set(options) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise ValueError(
+                f"LaplaceOptions takes the options {sorted(cls.__dataclass_fields__)}, got "
+                f"{sorted(options)}"
+            )
+        return cls(**options)
+
     def __post_init__(self):
         for name, allowed in (
             ("weights", WEIGHTS),

@@ -137,3 +137,16 @@ def refuses_moved_keywords(moved: Mapping[str, str]) -> Callable:
         return wrapper
 
     return decorate
+
+
+def check_model_factory(model_factory, where: str) -> None:
+    """Refuse a model instance (or anything not callable) where ``() -> model`` is needed:
+    ``where`` (``"compare"``, ``"ensemble"``) fits several models and each needs a fresh one."""
+    import torch
+
+    if isinstance(model_factory, torch.nn.Module) or not callable(model_factory):
+        raise TypeError(
+            f"{where} takes a model factory, () -> a new model (each fit gets a fresh one), "
+            f"e.g. lambda: zoo.models.BayesianMLP(...); got a {type(model_factory).__name__}"
+            f"{' instance' if callable(model_factory) else ''}"
+        )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from pyro.infer.autoguide import AutoGuide
 
+from zoo.evaluation.scoring import evaluate
 from zoo.models import stored
 from zoo.runtime import file_checks, files
 from zoo.runtime.serial import one_at_a_time
@@ -190,8 +191,6 @@ class FitResult:
         returns the metrics one process computes with those draws. ``threads`` as in
         :meth:`predict`.
         """
-        from zoo.evaluation.scoring import evaluate
-
         return evaluate(
             self,
             data,
