@@ -78,46 +78,152 @@ def to_inference_data(
     threads : "auto", int or None
         CPU threads of the predictions, as ``zoo.fit``'s (:mod:`zoo.runtime.threads`).
     """
-    from zoo.data.checks import check_labelled_data, gather_tensors
-    from zoo.evaluation.predictive import predict
     from zoo.runtime.arguments import check_positive, check_seed
-    from zoo.runtime.rng import seeded
 
     check_positive(num_samples=num_samples)
     check_seed(seed)
-    guide, model = fit.guide, fit.model
-    if data is not None:
-        x, y = gather_tensors(data)
-        check_labelled_data(model, x, y, fit.device)
-    with seeded(seed, fit.device):  # one stream: the draws, then the replicated data
-        draws = guide.sample_posterior(num_samples)
-        if data is not None:
-            pred = predict(
-                model,
-                guide,
-                x,
-                params=draws,
-                progress=progress,
-                distributed=distributed,
-                threads=threads,
-            )
-            y = y.to(pred.outputs.device)
-            log_lik = pred.log_likelihood(y).cpu().numpy()
-            replicated = pred.likelihood.sample().cpu().numpy()
+    xy = _labelled(fit.model, data, fit.device)
+    draws, log_lik, replicated = _fit_draws(
+        fit, xy, num_samples, seed, progress, distributed, threads
+    )
     keep = _select(list(draws), var_names)
     posterior = {name: draws[name].cpu().numpy()[None] for name in keep}
     dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
     groups = {"posterior": posterior}
-    if data is not None:
-        _add_data_groups(groups, dims, log_lik[None], replicated[None], y)
+    if xy is not None:
+        _add_data_groups(groups, dims, log_lik[None], replicated[None], xy[1])
     attrs = {
-        "guide": type(guide).__name__,
+        "guide": type(fit.guide).__name__,
         "steps": fit.steps,
         "final_elbo": -fit.losses[-1] if fit.losses else float("nan"),
         "inference_library": "pyro + bnn-zoo",
     }
+    return _from_dict(groups, dims, attrs)
+
+
+@one_at_a_time
+def ensemble_inference_data(
+    ens,
+    data=None,
+    num_samples: int = 200,
+    var_names: Sequence[str] | str | None = None,
+    seed: int | None = 0,
+    progress: bool = True,
+    threads: int | str | None = "auto",
+) -> az.InferenceData:
+    """An ``az.InferenceData`` of a :class:`~zoo.baselines.ensembles.Ensemble` whose members
+    are its chains: ``posterior`` of dims ``(chain, draw, ...)``, ``K`` chains of
+    ``m = ens.draws_per_member(num_samples)`` draws (one for point masses), member ``k``'s
+    drawn as :func:`to_inference_data` draws a fit's, with the seed ``seed + k``; with
+    ``data = (X, y)`` the same data groups, one entry per draw of every member.
+
+    Independent members make ``az.summary``'s R-hat compare the members with one another:
+    on predictions (not raw weights, which hidden-unit permutations scramble) a large R-hat
+    says the members disagree more than one member's draws vary. With one draw per member
+    (MAP members) ArviZ cannot estimate R-hat or ESS and reports ``nan``.
+    """
+    from zoo.runtime.arguments import check_positive, check_seed
+
+    check_positive(num_samples=num_samples)
+    check_seed(seed)
+    xy = _labelled(ens.model, data, ens.device)
+    per = ens.draws_per_member(num_samples)
+    parts = [
+        _fit_draws(m, xy, per, None if seed is None else seed + k, progress, False, threads)
+        for k, m in enumerate(ens.members)
+    ]
+    draws = {name: np.stack([p[0][name].cpu().numpy() for p in parts]) for name in parts[0][0]}
+    keep = _select(list(draws), var_names)
+    dims = {name: site_dims(name, draws[name].shape[2:]) for name in keep}
+    groups = {"posterior": {name: draws[name] for name in keep}}
+    if xy is not None:
+        log_lik, replicated = (np.stack([p[i] for p in parts]) for i in (1, 2))
+        _add_data_groups(groups, dims, log_lik, replicated, xy[1])
+    family = ens.members[0].options.get("guide")
+    attrs = {
+        "inference": f"deep ensemble of {len(ens.members)} {family} fits",
+        "inference_library": "pyro + bnn-zoo",
+    }
+    return _from_dict(groups, dims, attrs)
+
+
+@one_at_a_time
+def laplace_inference_data(
+    fit,
+    data=None,
+    num_samples: int = 200,
+    var_names: Sequence[str] | str | None = None,
+    seed: int | None = 0,
+    progress: bool = True,
+) -> az.InferenceData:
+    """An ``az.InferenceData`` of a :class:`~zoo.baselines.laplace_fit.LaplaceFit`:
+    ``posterior``, one chain of ``num_samples`` joint draws of the weights from the Laplace
+    Gaussian (:meth:`~zoo.baselines.laplace_fit.LaplaceFit.sample`; the sites it does not
+    cover at their MAP values, constant draws); with ``data = (X, y)`` the data groups of those
+    draws (:meth:`~zoo.baselines.laplace_fit.LaplaceFit.predict_at`: the sampled networks,
+    or the network linearised at the MAP weights for the GLM and probit predictives of all
+    weights). ``seed`` fixes the weight draws and the replicated ``y``; ``progress`` is
+    accepted for the other conversions' signature."""
+    from zoo.runtime.rng import seeded
+
+    draws = fit.sample(num_samples, seed)
+    xy = _labelled(fit.model, data, fit.device)
+    keep = _select(list(draws), var_names)
+    posterior = {name: draws[name].cpu().numpy()[None] for name in keep}
+    dims = {name: site_dims(name, draws[name].shape[1:]) for name in keep}
+    groups = {"posterior": posterior}
+    if xy is not None:
+        x, y = xy
+        pred = fit.predict_at(x.to(fit.device), draws)
+        y = y.to(pred.outputs.device)
+        log_lik = pred.log_likelihood(y).cpu().numpy()
+        with seeded(seed, pred.outputs.device):
+            replicated = pred.likelihood.sample().cpu().numpy()
+        _add_data_groups(groups, dims, log_lik[None], replicated[None], y)
+    options = fit.options
+    attrs = {
+        "inference": f"Laplace ({options.weights}, {options.hessian} Hessian, "
+        f"{options.predictive} predictive; laplace-torch)",
+        "inference_library": "laplace-torch + bnn-zoo",
+    }
+    return _from_dict(groups, dims, attrs)
+
+
+def _labelled(model, data, device):
+    """``(X, y)`` of ``data`` checked against ``model``, or ``None`` without data."""
+    if data is None:
+        return None
+    from zoo.data.checks import check_labelled_data, gather_tensors
+
+    x, y = gather_tensors(data)
+    check_labelled_data(model, x, y, device)
+    return x, y
+
+
+def _fit_draws(fit, xy, num_samples, seed, progress, distributed, threads):
+    """``num_samples`` draws of ``fit``'s guide and, with ``xy``, their log-likelihoods and
+    one replicated ``y`` each (numpy), all from one stream seeded ``seed``."""
+    from zoo.evaluation.predictive import predict
+    from zoo.runtime.rng import seeded
+
+    log_lik = replicated = None
+    with seeded(seed, fit.device):  # one stream: the draws, then the replicated data
+        draws = fit.guide.sample_posterior(num_samples)
+        if xy is not None:
+            x, y = xy
+            pred = predict(fit.model, fit.guide, x, params=draws, progress=progress,
+                           distributed=distributed, threads=threads)  # fmt: skip
+            log_lik = pred.log_likelihood(y.to(pred.outputs.device)).cpu().numpy()
+            replicated = pred.likelihood.sample().cpu().numpy()
+    return draws, log_lik, replicated
+
+
+def _from_dict(groups: dict, dims: dict, attrs: dict) -> az.InferenceData:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
+        # ArviZ's guess that an array is transposed: an ensemble of K point masses is meant
+        # to hold K chains of one draw
+        warnings.filterwarnings("ignore", "More chains .* than draws", UserWarning)
         return az.from_dict(**groups, dims=dims, attrs=attrs)
 
 
@@ -151,9 +257,7 @@ def reference_inference_data(
         per_chain = lambda a: a.reshape(c, d, *a.shape[1:])  # noqa: E731
         _add_data_groups(groups, dims, per_chain(log_lik), per_chain(replicated), y)
     attrs = {"inference": "NUTS (pyro.infer.mcmc)", "inference_library": "pyro + bnn-zoo"}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        return az.from_dict(**groups, dims=dims, attrs=attrs)
+    return _from_dict(groups, dims, attrs)
 
 
 def _add_data_groups(groups: dict, dims: dict, log_lik, replicated, y) -> None:

@@ -87,6 +87,29 @@ def test_mixture_refuses_predictions_of_different_kinds_or_inputs():
         mixture([])
 
 
+def test_to_arviz_has_one_chain_per_member():
+    """Member ``k``'s chain is its own ``to_arviz`` with the seed ``seed + k``: the same
+    weight draws and log-likelihoods; a MAP ensemble has one draw per chain."""
+    pytest.importorskip("arviz")
+    x, y = classification()
+    ens = zoo.ensemble(classifier, (x, y), members=3, family="diagonal", num_steps=10,
+                       progress=False)  # fmt: skip
+    idata = ens.to_arviz((x, y), num_samples=12, seed=4, progress=False)
+    assert idata.posterior["fc1.weight"].shape == (3, 4, 8, 3)
+    assert idata.log_likelihood["obs"].shape == (3, 4, 64)
+    for k, member in enumerate(ens.members):
+        alone = member.to_arviz((x, y), num_samples=4, seed=4 + k, progress=False)
+        assert (
+            idata.posterior["fc2.bias"].values[k] == alone.posterior["fc2.bias"].values[0]
+        ).all()
+        assert (
+            idata.log_likelihood["obs"].values[k] == alone.log_likelihood["obs"].values[0]
+        ).all()
+    assert idata.attrs["inference"] == "deep ensemble of 3 diagonal fits"
+    maps = zoo.ensemble(classifier, (x, y), members=2, num_steps=5, progress=False)
+    assert maps.to_arviz((x, y), progress=False).posterior["fc1.bias"].shape == (2, 1, 8)
+
+
 def test_one_file_saves_and_loads_the_ensemble(tmp_path):
     x, y = classification()
     ens = zoo.ensemble(classifier, (x, y), members=2, family="diagonal", num_steps=10,

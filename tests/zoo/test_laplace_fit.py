@@ -86,6 +86,10 @@ def test_full_laplace_of_a_bayesian_linear_regression_is_its_exact_posterior():
         torch.testing.assert_close(pred.epistemic_variance, exact, rtol=0.05, atol=0)
         torch.testing.assert_close(pred.mean, z[:5] @ mean, rtol=0, atol=0.01)
         assert pred.aleatoric_variance == pytest.approx(torch.full((5,), s**2))
+        draws = fit.sample(20000, seed=1)  # joint weight draws: the exact posterior too
+        vector = torch.cat([draws["weight"].reshape(-1, 2), draws["bias"].reshape(-1, 1)], 1)
+        torch.testing.assert_close(vector.mean(0), mean, rtol=0, atol=0.01)
+        torch.testing.assert_close(vector.T.cov(), cov, rtol=0.05, atol=1e-5)
     finally:
         torch.set_default_dtype(torch.float32)
 
@@ -104,6 +108,57 @@ def test_a_plain_data_save_loads_with_the_same_predictive(tmp_path):
     (tmp_path / "cut.pt").write_bytes(raw[:100])
     with pytest.raises(ValueError, match="damaged"):
         zoo.load(tmp_path / "cut.pt")
+
+
+def test_weight_draws_follow_the_sites_and_the_linearisation_is_laplace_torchs():
+    """All weights of a 3-8-1 regression net, diagonal Hessian: :meth:`LaplaceFit.sample`
+    puts laplace-torch's vector into the right sites (its mean is the MAP weights, each site's
+    variance laplace-torch's posterior variance there), and the linearised network at the
+    draws (:meth:`LaplaceFit.predict_at`) has laplace-torch's GLM predictive mean and
+    variance by Monte Carlo. A last layer's draws leave the body at its MAP weights."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, generator=g)
+    y = x[:, 0] - x[:, 1] ** 2 + 0.1 * torch.randn(64, generator=g)
+    model = zoo.models.BayesianMLP(3, (8,), 1, task="regression", noise=0.1)
+    options = {"weights": "all", "hessian": "diag"}
+    fit = zoo.laplace(model, (x, y), num_steps=300, progress=False, options=options)
+    draws = fit.sample(8000, seed=0)
+    assert set(draws) == set(fit.map_weights)
+    variance = fit.laplace.posterior_variance
+    offset = 0
+    for name, w in fit.map_weights.items():
+        size = w.numel()
+        torch.testing.assert_close(draws[name].mean(0), w, rtol=0, atol=0.05)
+        want = variance[offset : offset + size].reshape(w.shape)
+        torch.testing.assert_close(draws[name].var(0), want, rtol=0.1, atol=1e-6)
+        offset += size
+    with laplace_torch.dependency_notices_off():
+        f_mu, f_var = fit.laplace(x[:8], pred_type="glm")
+    pred = fit.predict_at(x[:8], draws)
+    torch.testing.assert_close(pred.mean, f_mu.reshape(-1), rtol=0, atol=0.02)
+    torch.testing.assert_close(pred.epistemic_variance, f_var.reshape(-1), rtol=0.1, atol=1e-5)
+
+    last = zoo.laplace(model, (x, y), num_steps=300, progress=False)  # the last layer
+    body = last.sample(5, seed=0)
+    torch.testing.assert_close(body["fc1.weight"], last.map_weights["fc1.weight"].expand(5, 8, 3))
+    assert not torch.equal(body["fc2.weight"][0], body["fc2.weight"][1])
+
+
+def test_to_arviz_holds_the_weight_draws_and_their_likelihoods():
+    pytest.importorskip("arviz")
+    x, y = classification()
+    fit = zoo.laplace(classifier(), (x, y), num_steps=100, progress=False)
+    idata = fit.to_arviz((x, y), num_samples=30, seed=2)
+    draws = fit.sample(30, seed=2)
+    assert set(idata.posterior.data_vars) == set(draws)
+    assert idata.posterior["fc2.weight"].shape == (1, 30, 2, 16)
+    want = fit.predict_at(x, draws).log_likelihood(y)
+    assert idata.log_likelihood["obs"].shape == (1, 30, 128)
+    assert torch.allclose(torch.from_numpy(idata.log_likelihood["obs"].values[0]), want)
+    assert idata.posterior_predictive["obs"].shape == (1, 30, 128)
+    assert "Laplace (last_layer, kron" in idata.attrs["inference"]
+    small = fit.to_arviz(num_samples=4, var_names=["fc2.*"])
+    assert set(small.posterior.data_vars) == {"fc2.weight", "fc2.bias"}
 
 
 def test_compare_has_laplace_rows():

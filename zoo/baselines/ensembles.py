@@ -129,6 +129,22 @@ class Ensemble:
         options = dict(num_samples=num_samples, batch_size=batch_size, progress=progress)
         return evaluate(self, data, seed=seed, threads=threads, **options)
 
+    def to_arviz(
+        self,
+        data=None,
+        num_samples: int = 200,
+        var_names=None,
+        seed: int | None = 0,
+        progress: bool = True,
+        threads: int | str | None = "auto",
+    ):
+        """ArviZ ``InferenceData`` with the members as chains; see
+        :func:`zoo.arviz.ensemble_inference_data`."""
+        from zoo.arviz import ensemble_inference_data
+
+        return ensemble_inference_data(self, data, num_samples, var_names, seed, progress,
+                                       threads)  # fmt: skip
+
     def save(self, path: str | os.PathLike) -> os.PathLike:
         """Write the ensemble to ``path`` (atomically) as one file of plain data: every
         member's fit as :meth:`zoo.FitResult.save` writes it. ``zoo.load(path)`` reads it."""

@@ -15,8 +15,10 @@ from zoo.baselines.laplace_torch import (
     check_laplace_model,
     dependency_notices_off,
     import_laplace,
+    linearised_outputs,
     plain,
     tensors,
+    weight_draws,
 )
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.evaluation.scoring import evaluate
@@ -114,6 +116,54 @@ class LaplaceFit:
                 x, pred_type="glm", n_samples=num_samples, generator=generator
             )
         return samples.reshape(num_samples, x.shape[0], -1).detach()
+
+    def sample(self, num_samples: int = 200, seed: int | None = 0) -> dict[str, torch.Tensor]:
+        """``{site: (S, *shape)}``: ``S`` joint draws of the weights from the Laplace
+        posterior ``N(w*, (H + P)^-1)`` (laplace-torch's ``sample``); sites it does not cover
+        (the body of a last-layer approximation, a learned noise) repeat their MAP values.
+        ``seed`` fixes the draws (``None``: torch's global generator)."""
+        check_positive(num_samples=num_samples)
+        check_seed(seed)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        return weight_draws(self.laplace, self.map_weights, num_samples, generator)
+
+    def predict_at(self, x: torch.Tensor, draws: dict, batch_size: int | None = None):
+        """The ``Prediction`` of the weight ``draws`` (:meth:`sample`) on ``x``: the networks
+        at the draws for the ``"nn"`` predictive and for a last layer (in whose weights the
+        network is linear, so its GLM predictive is the same), the network linearised at the
+        MAP weights, ``f(x, w*) + J(x) (w_s - w*)``, for the GLM and probit predictives of
+        all weights. Unlike :meth:`predict`'s function samples, one draw is one network on
+        every input, as ArviZ's ``log_likelihood`` needs."""
+        from zoo.evaluation.predictive import predict
+
+        if self.options.predictive == "nn" or self.options.weights == "last_layer":
+            return predict(self.model, None, x, params=draws, batch_size=batch_size,
+                           progress=False)  # fmt: skip
+        batch_size = batch_size or 256
+        blocks = [
+            linearised_outputs(self.laplace, self.map_weights, draws, x[i : i + batch_size])
+            for i in range(0, x.shape[0], batch_size)
+        ]
+        outputs = torch.cat(blocks, dim=1)
+        noise = draws["noise"].reshape(-1) if "noise" in draws else None
+        return self.model.likelihood.predict(outputs, {} if noise is None else {"noise": noise})
+
+    def to_arviz(
+        self,
+        data=None,
+        num_samples: int = 200,
+        var_names=None,
+        seed: int | None = 0,
+        progress: bool = True,
+    ):
+        """ArviZ ``InferenceData`` of the approximation: :meth:`sample`'s draws as one chain,
+        and with ``data`` the groups of :meth:`predict_at`; see
+        :func:`zoo.arviz.laplace_inference_data`."""
+        from zoo.arviz import laplace_inference_data
+
+        return laplace_inference_data(self, data, num_samples, var_names, seed, progress)
 
     def evaluate(
         self,

@@ -150,6 +150,58 @@ def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None):
     return Laplace(net, task, options.weights, options.hessian, **kwargs)
 
 
+def posterior_sites(la) -> list[tuple[str, torch.Size]]:
+    """The weight sites laplace-torch's Gaussian covers, in the order of its parameter vector
+    (``la.mean``, ``la.sample``): the last layer's (weight, then bias) or every trainable
+    parameter of the network in ``named_parameters`` order."""
+    from laplace.lllaplace import LLLaplace
+
+    if isinstance(la, LLLaplace):  # la.model is laplace-torch's feature extractor
+        layer = la.model.last_layer
+        prefix = next(n for n, m in la.model.model.named_modules() if m is layer)
+        return [(f"{prefix}.{n}", p.shape) for n, p in layer.named_parameters()]
+    return [(n, p.shape) for n, p in la.model.named_parameters() if p.requires_grad]
+
+
+def weight_draws(la, weights: dict, num_samples: int, generator) -> dict[str, torch.Tensor]:
+    """``{site: (S, *shape)}``: ``S`` joint draws of ``N(w*, (H + P)^-1)`` over the sites it
+    covers; every other site of ``weights`` (a last layer's body, a learned noise) repeats its
+    MAP value."""
+    vector = la.sample(num_samples, generator=generator).detach()
+    draws = {k: v.expand(num_samples, *v.shape) for k, v in weights.items()}
+    offset = 0
+    for name, shape in posterior_sites(la):
+        size = math.prod(shape)
+        draws[name] = vector[:, offset : offset + size].reshape(num_samples, *shape)
+        offset += size
+    if offset != vector.shape[1]:  # a change of laplace-torch's vector layout
+        raise RuntimeError(
+            f"laplace-torch drew {vector.shape[1]} numbers for sites of {offset}: its "
+            "parameter vector's layout changed"
+        )
+    return draws
+
+
+def linearised_outputs(la, weights: dict, draws: dict, x: torch.Tensor) -> torch.Tensor:
+    """``(S, n, out)``: the network linearised at ``w*``, ``f(x, w*) + J(x) (w_s - w*)``, at
+    each draw ``w_s`` (the GLM predictive's model; one forward-mode product per draw)."""
+    from torch.func import functional_call, jvp
+
+    names = [name for name, _ in posterior_sites(la)]
+    net = la.model
+    primal = {n: weights[n].to(x.device) for n in names}
+
+    def outputs(params):
+        return functional_call(net, params, (x,))
+
+    samples = []
+    for s in range(next(iter(draws.values())).shape[0]):
+        tangent = {n: draws[n][s].to(x.device) - primal[n] for n in names}
+        out, change = jvp(outputs, (primal,), (tangent,))
+        samples.append((out + change).reshape(x.shape[0], -1))
+    return torch.stack(samples).detach()
+
+
 def check_laplace_model(model, options: LaplaceOptions) -> None:
     """Refuse, before any work, what laplace-torch cannot do with ``model``."""
     if not hasattr(model, "net") or not hasattr(model, "site_shapes"):
