@@ -4,6 +4,11 @@ identical members is that member, one file saves and loads it, compare gives it 
 arguments are refused before any fit."""
 
 import math
+import multiprocessing
+import os
+import signal
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -85,6 +90,144 @@ def test_mixture_refuses_predictions_of_different_kinds_or_inputs():
         mixture([a, b])
     with pytest.raises(ValueError, match="at least one"):
         mixture([])
+
+
+def _scratch_left() -> list:
+    import tempfile
+    from pathlib import Path
+
+    from zoo.baselines.ensemble_processes import SCRATCH_PREFIX
+
+    return list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{os.getpid()}-*"))
+
+
+def test_members_in_processes_are_the_members_fitted_here():
+    """``processes=2``: two forked CPU processes fit the members; each is the fit made in
+    this process with its seed, and nothing is left behind (processes, scratch files)."""
+    data = classification()
+    here = zoo.ensemble(classifier, data, members=3, num_steps=30, progress=False)
+    there = zoo.ensemble(classifier, data, members=3, num_steps=30, progress=False, processes=2)
+    for a, b in zip(here.members, there.members):
+        for p, q in zip(a.guide.parameters(), b.guide.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+        assert a.losses == pytest.approx(b.losses, rel=1e-6) and b.steps == 30
+    assert multiprocessing.active_children() == [] and _scratch_left() == []
+
+
+def test_a_member_that_fails_in_its_process_is_named_and_the_others_stop():
+    """A member's error comes back with its index and message; a member's process killed
+    with SIGKILL is named with its exit code; either way no process and no scratch folder is
+    left."""
+    builds = multiprocessing.get_context("fork").Value("i", 0)
+    parent = os.getpid()
+
+    def failing(kill: bool):
+        def factory():
+            if os.getpid() != parent:
+                with builds.get_lock():
+                    builds.value += 1
+                    second = builds.value == 2
+                if second and kill:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                if second:
+                    raise ValueError("boom in the factory")
+            return classifier()
+
+        return factory
+
+    with pytest.raises(RuntimeError, match=r"member [01] failed in its process: ValueError: boom"):
+        zoo.ensemble(failing(False), classification(), members=2, num_steps=5, progress=False,
+                     processes=2)  # fmt: skip
+    assert multiprocessing.active_children() == [] and _scratch_left() == []
+    builds.value = 0
+    with pytest.raises(RuntimeError, match=r"member [01]'s process ended with exit code -9"):
+        zoo.ensemble(failing(True), classification(), members=2, num_steps=200, progress=False,
+                     processes=2)  # fmt: skip
+    assert multiprocessing.active_children() == [] and _scratch_left() == []
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children_of(pid: int) -> list[int]:
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_killed_ensemble_leaves_no_member_running():
+    """SIGKILL of the process running ``zoo.ensemble(processes=2)`` (no clean-up runs) ends
+    its members' processes too."""
+    import subprocess
+    import time
+
+    from tests.conftest import HANG_AFTER, REPO
+
+    script = textwrap.dedent("""
+        import torch, zoo
+        x = torch.randn(256, 3); y = (x[:, 0] > 0).long()
+        factory = lambda: zoo.models.BayesianMLP(3, (64,), 2, task="classification")
+        zoo.ensemble(factory, (x, y), members=2, num_steps=10**7, progress=False, processes=2)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    try:
+        deadline = time.monotonic() + HANG_AFTER
+        while len(members := _children_of(proc.pid)) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait()
+        while any(_running(child) for child in members):
+            assert time.monotonic() < deadline, "a member outlived the killed ensemble"
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_processes_are_checked_before_any_fit():
+    from zoo.baselines.ensemble_processes import workers
+
+    for bad in (0, -1, "two", True, 1.5):
+        with pytest.raises(ValueError, match="processes must be 'auto' or a positive int"):
+            zoo.ensemble(classifier, classification(), members=2, processes=bad)
+    data = classification()
+    with pytest.raises(ValueError, match="ensemble row 'E'.*processes must be"):
+        zoo.compare(classifier, [("E", "ensemble", {"processes": 0})], data, data)
+    with pytest.raises(ValueError, match="forked CPU processes.*cuda"):
+        workers(2, 4, torch.device("cuda"))
+    assert workers("auto", 4, torch.device("cuda")) == 1
+    assert workers(8, 3, torch.device("cpu")) == 3
+
+
+def test_each_member_checkpoints_to_its_own_file_and_a_stopped_ensemble_resumes(tmp_path):
+    """``checkpoint=path``: member ``k`` writes ``path.member<k>``; ``resume=path`` resumes the
+    members whose files exist and fits the rest, ending with the same ensemble."""
+    data = classification()
+    path = tmp_path / "ck.pt"
+    run = zoo.Run(progress=False, checkpoint=path)
+    whole = zoo.ensemble(classifier, data, members=3, num_steps=20, run=run)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"ck.member{k}.pt" for k in range(3)]
+    (tmp_path / "ck.member2.pt").unlink()  # as if stopped during member 2
+    again = zoo.ensemble(classifier, data, members=3, num_steps=20,
+                         run=zoo.Run(progress=False, checkpoint=path, resume=path))  # fmt: skip
+    for a, b in zip(whole.members, again.members):
+        for p, q in zip(a.guide.parameters(), b.guide.parameters()):
+            assert torch.equal(p, q)
 
 
 def test_to_arviz_has_one_chain_per_member():

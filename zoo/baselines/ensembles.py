@@ -13,10 +13,12 @@ evaluates, saves and loads like a fit.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -25,7 +27,7 @@ from zoo.evaluation.scoring import evaluate
 from zoo.models.predictions import Prediction, mixture
 from zoo.runtime import files
 from zoo.runtime.arguments import check_model_factory, check_positive, check_seed
-from zoo.training.options import grouped
+from zoo.training.options import Engine, Run, group, grouped
 from zoo.training.result import FitResult, check_fit_payload, from_payload
 
 
@@ -167,11 +169,12 @@ def ensemble(
     family="map",
     seed: int = 0,
     progress: bool = True,
+    processes: int | str = 1,
     **fit_options,
 ) -> Ensemble:
     """Fit a deep ensemble: ``members`` independent :func:`zoo.fit` runs of ``model_factory()``
     on ``data``, member ``k`` with the seed ``seed + k`` (its initial weights, draws and
-    minibatch order), one after another, with a progress bar over the members.
+    minibatch order), with a progress bar over the members.
 
     Parameters
     ----------
@@ -189,28 +192,65 @@ def ensemble(
         Member ``k`` is fitted with ``seed + k``.
     progress : bool, default True
         A bar over the members (each member's own bar is off unless ``run=`` asks for it).
+    processes : int or "auto", default 1
+        Members fitted at once, each in a forked CPU process with its share of the cores
+        (``"auto"``: one per core on the CPU, one after another on a GPU); see
+        :mod:`zoo.baselines.ensemble_processes`. ``1`` fits them one after another here.
     **fit_options
-        Passed to every :func:`zoo.fit` (``epochs``, ``lr``, the option groups ...).
+        Passed to every :func:`zoo.fit` (``epochs``, ``lr``, the option groups ...). A
+        ``run=zoo.Run(checkpoint=path)`` gives member ``k`` its own file,
+        ``<path stem>.member<k><suffix>``; ``resume=path`` resumes every member whose file
+        exists and fits the others from the start, so a stopped ensemble goes on where it
+        was.
 
     Every argument is checked before the first member is fitted.
     """
+    from zoo.baselines.ensemble_processes import fit_members, workers
     from zoo.training.fitting import fit
+    from zoo.training.recipes import resolve_device
 
     check_model_factory(model_factory, "ensemble")
-    check_ensemble(members, family, seed)
+    check_ensemble(members, family, seed, processes)
     args = grouped(fit_options if "run" in fit_options else {"progress": False, **fit_options})
-    fits = []
-    for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress):
-        fits.append(fit(model_factory(), family, data, seed=seed + k, **args))
+    device = resolve_device(group(Engine, args.get("engine")).device)
+    count = workers(processes, members, device)
+    run = group(Run, args.get("run"))
+    member_args = [{**args, "run": member_run(run, k)} for k in range(members)]
+    if count > 1:
+        fits = fit_members(model_factory, family, data, seed, member_args, count, progress)
+    else:
+        fits = [
+            fit(model_factory(), family, data, seed=seed + k, **member_args[k])
+            for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress)
+        ]
     name = family if isinstance(family, str) else fits[0].options.get("guide", fits[0].family)
     return Ensemble(fits, {"members": members, "family": name, "seed": seed})
 
 
-def check_ensemble(members, family, seed) -> None:
-    """Refuse :func:`ensemble`'s ``members``, ``family`` or ``seed`` before any fit (what
-    :func:`zoo.compare` checks of an ``"ensemble"`` row too)."""
-    from guides import family as guide_family
+def member_run(run: Run, k: int) -> Run:
+    """Member ``k``'s ``run`` group: its own checkpoint file, and a resume only from its own
+    file where one exists (``<stem>.member<k><suffix>``)."""
+    if run.checkpoint is None and run.resume is None:
+        return run
 
+    def own(path):
+        path = Path(path)
+        return path.with_name(f"{path.stem}.member{k}{path.suffix}")
+
+    checkpoint = None if run.checkpoint is None else own(run.checkpoint)
+    resume = None if run.resume is None else own(run.resume)
+    if resume is not None and not resume.exists():
+        resume = None  # this member had not started: it is fitted from the start
+    return dataclasses.replace(run, checkpoint=checkpoint, resume=resume)
+
+
+def check_ensemble(members, family, seed, processes=1) -> None:
+    """Refuse :func:`ensemble`'s ``members``, ``family``, ``seed`` or ``processes`` before any
+    fit (what :func:`zoo.compare` checks of an ``"ensemble"`` row too)."""
+    from guides import family as guide_family
+    from zoo.baselines.ensemble_processes import check_processes
+
+    check_processes(processes)
     if isinstance(members, bool) or not isinstance(members, int):
         raise TypeError(f"members must be an int (the number of fits), got {members!r}")
     if members < 1:

@@ -243,29 +243,15 @@ def _chain_process(model, x, y, settings, chain, folder, counter, parent: int) -
 
 
 def _supervise(procs: list, workers: int, counter, bar) -> None:
-    """Start ``procs`` ``workers`` at a time; raise if one fails (the others are stopped)."""
-    pending, running = list(procs), []
+    """Run ``procs`` ``workers`` at a time; raise if one fails (the others are stopped)."""
     try:
-        while pending or running:
-            while pending and len(running) < workers:
-                running.append(pending.pop(0))
-                running[-1].start()
-            time.sleep(0.2)
-            bar.update(sum(counter) - bar.n)
-            for p in [p for p in running if not p.is_alive()]:
-                p.join()
-                running.remove(p)
-                if p.exitcode != 0:
-                    chain = procs.index(p)
-                    raise RuntimeError(
-                        f"chain {chain}'s process ended with exit code {p.exitcode} (its error "
-                        "is printed above); the finished chunks of every chain are in the "
-                        "checkpoint folder, if one was given, and resume from there"
-                    )
-    finally:
-        for p in running:
-            p.terminate()
-            p.join()
+        children.supervise(procs, workers, tick=lambda: bar.update(sum(counter) - bar.n))
+    except children.ChildFailed as failed:
+        raise RuntimeError(
+            f"chain {failed.index}'s process ended with exit code {failed.exitcode} (its error "
+            "is printed above); the finished chunks of every chain are in the "
+            "checkpoint folder, if one was given, and resume from there"
+        ) from None
 
 
 class _BarCounter:

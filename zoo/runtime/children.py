@@ -24,7 +24,15 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["WATCH_EVERY", "alive", "die_with_parent", "remove_orphans", "scratch_folder"]
+__all__ = [
+    "WATCH_EVERY",
+    "ChildFailed",
+    "alive",
+    "die_with_parent",
+    "remove_orphans",
+    "scratch_folder",
+    "supervise",
+]
 
 #: Seconds between a child's checks that its parent is alive, where the kernel cannot tell it.
 WATCH_EVERY = 0.5
@@ -52,6 +60,39 @@ def _watch(parent: int) -> None:
         time.sleep(WATCH_EVERY)
         if os.getppid() != parent:
             os._exit(1)
+
+
+class ChildFailed(RuntimeError):
+    """Child ``index`` of :func:`supervise` ended with a non-zero ``exitcode``."""
+
+    def __init__(self, index: int, exitcode: int | None):
+        super().__init__(f"process {index} ended with exit code {exitcode}")
+        self.index, self.exitcode = index, exitcode
+
+
+def supervise(procs: list, workers: int, tick=None, every: float = 0.2) -> None:
+    """Start the (not yet started) processes ``procs`` ``workers`` at a time and wait for all
+    of them, calling ``tick()`` every ``every`` seconds. The first to end with a non-zero exit
+    code raises :class:`ChildFailed`; whatever way this returns or raises (Ctrl-C included),
+    no process of ``procs`` is left running."""
+    pending, running = list(procs), []
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                running.append(pending.pop(0))
+                running[-1].start()
+            time.sleep(every)
+            if tick is not None:
+                tick()
+            for p in [p for p in running if not p.is_alive()]:
+                p.join()
+                running.remove(p)
+                if p.exitcode != 0:
+                    raise ChildFailed(procs.index(p), p.exitcode)
+    finally:
+        for p in running:
+            p.terminate()
+            p.join()
 
 
 def alive(pid: int) -> bool:
