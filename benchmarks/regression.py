@@ -49,6 +49,15 @@ DETERMINISTIC_PRIORS = ("fixed", "default")
 #: regression set (the rest download), nor does any other installed package; ``friedman1`` is
 #: its generator's classic benchmark, with a known noise level.
 DEFAULT_SPLITS = {"diabetes": 5, "linnerud": 5, "friedman1": 5}
+#: The field's baselines as rows (``--baselines``), each with the model's default prior (its
+#: MAP fits' weight decay; Laplace then fits its own prior precision by marginal likelihood):
+#: laplace-torch's last-layer KFAC, all weights with a dense Hessian (601 for the 50-unit net
+#: on ten inputs), and five MAP networks, each fitted with the same recipe as a family's row.
+BASELINES = {
+    "laplace LL-KFAC": ("laplace", {}),
+    "laplace full": ("laplace", {"weights": "all", "hessian": "full"}),
+    "ensemble 5 MAP": ("ensemble", {"members": 5}),
+}
 
 
 def load(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,14 +87,17 @@ def split(x, y, seed: int, test_fraction: float = 0.1):
     return (xs[train], (y[train] - y_mean) / y_sd), (xs[test], y[test]), y_mean, y_sd
 
 
-def rows(families: list[str], priors: list[str]) -> list[tuple[str, str, str]]:
+def rows(
+    families: list[str], priors: list[str], baselines: list[str] = ()
+) -> list[tuple[str, str, str]]:
     """``(label, family, prior)`` of every row: each family with each prior, the
-    deterministic network with the fixed and the default prior."""
+    deterministic network with the fixed and the default prior, and each of ``baselines``
+    (labels of :data:`BASELINES`) with the default prior."""
     out = [("deterministic", "map", p) for p in priors if p in DETERMINISTIC_PRIORS]
     for family, prior in itertools.product(families, priors):
         if family != "map":
             out.append((family, family, prior))
-    return out
+    return out + [(label, BASELINES[label][0], "default") for label in baselines]
 
 
 def prior_value(name: str):
@@ -116,16 +128,23 @@ def run_one(job: dict) -> dict:
     if job.get("num_steps") == "auto":  # zoo.training.convergence's rule; a constant rate (lr 1e-2)
         recipe = {"num_steps": "auto", "lr": recipe["lr"]}
     recipe.update({k: job[k] for k in ("num_steps", "lr") if job.get(k) is not None})
-    options = {"p": 0.05} if job["family"] == "mc_dropout" else {}
+    args = grouped({"progress": False, **recipe})
     start = time.perf_counter()
-    fit = zoo.fit(
-        model,
-        guides.family(job["family"], **options),
-        (xtr, ytr),
-        batch_size=len(xtr),
-        seed=job["split"],
-        **grouped({"progress": False, **recipe}),
-    )
+    if job["family"] == "laplace":
+        options = BASELINES[job["label"]][1]
+        fit = zoo.laplace(model, (xtr, ytr), options=options, batch_size=len(xtr),
+                          seed=job["split"], **args)  # fmt: skip
+    elif job["family"] == "ensemble":
+        members = BASELINES[job["label"]][1]["members"]
+        factory = lambda: zoo.models.BayesianMLP(  # noqa: E731
+            xtr.shape[1], [job["hidden"]], out, task="regression", noise="learned", prior=prior
+        )
+        fit = zoo.ensemble(factory, (xtr, ytr), members=members, seed=job["split"],
+                           batch_size=len(xtr), **args)  # fmt: skip
+    else:
+        options = {"p": 0.05} if job["family"] == "mc_dropout" else {}
+        family = guides.family(job["family"], **options)
+        fit = zoo.fit(model, family, (xtr, ytr), batch_size=len(xtr), seed=job["split"], **args)
     seconds = time.perf_counter() - start
     pred = fit.predict(xte, num_samples=job["samples"], seed=0, progress=False)
     scale = y_sd if pred.sample_means.dim() == 3 else y_sd.reshape(())
@@ -140,7 +159,7 @@ def run_one(job: dict) -> dict:
         "noise": float(pred.sample_scales.mean()),
         "seconds": seconds,
         "steps": fit.steps,
-        "stopped": fit.options.get("stopped"),
+        "stopped": fit.options.get("stopped") if isinstance(fit, zoo.FitResult) else None,
     }
 
 
@@ -276,6 +295,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     )
     parser.add_argument("--families", nargs="+", default=guides.available())
     parser.add_argument("--priors", nargs="+", default=list(PRIORS), choices=PRIORS)
+    parser.add_argument(
+        "--baselines",
+        nargs="*",
+        default=[],
+        choices=list(BASELINES),
+        help="also these baseline rows, with the default prior (laplace-torch for Laplace)",
+    )
     parser.add_argument("--hidden", type=int, default=50)
     parser.add_argument(
         "--num-steps",
@@ -321,7 +347,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         }
         for d in args.datasets
         for s in range(args.splits or DEFAULT_SPLITS[d])
-        for label, family, prior in rows(families, args.priors)
+        for label, family, prior in rows(families, args.priors, args.baselines)
     ]
     print(
         f"load: {os.getloadavg()[0]:.2f} (1 min average); {len(jobs)} fits, {args.workers} workers"

@@ -165,6 +165,18 @@ def test_regression_resumes_from_its_checkpoint(tmp_path):
     assert table == [line for line in second.splitlines() if line.startswith("| linnerud")]
 
 
+def test_regression_has_the_baseline_rows():
+    """``--baselines``: Laplace and ensemble rows beside the families, scored as they are; the
+    ensemble's members are MAP networks, so its RMSE is not the one deterministic net's."""
+    pytest.importorskip("laplace", exc_type=ImportError)
+    args = ["--datasets", "linnerud", "--splits", "1", "--families", "diagonal", "--priors"]
+    args += ["default", "--num-steps", "20", "--samples", "4", "--workers", "1", "--baselines"]
+    out = _run("benchmarks/regression.py", *args, "laplace LL-KFAC", "ensemble 5 MAP")
+    rows = {line.split("|")[2].strip(): line for line in out.splitlines() if "| linnerud" in line}
+    assert {"deterministic", "diagonal", "laplace LL-KFAC", "ensemble 5 MAP"} <= set(rows)
+    assert rows["ensemble 5 MAP"].split("|")[5] != rows["deterministic"].split("|")[5]
+
+
 def test_regression_prints_a_row_per_family_and_prior():
     out = _run(
         "benchmarks/regression.py",
