@@ -36,6 +36,26 @@ def test_the_length_table_is_the_two_saved_regression_runs():
         assert line in BENCH_README, line
 
 
+def test_the_baselines_tables_are_their_saved_runs():
+    """The regression table of the baselines is ``regression.py``'s print of its saved run,
+    and the digits table against HMC holds the saved run's numbers."""
+    saved = json.loads((RESULTS / "regression_baselines.json").read_text())["table"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        regression.print_table(saved)
+    for line in out.getvalue().splitlines():
+        assert line in BENCH_README, line
+    digits = json.loads((RESULTS / "reference_baselines.json").read_text())["digits"]["table"]
+    table = BENCH_README.split("| row (digits) |")[1].split("\n\n")[0].splitlines()
+    for label, row in digits.items():
+        line = next(x for x in table if x.startswith(f"| {label} | "))
+        want = [row[k] for k in ("accuracy", "nll", "ece", "agreement", "total_variation")]
+        got = [float(v) for v in line.split("|")[3:8]]
+        assert got == [round(v, 3) for v in want], (label, got, want)
+        if row["parameters"] is not None:
+            assert int(line.split("|")[2].replace(",", "")) == row["parameters"]
+
+
 def test_the_dropout_tables_are_the_saved_mnist_runs():
     section = BENCH_README.split("### MC dropout on MNIST")[1].split("### Fits that run")[0]
     tables = [
