@@ -227,3 +227,34 @@ def test_layer_sizes_no_network_can_have_are_refused_before_allocation(build, ph
 def test_hidden_as_a_number_is_refused_with_the_form_to_use():
     with pytest.raises(TypeError, match="hidden must be a sequence of widths, e.g. \\(100,\\)"):
         zoo.models.BayesianMLP(3, hidden=100)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: BayesianMLP(3, (8,), 1, task="regression", noise=0.5),
+        lambda: BayesianMLP(3, (8,), 1, task="regression", noise="learned"),
+        lambda: BayesianMLP(3, (8,), 4, task="classification", prior="hierarchical"),
+    ],
+    ids=["fixed noise", "learned noise", "classes, hierarchical prior"],
+)
+def test_vectorised_particles_count_each_example_once_per_particle(make):
+    """Weights drawn in a plate around the model (Pyro's vectorised ELBO particles, dim -2)
+    give a likelihood of batch ``(P, B)`` whose row ``p`` is the model's log-likelihood at
+    particle ``p``'s weights alone: the data counted once per particle (it was ``(P, P, B)``,
+    which made ``num_particles=P`` count the data ``P`` times)."""
+    model = make()
+    x = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(6) if model.task == "regression" else torch.randint(0, 4, (6,))
+    guide = guides.AutoDiagonal(model)
+    guide(x, y)
+    plate = pyro.plate("num_particles_vectorized", 5, dim=-2)
+    drawn = poutine.trace(plate(guide)).get_trace(x, y)
+    run = poutine.trace(poutine.replay(plate(model), trace=drawn)).get_trace(x, y)
+    log_lik = run.nodes["obs"]["fn"].log_prob(y)
+    assert log_lik.shape == (5, 6)
+    latent = [n for n, s in drawn.nodes.items() if s["type"] == "sample"]
+    for p in range(5):
+        draw = {n: drawn.nodes[n]["value"][p, 0] for n in latent}
+        alone = poutine.trace(poutine.condition(model, data=draw)).get_trace(x, y)
+        torch.testing.assert_close(log_lik[p], alone.nodes["obs"]["fn"].log_prob(y))

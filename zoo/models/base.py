@@ -132,7 +132,7 @@ class BayesianModel(nn.Module):
         return params
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
-        params = self.sample_parameters()
+        params = outer_draws(self.sample_parameters(), self.site_shapes)
         out = self.network(x, params)
         with pyro.plate("data", x.shape[0], dim=-1):
             pyro.sample("obs", self.likelihood.distribution(out, params), obs=y)
@@ -166,6 +166,31 @@ class BayesianModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"sites={len(self.site_shapes)}"
+
+
+def outer_draws(params: dict, site_shapes: Mapping) -> dict:
+    """``params`` drawn in plates outside the model (Pyro's vectorised ELBO particles at dim
+    -2, ``Predictive(parallel=True)``) without the singleton that stands where the data plate
+    lies (dim -1: the weights are outside it): a weight of shape ``(P, 1, *site)`` becomes
+    ``(P, *site)``, so the network's output is ``(P, B, ...)`` and the likelihood's batch
+    ``(P, B)``, one term per particle and example (with the singleton kept it broadcast to
+    ``(P, P, B)`` and counted the data ``P`` times)."""
+    first = next(iter(site_shapes))
+    weight = params[first]
+    lead = weight.shape[: weight.dim() - len(site_shapes[first])]
+    if not lead:
+        return params
+    if lead[-1] != 1:
+        raise ValueError(
+            f"weights drawn with batch shape {tuple(lead)}: the model's data plate is at dim "
+            "-1, so plates around it must use dims below -1 (Pyro's vectorised particles and "
+            "Predictive(parallel=True) do)"
+        )
+    cut = len(lead) - 1
+    return {
+        name: v.squeeze(cut) if v.dim() > cut and v.shape[: cut + 1] == lead else v
+        for name, v in params.items()
+    }
 
 
 @contextlib.contextmanager
