@@ -169,23 +169,18 @@ class BayesianModel(nn.Module):
 
 
 def outer_draws(params: dict, site_shapes: Mapping) -> dict:
-    """``params`` drawn in plates outside the model (Pyro's vectorised ELBO particles at dim
-    -2, ``Predictive(parallel=True)``) without the singleton that stands where the data plate
-    lies (dim -1: the weights are outside it): a weight of shape ``(P, 1, *site)`` becomes
-    ``(P, *site)``, so the network's output is ``(P, B, ...)`` and the likelihood's batch
-    ``(P, B)``, one term per particle and example (with the singleton kept it broadcast to
-    ``(P, P, B)`` and counted the data ``P`` times)."""
+    """``params`` drawn in a plate around the model at dim -2 (Pyro's vectorised ELBO
+    particles) without the singleton that stands where the data plate lies (dim -1: the
+    weights are outside it): a weight of shape ``(P, 1, *site)`` becomes ``(P, *site)``, so the
+    network's output is ``(P, B, ...)`` and the likelihood's batch ``(P, B)``, one term per
+    particle and example (with the singleton kept it broadcast to ``(P, P, B)`` and counted
+    the data ``P`` times). Draws of shape ``(S, *site)`` (Pyro's ``Predictive(parallel=True)``
+    conditions the model so) are already in that form."""
     first = next(iter(site_shapes))
     weight = params[first]
     lead = weight.shape[: weight.dim() - len(site_shapes[first])]
-    if not lead:
+    if len(lead) < 2 or lead[-1] != 1:
         return params
-    if lead[-1] != 1:
-        raise ValueError(
-            f"weights drawn with batch shape {tuple(lead)}: the model's data plate is at dim "
-            "-1, so plates around it must use dims below -1 (Pyro's vectorised particles and "
-            "Predictive(parallel=True) do)"
-        )
     cut = len(lead) - 1
     return {
         name: v.squeeze(cut) if v.dim() > cut and v.shape[: cut + 1] == lead else v
