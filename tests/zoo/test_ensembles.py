@@ -199,6 +199,31 @@ def test_a_killed_ensemble_leaves_no_member_running():
             proc.kill()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
+def test_members_run_after_the_caller_used_torchs_thread_pool():
+    """A forked child that runs torch's OpenMP pool with several threads after its parent used
+    the pool hangs; members run on one thread, so an ensemble in processes finishes after
+    the caller's own multithreaded work, on a machine of any size (here it claims 8 cores)."""
+    import subprocess
+
+    from tests.conftest import REPO
+
+    script = textwrap.dedent("""
+        import os, torch, zoo
+        os.sched_getaffinity = lambda pid: set(range(8))  # a larger machine
+        torch.set_num_threads(2)
+        a = torch.randn(1500, 1500); (a @ a).sum()  # the parent uses the OpenMP pool
+        x = torch.randn(512, 256); y = (x[:, 0] > 0).long()  # products large enough to
+        factory = lambda: zoo.models.BayesianMLP(256, (512,), 2, task="classification")
+        ens = zoo.ensemble(factory, (x, y), members=2, num_steps=3, batch_size=512,
+                           progress=False, processes=2)  # run in parallel regions
+        print("members", len(ens.members))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and "members 2" in done.stdout, done.stderr[-2000:]
+
+
 def test_processes_are_checked_before_any_fit():
     from zoo.baselines.ensemble_processes import workers
 

@@ -3,14 +3,16 @@ processes=P)``).
 
 Members are independent fits, so ``P`` processes fit ``P`` members at a time: each child is
 forked from the caller (the model factory, the data and the options are inherited, nothing is
-pickled), runs :func:`zoo.fit` with the member's seed on ``cores // P`` intra-op threads of its
-own, and writes the result as a fit file (plain data, atomically) into a scratch folder; the
-caller reads each file back with :func:`zoo.load`'s checks. A member that raises ends its
-process with the error written beside the results, and the caller raises a ``RuntimeError``
-that names the member and quotes it; a process that dies (killed, out of memory) is named with
-its exit code. Either way the other members' processes are stopped, and no process outlives
-the call: children end with their parent (:func:`zoo.runtime.children.die_with_parent`), and
-the scratch folder of a killed call is removed at the next.
+pickled), runs :func:`zoo.fit` with the member's seed on one intra-op thread (a forked child
+that runs torch's OpenMP thread pool after its parent used it hangs; so ``processes="auto"``
+gives each core a member), and writes the result as a fit file (plain data, atomically) into a
+scratch folder; the caller reads each file back with :func:`zoo.load`'s checks. A member that
+raises ends its process with the error written beside the results, and the caller raises a
+``RuntimeError`` that names the member and quotes it; a process that dies (killed, out of
+memory) is named with its exit code. Either way the other members' processes are stopped, and
+no process outlives the call: children end with their parent
+(:func:`zoo.runtime.children.die_with_parent`), and the scratch folder of a killed call is
+removed at the next.
 
 The CPU only: a forked child cannot use a CUDA context its parent opened, and members on one
 GPU would share it anyway; on a GPU members are fitted one after another.
@@ -76,8 +78,7 @@ def fit_members(
     member order."""
     from zoo.baselines.loading import load
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    threads = max(1, cores // processes)
+    threads = 1  # more would hang in OpenMP if this process used its pool before the fork
     context = multiprocessing.get_context("fork")
     parent, members = os.getpid(), len(member_args)
     with children.scratch_folder(SCRATCH_PREFIX) as scratch:
@@ -117,7 +118,7 @@ def fit_members(
 def _member_process(model_factory, family, data, seed, fit_args, folder, k, parent, threads):
     """One member's fit in a forked child: its result, or its error, as a file in ``folder``."""
     children.die_with_parent(parent)  # a killed zoo.ensemble leaves no member running
-    torch.set_num_threads(threads)  # this process's own setting: its share of the cores
+    torch.set_num_threads(threads)  # this process's own setting
     from zoo.training.fitting import fit
 
     try:

@@ -193,8 +193,8 @@ def ensemble(
     progress : bool, default True
         A bar over the members (each member's own bar is off unless ``run=`` asks for it).
     processes : int or "auto", default 1
-        Members fitted at once, each in a forked CPU process with its share of the cores
-        (``"auto"``: one per core on the CPU, one after another on a GPU); see
+        Members fitted at once, each in a forked CPU process on one thread (``"auto"``: one
+        per core on the CPU, one after another on a GPU); see
         :mod:`zoo.baselines.ensemble_processes`. ``1`` fits them one after another here.
     **fit_options
         Passed to every :func:`zoo.fit` (``epochs``, ``lr``, the option groups ...). A
