@@ -14,8 +14,12 @@ Columns, on all 10,000 test images with ``--samples`` draws each: accuracy, NLL,
 AUROC of telling test digits from uniform-noise images and from test digits with their pixels
 permuted (a fixed permutation), by predictive entropy; fit seconds (everything before the
 first prediction: the MAP fit and the curvature for Laplace, all members for the ensemble);
-on CUDA the allocator's peak memory during the fit above what was allocated before it (the JSON
-also records that, ``allocated_before``: it grows if earlier rows leave memory behind).
+the peak memory of the fit above what was held before it: on CUDA the allocator's peak (the
+JSON also records what was allocated before, ``allocated_before``: it grows if earlier rows
+leave memory behind), on the CPU (Linux) the peak resident set above the one before the fit,
+each row in a process of its own (this script with ``--rows row``: a process that ran earlier
+rows would reuse their freed memory and show less), its high-water mark reset before the fit
+(``/proc/self/clear_refs``).
 """
 
 from __future__ import annotations
@@ -68,10 +72,36 @@ def ood_sets(x_test: torch.Tensor, n: int, seed: int = 0):
     return {"noise": noise, "permuted": permuted}
 
 
+def _status_mib(field: str) -> float:
+    """``VmRSS`` or ``VmHWM`` of this process in MiB (Linux), else NaN."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's peak resident set to its current one (Linux 4.0+)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def measure(row, data, x_test, y_test, ood, args, device) -> dict:
     options = {"epochs": args.epochs, "seed": 0, "run": zoo.Run(progress=False)}
     options["engine"] = zoo.Engine(device=device)
-    before = 0.0
+    before, rss = 0.0, False
+    if device.type == "cpu":
+        gc.collect()
+        rss = _reset_peak_rss()
+        before = _status_mib("VmRSS")
     if device.type == "cuda":  # what earlier rows left allocated is not this row's
         gc.collect()
         torch.cuda.synchronize()
@@ -86,6 +116,8 @@ def measure(row, data, x_test, y_test, ood, args, device) -> dict:
     peak = float("nan")
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated() / 2**20 - before
+    elif rss:
+        peak = _status_mib("VmHWM") - before
     pred = result.predict(x_test, num_samples=args.samples, progress=False)
     scores = result.model.likelihood.metrics(pred, y_test.to(pred.outputs.device))
     entropy_in = pred.entropy.cpu()
@@ -95,6 +127,31 @@ def measure(row, data, x_test, y_test, ood, args, device) -> dict:
         other = result.predict(x, num_samples=args.samples, progress=False)
         out[f"auroc_{name}"] = ood_auroc(entropy_in, other.entropy.cpu())
     return out
+
+
+def in_a_process(row: str) -> dict:
+    """The row measured by this script run for it alone in a new process (the arguments of
+    this run, ``--rows row``): its peak resident set is its own."""
+    import subprocess
+    import sys
+    import tempfile
+
+    argv = sys.argv[1:]
+    keep, skip = [], False
+    for arg in argv:  # this run's arguments without --rows and --json
+        if arg in ("--rows", "--json"):
+            skip = True
+            continue
+        if skip and arg.startswith("--"):
+            skip = False
+        if not skip:
+            keep.append(arg)
+    with tempfile.TemporaryDirectory() as folder:
+        out = os.path.join(folder, "row.json")
+        cmd = [sys.executable, __file__, *keep, "--rows", row, "--json", out, "--alone"]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as f:
+            return json.load(f)["rows"][0]
 
 
 def main() -> None:
@@ -108,6 +165,7 @@ def main() -> None:
     parser.add_argument("--train-limit", type=int, default=None, help="first N training images")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images")
     parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--alone", action="store_true", help="the rows in this process")
     args = parser.parse_args()
     chosen = args.rows or rows()
     unknown = sorted(set(chosen) - set(rows()))
@@ -130,7 +188,10 @@ def main() -> None:
     print("| --- |" + " ---: |" * (len(header) - 1))
     results = []
     for row in chosen:
-        r = measure(row, data, x_test, y_test, ood, args, device)
+        if device.type == "cpu" and not args.alone:
+            r = in_a_process(row)
+        else:
+            r = measure(row, data, x_test, y_test, ood, args, device)
         results.append(r)
         peak = "-" if r["fit_peak_mib"] != r["fit_peak_mib"] else f"{r['fit_peak_mib']:.0f}"
         print(
