@@ -30,6 +30,7 @@ from guides.base import PerSiteGuide
 from guides.block_diagonal import AutoBlockDiagonal, BlockDiagonalNormal
 from guides.diagonal import AutoDiagonal
 from guides.gaussian import DiagonalNormal, StructuredGaussian, gaussian_kl_to_normal
+from guides.joint import AutoJoint
 from guides.lowrank import AutoLowRank, LowRankNormal
 from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
@@ -37,6 +38,7 @@ from guides.mixed import AutoMixed
 from guides.point_mass import AutoMAP, PointMass
 from guides.registry import Family, available, build, families, family, get, instantiate
 from guides.site import SitePosterior
+from guides.subnetwork import AutoSubnetwork
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 
 __all__ = [
@@ -44,11 +46,13 @@ __all__ = [
     "family",
     "AutoBlockDiagonal",
     "AutoDiagonal",
+    "AutoJoint",
     "AutoLowRank",
     "AutoMAP",
     "AutoMCDropout",
     "AutoMatrixNormal",
     "AutoMixed",
+    "AutoSubnetwork",
     "AutoTridiagonal",
     "BlockDiagonalNormal",
     "DiagonalNormal",

@@ -22,7 +22,9 @@ GUIDES_LAYERS = [
     "posch_joint",
     "gaussian",
     "site",
+    "joint_gaussian",
     "base",
+    "joint",  # one Gaussian across sites: a guide the subnetwork family builds on
 ]
 
 

@@ -221,6 +221,7 @@ def test_registry():
         "map",
         "matrix_normal",
         "mc_dropout",
+        "subnetwork",
         "tridiagonal",
     ]
     assert guides.get("tridiagonal") is guides.AutoTridiagonal

@@ -1,0 +1,166 @@
+"""Subnetwork inference (Daxberger et al., ICML 2021): a full-covariance Gaussian over ``S``
+chosen weights from anywhere in the network, with their correlations across layers, and point
+masses (MAP) on every other weight.
+
+The paper trains a network to a MAP solution, chooses the ``S`` weights of largest marginal
+variance under a diagonal approximation of the posterior, infers a full covariance over those
+only, and predicts with the mix of Bayesian and point-estimate weights. Here the joint Gaussian
+is :class:`guides.joint.AutoJoint`'s, over the chosen scalars of every real site, and the
+choice is one of
+
+- ``select="magnitude"`` (the family's default): the ``S`` largest ``|mean|`` at the start of
+  the fit (``init_module=`` a trained network: its largest weights);
+- ``select={site: mask}``: given scalars (bool tensors shaped like the sites, or flat indices);
+- :meth:`AutoSubnetwork.from_fit`: from a fitted guide, the paper's rule (the largest marginal
+  variances of a fitted Gaussian, e.g. the diagonal family's) or the largest ``|mean|`` of a
+  MAP fit, starting from that fit's means.
+
+Cost: the factor is ``S x S`` (``S(S-1)/2 + S`` free numbers), each step a product with it,
+``O(S^2)``; ``S`` above :data:`guides.joint_gaussian.FULL_MAX` is refused when the guide is
+built (pass ``rank=`` for a low-rank plus diagonal covariance instead, ``O(S rank^2)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import nn
+
+from guides.joint import AutoJoint
+from guides.joint_gaussian import check_size
+
+
+class AutoSubnetwork(AutoJoint, family="subnetwork"):
+    """A full-covariance Gaussian over ``size`` chosen weights, point masses elsewhere.
+
+    Parameters
+    ----------
+    model : callable
+        The Pyro model.
+    size : int, default 256
+        ``S``, the number of weights in the Gaussian (all of them when the model has fewer).
+    select : "magnitude" or mapping, default "magnitude"
+        How the weights are chosen: the largest ``|initial mean|`` over every real site, or
+        ``{site: bool mask or flat indices}`` (then ``size`` is ignored).
+    rank : int, optional
+        ``None``: a full covariance; an int: diagonal plus rank ``rank``.
+    init_scale, init_loc_fn, init_module, create_plates
+        See :class:`guides.base.PerSiteGuide`.
+    """
+
+    def __init__(
+        self,
+        model: Callable,
+        size: int = 256,
+        select: str | Mapping = "magnitude",
+        *,
+        rank: int | None = None,
+        init_scale: float = 0.01,
+        init_loc_fn: str | Callable = "kaiming",
+        init_module: nn.Module | None = None,
+        create_plates: Callable | None = None,
+    ):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"size must be an int >= 1 (the weights in the Gaussian), got {size!r}"
+            )
+        if not (select == "magnitude" or isinstance(select, Mapping)):
+            raise ValueError(
+                f"select must be 'magnitude' or a mapping of site masks, got {select!r}; the "
+                "paper's choice by marginal variance is AutoSubnetwork.from_fit(fit, size)"
+            )
+        check_size(size, rank)  # before any work: a full S x S factor must fit
+        masks = select if isinstance(select, Mapping) else None
+        super().__init__(
+            model,
+            "*",
+            masks=masks,
+            rank=rank,
+            rest="map",
+            init_scale=init_scale,
+            init_loc_fn=init_loc_fn,
+            init_module=init_module,
+            create_plates=create_plates,
+        )
+        self.size, self.selection = size, "masks" if masks is not None else "magnitude"
+
+    def select(self, names: list[str]) -> dict[str, torch.Tensor]:
+        """The given masks, or the ``size`` largest ``|initial mean|`` over ``names``."""
+        if self.selection == "masks":
+            chosen = dict(self.masks)
+        else:
+            locs = [self.site_posterior(n).loc.detach().reshape(-1) for n in names]
+            chosen = top_scalars(names, [loc.abs() for loc in locs], self.size)
+        empty = torch.zeros(0, dtype=torch.long)
+        return {n: chosen.get(n, empty) for n in names}  # a site not chosen: point masses
+
+    def spec(self) -> dict:
+        """Plain data that rebuilds this guide with the scalars it chose."""
+        masks = {name: index.tolist() for name, index in self.masks.items()}
+        if len(masks) < len(self._joint):  # a site with every scalar chosen has no mask
+            for name, index, _, count in self._joint:
+                masks.setdefault(name, list(range(count)) if index is None else index.tolist())
+        options = {"size": self.size, "select": masks, "rank": self.rank}
+        return {"family": self.family, "options": options, "init_scale": self.init_scale}
+
+    @classmethod
+    def from_spec(cls, model: Callable, spec: dict) -> AutoSubnetwork:
+        """The guide that :meth:`spec` describes (parameters not yet created)."""
+        return cls(model, init_scale=spec["init_scale"], **spec["options"])
+
+    @classmethod
+    def from_fit(
+        cls,
+        fit,
+        size: int = 256,
+        select: str = "variance",
+        *,
+        rank: int | None = None,
+        init_scale: float = 0.01,
+    ) -> AutoSubnetwork:
+        """The paper's recipe from a fit (a ``zoo.FitResult``, or a fitted guide with its
+        ``model``): the ``size`` weights of largest marginal variance under its posterior
+        (``select="variance"``, a Gaussian family's fit such as the diagonal's) or largest
+        ``|mean|`` (``"magnitude"``, a MAP fit), every mean starting at the fit's."""
+        guide = getattr(fit, "guide", fit)
+        model = getattr(fit, "model", None) or guide.model
+        if select not in ("variance", "magnitude"):
+            raise ValueError(f"select must be 'variance' or 'magnitude', got {select!r}")
+        check_size(size, rank)
+        medians = {k: v.detach() for k, v in guide.median().items()}
+        transforms = guide._transforms  # the package's own: a constrained site has one
+        real = [n for n in guide.site_names if transforms.get(n) is None]
+        if select == "variance":
+            bounds = guide.quantiles([0.158655, 0.841345])  # mean -/+ 1 sd of each marginal
+            spread = {n: ((bounds[n][1] - bounds[n][0]) / 2).detach() for n in real}
+            if all(float(spread[n].abs().max()) == 0 for n in real):
+                raise ValueError(
+                    "the fit's posterior has no spread (a point mass): choose by "
+                    "select='magnitude', or fit a Gaussian family such as the diagonal first"
+                )
+            scores = [spread[n].reshape(-1) for n in real]
+        else:
+            scores = [medians[n].abs().reshape(-1) for n in real]
+        masks = top_scalars(real, scores, size)
+
+        def start(site, medians=medians):
+            return medians[site["name"]]
+
+        return cls(model, size, masks, rank=rank, init_scale=init_scale, init_loc_fn=start)
+
+
+def top_scalars(names: list[str], scores: list[torch.Tensor], size: int) -> dict:
+    """``{site: flat indices}`` of the ``size`` largest ``scores`` over every site (all of
+    them when there are fewer)."""
+    flat = torch.cat([s.reshape(-1).float() for s in scores])
+    size = min(size, flat.numel())
+    chosen = torch.topk(flat, size).indices
+    out, offset = {}, 0
+    for name, score in zip(names, scores):
+        numel = score.numel()
+        inside = chosen[(chosen >= offset) & (chosen < offset + numel)] - offset
+        if inside.numel():
+            out[name] = torch.sort(inside).values.cpu()
+        offset += numel
+    return out
