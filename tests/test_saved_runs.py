@@ -56,6 +56,17 @@ def test_the_baselines_tables_are_their_saved_runs():
             assert int(line.split("|")[2].replace(",", "")) == row["parameters"]
 
 
+def test_the_baselines_mnist_cpu_table_is_its_saved_run():
+    saved = json.loads((RESULTS / "baselines_mnist_cpu.json").read_text())["rows"]
+    for r in saved:
+        line = (
+            f"| {r['row']} | {r['fit_seconds']:.1f} | {r['fit_peak_mib']:.0f} | "
+            f"{r['accuracy']:.4f} | {r['nll']:.4f} | {r['ece']:.4f} | {r['auroc_noise']:.3f} "
+            f"| {r['auroc_permuted']:.3f} |"
+        )
+        assert line in BENCH_README, line
+
+
 def test_the_dropout_tables_are_the_saved_mnist_runs():
     section = BENCH_README.split("### MC dropout on MNIST")[1].split("### Fits that run")[0]
     tables = [
