@@ -86,6 +86,9 @@ def test_full_laplace_of_a_bayesian_linear_regression_is_its_exact_posterior():
         torch.testing.assert_close(pred.epistemic_variance, exact, rtol=0.05, atol=0)
         torch.testing.assert_close(pred.mean, z[:5] @ mean, rtol=0, atol=0.01)
         assert pred.aleatoric_variance == pytest.approx(torch.full((5,), s**2))
+        sub = {**options, "weights": "subnetwork", "subnetwork_size": 3}  # every weight
+        subnet = zoo.laplace(model, (x, y), at="module", options=sub)
+        torch.testing.assert_close(subnet.laplace.posterior_covariance, cov)
         draws = fit.sample(20000, seed=1)  # joint weight draws: the exact posterior too
         vector = torch.cat([draws["weight"].reshape(-1, 2), draws["bias"].reshape(-1, 1)], 1)
         torch.testing.assert_close(vector.mean(0), mean, rtol=0, atol=0.01)
@@ -159,6 +162,52 @@ def test_to_arviz_holds_the_weight_draws_and_their_likelihoods():
     assert "Laplace (last_layer, kron" in idata.attrs["inference"]
     small = fit.to_arviz(num_samples=4, var_names=["fc2.*"])
     assert set(small.posterior.data_vars) == {"fc2.weight", "fc2.bias"}
+
+
+def fit_map(x, y):
+    return zoo.fit(classifier(), "map", (x, y), num_steps=100, seed=0, run=zoo.Run(progress=False))
+
+
+def test_a_subnetwork_laplace_is_laplace_torchs_on_the_largest_weights(tmp_path):
+    """``weights="subnetwork"``: laplace-torch's subnetwork Laplace over the ``S`` MAP weights
+    of largest magnitude (positions in the parameter vector, checked here): laplace-torch's
+    posterior and sampled-network predictive on the same network and indices; the GLM
+    predictive, drawn through the linearised network, is finite where laplace-torch's own
+    per-input Cholesky fails; the unchosen weights are points in the draws; a save keeps the
+    indices."""
+    x, y = classification()
+    options = {"weights": "subnetwork", "hessian": "full", "subnetwork_size": 12,
+               "prior_precision": 1.0}  # fmt: skip
+    fit = zoo.laplace(classifier(), (x, y), at=fit_map(x, y), options=options)
+    flat = torch.cat([fit.map_weights[n].reshape(-1) for n in classifier().site_shapes])
+    want = torch.sort(flat.abs().topk(12).indices).values
+    assert fit.info["subnetwork_indices"] == want.tolist()
+    net = laplace_torch.network_at(fit.model, fit.map_weights)
+    la = laplace.Laplace(net, "classification", "subnetwork", "full", subnetwork_indices=want,
+                         prior_precision=1.0)  # fmt: skip
+    la.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128))
+    torch.testing.assert_close(fit.laplace.posterior_covariance, la.posterior_covariance)
+    nn_fit = zoo.laplace(classifier(), (x, y), at=fit_map(x, y), options={**options,
+                         "predictive": "nn"})  # fmt: skip
+    with laplace_torch.dependency_notices_off():
+        direct = la.predictive_samples(x, "nn", n_samples=20,
+                                       generator=torch.Generator().manual_seed(3))  # fmt: skip
+    got = nn_fit.predict(x, num_samples=20, seed=3, progress=False)
+    torch.testing.assert_close(got.sample_probs, direct)
+    glm = fit.predict(x, num_samples=200, seed=0, progress=False)  # where laplace-torch's fails
+    assert torch.isfinite(glm.outputs).all() and glm.outputs.shape == (200, 128, 2)
+    draws = fit.sample(50, seed=0)
+    vectors = torch.cat([draws[n].reshape(50, -1) for n in classifier().site_shapes], 1)
+    moving = (vectors.std(0) > 0).nonzero().reshape(-1)
+    assert moving.tolist() == want.tolist()
+    back = zoo.load(fit.save(tmp_path / "sub.pt"))
+    assert back.info["subnetwork_indices"] == want.tolist()
+    torch.testing.assert_close(back.predict(x, num_samples=5, progress=False).probs,
+                               fit.predict(x, num_samples=5, progress=False).probs)  # fmt: skip
+    with pytest.raises(ValueError, match="hessian='full' only"):
+        zoo.LaplaceOptions(weights="subnetwork", hessian="kron")
+    with pytest.raises(ValueError, match="subnetwork_size"):
+        zoo.LaplaceOptions(weights="subnetwork", hessian="full", subnetwork_size=50_000)
 
 
 def test_compare_has_laplace_rows():

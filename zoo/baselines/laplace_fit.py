@@ -17,6 +17,7 @@ from zoo.baselines.laplace_torch import (
     import_laplace,
     linearised_outputs,
     plain,
+    subnetwork_indices,
     tensors,
     weight_draws,
 )
@@ -87,6 +88,10 @@ class LaplaceFit:
         generator = None
         if seed is not None:
             generator = torch.Generator(device=device).manual_seed(seed)
+        if self.options.weights == "subnetwork" and self.options.predictive == "glm":
+            # the linearised network at joint weight draws: laplace-torch's per-input Cholesky
+            # of the function covariance fails where the chosen weights do not reach an output
+            return self.predict_at(x.to(device), self.sample(num_samples, seed), batch_size)
         if batch_size is None:  # the GLM predictive of all weights holds a Jacobian per input
             glm_all = self.options.weights == "all" and self.options.predictive == "glm"
             batch_size = 16 if glm_all else 1024
@@ -134,8 +139,9 @@ class LaplaceFit:
         at the draws for the ``"nn"`` predictive and for a last layer (in whose weights the
         network is linear, so its GLM predictive is the same), the network linearised at the
         MAP weights, ``f(x, w*) + J(x) (w_s - w*)``, for the GLM and probit predictives of
-        all weights. Unlike :meth:`predict`'s function samples, one draw is one network on
-        every input, as ArviZ's ``log_likelihood`` needs."""
+        all weights or a subnetwork (whose GLM ``predict`` is this). Unlike :meth:`predict`'s
+        function samples, one draw is one network on every input, as ArviZ's
+        ``log_likelihood`` needs."""
         from zoo.evaluation.predictive import predict
 
         if self.options.predictive == "nn" or self.options.weights == "last_layer":
@@ -262,7 +268,12 @@ def laplace(
         weights = {k: v.detach() for k, v in at.guide.median().items()}
     device = next(iter(weights.values())).device
     check_labelled_data(model, x, y, device)
-    la = build(model, {k: v for k, v in weights.items() if k != "noise"}, options)
+    net_weights = {k: v for k, v in weights.items() if k != "noise"}
+    indices = None
+    if options.weights == "subnetwork":
+        indices = subnetwork_indices(model, net_weights, options.subnetwork_size)
+        info["subnetwork_indices"] = indices.tolist()
+    la = build(model, net_weights, options, indices=indices)
     if "noise" in weights:
         la.sigma_noise = weights["noise"].reshape(()).to(device)
     if model.likelihood.task == "regression":
@@ -296,7 +307,8 @@ def laplace_from_payload(payload: dict, path, model, map_location) -> LaplaceFit
     weights = {k: v.to(map_location) for k, v in payload["map_weights"].items()}
     state = payload["state"]
     la = build(model, {k: v for k, v in weights.items() if k != "noise"}, options,
-               last_layer_name=state.get("_last_layer_name"))  # fmt: skip
+               last_layer_name=state.get("_last_layer_name"),
+               indices=payload["info"].get("subnetwork_indices"))  # fmt: skip
     try:
         la.load_state_dict(state)
     except (ValueError, KeyError, RuntimeError) as err:

@@ -26,7 +26,7 @@ import torch
 
 #: The weights laplace-torch approximates, the Hessian structures and predictives it offers
 #: here (laplace-torch's names).
-WEIGHTS = ("last_layer", "all")
+WEIGHTS = ("last_layer", "all", "subnetwork")
 HESSIANS = ("kron", "diag", "full")
 PREDICTIVES = ("glm", "nn", "probit")
 #: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
@@ -39,8 +39,10 @@ class LaplaceOptions:
 
     Parameters
     ----------
-    weights : {"last_layer", "all"}, default "last_layer"
-        Which weights get the Gaussian; the others stay at their MAP values.
+    weights : {"last_layer", "all", "subnetwork"}, default "last_layer"
+        Which weights get the Gaussian; the others stay at their MAP values. ``"subnetwork"``
+        (Daxberger et al. 2021; needs ``hessian="full"``): the ``subnetwork_size`` MAP
+        weights of largest magnitude, from any layer.
     hessian : {"kron", "diag", "full"}, default "kron"
         The curvature's structure: Kronecker-factored per layer (KFAC), diagonal, or dense
         (refused above ``FULL_HESSIAN_MAX`` weights).
@@ -58,6 +60,8 @@ class LaplaceOptions:
     hessian: str = "kron"
     prior_precision: str | float = "marglik"
     predictive: str = "glm"
+    #: The weights of a ``"subnetwork"`` approximation (at most ``FULL_HESSIAN_MAX``).
+    subnetwork_size: int = 1000
 
     @classmethod
     def of(cls, options: LaplaceOptions | dict | None) -> LaplaceOptions:
@@ -82,6 +86,17 @@ class LaplaceOptions:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"LaplaceOptions({name}={value!r}): choose one of {allowed}")
+        size = self.subnetwork_size
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= FULL_HESSIAN_MAX:
+            raise ValueError(
+                f"LaplaceOptions(subnetwork_size={size!r}): an int from 1 to {FULL_HESSIAN_MAX:,} "
+                "(its Hessian is dense)"
+            )
+        if self.weights == "subnetwork" and self.hessian != "full":
+            raise ValueError(
+                f"LaplaceOptions(weights='subnetwork', hessian={self.hessian!r}): laplace-torch's "
+                "subnetwork Laplace takes hessian='full' only"
+            )
         p = self.prior_precision
         if p != "marglik":
             if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
@@ -130,11 +145,26 @@ def network_at(model, weights: dict) -> torch.nn.Module:
     return net
 
 
-def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None):
-    """laplace-torch's object for ``model`` at ``weights`` (not fitted yet)."""
+def subnetwork_indices(model, weights: dict, size: int) -> torch.Tensor:
+    """The ``size`` weights of largest magnitude, as positions in the parameter vector of
+    ``model.net`` (``parameters_to_vector`` order, which laplace-torch indexes), sorted."""
+    flat = torch.cat([weights[n].detach().reshape(-1) for n, _ in model.net.named_parameters()])
+    chosen = torch.topk(flat.abs(), min(size, flat.numel())).indices
+    return torch.sort(chosen).values
+
+
+def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None, indices=None):
+    """laplace-torch's object for ``model`` at ``weights`` (not fitted yet); a subnetwork's
+    ``indices`` default to :func:`subnetwork_indices`."""
     Laplace = import_laplace()
     net = network_at(model, weights).to(next(iter(weights.values())).device)
     kwargs = {}
+    if options.weights == "subnetwork":
+        if indices is None:
+            indices = subnetwork_indices(model, weights, options.subnetwork_size)
+        kwargs["subnetwork_indices"] = torch.as_tensor(indices, dtype=torch.long).to(
+            next(net.parameters()).device
+        )
     if options.weights == "last_layer" and last_layer_name is not None:
         kwargs["last_layer_name"] = last_layer_name
     if options.prior_precision != "marglik":
