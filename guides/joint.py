@@ -169,6 +169,11 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         self._require_setup()
         return self.joint.distribution(self.joint_mean())
 
+    def joint_sites(self) -> list[str]:
+        """The sites with scalars in the joint Gaussian, in the order of its ``K``-vector."""
+        self._require_setup()
+        return [name for name, _, _, count in self._joint if count]
+
     def joint_index(self, name: str) -> torch.Tensor:
         """Positions of site ``name``'s joint scalars in the ``K``-vector."""
         for site, _, offset, count in self._joint:

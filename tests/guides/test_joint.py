@@ -225,6 +225,7 @@ def test_the_subnetwork_chooses_the_largest_weights_or_variances():
         assert (sd.reshape(-1)[rows] >= threshold).all()
         torch.testing.assert_close(sub.site_posterior(name).loc, diag.guide.median()[name])
     assert sum(sub.site_scalars(n).numel() for n in sds) == 7
+    assert sub.joint_sites() == [n for n in sds if sub.site_scalars(n).numel()]
     draws = sub.sample_posterior(50)
     for name in sds:
         varying = draws[name].reshape(50, -1).std(0) > 0
