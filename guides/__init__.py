@@ -15,6 +15,11 @@ name                 class                                    ``q`` per site
 ``block_diagonal``   :class:`AutoBlockDiagonal`               ``N(m, blockdiag(L_k L_k^T))``
 ``mc_dropout``       :class:`AutoMCDropout`                   ``M diag(z) + sigma E`` (Gal)
 ``map``              :class:`AutoMAP`                         point mass ``delta(w - m)``
+``whvi``             :class:`AutoWHVI`                        ``S1 H diag(g) H S2 / D`` per block,
+                                                              ``g ~ N(mu, L L^T)`` (its own
+                                                              prior on ``g``)
+``subnetwork``       :class:`AutoSubnetwork`                  one full Gaussian over ``S`` chosen
+                                                              weights, point masses elsewhere
 ===================  =======================================  ==================================
 
 :class:`AutoMixed` picks a family per site by name pattern. A family registers itself by its
@@ -40,6 +45,8 @@ from guides.registry import Family, available, build, families, family, get, ins
 from guides.site import SitePosterior
 from guides.subnetwork import AutoSubnetwork
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
+from guides.walsh_hadamard import WalshHadamardWeight
+from guides.whvi import AutoWHVI
 
 __all__ = [
     "Family",
@@ -54,6 +61,7 @@ __all__ = [
     "AutoMixed",
     "AutoSubnetwork",
     "AutoTridiagonal",
+    "AutoWHVI",
     "BlockDiagonalNormal",
     "DiagonalNormal",
     "LowRankNormal",
@@ -64,6 +72,7 @@ __all__ = [
     "SitePosterior",
     "StructuredGaussian",
     "TridiagonalNormal",
+    "WalshHadamardWeight",
     "available",
     "build",
     "families",

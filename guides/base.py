@@ -45,6 +45,8 @@ from guides import registry
 from guides.site import (
     DiagonalSite,
     SitePosterior,
+    check_fixed_priors,
+    check_global_continuous,
     fan_in,
     is_real,
     kaiming_uniform_like,
@@ -63,7 +65,8 @@ def check_family_options(guide_cls: type, site_cls: type | None, options: dict) 
     params = inspect.signature(site_cls.__init__).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
-    known = [n for n in params if n not in ("self", "init_loc", "init_scale")]
+    given = ("self", "init_loc", "init_scale", "prior")  # the guide hands a site its prior
+    known = [n for n in params if n not in given]
     unknown = sorted(set(options) - set(known))
     if unknown:
         spec = inspect.signature(guide_cls.site_spec).parameters
@@ -220,12 +223,14 @@ class PerSiteGuide(AutoGuide):
         self.sites = PyroModule()
         self._site_names = []
         for name, site in self.prototype_trace.iter_stochastic_nodes():
-            _check_global_continuous(type(self).__name__, name, site)
+            check_global_continuous(type(self).__name__, name, site)
             init = self._initial_value(name, site)
             if is_real(site["fn"].support):
                 self._transforms[name] = None
                 cls = self.site_class_for(name, init.shape)
                 options = self.site_options_for(name, cls)
+                if getattr(cls, "reads_prior", False):  # a family that carries its own prior
+                    options = {**options, "prior": site["fn"]}
             else:
                 transform = biject_to(site["fn"].support)
                 self._transforms[name] = transform
@@ -233,6 +238,7 @@ class PerSiteGuide(AutoGuide):
                 cls, options = self.constrained_class_for(name), {}
             deep_setattr(self.sites, name, cls(init, self.init_scale, **options))
             self._site_names.append(name)
+        check_fixed_priors(self, self.prototype_trace, args, kwargs)
         self.prototype_trace = _slim(self.prototype_trace)
 
     # ---- sampling ----
@@ -348,21 +354,6 @@ def serving_class(site_cls: type[SitePosterior], name: str, shape, what: str):
         f"{what} cannot serve site {name!r} of shape {tuple(shape)}. Use guides.AutoMixed to "
         f"give that site another family, e.g. {{'{name}': 'diagonal', '*': ...}}."
     )
-
-
-def _check_global_continuous(guide: str, name: str, site: dict) -> None:
-    if site["cond_indep_stack"]:
-        plate = site["cond_indep_stack"][0].name
-        raise ValueError(
-            f"Site {name!r} is a local latent variable inside plate {plate!r}; {guide} serves "
-            "global weights only. Move the site out of the plate or use a separate guide for it "
-            "(pyro.infer.autoguide.AutoGuideList)."
-        )
-    if site["fn"].support.is_discrete:
-        raise ValueError(
-            f"Site {name!r} ({type(site['fn']).__name__}) is discrete; the posterior families "
-            "here are Gaussian and need continuous sites (enumerate or marginalise it)."
-        )
 
 
 def _slim(trace):

@@ -145,3 +145,46 @@ def prior_median(fn, value: torch.Tensor) -> torch.Tensor:
     if median is None or not torch.isfinite(median).all():
         median = fn.sample((31,)).median(0).values if value.dim() == 0 else fn.sample()
     return median.detach().reshape(value.shape).clone()
+
+
+def check_global_continuous(guide: str, name: str, site: dict) -> None:
+    """Refuse a latent site inside a plate or with a discrete support, naming it."""
+    if site["cond_indep_stack"]:
+        plate = site["cond_indep_stack"][0].name
+        raise ValueError(
+            f"Site {name!r} is a local latent variable inside plate {plate!r}; {guide} serves "
+            "global weights only. Move the site out of the plate or use a separate guide for it "
+            "(pyro.infer.autoguide.AutoGuideList)."
+        )
+    if site["fn"].support.is_discrete:
+        raise ValueError(
+            f"Site {name!r} ({type(site['fn']).__name__}) is discrete; the posterior families "
+            "here are Gaussian and need continuous sites (enumerate or marginalise it)."
+        )
+
+
+def check_fixed_priors(guide, trace, args: tuple, kwargs: dict) -> None:
+    """For a family that carries its own prior (a site class with ``reads_prior``): refuse a
+    model whose prior at one of those sites has learned or sampled parameters, which the site
+    could not cancel. The model is traced once more, and each such site's prior must give the
+    prototype's log-density at the new draw, without a gradient to any parameter."""
+    names = [n for n in guide.site_names if getattr(guide.site_posterior(n), "reads_prior", 0)]
+    if not names:
+        return
+    from pyro import poutine
+
+    with torch.enable_grad():  # a guide may be set up inside a no_grad block
+        again = poutine.block(poutine.trace(guide.model).get_trace)(*args, **kwargs)
+    for name in names:
+        value = again.nodes[name]["value"].detach()
+        with torch.enable_grad():
+            first = trace.nodes[name]["fn"].log_prob(value)
+            second = again.nodes[name]["fn"].log_prob(value)
+        if first.requires_grad or second.requires_grad or not torch.allclose(first, second):
+            raise ValueError(
+                f"the {guide.family!r} family carries its own prior and cancels the model's at "
+                f"site {name!r}, which needs that prior fixed; the model's prior there has "
+                "learned or sampled scales (a prior fitted to the data or a hierarchical one). "
+                "Give the model a fixed prior (prior=None, the task's default, or a number), or "
+                "that site another family through guides.AutoMixed."
+            )

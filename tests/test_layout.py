@@ -21,6 +21,7 @@ GUIDES_LAYERS = [
     "kernels",
     "posch_joint",
     "gaussian",
+    "walsh_hadamard",  # the transform and WHVI's weight distribution
     "site",
     "joint_gaussian",
     "base",

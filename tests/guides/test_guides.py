@@ -124,6 +124,10 @@ LINEAR_COUNTS = {
     "mc_dropout": lambda n, i, o: n,
     "mc_dropout_p05": lambda n, i, o: n,
     "map": lambda n, i, o: n,
+    # D = 1024 (the next power of two of 1000), one block: mu, d, L's strict lower triangle,
+    # S1 (a number per row) and S2 (per column)
+    "whvi": lambda n, i, o: 2 * 1024 + 1024 * 1023 // 2 + o + i,
+    "whvi_diagonal": lambda n, i, o: 2 * 1024 + o + i,
 }
 
 
@@ -223,6 +227,7 @@ def test_registry():
         "mc_dropout",
         "subnetwork",
         "tridiagonal",
+        "whvi",
     ]
     assert guides.get("tridiagonal") is guides.AutoTridiagonal
     with pytest.raises(ValueError, match="Unknown guide family 'tri'.*'tridiagonal'"):

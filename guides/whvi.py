@@ -1,0 +1,165 @@
+"""Walsh-Hadamard variational inference (WHVI; Rossi, Marmin & Filippone, NeurIPS 2020).
+
+A weight read as a matrix ``out x n`` (a convolution kernel ``(out, in, kh, kw)`` as
+``out x (in kh kw)``) is built from ``K = ceil(out / D)`` blocks of size ``D x D``,
+``D = 2^ceil(log2 n)``, each
+
+    W_k = S1_k H diag(g_k) H S2_k / D,    g_k ~ q(g_k) = N(mu_k, L_k L_k^T),
+
+``H`` the Walsh-Hadamard matrix (``H / sqrt(D)`` is orthonormal, so ``g = 1`` gives the identity),
+``S1``, ``S2`` diagonal, the padding sliced off (see
+:class:`guides.walsh_hadamard.WalshHadamardLayout`). ``vec(W)`` is Gaussian with a covariance of
+rank ``K D`` correlating the whole matrix; each draw costs one fast transform per block and one
+gather, ``O(K D log D + out n)``.
+
+**The model the ELBO bounds.** ``q`` has no density on the weights, so the prior and the KL live
+on ``g`` as the paper has them: at a site this family serves, the model's weight is
+``S1 H diag(g) H S2 / D`` with ``g ~ N(0, I)``, and ``S1`` and ``S2`` (one number per row, one
+per column of each block) are hyperparameters of that prior, optimised with the ELBO (type-II
+maximum likelihood; ``learn_scales=False`` fixes them at one, and the prior on ``W`` is then
+``N(0, 1/D)`` per entry, ``1/D`` the padded fan-in). The model's own prior at the site is
+cancelled exactly: the emitted distribution's ``log_prob`` adds the model's ``log p(W)`` to
+``log q(g) - log p(g)``, so ``Trace_ELBO`` (and ``zoo.fit``) estimate
+
+    ELBO = E_q[log p(y | W)] - sum_sites KL(q(g) || N(0, I)) - KL of the other sites,
+
+and ``TraceMeanField_ELBO`` uses that KL in closed form. That needs the model's prior at the site
+to be fixed: a prior with learned or sampled scales (type-II or hierarchical) is refused when the
+guide is set up. Sites of fewer than two dimensions (biases) take the diagonal family.
+
+Parameters per site: ``mu`` and ``d`` (``K D`` each), ``K D (D - 1) / 2`` for the full ``L``
+(``covariance="full"``, the paper's) or none (``"diagonal"``, its ``O(D)`` variant), ``S1``
+(``out``) and ``S2`` (``K n``). A full ``L`` is refused above ``D = 4,096``.
+
+Initialisation: ``mu_k = diag(H B_k H) / sqrt(D f)`` for ``B_k`` block ``k`` of the initial
+weight (zero-padded; ``f`` the share of the blocks it fills): the diagonal of its projection onto
+the family's span, scaled so that a weight with independent entries of standard deviation ``s``
+gives a mean with entries of about the same standard deviation (the mean is not the initial
+weight, which the family cannot represent in general); ``d = init_scale sqrt(D)`` (each
+weight's initial standard deviation is about ``init_scale``); ``L`` diagonal; ``S1 = S2 = 1``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from pyro.nn import PyroParam
+from torch.distributions import Distribution
+
+from guides.base import PerSiteGuide
+from guides.site import DiagonalSite, SitePosterior, inverse_softplus
+from guides.walsh_hadamard import WalshHadamardLayout, WalshHadamardWeight, fwht
+
+__all__ = ["AutoWHVI", "WHVISite", "WalshHadamardWeight"]
+
+#: The largest block a full covariance of ``g`` takes: its factor has ``D^2`` entries per block.
+FULL_MAX = 4096
+COVARIANCES = ("full", "diagonal")
+
+
+class WHVISite(SitePosterior):
+    """The WHVI parameters of one weight site (see the module docstring)."""
+
+    family = "whvi"
+    fallback = DiagonalSite
+    #: The guide hands this site the model's prior at it (``prior=``), which it cancels.
+    reads_prior = True
+
+    def __init__(
+        self,
+        init_loc: torch.Tensor,
+        init_scale: float,
+        covariance: str = "full",
+        learn_scales: bool = True,
+        prior: Distribution | None = None,
+    ):
+        super().__init__(init_loc, init_scale)
+        if covariance not in COVARIANCES:
+            raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
+        layout = WalshHadamardLayout(init_loc.shape, device=init_loc.device)
+        k, d = layout.blocks, layout.size
+        if covariance == "full" and d > FULL_MAX:
+            raise ValueError(
+                f"a WHVI weight of shape {tuple(init_loc.shape)} has blocks of D = {d} (the next "
+                f"power of two of {layout.cols} columns) and a full covariance of g would hold "
+                f"{k} x {d} x {d} numbers; the limit is D = {FULL_MAX}: pass "
+                "covariance='diagonal'"
+            )
+        self.layout, self.covariance, self.prior = layout, covariance, prior
+        self.register_buffer("gather", layout.gather, persistent=False)
+        self.register_buffer("block", layout.block, persistent=False)
+        like = init_loc.detach()
+        self.loc = PyroParam(initial_mean(like, layout))
+        start = float(inverse_softplus(init_scale * math.sqrt(d)))
+        self.rho = PyroParam(torch.full((k, d), start, dtype=like.dtype, device=like.device))
+        if covariance == "full":  # the strictly lower triangle of each block's U, row by row
+            rows, cols = torch.tril_indices(d, d, -1, device=like.device)
+            self.register_buffer("rows", rows, persistent=False)
+            self.register_buffer("cols", cols, persistent=False)
+            self.lower = PyroParam(like.new_zeros(k, d * (d - 1) // 2))
+        s1, s2 = like.new_ones(layout.out), like.new_ones(k, layout.cols)
+        if learn_scales:
+            self.s1, self.s2 = PyroParam(s1), PyroParam(s2)
+        else:
+            self.register_buffer("s1", s1)
+            self.register_buffer("s2", s2)
+
+    @classmethod
+    def supports(cls, shape: torch.Size) -> bool:
+        return len(shape) >= 2
+
+    def unit(self) -> torch.Tensor | None:
+        """``U`` per block, ``(K, D, D)`` unit lower-triangular (``None`` for a diagonal ``q``)."""
+        if self.covariance != "full":
+            return None
+        k, d = self.rho.shape
+        unit = self.lower.new_zeros(k, d, d)
+        blocks = torch.arange(k, device=unit.device).unsqueeze(-1)
+        unit = unit.index_put((blocks, self.rows, self.cols), self.lower)
+        return unit + torch.eye(d, dtype=unit.dtype, device=unit.device)
+
+    def distribution(self) -> WalshHadamardWeight:
+        layout = self.layout.on(self.gather, self.block)
+        scale = F.softplus(self.rho)
+        return WalshHadamardWeight(
+            layout, self.loc, scale, self.unit(), self.s1, self.s2, prior=self.prior
+        )
+
+
+def initial_mean(weight: torch.Tensor, layout: WalshHadamardLayout) -> torch.Tensor:
+    """``mu_k = diag(H B_k H) / sqrt(D f)`` for the zero-padded blocks ``B_k`` of ``weight``,
+    ``f`` the share of the blocks' entries that the weight fills. Since
+    ``diag(H B H)_k = (H c)_k`` with ``c_m`` the sum of the entries ``B_ij`` with ``i XOR j = m``,
+    it costs one scatter-add of the weight and one transform per block, no padded block."""
+    k, d = layout.blocks, layout.size
+    sums = weight.new_zeros(k * d).index_add_(0, layout.gather.reshape(-1), weight.reshape(-1))
+    filled = layout.out * layout.cols / (k * d * d)
+    return fwht(sums.reshape(k, d)) / math.sqrt(d * filled)
+
+
+class AutoWHVI(PerSiteGuide, family="whvi"):
+    """Walsh-Hadamard variational inference: each weight ``S1 H diag(g) H S2 / D`` per block,
+    ``g`` Gaussian with a full (or diagonal) covariance; biases diagonal.
+
+    The family carries its own prior on ``g`` (``N(0, I)``) and cancels the model's prior at the
+    sites it serves: read the module docstring for the model whose ELBO it bounds.
+
+    Parameters
+    ----------
+    model : callable
+        The Pyro model; its prior at every weight site must be fixed (no learned or sampled
+        scales).
+    covariance : {"full", "diagonal"}, default "full"
+        ``q(g)``'s covariance per block: a Cholesky factor (the paper's) or its diagonal.
+    learn_scales : bool, default True
+        Optimise ``S1`` and ``S2`` with the ELBO (the paper); ``False`` fixes them at one.
+    init_scale : float, default 0.01
+        About the initial standard deviation of every weight.
+    init_loc_fn, init_module, create_plates
+        See :class:`guides.base.PerSiteGuide`.
+    """
+
+    site_class = WHVISite
+    variants = {"": {}, "diagonal": {"covariance": "diagonal"}}

@@ -1,0 +1,207 @@
+"""Walsh-Hadamard VI (guides.AutoWHVI): the fast transform against Sylvester's recursion, every
+weight against the dense product written out with that matrix (padding, stacked blocks, a
+convolution kernel), the moments and dense covariance of vec(W) against J Sigma J^T and Monte
+Carlo, the log-density and KL against torch's MultivariateNormal on g, the exact posterior of a
+conjugate regression in g (where the model's own prior must cancel), and refusals."""
+
+import math
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
+from torch.distributions import MultivariateNormal, kl_divergence
+
+import guides
+from guides.walsh_hadamard import WalshHadamardLayout, fwht, hadamard
+from guides.whvi import FULL_MAX, WHVISite, initial_mean
+from zoo.models import BayesianMLP
+
+SHAPES = [(5, 3), (3, 6), (4, 2, 3, 3), (9, 4), (1, 1)]
+
+
+def sylvester(d: int) -> torch.Tensor:
+    """H by its recursion ``H_2n = [[H, H], [H, -H]]``: independent of the butterflies."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < d:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    return h
+
+
+def random_site(shape, seed=0, **options) -> WHVISite:
+    torch.manual_seed(seed)
+    site = WHVISite(torch.randn(shape, dtype=torch.float64), 0.3, **options)
+    with torch.no_grad():
+        for p in site.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    return site
+
+
+def dense_weight(site: WHVISite, g: torch.Tensor) -> torch.Tensor:
+    """W from the definition: pad, stack K blocks ``diag(s1) H diag(g_k) H diag(s2_k) / D``,
+    slice, reshape; ``s1`` padded with ones past ``out``, ``s2`` past the columns."""
+    lay = site.layout
+    k, d = lay.blocks, lay.size
+    h = sylvester(d)
+    s1 = torch.ones(k * d, dtype=torch.float64)
+    s1[: lay.out] = site.s1.detach()
+    s2 = torch.ones(k, d, dtype=torch.float64)
+    s2[:, : lay.cols] = site.s2.detach()
+    blocks = [
+        torch.diag(s1[i * d : (i + 1) * d]) @ h @ torch.diag(g[i]) @ h @ torch.diag(s2[i]) / d
+        for i in range(k)
+    ]
+    return torch.cat(blocks, 0)[: lay.out, : lay.cols].reshape(lay.shape)
+
+
+@pytest.mark.parametrize("d", [1, 2, 4, 8, 32, 128])
+def test_fast_transform_is_the_dense_matrix(d):
+    x = torch.randn(3, 2, d, dtype=torch.float64)
+    assert torch.allclose(fwht(x), x @ sylvester(d).T)
+    assert torch.equal(hadamard(d), sylvester(d))
+    with pytest.raises(ValueError, match="power-of-two length, got 6"):
+        fwht(torch.ones(6))
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_each_draw_is_the_dense_product(shape):
+    site = random_site(shape)
+    q = site.distribution()
+    w = q.rsample((3,))
+    g = q._drawn[2]
+    for i in range(3):
+        assert torch.allclose(w[i], dense_weight(site, g[i]))
+    assert torch.allclose(q.mean, dense_weight(site, site.loc.detach()))
+
+
+def test_layout_pads_columns_and_stacks_blocks():
+    lay = WalshHadamardLayout(torch.Size([40, 2, 3, 3]))  # 18 columns: D = 32, K = 2
+    assert (lay.size, lay.blocks, lay.cols) == (32, 2, 18)
+    assert lay.gather.shape == (40, 18) and int(lay.gather.max()) < 64
+    assert WalshHadamardLayout(torch.Size([7, 16])).size == 16  # a power of two stays
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 2, 2)], ids=str)
+@pytest.mark.parametrize("covariance", ["full", "diagonal"])
+def test_moments_are_j_sigma_j_transposed_and_monte_carlo(shape, covariance):
+    site = random_site(shape, covariance=covariance)
+    q = site.distribution()
+    k, d = site.loc.shape
+    # J = d vec(W) / d g from the dense definition, column by column
+    basis = torch.eye(k * d, dtype=torch.float64).reshape(k * d, k, d)
+    jac = torch.stack([dense_weight(site, e).reshape(-1) for e in basis], 1)
+    tril = torch.block_diag(*q.scale_tril().detach())
+    cov = jac @ tril @ tril.T @ jac.T
+    with torch.no_grad():
+        assert torch.allclose(q.covariance_matrix, cov)
+        assert torch.allclose(q.variance.reshape(-1), cov.diagonal())
+        draws = q.sample((100_000,)).reshape(100_000, -1)
+    sd = cov.diagonal().max() ** 0.5
+    assert torch.allclose(draws.mean(0), q.mean.reshape(-1), atol=5 * sd / 300)
+    assert torch.allclose(torch.cov(draws.T), cov, atol=0.02 * cov.abs().max())
+    if covariance == "full":
+        assert (cov - torch.diag(cov.diagonal())).abs().max() > 0.05 * cov.abs().max()
+
+
+def test_log_prob_is_q_over_p_of_g_plus_the_sites_prior_and_kl_is_on_g():
+    site = random_site((5, 3))
+    prior = dist.Normal(0.0, 0.7).expand([5, 3]).to_event(2)
+    site.prior = prior
+    q = site.distribution()
+    w = q.rsample((4,))
+    g = q._drawn[2]
+    tril = q.scale_tril()
+    mvn = MultivariateNormal(site.loc, scale_tril=tril)  # batch K, event D
+    std = MultivariateNormal(torch.zeros_like(site.loc), torch.eye(site.loc.shape[-1]).double())
+    expected = (mvn.log_prob(g) - std.log_prob(g)).sum(-1) + prior.log_prob(w)
+    assert torch.allclose(q.log_prob(w), expected)
+    assert torch.allclose(kl_divergence(q, prior), kl_divergence(mvn, std).sum())
+    with pytest.raises(ValueError, match="own draws"):
+        q.log_prob(w.clone())
+
+
+def test_the_model_prior_cancels_and_the_conjugate_posterior_of_g_is_reached():
+    """y = W x + noise with one row of WHVI weights and fixed scales: y is linear in g, so
+    q(g) can equal the exact Gaussian posterior under p(g) = N(0, I), whatever prior the
+    model states on W (0.3 here: were it not cancelled, q would be pulled towards it)."""
+    gen = torch.Generator().manual_seed(0)
+    n, cols, noise = 200, 4, 0.5
+    x = torch.randn(n, cols, generator=gen, dtype=torch.float64)
+    y = x @ torch.tensor([1.0, -0.5, 0.3, 0.8], dtype=torch.float64)
+    y = y + noise * torch.randn(n, generator=gen, dtype=torch.float64)
+
+    def model(x, y=None):
+        prior = dist.Normal(torch.tensor(0.0, dtype=x.dtype), 0.3).expand([1, cols])
+        w = pyro.sample("w", prior.to_event(2))
+        with pyro.plate("data", len(x)):  # w's row against each x: batch (particles, n)
+            pyro.sample("obs", dist.Normal((w[..., 0, :] * x).sum(-1), noise), obs=y)
+
+    # W_0j = (H g)_j / D with S1 = S2 = 1: y = Phi g with Phi = x H / D
+    d = 4
+    phi = x @ sylvester(d) / d
+    precision = torch.eye(d, dtype=x.dtype) + phi.T @ phi / noise**2
+    cov = torch.linalg.inv(precision)
+    mean = cov @ phi.T @ y / noise**2
+
+    pyro.set_rng_seed(0)
+    guide = guides.AutoWHVI(model, learn_scales=False, init_scale=0.5)
+    guide(x, y)
+    optim = pyro.optim.ClippedAdam({"lr": 0.05, "lrd": 0.998})
+    svi = SVI(model, guide, optim, Trace_ELBO(16, 1, vectorize_particles=True))
+    for _ in range(3000):
+        svi.step(x, y)
+    q = guide.get_posterior("w")
+    fitted = MultivariateNormal(q.loc[0].detach(), scale_tril=q.scale_tril()[0].detach())
+    exact = MultivariateNormal(mean, cov)
+    assert kl_divergence(fitted, exact) < 0.01  # measured 0.0006
+
+
+def test_mixed_gives_one_site_whvi_and_its_prior_reaches_it():
+    model = BayesianMLP(3, (8,), 2, task="classification")
+    guide = guides.AutoMixed(model, {"fc1.weight": "whvi", "*": "diagonal"})
+    x, y = torch.randn(6, 3), torch.randint(0, 2, (6,))
+    guide(x, y)
+    assert isinstance(guide.site_posterior("fc1.weight"), WHVISite)
+    assert guide.site_posterior("fc1.weight").prior is not None
+    for elbo in (Trace_ELBO(), TraceMeanField_ELBO()):
+        assert torch.isfinite(elbo.differentiable_loss(model, guide, x, y))
+
+
+def test_refusals_before_any_work():
+    model = BayesianMLP(3, (8,), 2, task="classification")
+    with pytest.raises(ValueError, match="covariance must be one of"):
+        guides.AutoWHVI(model, covariance="dense")(torch.randn(2, 3), torch.zeros(2).long())
+    with pytest.raises(TypeError, match="unknown option"):
+        guides.AutoWHVI(model, prior=None)
+    wide = BayesianMLP(FULL_MAX + 1, (), 2, task="classification")
+    x, y = torch.randn(2, FULL_MAX + 1), torch.zeros(2).long()
+    with pytest.raises(ValueError, match=r"D = 8192 .* covariance='diagonal'"):
+        guides.AutoWHVI(wide)(x, y)
+    guides.AutoWHVI(wide, covariance="diagonal")(x, y)
+    for prior in ("learned", "hierarchical"):
+        fitted = BayesianMLP(3, (8,), 2, task="classification", prior=prior)
+        with pytest.raises(ValueError, match=r"carries its own prior .* 'fc1.weight'"):
+            guides.AutoWHVI(fitted)(torch.randn(2, 3), torch.zeros(2).long())
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 3)], ids=str)
+def test_initial_mean_is_the_diagonal_of_h_b_h(shape):
+    init = torch.randn(shape, dtype=torch.float64)
+    lay = WalshHadamardLayout(torch.Size(shape))
+    k, d = lay.blocks, lay.size
+    padded = torch.zeros(k * d, d, dtype=torch.float64)
+    padded[: lay.out, : lay.cols] = init.reshape(lay.out, lay.cols)
+    h = sylvester(d)
+    diag = torch.stack([(h @ b @ h).diagonal() for b in padded.reshape(k, d, d)])
+    filled = lay.out * lay.cols / (k * d * d)
+    assert torch.allclose(initial_mean(init, lay), diag / math.sqrt(d * filled))
+
+
+def test_initial_mean_keeps_the_weights_scale():
+    torch.manual_seed(0)
+    init = torch.randn(400, 784, dtype=torch.float64) * 0.05
+    site = WHVISite(init, 0.01)
+    q = site.distribution()
+    assert q.mean.std().item() == pytest.approx(0.05, rel=0.1)
+    assert q.variance.sqrt().mean().item() == pytest.approx(0.01, rel=0.05)
