@@ -347,6 +347,8 @@ ZOO_ROWS = {
     "zoo subnetwork S=256": ("subnetwork", {"size": 256}, {}),
     "zoo subnetwork S=1024": ("subnetwork", {"size": 1024}, {}),
     "zoo subnetwork S=4096": ("subnetwork", {"size": 4096}, {}),
+    "zoo whvi": ("whvi", {}, {}),
+    "zoo whvi, diagonal q(g)": ("whvi", {"covariance": "diagonal"}, {}),
     "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
     "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
     "zoo matrix normal, local reparam., closed-form KL": (

@@ -65,7 +65,7 @@ def test_graph_size_counts_match_the_readme():
         for line in out.splitlines()
         if line.startswith("| ") and not line.startswith(("| family", "| ---"))
     ]
-    assert len(rows) == 12 and rows[0].startswith("| diagonal |")
+    assert len(rows) == 14 and rows[0].startswith("| diagonal |")
     assert rows[-3].startswith("| tridiagonal posch, joint |")
     assert rows[-2].startswith("| matrix normal, one block |")
     assert rows[-1].startswith("| hand-written BBB (analytic KL) | - | - |")
