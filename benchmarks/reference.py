@@ -38,11 +38,13 @@ import zoo
 from zoo.training.options import grouped
 
 DATASETS = ("diabetes", "digits", "moons")
-#: Variants beside each family's defaults: a rank-2 factor (the default is 10), and MC dropout
-#: at the rate Gal & Ghahramani used on UCI regression (the family's default is 0.1).
+#: Variants beside each family's defaults: a rank-2 factor (the default is 10), MC dropout at
+#: the rate Gal & Ghahramani used on UCI regression (the family's default is 0.1), and WHVI with
+#: a diagonal covariance of g (the default is full).
 VARIANTS = [
     ("lowrank r=2", "lowrank", {"rank": 2}),
     ("mc_dropout p=0.05", "mc_dropout", {"p": 0.05}),
+    ("whvi diagonal q(g)", "whvi", {"covariance": "diagonal"}),
 ]
 #: The field's baselines as rows (``zoo.compare``): Laplace through laplace-torch (last-layer
 #: KFAC; all weights with a full Hessian, which these small networks allow) and 5 MAP nets.

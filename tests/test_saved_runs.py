@@ -81,6 +81,20 @@ def test_the_subnetwork_reference_table_is_its_saved_run():
             assert line in BENCH_README, line
 
 
+def test_the_whvi_reference_table_is_its_saved_run():
+    saved = json.loads((RESULTS / "reference_whvi.json").read_text())
+    for data, result in saved.items():
+        for row in ("whvi", "whvi diagonal q(g)", "diagonal"):
+            r = result["table"][row]
+            if data == "diabetes":
+                cells = f"RMSE {r['rmse']:.3f} | {r['nll']:.3f} | W2 {r['w2']:.3f} |"
+            else:
+                tv = r["total_variation"]
+                cells = f"accuracy {r['accuracy']:.3f} | {r['nll']:.3f} | TV {tv:.3f} |"
+            line = f"| {data} | {row} | {int(r['parameters']):,} | {cells}"
+            assert line in BENCH_README, line
+
+
 def test_the_dropout_tables_are_the_saved_mnist_runs():
     section = BENCH_README.split("### MC dropout on MNIST")[1].split("### Fits that run")[0]
     tables = [

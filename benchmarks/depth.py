@@ -1,0 +1,119 @@
+"""Does structure matter with depth? Every kind of posterior family against an HMC reference on
+MLPs of one to four hidden layers of the same width (issue 49; notebook 09).
+
+Farquhar et al. (NeurIPS 2020, "Liberty or depth") argue that for deep enough networks a
+mean-field posterior can match the structured ones. Here the diabetes regression of
+``benchmarks/reference.py`` (354 training points, standardised) is fitted by MLPs of 10 inputs
+and ``depth`` hidden layers of 16 units under the default ``N(0, 1)`` prior; each depth gets its
+own HMC reference (Pyro's NUTS, its chains checkpointed under ``--workdir``, so a rerun reads
+them back) and every family is fitted as ``zoo.compare`` does, with the distance of its
+predictive to HMC's (W2 between the predictive Gaussians, averaged over the test points) and the
+ratio of its predictive standard deviation to HMC's. The families: mean field (diagonal), one
+weight tensor at a time (low rank, matrix normal, WHVI), across layers (one full Gaussian over
+every weight, ``guides.AutoJoint``) and a subnetwork (256 weights by magnitude, point masses on
+the rest).
+
+Run: ``python benchmarks/depth.py --out benchmarks/results/depth.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import zoo  # noqa: E402
+from reference import load  # noqa: E402
+from zoo.training.options import grouped  # noqa: E402
+
+DEPTHS = (1, 2, 3, 4)
+WIDTH = 16
+#: (label, family, guide options), by kind: mean field, per tensor, across layers, subnetwork.
+FAMILIES = [
+    ("diagonal", "diagonal", {}),
+    ("lowrank", "lowrank", {}),
+    ("matrix_normal", "matrix_normal", {}),
+    ("whvi", "whvi", {}),
+    ("joint (all weights)", "joint", {}),
+    ("subnetwork S=256", "subnetwork", {"size": 256}),
+]
+
+
+def run(depth: int, args) -> dict:
+    train, test, _, options = load("diabetes", args.seed)
+
+    def factory():
+        return zoo.models.BayesianMLP(train[0].shape[1], (WIDTH,) * depth)
+
+    start = time.perf_counter()
+    ref = zoo.reference(
+        factory(),
+        train,
+        chains=args.chains,
+        warmup=args.warmup,
+        draws=args.draws,
+        seed=args.seed,
+        sampler=zoo.NUTS(max_tree_depth=args.max_tree_depth),
+        checkpoint=Path(args.workdir) / f"depth{depth}",
+        progress=not args.quiet,
+    )
+    sampled = time.perf_counter() - start
+    diagnostics = ref.diagnostics(test[0])
+    tree = ref.stats["tree_depth"].mean().item()
+    print(f"\n== depth {depth}: reference {ref}")
+    print(f"   convergence {diagnostics}; mean tree depth {tree:.2f}; {sampled:.0f} s this call")
+    table = zoo.compare(
+        factory,
+        FAMILIES,
+        train,
+        test,
+        reference=ref,
+        progress=False,
+        seed=args.seed,
+        **grouped(options),
+    )
+    show = [c for c in table.columns if c not in ("steps_per_second", "final_elbo")]
+    print(table[show].to_string(float_format=lambda v: f"{v:.4g}"))
+    return {
+        "reference": {
+            "chains": args.chains,
+            "warmup": args.warmup,
+            "draws": args.draws,
+            "max_tree_depth": args.max_tree_depth,
+            "wall_time": ref.wall_time,
+            "mean_tree_depth": tree,
+            **diagnostics,
+        },
+        "table": json.loads(table.to_json(orient="index")),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", nargs="+", type=int, default=list(DEPTHS))
+    parser.add_argument("--chains", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--draws", type=int, default=300)
+    parser.add_argument("--max-tree-depth", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workdir", default="benchmarks/results/reference-chains")
+    parser.add_argument("--out", default="benchmarks/results/depth.json")
+    parser.add_argument("--quiet", action="store_true")
+    args = parser.parse_args(argv)
+    print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    for depth in args.depths:
+        results[str(depth)] = run(depth, args)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
