@@ -46,6 +46,8 @@ FAMILIES = [
 
 def run(depth: int, args) -> dict:
     train, test, _, options = load("diabetes", args.seed)
+    if args.num_steps is not None:
+        options = {**options, "num_steps": args.num_steps}
 
     def factory():
         return zoo.models.BayesianMLP(train[0].shape[1], (WIDTH,) * depth)
@@ -103,6 +105,7 @@ def main(argv=None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default="benchmarks/results/reference-chains")
     parser.add_argument("--out", default="benchmarks/results/depth.json")
+    parser.add_argument("--num-steps", type=int, help="default: zoo.REGRESSION_FIT's")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
     print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")

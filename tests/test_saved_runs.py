@@ -95,6 +95,17 @@ def test_the_whvi_reference_table_is_its_saved_run():
             assert line in BENCH_README, line
 
 
+def test_the_subnetwork_selection_table_is_its_saved_run():
+    saved = json.loads((RESULTS / "subnetwork_selection.json").read_text())
+    for data, table in saved.items():
+        for row, r in table.items():
+            metric = f"RMSE {r['rmse']:.3f}" if "rmse" in r else f"accuracy {r['accuracy']:.3f}"
+            far = f"W2 {r['w2']:.3f}" if "w2" in r else f"TV {r['total_variation']:.3f}"
+            per = ", ".join(f"{k} {v}" for k, v in r["chosen_per_site"].items()) or "-"
+            line = f"| {data} | {row} | {per} | {metric} | {r['nll']:.3f} | {far} |"
+            assert line in BENCH_README, line
+
+
 def test_the_dropout_tables_are_the_saved_mnist_runs():
     section = BENCH_README.split("### MC dropout on MNIST")[1].split("### Fits that run")[0]
     tables = [
