@@ -27,8 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import zoo  # noqa: E402
 from reference import load  # noqa: E402
+
+import zoo  # noqa: E402
 from zoo.training.options import grouped  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4)

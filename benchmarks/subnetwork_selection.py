@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from reference import load  # noqa: E402
+
 import guides  # noqa: E402
 import zoo  # noqa: E402
-from reference import load  # noqa: E402
 from zoo.evaluation.agreement import distances  # noqa: E402
 from zoo.training.options import grouped  # noqa: E402
 

@@ -41,6 +41,7 @@ weight's initial standard deviation is about ``init_scale``); ``L`` diagonal; ``
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -110,6 +111,13 @@ class WHVISite(SitePosterior):
     def supports(cls, shape: torch.Size) -> bool:
         return len(shape) >= 2
 
+    def _apply(self, fn, recurse=True):
+        """``.to(device)``, ``.double()``, ...: the model's prior at the site moves along."""
+        out = super()._apply(fn, recurse)
+        if self.prior is not None:
+            self.prior = moved(self.prior, fn)
+        return out
+
     def unit(self) -> torch.Tensor | None:
         """``U`` per block, ``(K, D, D)`` unit lower-triangular (``None`` for a diagonal ``q``)."""
         if self.covariance != "full":
@@ -126,6 +134,18 @@ class WHVISite(SitePosterior):
         return WalshHadamardWeight(
             layout, self.loc, scale, self.unit(), self.s1, self.s2, prior=self.prior
         )
+
+
+def moved(distribution: Distribution, fn) -> Distribution:
+    """A shallow copy of ``distribution`` with ``fn`` applied to every tensor it holds, its
+    base distributions' included (what ``nn.Module._apply`` does to a module's tensors)."""
+    new = copy.copy(distribution)
+    for key, value in vars(distribution).items():
+        if torch.is_tensor(value):
+            setattr(new, key, fn(value))
+        elif isinstance(value, Distribution):
+            setattr(new, key, moved(value, fn))
+    return new
 
 
 def initial_mean(weight: torch.Tensor, layout: WalshHadamardLayout) -> torch.Tensor:

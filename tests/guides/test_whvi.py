@@ -168,6 +168,19 @@ def test_mixed_gives_one_site_whvi_and_its_prior_reaches_it():
         assert torch.isfinite(elbo.differentiable_loss(model, guide, x, y))
 
 
+def test_the_prior_moves_with_the_site():
+    """What a GPU fit needs (guide.to(device) after set-up), checked with a dtype on the CPU."""
+    model = BayesianMLP(3, (8,), 2, task="classification")
+    guide = guides.AutoWHVI(model)
+    guide(torch.randn(2, 3), torch.zeros(2).long())
+    guide.double()
+    site = guide.site_posterior("fc1.weight")
+    held = [v for v in vars(site.prior).values() if torch.is_tensor(v) and v.is_floating_point()]
+    assert held and all(v.dtype == torch.float64 for v in held)
+    q = site.distribution()
+    assert q.log_prob(q.rsample()).dtype == torch.float64
+
+
 def test_refusals_before_any_work():
     model = BayesianMLP(3, (8,), 2, task="classification")
     with pytest.raises(ValueError, match="covariance must be one of"):
