@@ -349,6 +349,12 @@ ZOO_ROWS = {
     "zoo subnetwork S=4096": ("subnetwork", {"size": 4096}, {}),
     "zoo whvi": ("whvi", {}, {}),
     "zoo whvi, diagonal q(g)": ("whvi", {"covariance": "diagonal"}, {}),
+    "zoo whvi, local reparam. (the fast product)": ("whvi", {}, {"estimator": "local"}),
+    "zoo whvi, diagonal q(g), local reparam.": (
+        "whvi",
+        {"covariance": "diagonal"},
+        {"estimator": "local"},
+    ),
     "zoo diagonal, local reparam.": ("diagonal", {}, {"estimator": "local"}),
     "zoo diagonal, flipout": ("diagonal", {}, {"estimator": "flipout"}),
     "zoo matrix normal, local reparam., closed-form KL": (

@@ -103,6 +103,8 @@ class WalshHadamardWeight(TorchDistribution):
 
     arg_constraints: dict = {}
     has_rsample = True
+    #: ``estimator="local"`` on linear layers: :meth:`local_linear`, the fast product.
+    supports_local_reparameterization = True
 
     def __init__(
         self,
@@ -116,7 +118,7 @@ class WalshHadamardWeight(TorchDistribution):
         validate_args: bool | None = None,
     ):
         self.layout, self.loc, self.scale, self.unit = layout, loc, scale, unit
-        self.prior = prior
+        self.prior, self.s1, self.s2 = prior, s1, s2
         # c_rj = s1_r s2_{k(r) j} / D: every entry's factor, (out, n)
         self.factor = s1[:, None] * s2.index_select(0, layout.block) / layout.size
         self._drawn: tuple | None = None
@@ -129,6 +131,20 @@ class WalshHadamardWeight(TorchDistribution):
         transform = fwht(g).reshape(lead + (-1,))
         w = self.factor * transform[..., self.layout.gather]
         return w.reshape(lead + self.event_shape)
+
+    def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """``x W^T + bias`` with a draw of ``g`` per row of ``x`` (each row's output has exactly
+        its distribution under ``q``), through the fast transform and never ``W``: per row and
+        block ``s1 * H (g * H (s2 * x)) / D``, ``O(K D log D)`` plus ``L``'s product."""
+        lay = self.layout
+        lead = x.shape[:-1]
+        padded = torch.nn.functional.pad(x, (0, lay.size - lay.cols))
+        s2 = torch.nn.functional.pad(self.s2, (0, lay.size - lay.cols))
+        inner = fwht(padded.unsqueeze(-2) * s2)  # (..., K, D): H S2 x per block
+        eps = torch.randn(lead + self.loc.shape, dtype=x.dtype, device=x.device)
+        rows = fwht(self._latent(eps) * inner).reshape(lead + (-1,))[..., : lay.out]
+        out = rows * (self.s1 / lay.size)
+        return out if bias is None else out + bias
 
     def _latent(self, eps: torch.Tensor) -> torch.Tensor:
         """``g = loc + L eps`` for noise ``eps`` of shape ``(..., K, D)``."""
@@ -188,6 +204,12 @@ class WalshHadamardWeight(TorchDistribution):
         new._drawn = None
         return new
 
+    def mean_value(self) -> torch.Tensor:
+        """The mean tensor itself (``W`` at ``g = loc``), whose ``log_prob`` is defined."""
+        value = self.mean
+        self._drawn = (value, torch.zeros_like(self.loc), self.loc)
+        return value
+
     def rsample(self, sample_shape=()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape + self.loc.shape
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
@@ -201,7 +223,7 @@ class WalshHadamardWeight(TorchDistribution):
             raise ValueError(
                 "WHVI's weight distribution has no density on the weights (its covariance has "
                 "rank K D); log_prob is defined at its own draws, the values rsample/sample "
-                "returned, where it reads g"
+                "(or mean_value) returned, where it reads g"
             )
         _, eps, g = self._drawn
         # log N(g; loc, L L^T) - log N(g; 0, I): the 2 pi terms cancel

@@ -10,7 +10,9 @@ A weight read as a matrix ``out x n`` (a convolution kernel ``(out, in, kh, kw)`
 ``S1``, ``S2`` diagonal, the padding sliced off (see
 :class:`guides.walsh_hadamard.WalshHadamardLayout`). ``vec(W)`` is Gaussian with a covariance of
 rank ``K D`` correlating the whole matrix; each draw costs one fast transform per block and one
-gather, ``O(K D log D + out n)``.
+gather, ``O(K D log D + out n)``. With ``zoo.Loss(estimator="local")`` a linear layer never forms
+``W``: each example draws its own ``g`` and its output is ``s1 * H (g * H (s2 * x)) / D`` per
+block, the paper's fast product, ``O(K D log D)`` per example plus the product with ``L``.
 
 **The model the ELBO bounds.** ``q`` has no density on the weights, so the prior and the KL live
 on ``g`` as the paper has them: at a site this family serves, the model's weight is

@@ -104,6 +104,31 @@ def test_moments_are_j_sigma_j_transposed_and_monte_carlo(shape, covariance):
         assert (cov - torch.diag(cov.diagonal())).abs().max() > 0.05 * cov.abs().max()
 
 
+@pytest.mark.parametrize("shape", [(5, 3), (3, 6)], ids=str)
+def test_local_product_has_the_outputs_distribution_per_row(shape):
+    """estimator="local": one g per row of x through the fast transform; each row's output
+    has the mean and covariance of x W^T under q, rows independent of each other."""
+    site = random_site(shape)
+    q = site.distribution()
+    x = torch.randn(2, shape[1], dtype=torch.float64)
+    bias = torch.randn(shape[0], dtype=torch.float64)
+    n = 60_000
+    with torch.no_grad():
+        local = q.local_linear(x.expand(n, 2, -1), bias)  # (n, 2, out)
+        dense = x @ q.sample((n,)).mT + bias  # shared W per draw: (n, 2, out)
+        cov = q.covariance_matrix
+    for row in range(2):
+        jac = torch.kron(torch.eye(shape[0], dtype=x.dtype), x[row])  # vec(W) -> W x_row
+        exact = jac @ cov @ jac.T
+        assert torch.allclose(local[:, row].mean(0), dense[:, row].mean(0), atol=0.03)
+        assert torch.allclose(torch.cov(local[:, row].T), exact, atol=0.03 * exact.abs().max())
+    across = torch.cov(torch.cat([local[:, 0], local[:, 1]], 1).T)[: shape[0], shape[0] :]
+    spread = local.var(0).max()  # a cross-covariance of zero, within 5 Monte Carlo errors
+    assert across.abs().max() < 5 * spread / n**0.5
+    shared = torch.cov(torch.cat([dense[:, 0], dense[:, 1]], 1).T)[: shape[0], shape[0] :]
+    assert shared.abs().max() > 10 * spread / n**0.5  # one W for both rows: correlated
+
+
 def test_log_prob_is_q_over_p_of_g_plus_the_sites_prior_and_kl_is_on_g():
     site = random_site((5, 3))
     prior = dist.Normal(0.0, 0.7).expand([5, 3]).to_event(2)
@@ -119,6 +144,9 @@ def test_log_prob_is_q_over_p_of_g_plus_the_sites_prior_and_kl_is_on_g():
     assert torch.allclose(kl_divergence(q, prior), kl_divergence(mvn, std).sum())
     with pytest.raises(ValueError, match="own draws"):
         q.log_prob(w.clone())
+    m = q.mean_value()  # g = loc
+    at_mean = mvn.log_prob(site.loc) - std.log_prob(site.loc)
+    assert torch.allclose(q.log_prob(m), at_mean.sum() + prior.log_prob(m))
 
 
 def test_the_model_prior_cancels_and_the_conjugate_posterior_of_g_is_reached():
