@@ -71,7 +71,7 @@ class WalshHadamardLayout:
         within = rows % self.size
         self.gather = self.block[:, None] * self.size + torch.bitwise_xor(within[:, None], cols)
 
-    def on(self, gather: torch.Tensor, block: torch.Tensor) -> WalshHadamardLayout:
+    def on(self, gather: torch.Tensor | None, block: torch.Tensor | None) -> WalshHadamardLayout:
         """This layout with its index tensors replaced (a module's buffers, after a move)."""
         new = object.__new__(WalshHadamardLayout)
         new.__dict__.update(self.__dict__, gather=gather, block=block)

@@ -90,11 +90,12 @@ class WHVISite(SitePosterior):
                 f"{k} x {d} x {d} numbers; the limit is D = {FULL_MAX}: pass "
                 "covariance='diagonal'"
             )
-        self.layout, self.covariance, self.prior = layout, covariance, prior
+        self.covariance, self.prior = covariance, prior
         self.register_buffer("gather", layout.gather, persistent=False)
         self.register_buffer("block", layout.block, persistent=False)
+        self.layout = layout.on(None, None)  # its index tensors live in the buffers above
         like = init_loc.detach()
-        self.loc = PyroParam(initial_mean(like, layout))
+        self.loc = PyroParam(initial_mean(like, layout))  # layout still holds its indices
         start = float(inverse_softplus(init_scale * math.sqrt(d)))
         self.rho = PyroParam(torch.full((k, d), start, dtype=like.dtype, device=like.device))
         if covariance == "full":  # the strictly lower triangle of each block's U, row by row

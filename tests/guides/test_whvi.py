@@ -41,7 +41,7 @@ def random_site(shape, seed=0, **options) -> WHVISite:
 def dense_weight(site: WHVISite, g: torch.Tensor) -> torch.Tensor:
     """W from the definition: pad, stack K blocks ``diag(s1) H diag(g_k) H diag(s2_k) / D``,
     slice, reshape; ``s1`` padded with ones past ``out``, ``s2`` past the columns."""
-    lay = site.layout
+    lay = site.layout.on(site.gather, site.block)
     k, d = lay.blocks, lay.size
     h = sylvester(d)
     s1 = torch.ones(k * d, dtype=torch.float64)
