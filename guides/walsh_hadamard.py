@@ -42,6 +42,18 @@ def fwht(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+#: Blocks up to this size multiply by a dense ``H`` (one matrix product, ``D^2`` numbers held)
+#: instead of the ``log2 D`` butterfly stages: one operation in place of about ``3 log2 D`` (a
+#: kernel each on a GPU, a node each in a CUDA graph), at ``D^2`` multiply-adds per row.
+DENSE_MAX = 256
+
+
+def transform(x: torch.Tensor, dense: torch.Tensor | None) -> torch.Tensor:
+    """``H x`` along the last dimension: ``x @ dense`` when the dense ``H`` is given (it is
+    symmetric), else :func:`fwht`."""
+    return fwht(x) if dense is None else x @ dense
+
+
 def hadamard(d: int, dtype=torch.float64, device=None) -> torch.Tensor:
     """The dense ``D x D`` matrix ``H`` (for small sizes and tests)."""
     return fwht(torch.eye(d, dtype=dtype, device=device))
@@ -115,9 +127,11 @@ class WalshHadamardWeight(TorchDistribution):
         s1: torch.Tensor,
         s2: torch.Tensor,
         prior: Distribution | None = None,
+        dense: torch.Tensor | None = None,
         validate_args: bool | None = None,
     ):
         self.layout, self.loc, self.scale, self.unit = layout, loc, scale, unit
+        self.dense = dense  # H itself for a small block (DENSE_MAX), or None
         self.prior, self.s1, self.s2 = prior, s1, s2
         # c_rj = s1_r s2_{k(r) j} / D: every entry's factor, (out, n)
         self.factor = s1[:, None] * s2.index_select(0, layout.block) / layout.size
@@ -128,8 +142,8 @@ class WalshHadamardWeight(TorchDistribution):
     def weight(self, g: torch.Tensor) -> torch.Tensor:
         """``W`` for blocks ``g`` of shape ``(..., K, D)``: ``(..., *event_shape)``."""
         lead = g.shape[:-2]
-        transform = fwht(g).reshape(lead + (-1,))
-        w = self.factor * transform[..., self.layout.gather]
+        hg = transform(g, self.dense).reshape(lead + (-1,))
+        w = self.factor * hg[..., self.layout.gather]
         return w.reshape(lead + self.event_shape)
 
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -140,9 +154,10 @@ class WalshHadamardWeight(TorchDistribution):
         lead = x.shape[:-1]
         padded = torch.nn.functional.pad(x, (0, lay.size - lay.cols))
         s2 = torch.nn.functional.pad(self.s2, (0, lay.size - lay.cols))
-        inner = fwht(padded.unsqueeze(-2) * s2)  # (..., K, D): H S2 x per block
+        inner = transform(padded.unsqueeze(-2) * s2, self.dense)  # (..., K, D): H S2 x
         eps = torch.randn(lead + self.loc.shape, dtype=x.dtype, device=x.device)
-        rows = fwht(self._latent(eps) * inner).reshape(lead + (-1,))[..., : lay.out]
+        rows = transform(self._latent(eps) * inner, self.dense).reshape(lead + (-1,))
+        rows = rows[..., : lay.out]
         out = rows * (self.s1 / lay.size)
         return out if bias is None else out + bias
 

@@ -53,7 +53,13 @@ from torch.distributions import Distribution
 
 from guides.base import PerSiteGuide
 from guides.site import DiagonalSite, SitePosterior, inverse_softplus
-from guides.walsh_hadamard import WalshHadamardLayout, WalshHadamardWeight, fwht
+from guides.walsh_hadamard import (
+    DENSE_MAX,
+    WalshHadamardLayout,
+    WalshHadamardWeight,
+    fwht,
+    hadamard,
+)
 
 __all__ = ["AutoWHVI", "WHVISite", "WalshHadamardWeight"]
 
@@ -94,6 +100,8 @@ class WHVISite(SitePosterior):
         self.register_buffer("gather", layout.gather, persistent=False)
         self.register_buffer("block", layout.block, persistent=False)
         self.layout = layout.on(None, None)  # its index tensors live in the buffers above
+        dense = hadamard(d, init_loc.dtype, init_loc.device) if d <= DENSE_MAX else None
+        self.register_buffer("dense", dense, persistent=False)
         like = init_loc.detach()
         self.loc = PyroParam(initial_mean(like, layout))  # layout still holds its indices
         start = float(inverse_softplus(init_scale * math.sqrt(d)))
@@ -135,7 +143,7 @@ class WHVISite(SitePosterior):
         layout = self.layout.on(self.gather, self.block)
         scale = F.softplus(self.rho)
         return WalshHadamardWeight(
-            layout, self.loc, scale, self.unit(), self.s1, self.s2, prior=self.prior
+            layout, self.loc, scale, self.unit(), self.s1, self.s2, self.prior, self.dense
         )
 
 

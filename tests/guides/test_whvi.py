@@ -14,7 +14,7 @@ from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from torch.distributions import MultivariateNormal, kl_divergence
 
 import guides
-from guides.walsh_hadamard import WalshHadamardLayout, fwht, hadamard
+from guides.walsh_hadamard import DENSE_MAX, WalshHadamardLayout, fwht, hadamard
 from guides.whvi import FULL_MAX, WHVISite, initial_mean
 from zoo.models import BayesianMLP
 
@@ -73,6 +73,25 @@ def test_each_draw_is_the_dense_product(shape):
     for i in range(3):
         assert torch.allclose(w[i], dense_weight(site, g[i]))
     assert torch.allclose(q.mean, dense_weight(site, site.loc.detach()))
+
+
+def test_large_blocks_take_the_butterflies_and_small_ones_the_dense_matrix():
+    """Both paths give the dense definition (the other tests run small blocks)."""
+    big = random_site((3, DENSE_MAX + 1))  # D = 2 DENSE_MAX: the butterfly stages
+    small = random_site((3, DENSE_MAX))
+    assert big.dense is None and torch.equal(small.dense, sylvester(DENSE_MAX))
+    for site in (big, small):
+        q = site.distribution()
+        w = q.rsample()
+        assert torch.allclose(w, dense_weight(site, q._drawn[2]))
+        x = torch.randn(4, site.layout.cols, dtype=torch.float64)
+        torch.manual_seed(3)
+        local = q.local_linear(x, None)
+        torch.manual_seed(3)
+        eps = torch.randn((4,) + site.loc.shape, dtype=torch.float64)
+        g = q._latent(eps)
+        expected = torch.stack([x[i] @ dense_weight(site, g[i]).T for i in range(4)])
+        assert torch.allclose(local, expected)
 
 
 def test_layout_pads_columns_and_stacks_blocks():
