@@ -163,8 +163,10 @@ class WalshHadamardWeight(TorchDistribution):
 
     def _latent(self, eps: torch.Tensor) -> torch.Tensor:
         """``g = loc + L eps`` for noise ``eps`` of shape ``(..., K, D)``."""
-        if self.unit is not None:
-            eps = (self.unit @ eps.unsqueeze(-1)).squeeze(-1)
+        if self.unit is not None:  # one (K, N, D) @ (K, D, D) product: U never broadcast
+            k, d = self.loc.shape
+            rows = eps.reshape(-1, k, d).transpose(0, 1) @ self.unit.mT
+            eps = rows.transpose(0, 1).reshape(eps.shape)
         return self.loc + self.scale * eps
 
     def scale_tril(self) -> torch.Tensor:
