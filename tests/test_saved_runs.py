@@ -81,6 +81,15 @@ def test_the_subnetwork_reference_table_is_its_saved_run():
             assert line in BENCH_README, line
 
 
+def test_the_new_families_regression_table_is_its_saved_run():
+    saved = json.loads((RESULTS / "regression_new_families.json").read_text())["table"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        regression.print_table(saved)
+    for line in out.getvalue().splitlines():
+        assert line in BENCH_README, line
+
+
 def test_the_whvi_reference_table_is_its_saved_run():
     saved = json.loads((RESULTS / "reference_whvi.json").read_text())
     for data, result in saved.items():
