@@ -19,18 +19,14 @@ Run: ``python benchmarks/depth.py --out benchmarks/results/depth.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import time
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from reference import load  # noqa: E402
+from reference import against_reference, load, save_each  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.training.options import grouped  # noqa: E402
 
 DEPTHS = (1, 2, 3, 4)
 WIDTH = 16
@@ -53,47 +49,8 @@ def run(depth: int, args) -> dict:
     def factory():
         return zoo.models.BayesianMLP(train[0].shape[1], (WIDTH,) * depth)
 
-    start = time.perf_counter()
-    ref = zoo.reference(
-        factory(),
-        train,
-        chains=args.chains,
-        warmup=args.warmup,
-        draws=args.draws,
-        seed=args.seed,
-        sampler=zoo.NUTS(max_tree_depth=args.max_tree_depth),
-        checkpoint=Path(args.workdir) / f"depth{depth}",
-        progress=not args.quiet,
-    )
-    sampled = time.perf_counter() - start
-    diagnostics = ref.diagnostics(test[0])
-    tree = ref.stats["tree_depth"].mean().item()
-    print(f"\n== depth {depth}: reference {ref}")
-    print(f"   convergence {diagnostics}; mean tree depth {tree:.2f}; {sampled:.0f} s this call")
-    table = zoo.compare(
-        factory,
-        FAMILIES,
-        train,
-        test,
-        reference=ref,
-        progress=False,
-        seed=args.seed,
-        **grouped(options),
-    )
-    show = [c for c in table.columns if c not in ("steps_per_second", "final_elbo")]
-    print(table[show].to_string(float_format=lambda v: f"{v:.4g}"))
-    return {
-        "reference": {
-            "chains": args.chains,
-            "warmup": args.warmup,
-            "draws": args.draws,
-            "max_tree_depth": args.max_tree_depth,
-            "wall_time": ref.wall_time,
-            "mean_tree_depth": tree,
-            **diagnostics,
-        },
-        "table": json.loads(table.to_json(orient="index")),
-    }
+    folder, title = f"depth{depth}", f"depth {depth}"
+    return against_reference(factory, FAMILIES, train, test, options, args, folder, title)
 
 
 def main(argv=None) -> None:
@@ -109,14 +66,7 @@ def main(argv=None) -> None:
     parser.add_argument("--num-steps", type=int, help="default: zoo.REGRESSION_FIT's")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    for depth in args.depths:
-        results[str(depth)] = run(depth, args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+    save_each(args.depths, lambda depth: run(depth, args), args.out)
 
 
 if __name__ == "__main__":

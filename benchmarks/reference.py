@@ -91,6 +91,18 @@ def load(name: str, seed: int = 0):
 
 def run(name: str, args) -> dict:
     train, test, factory, options = load(name, args.seed)
+    named = {label: row for label, *row in [*VARIANTS, *BASELINES]}
+    families = [(f, *named[f]) if f in named else f for f in args.families or []]
+    families = families or [*guides.available(), *VARIANTS, *BASELINES]
+    title = f"{name}: {len(train[0])} train / {len(test[0])} test"
+    return against_reference(factory, families, train, test, options, args, name, title)
+
+
+def against_reference(factory, families, train, test, options, args, folder, title) -> dict:
+    """The HMC reference of ``factory()`` on ``train`` (its chains checkpointed in
+    ``args.workdir / folder``, read back when there) and ``zoo.compare``'s table of
+    ``families`` against it: ``{"reference": settings and diagnostics, "table": rows}``.
+    ``args`` holds ``chains``, ``warmup``, ``draws``, ``max_tree_depth``, ``seed``, ``quiet``."""
     start = time.perf_counter()
     ref = zoo.reference(
         factory(),
@@ -100,17 +112,14 @@ def run(name: str, args) -> dict:
         draws=args.draws,
         seed=args.seed,
         sampler=zoo.NUTS(max_tree_depth=args.max_tree_depth),
-        checkpoint=Path(args.workdir) / name,
+        checkpoint=Path(args.workdir) / folder,
         progress=not args.quiet,
     )
     sampled = time.perf_counter() - start
     diagnostics = ref.diagnostics(test[0])
     depth = ref.stats["tree_depth"].mean().item()
-    print(f"\n== {name}: {len(train[0])} train / {len(test[0])} test; reference {ref}")
+    print(f"\n== {title}; reference {ref}")
     print(f"   convergence {diagnostics}; mean tree depth {depth:.2f}; {sampled:.0f} s this call")
-    named = {label: row for label, *row in [*VARIANTS, *BASELINES]}
-    families = [(f, *named[f]) if f in named else f for f in args.families or []]
-    families = families or [*guides.available(), *VARIANTS, *BASELINES]
     table = zoo.compare(
         factory,
         families,
@@ -137,6 +146,19 @@ def run(name: str, args) -> dict:
     }
 
 
+def save_each(keys, run_one, out) -> None:
+    """``run_one(key)`` for each key, the results merged into the JSON file ``out`` (what it
+    held is kept) and written after each, so an interrupted run keeps what it finished."""
+    print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
+    out = Path(out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    for key in keys:
+        results[str(key)] = run_one(key)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=1))
+    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=DATASETS)
@@ -154,16 +176,7 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default="benchmarks/results/reference.json")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
-    results = {}
-    out = Path(args.out)
-    if out.exists():
-        results = json.loads(out.read_text())
-    for name in args.datasets:
-        results[name] = run(name, args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+    save_each(args.datasets, lambda name: run(name, args), args.out)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ benchmarks/results/subnetwork_selection.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from reference import load  # noqa: E402
+from reference import load, save_each  # noqa: E402
 
 import guides  # noqa: E402
 import zoo  # noqa: E402
@@ -88,14 +87,7 @@ def main(argv=None) -> None:
     parser.add_argument("--workdir", default="benchmarks/results/reference-chains")
     parser.add_argument("--out", default="benchmarks/results/subnetwork_selection.json")
     args = parser.parse_args(argv)
-    print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
-    out = Path(args.out)
-    results = json.loads(out.read_text()) if out.exists() else {}
-    for name in args.datasets:
-        results[name] = run(name, args)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
-    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+    save_each(args.datasets, lambda name: run(name, args), args.out)
 
 
 if __name__ == "__main__":
