@@ -9,7 +9,8 @@
     W = S1 (H / sqrt(D)) diag(g) (H / sqrt(D)) S2,    W_ij = s1_i s2_j (H g)_{i XOR j} / D,
 
 so a block is ``H g`` gathered at the indices ``i XOR j`` and scaled: drawing a whole weight costs
-one transform per block and one gather, ``O(K D log D + out x in)``, and no dense ``H`` is built.
+one transform per block and one gather, ``O(K D log D + out x in)``; a dense ``H`` is held only
+for blocks up to ``DENSE_MAX``, where one matrix product replaces about ``3 log2 D`` operations.
 :class:`WalshHadamardLayout` says how a weight of any shape is cut into blocks;
 :class:`WalshHadamardWeight` is the distribution of ``W`` when ``g ~ N(mu, L L^T)`` per block.
 """
