@@ -13,7 +13,12 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
 
-from guides.site import SitePosterior, inverse_softplus
+from guides.site import (
+    SitePosterior,
+    inverse_softplus,
+    register_strict_lower,
+    unit_lower_triangular,
+)
 
 #: The most scalars a full (Cholesky) covariance takes: its factor is ``K x K`` numbers
 #: (64 MiB in float32 at 4,096), and each step multiplies by it.
@@ -39,9 +44,7 @@ class JointCovariance(SitePosterior):
         rho = float(inverse_softplus(init_scale))
         self.rho = PyroParam(torch.full((size,), rho, dtype=like.dtype, device=like.device))
         if rank is None:  # the strictly lower triangle of N, row by row
-            rows, cols = torch.tril_indices(size, size, -1, device=like.device)
-            self.register_buffer("rows", rows, persistent=False)
-            self.register_buffer("cols", cols, persistent=False)
+            register_strict_lower(self, size, like.device)
             self.lower = PyroParam(like.new_zeros(size * (size - 1) // 2))
         else:  # a small random start: at G = 0 the factor's expected gradient is zero
             start = torch.randn(size, rank, dtype=like.dtype, device=like.device)
@@ -54,8 +57,7 @@ class JointCovariance(SitePosterior):
     def scale_tril(self) -> torch.Tensor:
         """``L`` (full covariance only)."""
         size = self.rho.shape[0]
-        unit = self.lower.new_zeros(size, size).index_put((self.rows, self.cols), self.lower)
-        unit = unit + torch.eye(size, dtype=unit.dtype, device=unit.device)
+        unit = unit_lower_triangular(self.lower, self.rows, self.cols, size)
         return self.scale().unsqueeze(-1) * unit
 
     def factor(self) -> torch.Tensor:

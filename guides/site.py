@@ -104,6 +104,30 @@ class DiagonalSite(SitePosterior):
         return DiagonalNormal(base, self.loc.dim())
 
 
+def register_strict_lower(module: torch.nn.Module, size: int, device) -> None:
+    """Buffers ``rows`` and ``cols`` of ``module``: the strict lower triangle of a ``size x size``
+    matrix, row by row, the order in which a packed parameter of ``size (size - 1) / 2`` numbers
+    holds it (see :func:`unit_lower_triangular`)."""
+    rows, cols = torch.tril_indices(size, size, -1, device=device)
+    module.register_buffer("rows", rows, persistent=False)
+    module.register_buffer("cols", cols, persistent=False)
+
+
+def unit_lower_triangular(
+    lower: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, size: int
+) -> torch.Tensor:
+    """``I + N``, ``(size, size)``, with ``N``'s strict lower triangle read from the packed
+    ``lower`` of ``size (size - 1) / 2`` numbers at ``rows, cols``; for ``lower`` of shape
+    ``(K, size (size - 1) / 2)``, ``K`` such matrices, ``(K, size, size)``."""
+    if lower.dim() == 1:
+        unit = lower.new_zeros(size, size).index_put((rows, cols), lower)
+    else:
+        blocks = torch.arange(lower.shape[0], device=lower.device).unsqueeze(-1)
+        unit = lower.new_zeros(lower.shape[0], size, size)
+        unit = unit.index_put((blocks, rows, cols), lower)
+    return unit + torch.eye(size, dtype=unit.dtype, device=unit.device)
+
+
 def inverse_softplus(x: torch.Tensor | float) -> torch.Tensor:
     """``softplus^{-1}(x) = x + log(1 - exp(-x))`` for ``x > 0``."""
     x = torch.as_tensor(x)

@@ -17,6 +17,7 @@ for blocks up to ``DENSE_MAX``, where one matrix product replaces about ``3 log2
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -134,12 +135,16 @@ class WalshHadamardWeight(TorchDistribution):
         self.layout, self.loc, self.scale, self.unit = layout, loc, scale, unit
         self.dense = dense  # H itself for a small block (DENSE_MAX), or None
         self.prior, self.s1, self.s2 = prior, s1, s2
-        # c_rj = s1_r s2_{k(r) j} / D: every entry's factor, (out, n)
-        self.factor = s1[:, None] * s2.index_select(0, layout.block) / layout.size
         self._drawn: tuple | None = None
         super().__init__(torch.Size(), layout.shape, validate_args=validate_args)
 
     # ---- algebra ----
+    @functools.cached_property
+    def factor(self) -> torch.Tensor:
+        """``c_rj = s1_r s2_{k(r) j} / D``, every entry's factor, ``(out, n)`` (built when a
+        weight is; the local product never needs it)."""
+        return self.s1[:, None] * self.s2.index_select(0, self.layout.block) / self.layout.size
+
     def weight(self, g: torch.Tensor) -> torch.Tensor:
         """``W`` for blocks ``g`` of shape ``(..., K, D)``: ``(..., *event_shape)``."""
         lead = g.shape[:-2]
@@ -182,9 +187,6 @@ class WalshHadamardWeight(TorchDistribution):
         rows_of_hl = fwht(self.scale_tril().transpose(-1, -2))  # (K, c, m) = (H L)_{m c}
         return rows_of_hl.pow(2).sum(-2)
 
-    def _flat_gather(self, per_block: torch.Tensor) -> torch.Tensor:
-        return per_block.reshape(-1)[self.layout.gather]
-
     # ---- torch.distributions interface ----
     @property
     def support(self):
@@ -192,8 +194,7 @@ class WalshHadamardWeight(TorchDistribution):
 
     @property
     def mean(self) -> torch.Tensor:
-        m = (self.factor * self._flat_gather(fwht(self.loc))).reshape(self.event_shape)
-        return m.expand(self.batch_shape + self.event_shape)
+        return self.weight(self.loc).expand(self.batch_shape + self.event_shape)
 
     @property
     def mode(self) -> torch.Tensor:
@@ -201,7 +202,7 @@ class WalshHadamardWeight(TorchDistribution):
 
     @property
     def variance(self) -> torch.Tensor:
-        v = self.factor.pow(2) * self._flat_gather(self.latent_variance())
+        v = self.factor.pow(2) * self.latent_variance().reshape(-1)[self.layout.gather]
         return v.reshape(self.event_shape).expand(self.batch_shape + self.event_shape)
 
     @property

@@ -52,7 +52,13 @@ from pyro.nn import PyroParam
 from torch.distributions import Distribution
 
 from guides.base import PerSiteGuide
-from guides.site import DiagonalSite, SitePosterior, inverse_softplus
+from guides.site import (
+    DiagonalSite,
+    SitePosterior,
+    inverse_softplus,
+    register_strict_lower,
+    unit_lower_triangular,
+)
 from guides.walsh_hadamard import (
     DENSE_MAX,
     WalshHadamardLayout,
@@ -107,9 +113,7 @@ class WHVISite(SitePosterior):
         start = float(inverse_softplus(init_scale * math.sqrt(d)))
         self.rho = PyroParam(torch.full((k, d), start, dtype=like.dtype, device=like.device))
         if covariance == "full":  # the strictly lower triangle of each block's U, row by row
-            rows, cols = torch.tril_indices(d, d, -1, device=like.device)
-            self.register_buffer("rows", rows, persistent=False)
-            self.register_buffer("cols", cols, persistent=False)
+            register_strict_lower(self, d, like.device)
             self.lower = PyroParam(like.new_zeros(k, d * (d - 1) // 2))
         s1, s2 = like.new_ones(layout.out), like.new_ones(k, layout.cols)
         if learn_scales:
@@ -133,11 +137,7 @@ class WHVISite(SitePosterior):
         """``U`` per block, ``(K, D, D)`` unit lower-triangular (``None`` for a diagonal ``q``)."""
         if self.covariance != "full":
             return None
-        k, d = self.rho.shape
-        unit = self.lower.new_zeros(k, d, d)
-        blocks = torch.arange(k, device=unit.device).unsqueeze(-1)
-        unit = unit.index_put((blocks, self.rows, self.cols), self.lower)
-        return unit + torch.eye(d, dtype=unit.dtype, device=unit.device)
+        return unit_lower_triangular(self.lower, self.rows, self.cols, self.rho.shape[-1])
 
     def distribution(self) -> WalshHadamardWeight:
         layout = self.layout.on(self.gather, self.block)
