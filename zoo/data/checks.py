@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from zoo.models.base import BayesianModel
 from zoo.models.likelihoods import check_labels, shape_n
+from zoo.models.statistics import evaluation_mode
 
 __all__ = [
     "as_tensors",
@@ -192,7 +193,12 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
     if not isinstance(model, BayesianModel):
         return
     weight = next(model.net.parameters(), None)
-    if not x.is_floating_point():
+    tokens = model.takes_tokens and not x.is_floating_point() and not x.is_complex()
+    if tokens and x.dtype not in (torch.int64, torch.int32):
+        raise TypeError(
+            f"X holds token indices of dtype {x.dtype}; the embedding takes int64 (X.long())"
+        )
+    if not tokens and not x.is_floating_point():
         raise TypeError(f"X must be a floating-point tensor, got {x.dtype}; use X.float()")
     if weight is not None and weight.dtype in HALF:
         raise TypeError(
@@ -200,7 +206,7 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
             "float64 (half precision loses the ELBO's sums and Adam's moments); use "
             "model.float() and X.float()"
         )
-    if weight is not None and x.dtype != weight.dtype:
+    if weight is not None and not tokens and x.dtype != weight.dtype:
         advice = f"X.to({weight.dtype})"
         if x.dtype not in HALF:
             advice += f" or model.to({x.dtype})"
@@ -215,12 +221,13 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
             f"reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
         )
     try:
-        with torch.no_grad():
+        with torch.no_grad(), evaluation_mode(model):
             params = {name: p for name, p in model.net.named_parameters()}
             out = model.network(x, params)
-    except RuntimeError as err:
+    except (RuntimeError, IndexError) as err:
         raise ValueError(
-            f"the model cannot take inputs of shape {shape_n(x.shape[1:])}: {err}"
+            f"the model cannot take inputs of shape {shape_n(x.shape[1:])} and dtype "
+            f"{x.dtype}: {err}"
         ) from None
     if y is not None:
         model.likelihood.check_target_shape(y, out)

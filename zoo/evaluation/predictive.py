@@ -12,6 +12,7 @@ from tqdm import tqdm
 from zoo.data.checks import check_inputs
 from zoo.models.base import BayesianModel
 from zoo.models.predictions import Prediction
+from zoo.models.statistics import evaluation_mode
 from zoo.runtime.arguments import check_positive, check_seed
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import seeded
@@ -136,11 +137,26 @@ def predict(
 
     ``threads``: torch's intra-op CPU threads for the passes, as ``zoo.fit``'s (``"auto"``: one
     thread when a pass is small, :mod:`zoo.runtime.threads`), the caller's setting restored after.
+
+    The network runs in evaluation mode (batch norm reads its running statistics, as after
+    ``model.eval()``), whatever its mode, which is back as it was afterwards.
     """
     check_positive(
         num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
     )
     check_seed(seed)
+    with evaluation_mode(model):
+        return _predict(
+            model, guide, x, num_samples, batch_size, sample_batch_size, params, progress, seed,
+            distributed, threads,
+        )
+
+
+def _predict(
+    model, guide, x, num_samples, batch_size, sample_batch_size, params, progress, seed,
+    distributed, threads,
+) -> Prediction:
+    """:func:`predict` after its argument checks, with the network in evaluation mode."""
     if params is None:
         device = _fitted_guide_device(guide)
     else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed

@@ -74,7 +74,9 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     """Why ``model`` and ``guide`` are evaluated eagerly under ``jit="auto"`` (``None``: they
     are compiled): only ``zoo`` models with a ``guides`` family and one particle per step (the
     vectorised particles run through ``torch.func.vmap``, which ``torch.jit.trace`` cannot
-    record)."""
+    record), whose network has no running statistics to update (batch norm) and no fused
+    recurrent layer (whose cached weights a traced graph would freeze). Without a compiled loss
+    the CUDA graph step is off too (:mod:`zoo.training.rules`)."""
     from guides.base import PerSiteGuide
     from zoo.models.base import BayesianModel
 
@@ -84,6 +86,10 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
         return "the guide is not a guides family (PerSiteGuide)"
     if num_particles != 1:
         return "num_particles > 1 (vectorised particles use torch.func.vmap)"
+    if model._statistics:
+        return "the network has batch-norm running statistics (a graph would not update them)"
+    if not model._vectorised:
+        return "the network has PyTorch's fused recurrent layers (nn.LSTM, nn.GRU, nn.RNN)"
     return None
 
 

@@ -2,15 +2,43 @@
 
 from zoo import priors
 from zoo.models import likelihoods
+from zoo.models.alexnet import AlexNet
 from zoo.models.base import BayesianModel
 from zoo.models.cifar import CifarNet
 from zoo.models.convert import from_module
 from zoo.models.lenet import LeNet5
 from zoo.models.mlp import BayesianMLP
+from zoo.models.recurrent import RecurrentClassifier
+from zoo.models.resnet import ResNet
+from zoo.models.statistics import frozen_statistics
+from zoo.models.transformer import TransformerClassifier
 
-__all__ = ["BayesianMLP", "BayesianModel", "CifarNet", "LeNet5", "build", "from_module"]
+__all__ = [
+    "AlexNet",
+    "BayesianMLP",
+    "BayesianModel",
+    "CifarNet",
+    "LeNet5",
+    "RecurrentClassifier",
+    "ResNet",
+    "TransformerClassifier",
+    "build",
+    "frozen_statistics",
+    "from_module",
+]
 
-_CLASSES = {cls.__name__: cls for cls in (BayesianMLP, CifarNet, LeNet5)}
+_CLASSES = {
+    cls.__name__: cls
+    for cls in (
+        AlexNet,
+        BayesianMLP,
+        CifarNet,
+        LeNet5,
+        RecurrentClassifier,
+        ResNet,
+        TransformerClassifier,
+    )
+}
 
 
 def build(spec: dict) -> BayesianModel:

@@ -27,6 +27,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from guides.site import fan_in
+from zoo.models import statistics
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior, resolve_prior
 
@@ -60,6 +61,20 @@ class BayesianModel(nn.Module):
         ``y``) when it is known, or ``"heteroscedastic"``.
     input_shape : tuple, optional
         Shape of one input, used in error messages and checks.
+    deterministic : iterable of str, optional
+        Names of ``net``'s parameters that are *not* sample sites: point estimates fitted with
+        the ELBO (under a flat prior) like the noise of a learned-noise likelihood. They keep
+        their values and their ``requires_grad`` (set it to ``False`` to keep one fixed, a
+        trained body under a Bayesian last layer, say). Every other parameter is a site.
+
+    Notes
+    -----
+    Buffers of ``net`` are the model's state: batch norm's running statistics follow PyTorch's
+    training and evaluation modes, per weight draw (:mod:`zoo.models.statistics`), and are saved
+    and resumed with a fit. Inputs are floating-point, or integer token indices for a network
+    whose first layer is an ``nn.Embedding`` or ``nn.EmbeddingBag`` (:attr:`takes_tokens`).
+    Networks with PyTorch's fused recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``, which
+    ``torch.func.vmap`` cannot batch) run their draws one after another.
     """
 
     def __init__(
@@ -72,6 +87,7 @@ class BayesianModel(nn.Module):
         noise: float | str = "learned",
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
+        deterministic=(),
     ):
         super().__init__()
         if likelihood is None:
@@ -86,20 +102,43 @@ class BayesianModel(nn.Module):
                 f"task={task!r} contradicts the {type(likelihood).__name__} likelihood"
             )
         self.net = net
-        self.net.requires_grad_(False)
+        names = dict(net.named_parameters())
+        fixed = tuple(deterministic)
+        unknown = sorted(set(fixed) - set(names))
+        if unknown:
+            raise ValueError(f"deterministic names parameters the network lacks: {unknown}")
+        self.deterministic = tuple(n for n in names if n in fixed)
+        for name, p in names.items():
+            if name not in fixed:
+                p.requires_grad_(False)
         self.likelihood = likelihood
         self.prior = resolve_prior(prior, likelihood.task)
         self.input_shape = tuple(input_shape) if input_shape is not None else None
-        self.site_shapes = {name: p.shape for name, p in net.named_parameters()}
+        self.site_shapes = {name: p.shape for name, p in names.items() if name not in fixed}
         if not self.site_shapes:
-            raise ValueError("the network has no parameters to place a prior on")
+            raise ValueError(
+                "the network has no parameters to place a prior on"
+                + (" (every one is deterministic)" if names else "")
+            )
+        self._statistics = statistics.running_buffers(net)
+        self._vectorised = not any(isinstance(m, nn.RNNBase) for m in net.modules())
         self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
         self.prior.bind(self.site_shapes, self._fan_in)
 
     def __setstate__(self, state):
         if "likelihood" not in state.get("_modules", {}):  # pickled before likelihood objects
             _likelihood_from_v1(state)
+        state.setdefault("deterministic", ())
         super().__setstate__(state)
+        if "_statistics" not in self.__dict__:
+            self._statistics = statistics.running_buffers(self.net)
+            self._vectorised = not any(isinstance(m, nn.RNNBase) for m in self.net.modules())
+
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether the network may take integer token indices as inputs (it holds an
+        ``nn.Embedding`` or ``nn.EmbeddingBag``); other networks take floating-point inputs."""
+        return any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in self.net.modules())
 
     @property
     def task(self) -> str:
@@ -152,10 +191,18 @@ class BayesianModel(nn.Module):
             if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace
                 with swapped_parameters(self.net, weights):
                     return self.net(x)
-            return functional_call(self.net, weights, (x,))
+            return statistics.single_call(self.net, weights, x, self._statistics)
         num = math.prod(lead)
         flat = {name: w.reshape((num,) + self.site_shapes[name]) for name, w in weights.items()}
-        out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
+        names = self._statistics
+        if not self._vectorised:
+            out = statistics.looped_call(
+                lambda p: statistics.single_call(self.net, p, x, names), flat, num
+            )
+        elif statistics.updates_statistics(self.net, names):
+            out = statistics.batched_call(self.net, flat, x, num, names)
+        else:
+            out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
         return out.reshape(lead + out.shape[1:])
 
     @property

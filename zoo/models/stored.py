@@ -9,6 +9,7 @@ import torch
 
 import guides
 from guides.site import direct_parameters
+from zoo.models.statistics import frozen_statistics
 from zoo.runtime import file_checks
 from zoo.runtime.files import device_of
 
@@ -42,7 +43,8 @@ def build_guide(model, payload: dict):
     ]
     try:
         with torch.random.fork_rng(devices=[]), torch.no_grad(), direct_parameters():
-            guide(*example)
+            with frozen_statistics():
+                guide(*example)
     except (RuntimeError, ValueError) as err:
         raise ValueError(
             "the saved guide was fitted to a different model: this model cannot take the "
@@ -57,14 +59,16 @@ def build_guide(model, payload: dict):
 
 
 def model_payload(model) -> dict:
-    """The model as plain data: its spec (``None`` for a user's network) and its state, less
-    the network's own weights (placeholders the model never uses: every weight is a site)."""
+    """The model as plain data: its spec (``None`` for a user's network) and its state (the
+    network's deterministic parameters and buffers, batch norm's running statistics among
+    them, a learned prior's scales, ...), less the network's weights that are sample sites
+    (placeholders the model never uses)."""
     if not isinstance(model, torch.nn.Module):
         return {"spec": None, "state": {}}
-    frozen = {f"net.{n}" for n, _ in getattr(model, "net", torch.nn.Module()).named_parameters()}
+    frozen = {f"net.{n}" for n in getattr(model, "site_shapes", {})}
     state = model.state_dict()
     for key in frozen:
-        del state[key]
+        state.pop(key, None)
     spec = model.spec() if hasattr(model, "spec") else None
     return {"spec": spec, "state": state, "class": type(model).__name__}
 
@@ -91,7 +95,22 @@ def restore_model(payload: dict, model=None):
             ) from None
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
+        _check_network_state(payload["state"], model)
     return model
+
+
+def _check_network_state(state: dict, model) -> None:
+    """Refuse a saved model state that lacks the network's fitted state (deterministic
+    parameters, running statistics) or holds values that are not finite there."""
+    needed = [*getattr(model, "deterministic", ()), *getattr(model, "_statistics", ())]
+    keys = [f"net.{n}" for n in needed]
+    missing = sorted(k for k in keys if k not in state)
+    if missing:
+        raise ValueError(
+            f"the saved model state lacks the network's fitted entries {missing} (deterministic "
+            "parameters, running statistics): the file was changed or saved for another model"
+        )
+    file_checks.check_tensors({k: state[k] for k in keys}, "the saved model", "state", False)
 
 
 def site_signature(guide) -> dict[str, tuple[int, ...]]:
@@ -108,7 +127,7 @@ def model_signature(model, guide) -> dict[str, tuple[int, ...]]:
     device = device_of(model)
     args = tuple(torch.zeros_like(a, device=device) if torch.is_tensor(a) else a for a in args)
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        with torch.no_grad(), torch.random.fork_rng(devices=[]), frozen_statistics():
             trace = poutine.block(poutine.trace(model).get_trace)(*args)
     except (RuntimeError, ValueError) as err:
         raise ValueError(

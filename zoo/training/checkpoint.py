@@ -206,6 +206,7 @@ def restore(payload: dict, model, optimizer, scheduler, generator, path=None) ->
         with torch.no_grad():
             for name, value in trainable.items():
                 params[name].copy_(value)
+    _restore_statistics(payload["model"].get("state") or {}, model, path)
     try:
         optimizer.load_state_dict(payload["optimizer"])
         if scheduler is not None and payload["scheduler"] is not None:
@@ -218,6 +219,22 @@ def restore(payload: dict, model, optimizer, scheduler, generator, path=None) ->
         ) from None
     _check_optimizer_state(optimizer, path)
     return LoopState(**payload["state"])
+
+
+def _restore_statistics(state: dict, model, path) -> None:
+    """Put the network's running statistics (batch norm's buffers) back from a checkpoint's
+    model state, checked against the model's own first."""
+    names = getattr(model, "_statistics", None)
+    if not names:
+        return
+    own = dict(model.named_buffers())
+    expected = {f"net.{n}": own[f"net.{n}"] for n in names}
+    saved = {k: v for k, v in state.items() if k in expected}
+    file_checks.check_state(expected, saved, f"{path}: the network's running statistics")
+    file_checks.check_tensors(saved, path, "model state (running statistics)", floating=False)
+    with torch.no_grad():
+        for name, value in saved.items():
+            expected[name].copy_(value)
 
 
 def _check_optimizer_state(optimizer, path) -> None:

@@ -23,6 +23,7 @@ from zoo.data.batches import fit_batches
 from zoo.inference.objective import Objective
 from zoo.models import stored
 from zoo.models.checks import check_model
+from zoo.models.statistics import frozen_statistics, training_mode
 from zoo.runtime import distributed
 from zoo.runtime.arguments import check_checkpoint_path, check_length, check_positive, check_seed
 from zoo.runtime.distributed import Ranks
@@ -190,7 +191,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
     seed = s.seed
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
-    with seeded(seed, dev):
+    with seeded(seed, dev), training_mode(model):
         batches, generator = fit_batches(model, data, s.length.batch_size, dev, seed, ranks)
         guide = guide_registry.instantiate(guide, model, {})
         # What a checkpoint records and a resume must match; the data's fingerprint is kept in
@@ -204,7 +205,8 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
             guide = stored.build_guide(model, resumed["guide"])
         guide.to(dev)
         objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)
-        objective.setup(*batches.first(), batch_size=batches.minibatch_size)
+        with frozen_statistics():  # the guide's set-up traces the model: not a training step
+            objective.setup(*batches.first(), batch_size=batches.minibatch_size)
         if s.run.checkpoint is not None:
             stored.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         opt, plan, sched, tracker, total = _optimiser(objective, batches, s, dev, ranks)

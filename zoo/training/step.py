@@ -41,6 +41,7 @@ import torch
 
 from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
+from zoo.models.statistics import frozen_statistics, statistics_of
 from zoo.runtime.distributed import Ranks
 from zoo.training import rules as step_rules
 from zoo.training.checkpoint import LoopState
@@ -137,7 +138,9 @@ class Stepper:
         if plan is None:
             engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
             plan = step_rules.plan(engine, objective, optimizer, params[0].device, False)
-        guard = DivergenceGuard(params, objective.guide, on_divergence, plan.copy_every)
+        # A diverged fit goes back to a copy of the parameters and of the running statistics.
+        kept = [*params, *statistics_of(objective.model)]
+        guard = DivergenceGuard(kept, objective.guide, on_divergence, plan.copy_every)
         built = cls(
             objective,
             optimizer,
@@ -274,10 +277,11 @@ class Stepper:
         if self.last_inputs is None:
             return math.nan
         step, inputs = self.state.step, self.last_inputs
-        value = sum(
-            share * float(self.objective.loss(x, y, self.num_data, step=step, eager=True))
-            for (x, y), share in zip(inputs, shares(inputs))
-        )
+        with frozen_statistics():  # a check, not a training step
+            value = sum(
+                share * float(self.objective.loss(x, y, self.num_data, step=step, eager=True))
+                for (x, y), share in zip(inputs, shares(inputs))
+            )
         return self.ranks.mean(value, step)
 
 
