@@ -236,7 +236,11 @@ class PerSiteGuide(AutoGuide):
                 self._transforms[name] = transform
                 init = transform.inv(init)
                 cls, options = self.constrained_class_for(name), {}
-            deep_setattr(self.sites, name, cls(init, self.init_scale, **options))
+            try:
+                module = cls(init, self.init_scale, **options)
+            except ValueError as err:  # a family that cannot serve this site says which
+                raise ValueError(f"{self.family or type(self).__name__} at site {name!r}: {err}")
+            deep_setattr(self.sites, name, module)
             self._site_names.append(name)
         check_fixed_priors(self, self.prototype_trace, args, kwargs)
         self.prototype_trace = _slim(self.prototype_trace)

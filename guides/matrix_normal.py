@@ -202,6 +202,10 @@ class MatrixNormal(StructuredGaussian):
         return self.gram(self.col_factor)
 
 
+#: The largest row or column count a full triangular factor takes (its ``n (n + 1) / 2`` entries).
+FULL_MAX = 4096
+
+
 class MatrixNormalSite(SitePosterior):
     """Parameters ``loc``, ``row_raw`` and ``col_raw`` (triangular factors, or their diagonals)."""
 
@@ -220,6 +224,15 @@ class MatrixNormalSite(SitePosterior):
             if value not in ("full", "diagonal"):
                 raise ValueError(f"{label} must be 'full' or 'diagonal', got {value!r}")
         rows, cols = init_loc.shape[0], math.prod(init_loc.shape[1:])
+        for label, value, size in (("row", row, rows), ("col", col, cols)):
+            if value == "full" and size > FULL_MAX:
+                raise ValueError(
+                    f"a weight of shape {tuple(init_loc.shape)} is viewed as a {rows} x {cols} "
+                    f"matrix, and a full {label} factor would hold {size} x {size} numbers; the "
+                    f"limit is {FULL_MAX}: pass {label}='diagonal' (guides.family("
+                    f"'matrix_normal', {label}='diagonal')) or give this site another family "
+                    "through guides.AutoMixed"
+                )
         # A = B = sqrt(init_scale) I gives every weight the standard deviation init_scale.
         d = float(inverse_softplus(math.sqrt(init_scale)))
         self.loc = PyroParam(init_loc.detach().clone())

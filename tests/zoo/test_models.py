@@ -96,13 +96,6 @@ def test_lenet_and_cifarnet_architectures():
     assert tuple(shapes["fc1.weight"]) == (10, 1024)
 
 
-def test_from_module_rejects_layers_with_other_parameters():
-    with pytest.raises(TypeError, match="BatchNorm1d"):
-        from_module(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
-    with pytest.raises(TypeError, match="Dropout"):
-        from_module(nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5)))
-
-
 @pytest.mark.parametrize(
     "prior", [NormalPrior(0.5), LayerwiseNormalPrior(2.0), ScaleMixturePrior()], ids=type
 )

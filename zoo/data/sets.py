@@ -55,7 +55,13 @@ def toy_function(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(2 * x) + 0.3 * x
 
 
-def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
+#: How ``mnist`` and ``fashion_mnist`` lay out each image.
+LAYOUTS = ("image", "padded", "sequence")
+
+
+def _image_dataset(cls, root, train, download, stats, limit, layout="image") -> TensorDataset:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
     where = data_root(root)
     try:
         ds = cls(str(where), train=train, download=download)
@@ -83,22 +89,46 @@ def _image_dataset(cls, root, train, download, stats, limit) -> TensorDataset:
         images, labels = images[:limit], labels[:limit]
     mean = torch.tensor(stats[0]).view(1, -1, 1, 1)
     std = torch.tensor(stats[1]).view(1, -1, 1, 1)
+    if layout == "padded":  # two rows and columns of background each side: 28 -> 32
+        images = torch.nn.functional.pad(images, (2, 2, 2, 2))
     x = (images.float() / 255.0 - mean) / std
+    if layout == "sequence":
+        x = x.squeeze(1)
     return TensorDataset(x, labels)
 
 
-def mnist(root=None, train: bool = True, download: bool = True, limit: int | None = None):
-    """MNIST as a standardised ``TensorDataset`` of ``(N, 1, 28, 28)`` images and labels."""
+def mnist(
+    root=None,
+    train: bool = True,
+    download: bool = True,
+    limit: int | None = None,
+    layout: str = "image",
+):
+    """MNIST as a standardised ``TensorDataset`` of images and labels (``limit``: the first
+    ``limit`` examples).
+
+    ``layout``: ``"image"``, ``(N, 1, 28, 28)`` (LeNet-5, the ResNet); ``"padded"``,
+    ``(N, 1, 32, 32)``, two rows and columns of background on each side (networks made for
+    CIFAR's 32 x 32); ``"sequence"``, ``(N, 28, 28)``, each image as 28 rows of 28 pixels read
+    top to bottom ("sequential MNIST", for the transformer and the recurrent classifier).
+    Pixels are standardised with the training set's mean and standard deviation.
+    """
     from torchvision.datasets import MNIST
 
-    return _image_dataset(MNIST, root, train, download, _MNIST_STATS, limit)
+    return _image_dataset(MNIST, root, train, download, _MNIST_STATS, limit, layout)
 
 
-def fashion_mnist(root=None, train: bool = True, download: bool = True, limit: int | None = None):
-    """Fashion-MNIST as a standardised ``TensorDataset`` of ``(N, 1, 28, 28)`` images."""
+def fashion_mnist(
+    root=None,
+    train: bool = True,
+    download: bool = True,
+    limit: int | None = None,
+    layout: str = "image",
+):
+    """Fashion-MNIST as a standardised ``TensorDataset``, laid out as :func:`mnist`'s."""
     from torchvision.datasets import FashionMNIST
 
-    return _image_dataset(FashionMNIST, root, train, download, _FASHION_STATS, limit)
+    return _image_dataset(FashionMNIST, root, train, download, _FASHION_STATS, limit, layout)
 
 
 def files_where(cls: type, root: Path) -> str:

@@ -147,14 +147,32 @@ def predict(
     check_seed(seed)
     with evaluation_mode(model):
         return _predict(
-            model, guide, x, num_samples, batch_size, sample_batch_size, params, progress, seed,
-            distributed, threads,
+            model,
+            guide,
+            x,
+            num_samples,
+            batch_size,
+            sample_batch_size,
+            params,
+            progress,
+            seed,
+            distributed,
+            threads,
         )
 
 
 def _predict(
-    model, guide, x, num_samples, batch_size, sample_batch_size, params, progress, seed,
-    distributed, threads,
+    model,
+    guide,
+    x,
+    num_samples,
+    batch_size,
+    sample_batch_size,
+    params,
+    progress,
+    seed,
+    distributed,
+    threads,
 ) -> Prediction:
     """:func:`predict` after its argument checks, with the network in evaluation mode."""
     if params is None:

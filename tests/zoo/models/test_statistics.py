@@ -9,6 +9,7 @@ import guides
 import zoo
 from zoo.models import frozen_statistics
 
+
 def small_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(3, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 2))
@@ -16,9 +17,7 @@ def small_net():
 
 def draws(model, num):
     gen = torch.Generator().manual_seed(1)
-    return {
-        n: torch.randn((num, *s), generator=gen) * 0.5 for n, s in model.site_shapes.items()
-    }
+    return {n: torch.randn((num, *s), generator=gen) * 0.5 for n, s in model.site_shapes.items()}
 
 
 def plain_forward(net, weights, x, train=True):

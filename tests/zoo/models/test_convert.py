@@ -1,0 +1,131 @@
+"""``zoo.models.from_module``: any network, which parameters are sites, and its refusals."""
+
+import pytest
+import torch
+from torch import nn
+
+import guides
+import zoo
+from zoo.models import from_module
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Dropout(0.5), nn.Flatten()
+        )
+        self.norm = nn.LayerNorm(4 * 6 * 6)
+        self.token = nn.Parameter(torch.zeros(4 * 6 * 6))
+        self.fc = nn.Linear(4 * 6 * 6, 3)
+
+    def forward(self, x):
+        return self.fc(self.norm(self.body(x)) + self.token)
+
+
+def test_default_rule_normalisation_deterministic_everything_else_a_site():
+    model = from_module(Head())
+    assert sorted(model.deterministic) == [
+        "body.1.bias",
+        "body.1.weight",
+        "norm.bias",
+        "norm.weight",
+    ]
+    assert sorted(model.site_shapes) == [
+        "body.0.bias",
+        "body.0.weight",
+        "fc.bias",
+        "fc.weight",
+        "token",
+    ]
+    params = dict(model.named_parameters())
+    assert params["net.body.1.weight"].requires_grad  # fitted with the ELBO
+    assert not params["net.fc.weight"].requires_grad  # a site: the guide holds it
+    assert isinstance(model.net.body[3], nn.Identity)  # dropout is left to the posterior
+
+
+def test_patterns_choose_the_sites():
+    net = Head()
+    model = from_module(net, bayesian=["fc.*"])
+    assert sorted(model.site_shapes) == ["fc.bias", "fc.weight"]
+    model = from_module(net, deterministic=["token", "body.0.*"])
+    assert sorted(model.site_shapes) == ["fc.bias", "fc.weight"]
+    model = from_module(net, bayesian=["*"], deterministic=["fc.bias"])
+    assert "body.1.weight" in model.site_shapes and "fc.bias" in model.deterministic
+
+
+def test_a_bayesian_last_layer_on_a_fixed_trained_body_is_one_call():
+    net = Head()
+    net.requires_grad_(False)
+    model = from_module(net, bayesian=["fc.*"])
+    x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 3, (16,))
+    before = {n: p.clone() for n, p in model.net.named_parameters()}
+    fit = zoo.fit(model, "lowrank", (x, y), num_steps=5, lr=0.1, run=zoo.Run(progress=False))
+    for name in model.deterministic + ("body.0.weight", "token"):
+        assert torch.equal(dict(model.net.named_parameters())[name], before[name]), name
+    assert fit.guide.site_names == ["fc.weight", "fc.bias"]
+    trainable = from_module(Head(), bayesian=["fc.*"])
+    zoo.fit(trainable, "diagonal", (x, y), num_steps=5, lr=0.1, run=zoo.Run(progress=False))
+    moved = dict(trainable.net.named_parameters())["body.0.weight"]
+    assert not torch.equal(moved, Head().body[0].weight)  # a trainable body is fitted
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(bayesian=["fc2.*"]), ValueError, "pattern 'fc2.\\*' matches no parameter"),
+        (dict(bayesian="fc.*"), TypeError, "write \\['fc.\\*'\\]"),
+        (dict(deterministic=[3]), TypeError, "patterns are strings"),
+        (dict(bayesian=["norm.*"], deterministic=["norm.*"]), ValueError, "no parameter"),
+    ],
+)
+def test_bad_patterns_are_refused_naming_what_to_write(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        from_module(Head(), **kwargs)
+
+
+def test_not_a_module_and_a_module_without_parameters_are_refused():
+    with pytest.raises(TypeError, match="needs an nn.Module"):
+        from_module(lambda x: x)
+    with pytest.raises(ValueError, match="no parameters"):
+        from_module(nn.ReLU())
+
+
+def test_the_users_module_is_not_changed():
+    net = Head().eval()
+    from_module(net)
+    assert isinstance(net.body[3], nn.Dropout) and not net.training
+    assert all(p.requires_grad for p in net.parameters())
+
+
+@pytest.mark.parametrize("family", guides.available())
+def test_every_family_serves_every_parameter_shape(family):
+    """Conv kernels, embeddings, attention's packed in-projection, recurrent weights, 1-D
+    vectors: every family sets up on them (or gives a 1-D site its fallback) and fits."""
+
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(4, 4, 2)
+            self.emb = nn.Embedding(11, 4)
+            self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+            self.rnn = nn.GRU(4, 4, batch_first=True)
+            self.scale = nn.Parameter(torch.ones(4))
+            self.fc = nn.Linear(4, 2)
+
+        def forward(self, tokens):
+            h = self.emb(tokens)
+            h = h + self.conv(h.transpose(1, 2)).transpose(1, 2).mean(1, keepdim=True)
+            h = self.attn(h, h, h, need_weights=False)[0]
+            return self.fc(self.rnn(h)[0][:, -1] * self.scale)
+
+    model = from_module(Mixed())
+    assert {n: tuple(s) for n, s in model.site_shapes.items() if "in_proj" in n or "ih" in n} == {
+        "attn.in_proj_weight": (12, 4),
+        "attn.in_proj_bias": (12,),
+        "rnn.weight_ih_l0": (12, 4),
+        "rnn.bias_ih_l0": (12,),
+    }
+    x, y = torch.randint(0, 11, (8, 5)), torch.randint(0, 2, (8,))
+    fit = zoo.fit(model, family, (x, y), num_steps=2, run=zoo.Run(progress=False))
+    assert fit.predict(x, num_samples=2).probs.shape == (8, 2)
