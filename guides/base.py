@@ -239,7 +239,8 @@ class PerSiteGuide(AutoGuide):
             try:
                 module = cls(init, self.init_scale, **options)
             except ValueError as err:  # a family that cannot serve this site says which
-                raise ValueError(f"{self.family or type(self).__name__} at site {name!r}: {err}")
+                label = self.family or type(self).__name__
+                raise ValueError(f"{label} at site {name!r}: {err}") from None
             deep_setattr(self.sites, name, module)
             self._site_names.append(name)
         check_fixed_priors(self, self.prototype_trace, args, kwargs)
