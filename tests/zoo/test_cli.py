@@ -429,3 +429,29 @@ def test_compare_takes_the_baselines(tmp_path, capsys):
             main(["compare", "--data", "toy", "--guides", "laplace", "ensemble",
                   "--guide-option", bad])  # fmt: skip
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model, cls", [("resnet20", "ResNet"), ("lstm", "RecurrentClassifier")])
+def test_fit_takes_the_new_networks(model, cls, tmp_path, mnist_root):
+    """ResNet-20 on MNIST's images, the LSTM on MNIST read as 28 rows of 28 pixels; the saved
+    fit rebuilds its model from its spec, batch norm's statistics included."""
+    argv = [sys.executable, "-m", "zoo", "fit", "--model", model, "--limit", "64"]
+    argv += ["--test-limit", "32", "--samples", "2", "--quiet", "--root", str(mnist_root)]
+    argv += ["--out-dir", str(tmp_path), "--arviz-samples", "2", "--arviz-points", "8"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_AFTER)
+    assert proc.returncode == 0, proc.stderr
+    assert "| accuracy |" in proc.stdout
+    import zoo
+
+    fit = zoo.load(tmp_path / f"{model}-diagonal-mnist.pt")
+    assert type(fit.model).__name__ == cls
+    if model == "resnet20":
+        assert int(fit.model.net.bn1.num_batches_tracked) == 1  # one step of 64 images
+
+
+def test_sequence_models_refuse_colour_images(capsys):
+    from zoo.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["fit", "--model", "transformer", "--data", "cifar10"])
+    assert "as sequences of rows" in capsys.readouterr().err

@@ -75,9 +75,12 @@ def _load_data(args):
         return zoo.data.toy_regression(n=TOY_POINTS, seed=args.seed), zoo.data.toy_regression(
             n=TOY_TEST_POINTS, seed=args.seed + 1
         )
+    from zoo.cli.parser import SEQUENCE_MODELS
+
     loader = getattr(zoo.data, args.data)
-    train = loader(args.root, train=True, limit=args.limit)
-    test = loader(args.root, train=False, limit=args.test_limit)
+    layout = {"layout": "sequence"} if args.model in SEQUENCE_MODELS else {}
+    train = loader(args.root, train=True, limit=args.limit, **layout)
+    test = loader(args.root, train=False, limit=args.test_limit, **layout)
     return train, test
 
 
@@ -97,6 +100,16 @@ def _model_factory(args, train):
         if tuple(x.shape[1:]) != (3, 32, 32):
             raise SystemExit("--model cifarnet needs 3x32x32 images (cifar10)")
         return zoo.models.CifarNet
+    channels, size = x.shape[1], x.shape[-1]
+    if args.model == "resnet20":
+        return lambda: zoo.models.ResNet(20, in_channels=channels, input_size=size)
+    if args.model == "alexnet":
+        return lambda: zoo.models.AlexNet(channels, size=size)
+    if args.model == "transformer":
+        return lambda: zoo.models.TransformerClassifier(in_features=size, seq_len=x.shape[1])
+    if args.model == "lstm":
+        width = hidden[0] if args.hidden else 64
+        return lambda: zoo.models.RecurrentClassifier(size, hidden=width, seq_len=x.shape[1])
     features = math.prod(x.shape[1:])
 
     def make():

@@ -28,7 +28,9 @@ TOY_GUIDE_OPTIONS = {"init_scale": 1e-3}
 
 
 _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
-_MODELS = ("mlp", "lenet5", "cifarnet")
+_MODELS = ("mlp", "lenet5", "cifarnet", "resnet20", "alexnet", "transformer", "lstm")
+#: Models that read each image as a sequence of its rows (``zoo.data.mnist(layout="sequence")``).
+SEQUENCE_MODELS = ("transformer", "lstm")
 #: Rows of ``compare`` that are not guide families (:func:`zoo.compare`).
 BASELINES = ("laplace", "ensemble")
 
@@ -64,6 +66,11 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--data toy (1-D regression) needs --model mlp, not {args.model}")
     if args.model in fits and args.data not in fits[args.model]:
         parser.error(f"--model {args.model} takes {' or '.join(fits[args.model])} images")
+    if args.model in SEQUENCE_MODELS and args.data not in ("mnist", "fashion_mnist"):
+        parser.error(
+            f"--model {args.model} reads mnist or fashion_mnist images as sequences of rows, "
+            f"not --data {args.data}"
+        )
 
 
 def _probe_family(family: str, options: dict) -> None:
@@ -97,7 +104,8 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
         default=None,
         choices=_MODELS,
         help="network (default: lenet5 for mnist and fashion_mnist, cifarnet for cifar10, mlp "
-        "for toy)",
+        "for toy); resnet20 and alexnet take any image set, transformer and lstm read mnist or "
+        "fashion_mnist as 28 rows of 28 pixels",
     )
     p.add_argument(
         "--hidden",
