@@ -258,7 +258,11 @@ def laplace(
     x, y = gather_tensors(data)
     start, info = time.perf_counter(), {}
     if at == "module":
-        weights = {n: p.detach().clone() for n, p in model.net.named_parameters()}
+        weights = {
+            n: p.detach().clone()
+            for n, p in model.net.named_parameters()
+            if n in model.site_shapes
+        }
     else:
         if at is None:
             args = grouped(fit_options if "run" in fit_options else {"progress": progress,

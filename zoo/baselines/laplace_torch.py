@@ -135,20 +135,24 @@ def import_laplace():
 
 
 def network_at(model, weights: dict) -> torch.nn.Module:
-    """A copy of ``model.net`` (the plain architecture) holding ``weights``, trainable, for
-    laplace-torch."""
+    """A copy of ``model.net`` (the plain architecture) holding ``weights`` at its sample
+    sites, which alone are trainable (laplace-torch's Gaussian covers them), its deterministic
+    parameters and running statistics as fitted, in evaluation mode (the network as it
+    predicts: batch norm reads its running statistics)."""
     net = copy.deepcopy(model.net)
     with torch.no_grad():
         for name, p in net.named_parameters():
-            p.copy_(weights[name].to(p))
-    net.requires_grad_(True)
-    return net
+            if name in model.site_shapes:
+                p.copy_(weights[name].to(p))
+            p.requires_grad_(name in model.site_shapes)
+    return net.eval()
 
 
 def subnetwork_indices(model, weights: dict, size: int) -> torch.Tensor:
     """The ``size`` weights of largest magnitude, as positions in the parameter vector of
     ``model.net`` (``parameters_to_vector`` order, which laplace-torch indexes), sorted."""
-    flat = torch.cat([weights[n].detach().reshape(-1) for n, _ in model.net.named_parameters()])
+    names = [n for n, _ in model.net.named_parameters() if n in model.site_shapes]
+    flat = torch.cat([weights[n].detach().reshape(-1) for n in names])
     chosen = torch.topk(flat.abs(), min(size, flat.numel())).indices
     return torch.sort(chosen).values
 

@@ -1,0 +1,79 @@
+"""The whole library on the new networks: evaluate, ArviZ, Laplace (last layer and
+subnetwork), ensembles, ``zoo.compare`` and their saves, on a small ResNet (batch norm) and a
+transformer (layer norm)."""
+
+import pytest
+import torch
+
+import zoo
+from zoo.models import ResNet, TransformerClassifier
+
+RUN = zoo.Run(progress=False)
+
+
+def resnet():
+    torch.manual_seed(0)
+    return ResNet(depth=8, in_channels=1, width=4, input_size=12)
+
+
+def transformer():
+    torch.manual_seed(0)
+    return TransformerClassifier(in_features=6, d_model=8, heads=2, layers=1, seq_len=5)
+
+
+MODELS = {"resnet": (resnet, (1, 12, 12)), "transformer": (transformer, (5, 6))}
+
+
+def data(name, n=48, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn((n, *MODELS[name][1]), generator=gen)
+    y = (x.flatten(1).mean(1) > 0).long() + 2 * (x.flatten(1)[:, 0] > 0).long()
+    return x, y
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_evaluate_and_arviz(name):
+    fit = zoo.fit(MODELS[name][0](), "lowrank", data(name), num_steps=6, run=RUN)
+    metrics = fit.evaluate(data(name, 20, 1), num_samples=4)
+    assert 0 <= metrics["accuracy"] <= 1 and metrics["nll"] > 0
+    idata = fit.to_arviz(data(name, 10, 1), num_samples=4)
+    assert "log_likelihood" in idata.groups()
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("weights", ["last_layer", "subnetwork"])
+def test_laplace(name, weights, tmp_path):
+    options = {"weights": weights, "hessian": "full", "subnetwork_size": 20}
+    fit = zoo.laplace(
+        MODELS[name][0](), data(name), options=options, num_steps=6, progress=False
+    )
+    x, _ = data(name, 10, 1)
+    pred = fit.predict(x, num_samples=5)
+    assert pred.probs.shape == (10, 10) and torch.isfinite(pred.probs).all()
+    fit.save(tmp_path / "laplace.pt")
+    loaded = zoo.load(tmp_path / "laplace.pt", model=MODELS[name][0]())
+    assert torch.allclose(loaded.predict(x, num_samples=5).probs, pred.probs, atol=1e-5)
+
+
+def test_ensemble_members_keep_their_own_statistics(tmp_path):
+    ens = zoo.ensemble(resnet, data("resnet"), members=2, num_steps=4, progress=False)
+    first, second = (m.model.net.bn1.running_mean for m in ens.members)
+    assert not torch.equal(first, second)  # a model, with its batch norm, per member
+    x, _ = data("resnet", 10, 1)
+    pred = ens.predict(x, num_samples=2)
+    ens.save(tmp_path / "ens.pt")
+    loaded = zoo.load(tmp_path / "ens.pt")
+    assert torch.allclose(loaded.predict(x, num_samples=2).probs, pred.probs, atol=1e-6)
+
+
+def test_compare_on_a_resnet():
+    table = zoo.compare(
+        resnet,
+        ["diagonal", "matrix_normal", "laplace"],
+        data("resnet"),
+        data("resnet", 20, 1),
+        num_samples=3,
+        progress=False,
+        num_steps=4,
+    )
+    assert len(table) == 3
