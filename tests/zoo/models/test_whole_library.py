@@ -44,9 +44,7 @@ def test_evaluate_and_arviz(name):
 @pytest.mark.parametrize("weights", ["last_layer", "subnetwork"])
 def test_laplace(name, weights, tmp_path):
     options = {"weights": weights, "hessian": "full", "subnetwork_size": 20}
-    fit = zoo.laplace(
-        MODELS[name][0](), data(name), options=options, num_steps=6, progress=False
-    )
+    fit = zoo.laplace(MODELS[name][0](), data(name), options=options, num_steps=6, progress=False)
     x, _ = data(name, 10, 1)
     pred = fit.predict(x, num_samples=5)
     assert pred.probs.shape == (10, 10) and torch.isfinite(pred.probs).all()

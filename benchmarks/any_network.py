@@ -1,0 +1,131 @@
+"""The cost of being Bayesian on the networks users bring: one ``zoo.fit`` step per family
+against the same network's deterministic step (plain PyTorch: forward, cross-entropy, backward,
+Adam), on ResNet-20 (batch norm) and the transformer and LSTM classifiers over sequential MNIST,
+and the accuracy and calibration after a fixed budget of steps on MNIST.
+
+A step's time is read as the difference of two fits' wall times (``--short`` and ``--long``
+steps) over the difference of their steps, which cancels each fit's start-up; the deterministic
+step is timed the same way, in the same process, so ratios are side by side.
+
+    python benchmarks/any_network.py --root ../shared/datasets
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+import guides
+import zoo
+
+NETWORKS = {
+    "resnet20": (lambda: zoo.models.ResNet(20, in_channels=1, input_size=28), "image"),
+    "transformer": (
+        lambda: zoo.models.TransformerClassifier(in_features=28, seq_len=28),
+        "sequence",
+    ),
+    "lstm": (lambda: zoo.models.RecurrentClassifier(28, hidden=64, seq_len=28), "sequence"),
+}
+FAMILIES = {
+    "map": "map",
+    "diagonal": "diagonal",
+    "lowrank": "lowrank",
+    "matrix_normal": "matrix_normal",
+    "whvi (diagonal q(g))": guides.family("whvi", covariance="diagonal"),
+    "mc_dropout": "mc_dropout",
+}
+
+
+def deterministic_seconds(make, x, y, steps: int, batch: int) -> float:
+    """Wall time of ``steps`` plain PyTorch steps of the network (its own weights, trainable)."""
+    net = make().net
+    net.requires_grad_(True).train()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
+    start = time.perf_counter()
+    for k in range(steps):
+        i = (k * batch) % (len(x) - batch)
+        loss = F.cross_entropy(net(x[i : i + batch]), y[i : i + batch])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return time.perf_counter() - start
+
+
+def fit_seconds(make, family, data, steps: int, batch: int):
+    start = time.perf_counter()
+    fit = zoo.fit(
+        make(), family, data, num_steps=steps, batch_size=batch, run=zoo.Run(progress=False)
+    )
+    return time.perf_counter() - start, fit
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--root", default=None, help="data root holding MNIST/raw")
+    p.add_argument("--nets", nargs="*", default=list(NETWORKS), choices=list(NETWORKS))
+    p.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--short", type=int, default=3)
+    p.add_argument("--long", type=int, default=13)
+    p.add_argument("--budget", type=int, default=0, help="steps of an accuracy run (0: none)")
+    p.add_argument("--test", type=int, default=2000, help="test images of an accuracy run")
+    args = p.parse_args(argv)
+    print(
+        f"torch {torch.__version__}, threads {torch.get_num_threads()}, load "
+        f"{os.getloadavg()[0]:.2f}, batch {args.batch}"
+    )
+    for name in args.nets:
+        make, layout = NETWORKS[name]
+        train = zoo.data.mnist(
+            args.root,
+            limit=max(args.batch * (args.long + 1), args.budget * args.batch),
+            layout=layout,
+        )
+        x, y = train.tensors
+        span = args.long - args.short
+        torch.manual_seed(0)
+        plain = (
+            deterministic_seconds(make, x, y, args.long, args.batch)
+            - deterministic_seconds(make, x, y, args.short, args.batch)
+        ) / span
+        print(f"\n{name}: deterministic step {1000 * plain:.1f} ms")
+        print("| family | ms per step | x deterministic |")
+        print("| --- | --- | --- |")
+        for label in args.families:
+            family = FAMILIES[label]
+            short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
+            long, _ = fit_seconds(make, family, (x, y), args.long, args.batch)
+            step = (long - short) / span
+            print(f"| {label} | {1000 * step:.1f} | {step / plain:.2f} |", flush=True)
+        if args.budget:
+            test = zoo.data.mnist(args.root, train=False, limit=args.test, layout=layout)
+            print(
+                f"\n{name}: {args.budget} steps of batch {args.batch}, lr 1e-2, "
+                f"{args.test} test images, 20 draws"
+            )
+            print("| family | accuracy | nll | ece | load |")
+            print("| --- | --- | --- | --- | --- |")
+            for label in args.families:
+                fit = zoo.fit(
+                    make(),
+                    FAMILIES[label],
+                    (x, y),
+                    num_steps=args.budget,
+                    batch_size=args.batch,
+                    lr=1e-2,
+                    run=zoo.Run(progress=False),
+                )
+                m = fit.evaluate(test.tensors, num_samples=20)
+                print(
+                    f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "
+                    f"{os.getloadavg()[0]:.2f} |",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()
