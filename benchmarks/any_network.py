@@ -40,19 +40,25 @@ FAMILIES = {
 }
 
 
-def deterministic_seconds(make, x, y, steps: int, batch: int) -> float:
-    """Wall time of ``steps`` plain PyTorch steps of the network (its own weights, trainable)."""
+def deterministic_seconds(make, x, y, steps: int, batch: int, threads: int) -> float:
+    """Wall time of ``steps`` plain PyTorch steps of the network (its own weights, trainable)
+    at ``threads`` intra-op threads (the caller's setting back afterwards)."""
     net = make().net
     net.requires_grad_(True).train()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    start = time.perf_counter()
-    for k in range(steps):
-        i = (k * batch) % (len(x) - batch)
-        loss = F.cross_entropy(net(x[i : i + batch]), y[i : i + batch])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return time.perf_counter() - start
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        start = time.perf_counter()
+        for k in range(steps):
+            i = (k * batch) % (len(x) - batch)
+            loss = F.cross_entropy(net(x[i : i + batch]), y[i : i + batch])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return time.perf_counter() - start
+    finally:
+        torch.set_num_threads(before)
 
 
 def fit_seconds(make, family, data, steps: int, batch: int):
@@ -63,6 +69,34 @@ def fit_seconds(make, family, data, steps: int, batch: int):
     return time.perf_counter() - start, fit
 
 
+def step_table(name: str, make, x, y, args) -> None:
+    """Each family's step against the deterministic step at the threads the fit chose."""
+    span = args.long - args.short
+    plain = {}  # the deterministic step per thread count
+
+    def deterministic(threads: int) -> float:
+        if threads not in plain:
+            torch.manual_seed(0)
+            long = deterministic_seconds(make, x, y, args.long, args.batch, threads)
+            short = deterministic_seconds(make, x, y, args.short, args.batch, threads)
+            plain[threads] = (long - short) / span
+        return plain[threads]
+
+    print(f"\n{name}")
+    print("| family | threads | ms per step | deterministic ms | x deterministic |")
+    print("| --- | --- | --- | --- | --- |")
+    for label in args.families:
+        family = FAMILIES[label]
+        short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
+        long, fit = fit_seconds(make, family, (x, y), args.long, args.batch)
+        step, threads = (long - short) / span, fit.options["threads"]
+        base = deterministic(threads)
+        print(
+            f"| {label} | {threads} | {1000 * step:.1f} | {1000 * base:.1f} | {step / base:.2f} |",
+            flush=True,
+        )
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--root", default=None, help="data root holding MNIST/raw")
@@ -70,7 +104,7 @@ def main(argv=None) -> None:
     p.add_argument("--families", nargs="*", default=list(FAMILIES), choices=list(FAMILIES))
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--short", type=int, default=3)
-    p.add_argument("--long", type=int, default=13)
+    p.add_argument("--long", type=int, default=23)
     p.add_argument("--budget", type=int, default=0, help="steps of an accuracy run (0: none)")
     p.add_argument("--test", type=int, default=2000, help="test images of an accuracy run")
     args = p.parse_args(argv)
@@ -86,21 +120,7 @@ def main(argv=None) -> None:
             layout=layout,
         )
         x, y = train.tensors
-        span = args.long - args.short
-        torch.manual_seed(0)
-        plain = (
-            deterministic_seconds(make, x, y, args.long, args.batch)
-            - deterministic_seconds(make, x, y, args.short, args.batch)
-        ) / span
-        print(f"\n{name}: deterministic step {1000 * plain:.1f} ms")
-        print("| family | ms per step | x deterministic |")
-        print("| --- | --- | --- |")
-        for label in args.families:
-            family = FAMILIES[label]
-            short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
-            long, _ = fit_seconds(make, family, (x, y), args.long, args.batch)
-            step = (long - short) / span
-            print(f"| {label} | {1000 * step:.1f} | {step / plain:.2f} |", flush=True)
+        step_table(name, make, x, y, args)
         if args.budget:
             test = zoo.data.mnist(args.root, train=False, limit=args.test, layout=layout)
             print(
@@ -119,7 +139,7 @@ def main(argv=None) -> None:
                     lr=1e-2,
                     run=zoo.Run(progress=False),
                 )
-                m = fit.evaluate(test.tensors, num_samples=20)
+                m = fit.evaluate(test.tensors, num_samples=20, progress=False)
                 print(
                     f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "
                     f"{os.getloadavg()[0]:.2f} |",

@@ -214,7 +214,35 @@ def forked(out: Path, steps: int) -> dict:
     }
 
 
+def resnet(out: Path, steps: int, resume: bool = False) -> dict:
+    """A small ResNet (batch norm) on random images, a checkpoint every 2 steps: the ranks
+    average their running statistics every step."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 1, 12, 12, generator=torch.Generator().manual_seed(1))
+    y = (x.mean((1, 2, 3)) > 0).long()
+    checkpoint = out / "resnet.ckpt"
+    fit = zoo.fit(
+        zoo.models.ResNet(depth=8, in_channels=1, width=4, input_size=12),
+        "lowrank",
+        (x, y),
+        num_steps=steps,
+        batch_size=8,
+        **grouped(
+            {**DIST, "checkpoint": checkpoint, "checkpoint_every": 2,
+             "resume": checkpoint if resume else None}
+        ),
+    )  # fmt: skip
+    return {
+        "steps": fit.steps,
+        "losses": torch.tensor(fit.losses),
+        "params": {n: p.detach().clone() for n, p in fit.guide.named_parameters()},
+        "buffers": {n: b.detach().clone() for n, b in fit.model.named_buffers()},
+    }
+
+
 SCENARIOS = {
+    "resnet": resnet,
+    "resnet-resume": lambda out, steps: resnet(out, steps, resume=True),
     "forked": forked,
     "trainer": trainer,
     "conjugate": conjugate,

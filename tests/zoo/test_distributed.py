@@ -286,3 +286,27 @@ def test_a_rank_that_exits_is_reported_as_rank_failed(monkeypatch):
     with pytest.raises(distributed.RankFailedError, match="rank 1 \\(process 4242\\).*SIGKILL"):
         distributed.launch(lambda ranks: None, accelerator="cpu", devices=2, num_nodes=1,
                            strategy="ddp_spawn")  # fmt: skip
+
+
+def test_ranks_share_batch_norm_statistics_and_resume_them_exactly(tmp_path):
+    """Two ranks of a ResNet fit end with one model: the same guide and the same running
+    statistics (the ranks' mean every step); a fit resumed from its step-4 checkpoint on two
+    ranks ends where the uninterrupted one did."""
+    full, part = tmp_path / "full", tmp_path / "part"
+    rc, output = launch("resnet", full, 6)
+    assert rc == 0, output[-3000:]
+    r0, r1 = results(full, "resnet")
+    assert r0["steps"] == 6
+    for key in r0["params"]:
+        assert torch.equal(r0["params"][key], r1["params"][key]), key
+    stats = [k for k in r0["buffers"] if "running" in k]
+    assert stats and all(torch.equal(r0["buffers"][k], r1["buffers"][k]) for k in stats)
+    rc, output = launch("resnet", part, 4)
+    assert rc == 0, output[-3000:]
+    rc, output = launch("resnet-resume", part, 6)
+    assert rc == 0, output[-3000:]
+    resumed = torch.load(part / "resnet-resume-rank0.pt")
+    assert resumed["steps"] == 6
+    assert torch.allclose(resumed["losses"], r0["losses"], rtol=1e-5)
+    for key in stats:
+        assert torch.allclose(resumed["buffers"][key], r0["buffers"][key], atol=1e-6), key

@@ -259,9 +259,7 @@ def laplace(
     start, info = time.perf_counter(), {}
     if at == "module":
         weights = {
-            n: p.detach().clone()
-            for n, p in model.net.named_parameters()
-            if n in model.site_shapes
+            n: p.detach().clone() for n, p in model.net.named_parameters() if n in model.site_shapes
         }
     else:
         if at is None:

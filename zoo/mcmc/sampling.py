@@ -123,6 +123,7 @@ def reference(
     device = files.device_of(model) or torch.device("cpu")
     x, y = x.to(device), y.to(device)
     check_data(model, x, y)
+    _check_no_batch_statistics(model)
     check_budget(model, x, y, budget)
     settings = hmc.ChainSettings(warmup, draws, chunk, seed, sampler)
     workers = _workers(processes, chains, device)
@@ -266,3 +267,17 @@ class _BarCounter:
     def __setitem__(self, chain: int, value: int) -> None:
         self.bar.update(value - self.counts[chain])
         self.counts[chain] = value
+
+
+def _check_no_batch_statistics(model) -> None:
+    """Refuse a network with batch norm's running statistics: its output in training mode
+    depends on the other examples of the batch, so the full-batch likelihood HMC samples would
+    be another model than the one a fit's predictions use (its running statistics)."""
+    if getattr(model, "_statistics", None):
+        raise ValueError(
+            "the HMC reference needs a network whose output for an example depends only on its "
+            f"weights and that example; this one has batch norm ({len(model._statistics)} "
+            "running-statistics buffers, e.g. "
+            f"{model._statistics[0]!r}). Sample a network without batch norm (layer or group "
+            "norm keep examples apart), or compare the families with each other"
+        )

@@ -238,6 +238,20 @@ class Ranks:
         _unflatten_gradients(params, meta[2 + self.world_size :] > 0, buckets, self.world_size)
         return (meta[0] / self.world_size).to(loss.dtype)
 
+    def average_(self, tensors: list[torch.Tensor], step: int | None = None) -> None:
+        """The mean over the ranks into each floating-point tensor of ``tensors``, in place
+        (one collective; every rank passes the same list): batch norm's running statistics,
+        which each rank updates from its own minibatch."""
+        floats = [t for t in tensors if t.is_floating_point()]
+        if not self.distributed or not floats:
+            return
+        with torch.no_grad():
+            flat = torch.cat([t.reshape(-1).double() for t in floats])
+            self._collective(torch.distributed.all_reduce, flat, step=step)
+            flat /= self.world_size
+            for t, part in zip(floats, flat.split([t.numel() for t in floats])):
+                t.copy_(part.view_as(t))
+
     def mean(self, value: float, step: int | None = None) -> float:
         """The mean of a float over the ranks; ``step``: the fit's step, named if a rank fails."""
         if not self.distributed:

@@ -100,6 +100,7 @@ class Stepper:
         self.params, self.guard, self.plan, self.state = params, guard, plan, state
         self.num_data, self.clip, self.per_example = num_data, clip_grad_norm, per_example
         self.ranks = ranks if ranks is not None else Ranks()
+        self.statistics = statistics_of(objective.model)  # batch norm's running statistics
         self.found_inf: torch.Tensor | None = None
         if plan.device_skip:  # read by the fused kernels: 1.0 skips the update
             self.found_inf = torch.zeros((), dtype=torch.float32, device=params[0].device)
@@ -139,7 +140,8 @@ class Stepper:
             engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
             plan = step_rules.plan(engine, objective, optimizer, params[0].device, False)
         # A diverged fit goes back to a copy of the parameters and of the running statistics.
-        kept = [*params, *statistics_of(objective.model)]
+        statistics = statistics_of(objective.model)
+        kept = [*params, *statistics]
         guard = DivergenceGuard(kept, objective.guide, on_divergence, plan.copy_every)
         built = cls(
             objective,
@@ -242,7 +244,11 @@ class Stepper:
             if not self.ranks.distributed:
                 raise
             loss, error = None, err  # every rank must join the step's collective
-        return self.ranks.average_step(loss, self.params, self.state.step, error)
+        loss = self.ranks.average_step(loss, self.params, self.state.step, error)
+        # each rank's running statistics moved with its own minibatch: the ranks' mean, so that
+        # every rank holds the same model (and a checkpoint resumes exactly)
+        self.ranks.average_(self.statistics, self.state.step)
+        return loss
 
     def _accumulate(self, inputs: list[Batch], loss_of: Callable) -> torch.Tensor:
         """``sum_i (B_i / sum B) L_i`` over the step's minibatches, each ``L_i`` a full-data

@@ -75,3 +75,8 @@ def test_compare_on_a_resnet():
         num_steps=4,
     )
     assert len(table) == 3
+
+
+def test_the_hmc_reference_refuses_batch_norm_clearly():
+    with pytest.raises(ValueError, match="batch norm"):
+        zoo.reference(resnet(), data("resnet"), chains=1, warmup=2, draws=2, progress=False)
