@@ -27,6 +27,7 @@ from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
 from zoo.models.base import BayesianModel
+from zoo.models.statistics import frozen_statistics
 from zoo.runtime.distributed import INSTALL_HINT
 from zoo.runtime.rng import seeded
 from zoo.runtime.threads import check_threads, threads_for
@@ -108,7 +109,8 @@ class BayesianModule(L.LightningModule):
         self.model, self.num_data = model, int(num_data)
         self.guide = guides.registry.instantiate(guide, model, {})
         self.objective = Objective.from_loss(model, self.guide, loss, jit=False)
-        self.objective.setup(*_example(model, example))
+        with frozen_statistics():  # the guide's set-up traces the model: not a training step
+            self.objective.setup(*_example(model, example))
         self.lr, self.optim = lr, optim
         self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
         self.losses: list[float] = []

@@ -142,3 +142,32 @@ def test_the_trainer_route_takes_the_fits_thread_rule_and_restores_the_count(
         torch.set_num_threads(before)
     with pytest.raises(ValueError, match="threads"):
         BayesianModule(model, "diagonal", len(x), example=(x, y), threads=0)
+
+
+@pytest.mark.filterwarnings("ignore::lightning.fabric.utilities.warnings.PossibleUserWarning")
+@pytest.mark.filterwarnings("ignore:.*treespec:FutureWarning")  # Lightning 2.6 on torch 2.14
+def test_the_trainer_route_keeps_batch_norm_statistics_as_pytorch_does(tmp_path):
+    """A ResNet through lightning.Trainer: each training step moves the running statistics
+    once (the guide's set-up and the KL log do not), validation reads them without moving them,
+    and they travel with the module's checkpoint."""
+    import lightning as L
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from zoo.lightning import BayesianModule
+
+    x = torch.randn(48, 1, 12, 12, generator=torch.Generator().manual_seed(0))
+    data = TensorDataset(x, (x.mean((1, 2, 3)) > 0).long())
+    model = zoo.models.ResNet(depth=8, in_channels=1, width=4, input_size=12)
+    module = BayesianModule(model, "diagonal", len(data), num_samples=2)
+    assert int(model.net.bn1.num_batches_tracked) == 0
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=3, logger=False, log_every_n_steps=1,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        num_sanity_val_steps=0, val_check_interval=3,
+    )  # fmt: skip
+    trainer.fit(module, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16))
+    assert int(model.net.bn1.num_batches_tracked) == 3
+    assert "val/accuracy" in trainer.callback_metrics
+    trainer.save_checkpoint(tmp_path / "m.ckpt")
+    state = torch.load(tmp_path / "m.ckpt", weights_only=False)["state_dict"]
+    assert torch.equal(state["model.net.bn1.running_mean"], model.net.bn1.running_mean)

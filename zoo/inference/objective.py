@@ -30,6 +30,7 @@ from zoo.inference.compiled import TracedLoss, compile_refusal, jit_size_refusal
 from zoo.inference.elbo import ElboScale
 from zoo.inference.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 from zoo.models.base import BayesianModel
+from zoo.models.statistics import frozen_statistics
 from zoo.runtime.threads import example_flops
 
 ELBOS = {"trace": ReparamTrace_ELBO, "meanfield": ReparamMeanField_ELBO}
@@ -262,10 +263,11 @@ class Objective:
     def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """A one-draw estimate of ``KL(q || p)`` on ``(x, y)`` (closed form with
         ``elbo="meanfield"``): the eager loss with the likelihood scaled to zero and the KL
-        weight one."""
-        if self._wired is None:
-            self.setup(x, y)
-        return self.eager(x, y, 0.0, 1.0).detach()
+        weight one. Batch norm's running statistics are left alone (not a training step)."""
+        with frozen_statistics():
+            if self._wired is None:
+                self.setup(x, y)
+            return self.eager(x, y, 0.0, 1.0).detach()
 
     def _refused(self) -> None:
         """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""

@@ -242,8 +242,10 @@ class Ranks:
         """The mean over the ranks into each floating-point tensor of ``tensors``, in place
         (one collective; every rank passes the same list): batch norm's running statistics,
         which each rank updates from its own minibatch."""
+        if not self.distributed:
+            return
         floats = [t for t in tensors if t.is_floating_point()]
-        if not self.distributed or not floats:
+        if not floats:
             return
         with torch.no_grad():
             flat = torch.cat([t.reshape(-1).double() for t in floats])
