@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import time
 
 import torch
@@ -70,29 +71,35 @@ def fit_seconds(make, family, data, steps: int, batch: int):
 
 
 def step_table(name: str, make, x, y, args) -> None:
-    """Each family's step against the deterministic step at the threads the fit chose."""
+    """Each family's step against the deterministic step at the threads the fit chose: rounds
+    of every row in turn (the deterministic step beside each family), medians over them."""
     span = args.long - args.short
-    plain = {}  # the deterministic step per thread count
 
     def deterministic(threads: int) -> float:
-        if threads not in plain:
-            torch.manual_seed(0)
-            long = deterministic_seconds(make, x, y, args.long, args.batch, threads)
-            short = deterministic_seconds(make, x, y, args.short, args.batch, threads)
-            plain[threads] = (long - short) / span
-        return plain[threads]
+        torch.manual_seed(0)
+        long = deterministic_seconds(make, x, y, args.long, args.batch, threads)
+        short = deterministic_seconds(make, x, y, args.short, args.batch, threads)
+        return (long - short) / span
 
-    print(f"\n{name}")
+    steps = {label: [] for label in args.families}
+    plain = {label: [] for label in args.families}
+    threads = {}
+    for _ in range(args.repeat):
+        for label in args.families:
+            family = FAMILIES[label]
+            short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
+            long, fit = fit_seconds(make, family, (x, y), args.long, args.batch)
+            threads[label] = fit.options["threads"]
+            steps[label].append((long - short) / span)
+            plain[label].append(deterministic(threads[label]))
+    print(f"\n{name} (medians of {args.repeat} rounds; load {os.getloadavg()[0]:.2f})")
     print("| family | threads | ms per step | deterministic ms | x deterministic |")
     print("| --- | --- | --- | --- | --- |")
     for label in args.families:
-        family = FAMILIES[label]
-        short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
-        long, fit = fit_seconds(make, family, (x, y), args.long, args.batch)
-        step, threads = (long - short) / span, fit.options["threads"]
-        base = deterministic(threads)
+        step, base = statistics.median(steps[label]), statistics.median(plain[label])
         print(
-            f"| {label} | {threads} | {1000 * step:.1f} | {1000 * base:.1f} | {step / base:.2f} |",
+            f"| {label} | {threads[label]} | {1000 * step:.1f} | {1000 * base:.1f} | "
+            f"{step / base:.2f} |",
             flush=True,
         )
 
@@ -105,6 +112,7 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--short", type=int, default=3)
     p.add_argument("--long", type=int, default=23)
+    p.add_argument("--repeat", type=int, default=3, help="rounds of the step table")
     p.add_argument("--budget", type=int, default=0, help="steps of an accuracy run (0: none)")
     p.add_argument("--test", type=int, default=2000, help="test images of an accuracy run")
     args = p.parse_args(argv)

@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -136,3 +137,38 @@ def test_a_fit_updates_the_statistics_as_a_hand_written_loop_does():
     expected, _ = plain_forward(model.net, seen[-1], x, train=False)
     assert torch.allclose(pred.sample_probs[0], torch.softmax(expected, -1), atol=1e-5)
     assert model.training  # the model's own mode is back after the fit and the prediction
+
+
+def test_a_checkpoint_or_file_with_damaged_statistics_is_refused(tmp_path):
+    from zoo.runtime import files
+
+    model = zoo.models.from_module(small_net())
+    x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
+    ckpt = tmp_path / "ckpt.pt"
+    fit = zoo.fit(
+        model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False, checkpoint=ckpt)
+    )
+    payload = torch.load(ckpt, weights_only=True)
+    payload["model"]["state"]["net.1.running_var"][0] = float("nan")
+    payload.pop("checksum", None)
+    files.atomic_save(payload, tmp_path / "nan.pt")
+    with pytest.raises(ValueError, match="running_var.*NaN|NaN.*running_var"):
+        zoo.fit(
+            zoo.models.from_module(small_net()),
+            "diagonal",
+            (x, y),
+            num_steps=4,
+            run=zoo.Run(progress=False, resume=tmp_path / "nan.pt"),
+        )
+    fit.save(tmp_path / "fit.pt")
+    payload = torch.load(tmp_path / "fit.pt", weights_only=True)
+    del payload["model"]["state"]["net.1.running_mean"]
+    payload.pop("checksum", None)
+    files.atomic_save(payload, tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match="lacks the network's fitted entries.*running_mean"):
+        zoo.load(tmp_path / "missing.pt", model=zoo.models.from_module(small_net()))
+
+
+def test_the_layout_of_mnist_is_checked_before_any_file_is_read(tmp_path):
+    with pytest.raises(ValueError, match="layout must be one of"):
+        zoo.data.mnist(tmp_path, layout="rows")
