@@ -19,7 +19,9 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
 
     Each example's network output then has exactly its distribution under ``q``, so the
     likelihood term is unbiased, with the noise of the examples decorrelated. Exact for linear
-    layers only: a convolution shares one kernel across positions, so its outputs are
+    layers applied to one row per example (a ``(B, in)`` input; a linear layer over a
+    sequence's positions, ``(B, T, in)``, shares its weight across them and keeps the shared
+    draw, under Flipout too): a convolution shares one kernel across positions, so its outputs are
     correlated within an example, and convolutions keep the shared weight draw, except under MC
     dropout, whose convolutions draw a channel mask per example (``x_n * z_n`` convolved with
     ``M``, plus one shared draw of the ``sigma`` blur): each example's output again has exactly
@@ -108,7 +110,10 @@ class LayerNoise(TorchFunctionMode):
             arguments = _bind(func, args, kwargs)
             entry = self.by_id.get(id(arguments["weight"]))
             layer = "linear" if func is F.linear else "conv"
-            if entry is not None and serves(self.estimator, entry[1], layer):
+            # a linear layer over several rows of one example (a sequence's positions) shares
+            # its weight across them: per-row noise would not be one draw per example
+            rows = func is not F.linear or arguments["input"].dim() == 2
+            if entry is not None and rows and serves(self.estimator, entry[1], layer):
                 self.served.add(entry[0])
                 if self.estimator == "local" and layer == "conv":
                     return entry[1].local_conv(func, arguments)

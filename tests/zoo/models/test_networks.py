@@ -99,3 +99,20 @@ def test_token_inputs_are_checked_by_dtype():
         zoo.fit(model, "diagonal", (x.to(torch.int16), y), num_steps=1)
     with pytest.raises(ValueError, match="cannot take inputs"):
         zoo.fit(model, "diagonal", (x + 100, y), num_steps=1)  # tokens past the vocabulary
+
+
+@pytest.mark.parametrize("estimator", ["local", "flipout"])
+def test_per_example_estimators_leave_layers_over_positions_on_the_shared_draw(estimator):
+    """A linear layer over a sequence's positions shares its weight across them: the local
+    and Flipout estimators serve only linear layers that see one row per example."""
+    model = TransformerClassifier(in_features=6, d_model=8, heads=2, layers=1, seq_len=5)
+    x, y = torch.randn(16, 5, 6), torch.randint(0, 10, (16,))
+    fit = zoo.fit(
+        model,
+        "diagonal",
+        (x, y),
+        num_steps=2,
+        loss=zoo.Loss(estimator=estimator),
+        run=zoo.Run(progress=False),
+    )
+    assert fit.options["estimator_sites"] == ["fc.weight"]
