@@ -145,66 +145,37 @@ def predict(
         num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
     )
     check_seed(seed)
-    with evaluation_mode(model):
-        return _predict(
-            model,
-            guide,
-            x,
-            num_samples,
-            batch_size,
-            sample_batch_size,
-            params,
-            progress,
-            seed,
-            distributed,
-            threads,
+    with evaluation_mode(model):  # batch norm reads its running statistics
+        if params is None:
+            device = _fitted_guide_device(guide)
+        else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed
+            device = next(iter(params.values())).device
+        check_inputs(model, x, device)
+        x0 = x
+        ranks = Ranks.of_process_group() if distributed else Ranks()
+        if params is None:
+            with seeded(seed, device):
+                params = guide.sample_posterior(num_samples)
+        else:
+            num_samples = next(iter(params.values())).shape[0]
+        ranks.broadcast_(params.values())
+        n = x.shape[0]
+        lo, hi = ranks.shard_bounds(n)
+        x = x[lo:hi]
+        if sample_batch_size is None:
+            sample_batch_size = 1
+        if batch_size is None:
+            batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x0, params)
+        step = max(1, int(sample_batch_size))
+        first = {k: v[0] for k, v in params.items()}
+        block = min(batch_size, max(x.shape[0], 1))
+        num_threads = prediction_threads(
+            threads, device, model.network, x0[:2].to(device), first, batch_size=block
         )
-
-
-def _predict(
-    model,
-    guide,
-    x,
-    num_samples,
-    batch_size,
-    sample_batch_size,
-    params,
-    progress,
-    seed,
-    distributed,
-    threads,
-) -> Prediction:
-    """:func:`predict` after its argument checks, with the network in evaluation mode."""
-    if params is None:
-        device = _fitted_guide_device(guide)
-    else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed
-        device = next(iter(params.values())).device
-    check_inputs(model, x, device)
-    x0 = x
-    ranks = Ranks.of_process_group() if distributed else Ranks()
-    if params is None:
-        with seeded(seed, device):
-            params = guide.sample_posterior(num_samples)
-    else:
-        num_samples = next(iter(params.values())).shape[0]
-    ranks.broadcast_(params.values())
-    n = x.shape[0]
-    lo, hi = ranks.shard_bounds(n)
-    x = x[lo:hi]
-    if sample_batch_size is None:
-        sample_batch_size = 1
-    if batch_size is None:
-        batch_size = 8192 if device.type == "cuda" else cpu_batch_size(model, x0, params)
-    step = max(1, int(sample_batch_size))
-    first = {k: v[0] for k, v in params.items()}
-    block = min(batch_size, max(x.shape[0], 1))
-    num_threads = prediction_threads(
-        threads, device, model.network, x0[:2].to(device), first, batch_size=block
-    )
-    with intra_op_threads(num_threads):
-        outputs = _passes(model, x, x0, params, num_samples, batch_size, step, device, progress)
-    outputs = ranks.gather_rows(outputs, n, dim=1)
-    return model.likelihood.predict(outputs, params)
+        with intra_op_threads(num_threads):
+            outputs = _passes(model, x, x0, params, num_samples, batch_size, step, device, progress)
+        outputs = ranks.gather_rows(outputs, n, dim=1)
+        return model.likelihood.predict(outputs, params)
 
 
 def _passes(model, x, x0, params, num_samples, batch_size, step, device, progress) -> torch.Tensor:

@@ -118,32 +118,30 @@ def evaluation_mode(module):
     """``module`` in evaluation mode inside the block (running statistics read, not updated),
     each submodule's own mode back afterwards; anything that is not an ``nn.Module`` is left
     as it is."""
-    if not isinstance(module, nn.Module):
+    with _mode(module, training=False):
         yield module
-        return
-    modes = [(m, m.training) for m in module.modules()]
-    module.eval()
-    try:
-        yield module
-    finally:
-        for m, training in modes:
-            m.training = training
 
 
 @contextlib.contextmanager
 def training_mode(module):
     """``module`` in training mode inside the block (what a fit's steps run in), each
     submodule's own mode back afterwards."""
-    if not isinstance(module, nn.Module):
+    with _mode(module, training=True):
         yield module
+
+
+@contextlib.contextmanager
+def _mode(module, training: bool):
+    if not isinstance(module, nn.Module):
+        yield
         return
     modes = [(m, m.training) for m in module.modules()]
-    module.train()
+    module.train(training)
     try:
-        yield module
+        yield
     finally:
-        for m, training in modes:
-            m.training = training
+        for m, was in modes:
+            m.training = was
 
 
 def statistics_of(model) -> list[torch.Tensor]:
