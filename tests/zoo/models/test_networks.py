@@ -4,7 +4,9 @@ import pytest
 import torch
 from torch import nn
 
+import guides
 import zoo
+from zoo.inference.compiled import compile_refusal
 from zoo.models import AlexNet, RecurrentClassifier, ResNet, TransformerClassifier, build
 from zoo.models.recurrent import Recurrent
 from zoo.models.transformer import SelfAttention
@@ -116,3 +118,14 @@ def test_per_example_estimators_leave_layers_over_positions_on_the_shared_draw(e
         run=zoo.Run(progress=False),
     )
     assert fit.options["estimator_sites"] == ["fc.weight"]
+
+
+def test_networks_with_running_statistics_or_fused_recurrence_run_the_eager_loss():
+    """A traced graph would freeze batch norm's buffers and nn.LSTM's cached weights: such
+    networks run the eager loss (and so no CUDA-graph step), and the fit says why."""
+    x, y = torch.randn(16, 1, 12, 12), torch.randint(0, 10, (16,))
+    resnet = ResNet(depth=8, in_channels=1, width=4, input_size=12)
+    fit = zoo.fit(resnet, "diagonal", (x, y), num_steps=1, run=zoo.Run(progress=False))
+    assert "batch-norm running statistics" in str(fit.options["jit"])
+    lstm = zoo.models.from_module(nn.Sequential(nn.LSTM(4, 4, batch_first=True)))
+    assert "fused recurrent" in compile_refusal(lstm, guides.AutoDiagonal(lstm), 1)
