@@ -129,3 +129,44 @@ def test_every_family_serves_every_parameter_shape(family):
     x, y = torch.randint(0, 11, (8, 5)), torch.randint(0, 2, (8,))
     fit = zoo.fit(model, family, (x, y), num_steps=2, run=zoo.Run(progress=False))
     assert fit.predict(x, num_samples=2).probs.shape == (8, 2)
+
+
+def test_the_matrix_families_view_every_shape_as_the_table_says():
+    """Matrix normal and WHVI take ``(s0, s1 s2 ...)``: rows are tokens, q/k/v units or gate
+    units, columns their inputs (a kernel's ``in kh kw``); 1-D sites take the diagonal."""
+
+    class Shapes(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(11, 4)
+            self.attn = nn.MultiheadAttention(4, 2, batch_first=True)
+            self.rnn = nn.LSTM(4, 5, batch_first=True)
+            self.conv = nn.Conv1d(5, 3, 2)
+
+        def forward(self, tokens):
+            h = self.emb(tokens)
+            h = self.rnn(h + self.attn(h, h, h, need_weights=False)[0])[0]
+            return self.conv(h.transpose(1, 2)).mean(-1)
+
+    model = from_module(Shapes())
+    x, y = torch.randint(0, 11, (2, 5)), torch.randint(0, 3, (2,))
+    mn = guides.AutoMatrixNormal(model)
+    mn(x, y)
+    views = {
+        "emb.weight": (11, 4),
+        "attn.in_proj_weight": (12, 4),
+        "rnn.weight_ih_l0": (20, 4),
+        "rnn.weight_hh_l0": (20, 5),
+        "conv.weight": (3, 10),
+    }
+    for name, (rows, cols) in views.items():
+        site = mn.site_posterior(name)
+        assert tuple(site.row_raw.shape) == (rows, rows), name
+        assert tuple(site.col_raw.shape) == (cols, cols), name
+    assert type(mn.site_posterior("rnn.bias_ih_l0")).__name__ == "DiagonalSite"
+    whvi = guides.AutoWHVI(model)
+    whvi(x, y)
+    layout = whvi.site_posterior("rnn.weight_ih_l0").layout  # 20 x 4: blocks of D = 4
+    assert (layout.blocks, layout.size, layout.cols) == (5, 4, 4)
+    layout = whvi.site_posterior("conv.weight").layout  # 3 x 10: one block of D = 16
+    assert (layout.blocks, layout.size, layout.cols) == (1, 16, 10)
