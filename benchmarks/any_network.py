@@ -114,7 +114,8 @@ def main(argv=None) -> None:
     p.add_argument("--long", type=int, default=23)
     p.add_argument("--repeat", type=int, default=3, help="rounds of the step table")
     p.add_argument("--budget", type=int, default=0, help="steps of an accuracy run (0: none)")
-    p.add_argument("--test", type=int, default=2000, help="test images of an accuracy run")
+    p.add_argument("--test", type=int, default=1000, help="test images of an accuracy run")
+    p.add_argument("--draws", type=int, default=10, help="weight draws per test image")
     args = p.parse_args(argv)
     print(
         f"torch {torch.__version__}, threads {torch.get_num_threads()}, load "
@@ -133,7 +134,7 @@ def main(argv=None) -> None:
             test = zoo.data.mnist(args.root, train=False, limit=args.test, layout=layout)
             print(
                 f"\n{name}: {args.budget} steps of batch {args.batch}, lr 1e-2, "
-                f"{args.test} test images, 20 draws"
+                f"{args.test} test images, {args.draws} draws"
             )
             print("| family | accuracy | nll | ece | load |")
             print("| --- | --- | --- | --- | --- |")
@@ -147,7 +148,7 @@ def main(argv=None) -> None:
                     lr=1e-2,
                     run=zoo.Run(progress=False),
                 )
-                m = fit.evaluate(test.tensors, num_samples=20, progress=False)
+                m = fit.evaluate(test.tensors, num_samples=args.draws, progress=False)
                 print(
                     f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "
                     f"{os.getloadavg()[0]:.2f} |",
