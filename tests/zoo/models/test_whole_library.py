@@ -5,6 +5,7 @@ transformer (layer norm)."""
 import pytest
 import torch
 
+import guides
 import zoo
 from zoo.models import ResNet, TransformerClassifier
 
@@ -80,3 +81,13 @@ def test_compare_on_a_resnet():
 def test_the_hmc_reference_refuses_batch_norm_clearly():
     with pytest.raises(ValueError, match="batch norm"):
         zoo.reference(resnet(), data("resnet"), chains=1, warmup=2, draws=2, progress=False)
+
+
+@pytest.mark.parametrize("family", guides.available())
+def test_every_family_fits_and_predicts_a_resnet(family):
+    """Batch norm's statistics move with every family's draws and are read in prediction."""
+    model = resnet()
+    fit = zoo.fit(model, family, data("resnet"), num_steps=2, batch_size=16, run=RUN)
+    assert int(model.net.bn1.num_batches_tracked) == 2
+    pred = fit.predict(data("resnet", 8, 1)[0], num_samples=2)
+    assert pred.probs.shape == (8, 10) and torch.isfinite(pred.probs).all()
