@@ -120,8 +120,7 @@ class BayesianModel(nn.Module):
                 "the network has no parameters to place a prior on"
                 + (" (every one is deterministic)" if names else "")
             )
-        self._statistics = statistics.running_buffers(net)
-        self._vectorised = not any(isinstance(m, nn.RNNBase) for m in net.modules())
+        self._read_network()
         self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
         self.prior.bind(self.site_shapes, self._fan_in)
 
@@ -130,9 +129,14 @@ class BayesianModel(nn.Module):
             _likelihood_from_v1(state)
         state.setdefault("deterministic", ())
         super().__setstate__(state)
-        if "_statistics" not in self.__dict__:
-            self._statistics = statistics.running_buffers(self.net)
-            self._vectorised = not any(isinstance(m, nn.RNNBase) for m in self.net.modules())
+        if "_statistics" not in self.__dict__:  # pickled before running statistics
+            self._read_network()
+
+    def _read_network(self) -> None:
+        """What the forward pass needs to know of the network: the names of its running
+        statistics, and whether ``vmap`` can batch it (no fused recurrent layer)."""
+        self._statistics = statistics.running_buffers(self.net)
+        self._vectorised = not any(isinstance(m, nn.RNNBase) for m in self.net.modules())
 
     @property
     def takes_tokens(self) -> bool:

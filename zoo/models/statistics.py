@@ -34,8 +34,8 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-#: The layer classes whose buffers are running statistics.
-NORM_LAYERS = (nn.modules.batchnorm._NormBase,)
+#: The layer classes whose buffers may be running statistics (batch and instance norm).
+TRACKING_LAYERS = (nn.modules.batchnorm._NormBase,)
 
 _FROZEN = contextvars.ContextVar("frozen_statistics", default=False)
 
@@ -51,12 +51,17 @@ def frozen_statistics():
         _FROZEN.reset(token)
 
 
+def _tracks(module: nn.Module) -> bool:
+    """Whether ``module`` is a normalisation layer that keeps running statistics."""
+    return isinstance(module, TRACKING_LAYERS) and module.track_running_stats
+
+
 def running_buffers(net: nn.Module) -> list[str]:
     """Names (as in ``net.named_buffers()``) of the running statistics of ``net``'s
     normalisation layers that track them."""
     names = []
     for prefix, module in net.named_modules():
-        if isinstance(module, NORM_LAYERS) and module.track_running_stats:
+        if _tracks(module):
             for leaf, buffer in module.named_buffers(recurse=False):
                 if buffer is not None:
                     names.append(f"{prefix}.{leaf}" if prefix else leaf)
@@ -66,9 +71,7 @@ def running_buffers(net: nn.Module) -> list[str]:
 def updates_statistics(net: nn.Module, names: list[str]) -> bool:
     """Whether a forward pass of ``net`` now would use batch statistics of layers that track
     running ones (a layer in training mode)."""
-    return bool(names) and any(
-        m.training for m in net.modules() if isinstance(m, NORM_LAYERS) and m.track_running_stats
-    )
+    return bool(names) and any(m.training for m in net.modules() if _tracks(m))
 
 
 def batched_call(

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from zoo.models import stored
+from zoo.models.statistics import statistics_of
 from zoo.runtime import file_checks, files
 
 
@@ -224,11 +225,10 @@ def restore(payload: dict, model, optimizer, scheduler, generator, path=None) ->
 def _restore_statistics(state: dict, model, path) -> None:
     """Put the network's running statistics (batch norm's buffers) back from a checkpoint's
     model state, checked against the model's own first."""
-    names = getattr(model, "_statistics", None)
-    if not names:
+    buffers = statistics_of(model)
+    if not buffers:
         return
-    own = dict(model.named_buffers())
-    expected = {f"net.{n}": own[f"net.{n}"] for n in names}
+    expected = {f"net.{n}": b for n, b in zip(model._statistics, buffers)}
     saved = {k: v for k, v in state.items() if k in expected}
     file_checks.check_state(expected, saved, f"{path}: the network's running statistics")
     file_checks.check_tensors(saved, path, "model state (running statistics)", floating=False)

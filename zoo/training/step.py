@@ -140,8 +140,7 @@ class Stepper:
             engine = Engine(check_every=check_every, threads=None, accumulate=accumulate)
             plan = step_rules.plan(engine, objective, optimizer, params[0].device, False)
         # A diverged fit goes back to a copy of the parameters and of the running statistics.
-        statistics = statistics_of(objective.model)
-        kept = [*params, *statistics]
+        kept = [*params, *statistics_of(objective.model)]
         guard = DivergenceGuard(kept, objective.guide, on_divergence, plan.copy_every)
         built = cls(
             objective,
