@@ -63,7 +63,7 @@ class BayesianModel(nn.Module):
         Shape of one input, used in error messages and checks.
     deterministic : iterable of str, optional
         Names of ``net``'s parameters that are *not* sample sites: point estimates fitted with
-        the ELBO (under a flat prior) like the noise of a learned-noise likelihood. They keep
+        the ELBO (under a flat prior), as a learned prior's scales are. They keep
         their values and their ``requires_grad`` (set it to ``False`` to keep one fixed, a
         trained body under a Bayesian last layer, say). Every other parameter is a site.
 
@@ -72,7 +72,7 @@ class BayesianModel(nn.Module):
     Buffers of ``net`` are the model's state: batch norm's running statistics follow PyTorch's
     training and evaluation modes, per weight draw (:mod:`zoo.models.statistics`), and are saved
     and resumed with a fit. Inputs are floating-point, or integer token indices for a network
-    whose first layer is an ``nn.Embedding`` or ``nn.EmbeddingBag`` (:attr:`takes_tokens`).
+    that holds an ``nn.Embedding`` or ``nn.EmbeddingBag`` (:attr:`takes_tokens`).
     Networks with PyTorch's fused recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``, which
     ``torch.func.vmap`` cannot batch) run their draws one after another.
     """
