@@ -56,13 +56,15 @@ def test_guides_is_a_one_way_graph():
         assert imported <= set(GUIDES_LAYERS), (family, imported)
 
 
-def module_imports() -> dict[str, set[str]]:
-    """``module -> the zoo/guides modules it imports when it is imported`` (statements at
-    module level, outside ``if TYPE_CHECKING``; an import inside a function runs later)."""
+def module_imports(repo: Path | None = None) -> dict[str, set[str]]:
+    """``module -> the zoo/guides modules it imports`` anywhere in it: at module level and
+    inside functions (an import in a function closes a circle as surely, only later), outside
+    ``if TYPE_CHECKING`` blocks (annotations only)."""
+    repo = repo or REPO
     paths = {}
     for package in ("zoo", "guides"):
-        for path in (REPO / package).rglob("*.py"):
-            parts = path.relative_to(REPO).with_suffix("").parts
+        for path in (repo / package).rglob("*.py"):
+            parts = path.relative_to(repo).with_suffix("").parts
             paths[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
 
     def known(name: str) -> str | None:  # the module a dotted name lives in
@@ -73,13 +75,24 @@ def module_imports() -> dict[str, set[str]]:
     graph = {}
     for module, path in paths.items():
         targets = set()
-        for node in ast.parse(path.read_text()).body:
+        for node in _imports_outside_type_checking(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets.update(known(a.name) for a in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets.update(known(f"{node.module}.{a.name}") for a in node.names)
         graph[module] = targets - {None, module}
     return graph
+
+
+def _imports_outside_type_checking(tree: ast.AST):
+    """Every import statement of ``tree``, at any depth, except under ``if TYPE_CHECKING``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in _imports_outside_type_checking(child))
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _imports_outside_type_checking(node)
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -107,22 +120,26 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 #: what comes before it, never what comes after (at module level or inside a function).
 #: ``zoo/__init__.py`` and ``__main__`` gather the public names and may import any of them.
 ZOO_LAYERS = [
-    "runtime",  # seeding, one call at a time, processes, threads, files, plain arguments
-    "metrics",  # formulas on tensors
+    "arguments",  # the checks of plain arguments (check_int, check_bool, ...)
+    "runtime",  # seeding, one call at a time, processes, threads, distributed ranks
+    "storage",  # the file format: plain data, atomic writes, checks of what is read
+    "metrics",  # formulas on tensors (the likelihoods' metrics)
     "priors",
     "models",  # networks, likelihoods, what a prediction holds, models as plain data
-    "data",  # data sets, checks of data in every form, minibatches
+    "data",  # data sets, checks of data in every form, minibatches, fingerprints
     "inference",  # the objective (-ELBO), its scaling, estimators, how the loss is evaluated
-    "evaluation",  # posterior predictives, agreement with a reference
-    "plots",
-    "arviz",
-    "mcmc",  # reference posteriors: samplers, chains, their result
+    "evaluation",  # predictives, agreement with a reference, figures, the ArviZ bridge
+    "results",  # every kind of posterior (one interface), saving and zoo.load
+    "mcmc",  # reference posteriors: samplers, chains
     "training",  # zoo.fit: options, the loop, the step engine and its rules, checkpoints
-    "baselines",  # deep ensembles; the loader of every kind of result file
+    "baselines",  # deep ensembles, the Laplace approximation
     "comparison",
     "lightning",
     "cli",  # only the command line imports the command line
 ]
+#: Public module names kept where users import them (``import zoo.plots``): each makes the
+#: module of its package importable under that name and holds nothing else.
+PUBLIC_ALIASES = {"plots": "evaluation", "arviz": "evaluation"}
 
 
 def zoo_layer(module: str) -> str | None:
@@ -131,7 +148,7 @@ def zoo_layer(module: str) -> str | None:
     parts = module.split(".")
     if parts[0] != "zoo" or len(parts) < 2 or parts[1] == "__main__":
         return None
-    return parts[1]
+    return PUBLIC_ALIASES.get(parts[1], parts[1]) if len(parts) == 2 else parts[1]
 
 
 def all_imports(path: Path, module: str) -> set[str]:
@@ -170,8 +187,10 @@ def layer_violations() -> list[str]:
 
 def test_zoo_is_packages_in_one_import_order():
     top = {p.stem for p in (REPO / "zoo").iterdir() if p.suffix == ".py" or p.is_dir()}
-    top -= {"__init__", "__main__", "__pycache__"}
+    top -= {"__init__", "__main__", "__pycache__", *PUBLIC_ALIASES}
     assert top == set(ZOO_LAYERS), top ^ set(ZOO_LAYERS)
+    for alias in PUBLIC_ALIASES:  # an alias holds nothing of its own
+        assert len((REPO / "zoo" / f"{alias}.py").read_text().splitlines()) <= 8, alias
     assert len([p for p in (REPO / "zoo").glob("*.py")]) <= 10
     for name in ZOO_LAYERS:  # a package's job is in its docstring
         path = REPO / "zoo" / name / "__init__.py"
@@ -196,6 +215,19 @@ def test_no_import_cycle_in_zoo_or_guides():
     assert "zoo.priors.fitted" in graph["zoo.priors"]  # the graph is read, not empty
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_check_reads_imports_inside_functions(tmp_path):
+    """A circle closed by an import inside a function is a circle: the graph holds the edge
+    and the search finds it."""
+    for package in ("zoo", "guides"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "zoo" / "a.py").write_text("from zoo import b\n")
+    (tmp_path / "zoo" / "b.py").write_text("def f():\n    from zoo.a import g\n")
+    graph = module_imports(tmp_path)
+    assert graph["zoo.b"] == {"zoo.a"}
+    assert find_cycle(graph) == ["zoo.a", "zoo.b", "zoo.a"]
 
 
 def test_the_cycle_check_finds_a_cycle():
@@ -310,7 +342,7 @@ def test_the_optional_modules_resolve_as_attributes_of_zoo():
     code = "import zoo; print(zoo.plots.__name__, zoo.arviz.__name__, zoo.lightning.__name__)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["zoo.plots", "zoo.arviz", "zoo.lightning"]
+    assert out.stdout.split() == ["zoo.evaluation.plots", "zoo.evaluation.arviz", "zoo.lightning"]
 
 
 #: Stacks that ``import zoo`` and ``python -m zoo --help`` must not load: each costs seconds of

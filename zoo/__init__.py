@@ -7,27 +7,31 @@ fit.evaluate(zoo.data.mnist(train=False))
 """
 
 from zoo import data, metrics, models, priors
-from zoo.baselines.ensembles import Ensemble, ensemble
-from zoo.baselines.laplace_fit import LaplaceFit, laplace
-from zoo.baselines.laplace_torch import LaplaceOptions
-from zoo.baselines.loading import load
+from zoo.baselines.ensembles import ensemble
+from zoo.baselines.laplace_fitting import laplace
 from zoo.comparison import compare
 from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import ElboScale
 from zoo.inference.objective import Objective
-from zoo.mcmc.result import Reference
 from zoo.mcmc.samplers import NUTS, Sampler
 from zoo.mcmc.sampling import Budget as ReferenceBudget
 from zoo.mcmc.sampling import ReferenceTooLargeError, reference
 from zoo.models import likelihoods
 from zoo.models.predictions import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.results.draws import Draws, from_draws
+from zoo.results.ensembles import Ensemble
+from zoo.results.hmc import Reference
+from zoo.results.laplace_approximation import LaplaceFit
+from zoo.results.laplace_torch import LaplaceOptions
+from zoo.results.loading import load
+from zoo.results.posterior import Posterior
+from zoo.results.variational import FitResult
 from zoo.training.convergence import Convergence
 from zoo.training.divergence import FitDivergedError
 from zoo.training.fitting import fit
-from zoo.training.loop import CheckpointError
+from zoo.training.loop import CallbackView, CheckpointError
 from zoo.training.options import Engine, Loss, Optim, Run
 from zoo.training.recipes import REGRESSION_FIT
-from zoo.training.result import CallbackView, FitResult
 from zoo.training.step import Stepper
 
 __all__ = [
@@ -35,6 +39,7 @@ __all__ = [
     "REGRESSION_FIT",
     "ClassificationPrediction",
     "Convergence",
+    "Draws",
     "ElboScale",
     "Engine",
     "Ensemble",
@@ -47,6 +52,7 @@ __all__ = [
     "NUTS",
     "Objective",
     "Optim",
+    "Posterior",
     "Prediction",
     "Reference",
     "ReferenceBudget",
@@ -59,6 +65,7 @@ __all__ = [
     "data",
     "ensemble",
     "fit",
+    "from_draws",
     "laplace",
     "likelihoods",
     "load",

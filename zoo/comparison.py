@@ -1,28 +1,43 @@
-"""Fit several posterior families on the same model and data, and tabulate them."""
+"""Several posteriors of one model (families to fit, baselines, posteriors already made) scored
+on the same test data and tabulated."""
 
 from __future__ import annotations
 
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tqdm import tqdm
 
+from zoo.arguments import check_model_factory
 from zoo.baselines.ensembles import check_ensemble, ensemble
-from zoo.baselines.laplace_fit import laplace
-from zoo.baselines.laplace_torch import LaplaceOptions
+from zoo.baselines.laplace_fitting import laplace
 from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
-from zoo.runtime.arguments import check_model_factory
+from zoo.results.laplace_torch import LaplaceOptions
+from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time
-from zoo.training.options import Engine, group, grouped
+from zoo.training.fitting import fit as run_fit
+from zoo.training.options import (
+    Engine,
+    Loss,
+    Optim,
+    Run,
+    fit_arguments,
+    group,
+    grouped,
+    refuses_flat_keywords,
+)
+
+nan = float("nan")
 
 
+@refuses_flat_keywords
 @one_at_a_time
 def compare(
-    model_factory: Callable,
-    guides: Sequence | None = None,
+    model_factory: Callable | None,
+    guides: Sequence | Mapping | None = None,
     train=None,
     test=None,
     *,
@@ -30,132 +45,146 @@ def compare(
     chart: str | os.PathLike | None = None,
     return_fits: bool = False,
     progress: bool = True,
-    reference=None,
-    **fit_options,
+    reference: Posterior | None = None,
+    epochs: int | None = None,
+    num_steps=None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    seed: int | None = 0,
+    optim: Optim | Mapping | None = None,
+    loss: Loss | Mapping | None = None,
+    engine: Engine | Mapping | None = None,
+    run: Run | Mapping | None = None,
 ):
-    """Fit each family with the same data, seed and options; one row per family.
+    """Fit each family with the same data, seed and options, or take posteriors already
+    fitted, and tabulate them on the same test data: one row each.
 
     Parameters
     ----------
-    model_factory : callable
-        ``() -> model``; called once per family so that no fit sees another's state.
-    guides : sequence, optional
-        Family names, ``(label, family, guide_options)`` triples, e.g.
-        ``("lowrank r=2", "lowrank", {"rank": 2})``, or ``(label, family, guide_options,
-        fit_options)`` for options of that row's ``zoo.fit`` only (they override
-        ``**fit_options``), e.g. ``("MC dropout", "mc_dropout", {"p": 0.1},
-        {"estimator": "local"})``. Default: every registered family (``guides.available()``).
-        A deep ensemble is a row too: ``("5 MAP nets", "ensemble", {"members": 5, "family":
-        "map"})`` fits :func:`zoo.ensemble` (its ``parameters`` and ``fit_seconds`` are all
-        members' together, its ``final_elbo`` is NaN: an ensemble has no ELBO). So is the
-        Laplace approximation (laplace-torch installed): ``("Laplace, last-layer KFAC",
-        "laplace", {"weights": "last_layer", "hessian": "kron"})`` takes
-        :class:`zoo.LaplaceOptions`' fields and runs :func:`zoo.laplace` (a MAP fit with the
-        row's fit options, then laplace-torch); its ``parameters`` are the MAP weights and the
-        curvature's numbers.
+    model_factory : callable or None
+        ``() -> model``; called once per row to fit, so that no fit sees another's state.
+        ``None`` when every row is a fitted posterior.
+    guides : sequence or mapping, optional
+        The rows. A sequence of family names, ``(label, family, guide_options)`` triples,
+        e.g. ``("lowrank r=2", "lowrank", {"rank": 2})``, ``(label, family, guide_options,
+        fit_options)`` for options of that row's ``zoo.fit`` only (a mapping of ``zoo.fit``'s
+        named arguments, groups or their fields, which override the call's), e.g. ``("MC
+        dropout", "mc_dropout", {"p": 0.1}, {"estimator": "local"})``, or ``(label,
+        posterior)`` for a posterior already made. A mapping ``{label: family name or
+        posterior}`` is the same: ``{"diagonal": fit, "5 MAP nets": ens, "NUTS": ref}`` compares
+        what one has without refitting. Default: every registered family
+        (``guides.available()``).
+        A deep ensemble is a row to fit too: ``("5 MAP nets", "ensemble", {"members": 5,
+        "family": "map"})`` runs :func:`zoo.ensemble`; so is the Laplace approximation
+        (laplace-torch installed): ``("Laplace, last-layer KFAC", "laplace", {"weights":
+        "last_layer", "hessian": "kron"})`` takes :class:`zoo.LaplaceOptions`' fields and runs
+        :func:`zoo.laplace` (a MAP fit with the row's fit options, then laplace-torch).
     train, test
-        Training and held-out data (``(X, y)``, a Dataset or a DataLoader).
+        Training and held-out data (``(X, y)``, a Dataset or a DataLoader); ``train`` is needed
+        only for rows to fit.
     num_samples : int
         Posterior samples per test input.
     chart : path, optional
         Where to save a bar chart of the test metrics (PNG, PDF, ...).
     return_fits : bool
-        Also return ``{label: FitResult}``.
+        Also return ``{label: Posterior}``.
+    progress : bool
+        A line per row as it starts, and the fits' and evaluations' progress bars (unless
+        ``run`` is given: then its ``progress`` rules the fits').
     reference : zoo.Reference, optional
         An HMC reference of the same model and training data (:func:`zoo.reference`): each
-        row also gets its distances to it on ``test`` (:func:`zoo.evaluation.agreement.distances`:
-        ``agreement`` and ``total_variation``, or ``w2``, ``sd_ratio`` and
-        ``reference_coverage``), and the reference gets its own last row (``"HMC reference"``,
-        its sampling time as ``fit_seconds``, its distances to itself).
-    progress : bool
-        A line per family as its fit starts, and the fit's and evaluation's progress bars.
-    **fit_options
-        Passed to every ``zoo.fit`` call (``epochs``, ``lr``, ``seed``, the option groups
-        ``optim``, ``loss``, ``engine``, ``run``, or the groups' fields flat, as a row's own
-        options are: :func:`zoo.training.options.grouped`); the engine's ``threads`` also sets the
-        evaluations' CPU threads (``zoo.fit``'s rule by default). A ``run`` group replaces
-        ``progress``'s for the fits.
+        row also gets its distances to it on ``test``
+        (:func:`zoo.evaluation.agreement.distances`: ``agreement`` and ``total_variation``, or
+        ``w2``, ``sd_ratio`` and ``reference_coverage``), and the reference gets its own last
+        row (``"HMC reference"``, its sampling time as ``fit_seconds``, its distances to
+        itself).
+    epochs, num_steps, batch_size, lr, seed, optim, loss, engine, run
+        Every fit's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (a group's field
+        passed flat is refused as ``zoo.fit`` refuses it); the engine's ``threads`` also sets
+        the evaluations' CPU threads.
 
     Returns
     -------
     pandas.DataFrame
-        Indexed by family label: ``parameters`` (variational), ``fit_seconds``,
-        ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last epoch, full-data
-        scale), then the test metrics of :meth:`zoo.FitResult.evaluate`, then the distances
-        to ``reference`` when one is given. ``final_elbo``
-        compares Gaussian families only: MC dropout's contains ``-n log sigma`` (its ``q`` is
-        nearly degenerate) and a point mass's is a log joint density (no entropy); compare the
-        test metrics across those.
+        Indexed by label: ``parameters`` (the numbers that define the posterior; NaN for
+        draws), ``fit_seconds``, ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last
+        epoch, full-data scale; NaN where there is none), then the test metrics of
+        :meth:`zoo.Posterior.evaluate` (seed 0), then the distances to ``reference`` when one
+        is given. ``final_elbo`` compares Gaussian families only: MC dropout's contains
+        ``-n log sigma`` (its ``q`` is nearly degenerate) and a point mass's is a log joint
+        density (no entropy); compare the test metrics across those.
     """
-    from guides import family as guide_family
-    from zoo.training.fitting import fit as run_fit
+    from guides import available
 
-    if train is None or test is None:
-        raise ValueError("compare needs both train and test data")
-    check_model_factory(model_factory, "compare")
-    if guides is None:
-        from guides import available
-
-        guides = available()
-    guides = list(guides)
-    if not guides:
-        raise ValueError("guides is empty: name at least one family (guides.available())")
-    for spec in guides:
-        check_row(spec)  # a malformed entry fails now, not after the fits before it
+    if test is None:
+        raise ValueError("compare needs test data (test=...) to score every row")
+    rows_in = _rows(available() if guides is None else guides)
+    to_fit = [row for row in rows_in if row[4] is None]
+    if to_fit:
+        if train is None:
+            raise ValueError("compare needs train data for the rows it fits")
+        check_model_factory(model_factory, "compare")
+    elif model_factory is not None:
+        check_model_factory(model_factory, "compare")
+    base = fit_arguments(progress, epochs=epochs, num_steps=num_steps, batch_size=batch_size,
+                         lr=lr, seed=seed, optim=optim, loss=loss, engine=engine,
+                         run=run)  # fmt: skip
     x_test, y_test = gather_tensors(test)
+    model = model_factory() if model_factory is not None else rows_in[0][4].model
+    for row in rows_in:
+        if row[4] is not None:
+            _check_same_sites(row[4].model, model, f"the row {row[0]!r}")
+    threads = group(Engine, base.get("engine")).threads
     ref_pred = None
     if reference is not None:
-        _check_same_sites(reference.model, model_factory())
-        ref_pred = reference.predict(x_test, progress=progress, threads=_threads(fit_options))
+        _check_same_sites(reference.model, model, "the reference")
+        ref_pred = reference.predict(x_test, progress=progress, threads=threads)
         warn_unconverged(reference, ref_pred)
-    rows, fits = [], {}
-    for i, spec in enumerate(guides):
-        label, family, options, own = _row(spec)
+    table_rows, fits = [], {}
+    for i, (label, family, options, own, fitted) in enumerate(rows_in):
         if progress:
-            tqdm.write(f"[{i + 1}/{len(guides)}] {label}", file=sys.stderr)
-        args = {**fit_options, **own}
-        args = grouped(args if "run" in args else {"progress": progress, **args})
-        if family == "ensemble":
-            result = ensemble(model_factory, train, **options, progress=progress, **args)
-            parameters, final_elbo = result.num_variational_parameters(), float("nan")
-        elif family == "laplace":
-            result = laplace(model_factory(), train, options=options, **args)
-            parameters, final_elbo = result.num_variational_parameters(), float("nan")
-        else:
-            guide = guide_family(family, **options) if options else family
-            result = run_fit(model_factory(), guide, train, **args)
-            parameters = result.guide.num_variational_parameters()
-            final_elbo = -(result.epoch_losses[-1] if result.epoch_losses else result.losses[-1])
-        threads = _threads(args)  # fit's rule, for both
-        metrics = _evaluate(result, x_test, y_test, num_samples, progress, threads, ref_pred)
-        rows.append(
+            tqdm.write(f"[{i + 1}/{len(rows_in)}] {label}", file=sys.stderr)
+        args = grouped({**base, **own})
+        result = fitted or _fit_row(model_factory, family, options, train, args, progress)
+        row_threads = group(Engine, args.get("engine")).threads
+        metrics = _evaluate(result, x_test, y_test, num_samples, progress, row_threads, ref_pred)
+        steps = result.steps
+        table_rows.append(
             {
                 "family": label,
-                "parameters": parameters,
+                "parameters": result.num_variational_parameters(),
                 "fit_seconds": result.wall_time,
-                "steps_per_second": result.steps / max(result.wall_time, 1e-9),
-                "final_elbo": final_elbo,
+                "steps_per_second": steps / max(result.wall_time, 1e-9) if steps else nan,
+                "final_elbo": result.final_elbo,
                 **metrics,
             }
         )
         fits[label] = result
     if reference is not None:
-        rows.append(_reference_row(reference, ref_pred, y_test))
+        table_rows.append(_reference_row(reference, ref_pred, y_test))
     import pandas as pd
 
-    table = pd.DataFrame(rows).set_index("family")
+    table = pd.DataFrame(table_rows).set_index("family")
     if chart is not None:
-        from zoo.plots import comparison_chart
+        from zoo.evaluation.plots import comparison_chart
 
         fig = comparison_chart(table)
         fig.savefig(chart, dpi=120)
     return (table, fits) if return_fits else table
 
 
-def _threads(fit_options: dict):
-    """The ``threads`` of these ``zoo.fit`` options (their engine group's, flat fields
-    included)."""
-    return group(Engine, grouped(fit_options).get("engine")).threads
+def _fit_row(model_factory, family, options, train, args, progress) -> Posterior:
+    """The posterior of one row to fit: a family's fit, an ensemble or a Laplace
+    approximation, with the row's ``zoo.fit`` arguments ``args``."""
+    from guides import family as guide_family
+
+    if family == "ensemble":
+        own = {k: args.pop(k) for k in ("seed",) if k in args}
+        return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
+    if family == "laplace":
+        return laplace(model_factory(), train, options=options, progress=progress, **args)
+    guide = guide_family(family, **options) if options else family
+    return run_fit(model_factory(), guide, train, **args)
 
 
 def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[str, float]:
@@ -167,14 +196,15 @@ def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[st
     return metrics if ref_pred is None else {**metrics, **distances(pred, ref_pred)}
 
 
-def _check_same_sites(sampled, model) -> None:
-    """Refuse a reference sampled on another architecture than ``model_factory``'s."""
+def _check_same_sites(sampled, model, what: str) -> None:
+    """Refuse a posterior (the reference, a fitted row) of another architecture than
+    ``model``'s (``model_factory``'s, or the first fitted row's)."""
     theirs, ours = getattr(sampled, "site_shapes", None), getattr(model, "site_shapes", None)
     if theirs is not None and ours is not None and dict(theirs) != dict(ours):
         differ = sorted(set(theirs.items()) ^ set(ours.items()))
         raise ValueError(
-            "the reference was sampled on another model than model_factory builds (sites that "
-            f"differ: {differ}); sample it on model_factory() with the same training data"
+            f"{what} is of another model than the other rows' (sites that differ: {differ}); "
+            "every row must be a posterior of the same model, on the same training data"
         )
 
 
@@ -206,7 +236,7 @@ class ReferenceNotConvergedWarning(UserWarning):
 def warn_unconverged(reference, pred) -> None:
     """Warn when the reference's chains disagree on the test outputs (R-hat, bulk ESS of
     ``pred``, the reference's predictions): the distances would measure its sampling error."""
-    from zoo.arviz import chain_diagnostics
+    from zoo.evaluation.arviz import chain_diagnostics
 
     chains, draws = reference.shape
     if chains < 2:
@@ -229,11 +259,11 @@ def warn_unconverged(reference, pred) -> None:
 ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes"})
 
 
-def check_row(spec) -> None:
-    """Refuse an entry of :func:`compare`'s ``guides`` that could not run, before any fit:
-    its shape, and a baseline row's options (as :func:`zoo.ensemble` and
-    :class:`zoo.LaplaceOptions` check them)."""
-    label, family, options, _ = _row(spec)
+def check_row(row: tuple) -> None:
+    """Refuse a row of :func:`compare` (as :func:`_row` reads it) that could not run, before
+    any fit: a baseline row's options (as :func:`zoo.ensemble` and :class:`zoo.LaplaceOptions`
+    check them)."""
+    label, family, options, _, _ = row
     try:
         if family == "ensemble":
             if not set(options) <= ENSEMBLE_OPTIONS:
@@ -247,14 +277,40 @@ def check_row(spec) -> None:
         raise ValueError(f"the {family} row {label!r}: {err}") from None
 
 
-def _row(spec) -> tuple[str, object, dict, dict]:
-    """``(label, family, guide_options, fit_options)`` of one entry of ``guides``."""
+def _rows(guides) -> list[tuple]:
+    """``(label, family, guide_options, fit_options, fitted)`` of every row of ``guides``
+    (``fitted``: the posterior of a row given fitted, else ``None``), each checked before any
+    fit; labels must be unique."""
+    if isinstance(guides, Mapping):
+        entries = [(label, value) for label, value in guides.items()]
+    else:
+        entries = list(guides)
+    if not entries:
+        raise ValueError("guides is empty: name at least one family (guides.available())")
+    rows = [_row(spec) for spec in entries]
+    for row in rows:
+        check_row(row)
+    labels = [row[0] for row in rows]
+    if len(set(labels)) < len(labels):
+        raise ValueError(f"the rows' labels must be unique, got {labels}")
+    return rows
+
+
+def _row(spec) -> tuple:
+    """``(label, family, guide_options, fit_options, fitted)`` of one entry of ``guides``."""
     if isinstance(spec, str):
-        return spec, spec, {}, {}
+        return spec, spec, {}, {}, None
+    if isinstance(spec, tuple) and len(spec) == 2:
+        label, value = spec
+        if isinstance(value, Posterior):
+            return str(label), None, {}, {}, value
+        if isinstance(value, str) or not isinstance(value, tuple):
+            return str(label), value, {}, {}, None
     if isinstance(spec, tuple) and len(spec) in (3, 4):
         label, family, options, *own = spec
-        return label, family, dict(options), dict(own[0]) if own else {}
+        return label, family, dict(options), dict(own[0]) if own else {}, None
     raise ValueError(
-        "each entry of guides is a family name, (label, family, guide_options) or "
-        f"(label, family, guide_options, fit_options); got {spec!r}"
+        "each entry of guides is a family name, (label, family, guide_options), "
+        "(label, family, guide_options, fit_options) or (label, posterior); a mapping is "
+        f"{{label: family or posterior}}; got {spec!r}"
     )

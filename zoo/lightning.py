@@ -28,12 +28,12 @@ from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
 from zoo.models.base import BayesianModel
 from zoo.models.statistics import frozen_statistics
+from zoo.results.variational import FitResult
 from zoo.runtime.distributed import INSTALL_HINT
 from zoo.runtime.rng import seeded
 from zoo.runtime.threads import check_threads, threads_for
 from zoo.training.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
 from zoo.training.options import Loss, Optim, group, refuses_flat_keywords
-from zoo.training.result import FitResult
 
 try:
     import lightning as L

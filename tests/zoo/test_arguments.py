@@ -1,4 +1,4 @@
-"""The plain arguments of zoo.fit (zoo.runtime.arguments): each bad value is refused before any
+"""The plain arguments of zoo.fit (zoo.arguments): each bad value is refused before any
 work, with what was given and what to pass instead."""
 
 import pytest

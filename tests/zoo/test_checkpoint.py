@@ -1,4 +1,4 @@
-"""Checkpoints (zoo.training.checkpoint, zoo.training.fingerprint): a resume continues the same fit
+"""Checkpoints (zoo.training.checkpoint, zoo.data.fingerprint): a resume continues the same fit
 or is refused with what differs; a checkpoint whose loop state no fit writes is refused before any
 step."""
 

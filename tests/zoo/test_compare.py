@@ -91,7 +91,7 @@ def test_a_reference_that_has_not_converged_is_flagged():
     import torch
 
     from zoo.comparison import ReferenceNotConvergedWarning, warn_unconverged
-    from zoo.mcmc.result import Reference
+    from zoo.results.hmc import Reference
 
     model = zoo.models.BayesianMLP(3, (4,), noise=1.0)
     g = torch.Generator().manual_seed(0)

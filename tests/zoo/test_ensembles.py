@@ -10,6 +10,7 @@ import signal
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 import torch
 
@@ -270,9 +271,10 @@ def test_to_arviz_has_one_chain_per_member():
         assert (
             idata.posterior["fc2.bias"].values[k] == alone.posterior["fc2.bias"].values[0]
         ).all()
-        assert (
-            idata.log_likelihood["obs"].values[k] == alone.log_likelihood["obs"].values[0]
-        ).all()
+        # the mixture's categorical renormalises the members' logits: equal to rounding
+        np.testing.assert_allclose(
+            idata.log_likelihood["obs"].values[k], alone.log_likelihood["obs"].values[0], atol=1e-6
+        )
     assert idata.attrs["inference"] == "deep ensemble of 3 diagonal fits"
     maps = zoo.ensemble(classifier, (x, y), members=2, num_steps=5, progress=False)
     assert maps.to_arviz((x, y), progress=False).posterior["fc1.bias"].shape == (2, 1, 8)

@@ -1,4 +1,4 @@
-"""Files that lie (zoo.runtime.file_checks, zoo.runtime.files): every tampering is refused before
+"""Files that lie (zoo.storage.checks, zoo.storage.files): every tampering is refused before
 use with a ValueError naming the file and the entry; random bytes are damaged, never 'pickled'."""
 
 import os
@@ -9,7 +9,7 @@ import torch
 
 import zoo
 from zoo.models import BayesianMLP
-from zoo.runtime import files
+from zoo.storage import files
 
 
 @pytest.fixture(scope="module")

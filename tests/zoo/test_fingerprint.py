@@ -1,10 +1,10 @@
-"""The data's fingerprint (zoo.training.fingerprint): the same for the same data in any form, other
+"""The data's fingerprint (zoo.data.fingerprint): the same for the same data in any form, other
 for other values, order, shape or dtype."""
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from zoo.training.fingerprint import data_fingerprint
+from zoo.data.fingerprint import data_fingerprint
 
 
 def xy(n=40):

@@ -1,4 +1,4 @@
-"""The Laplace baseline through laplace-torch (zoo.baselines.laplace_torch): the same
+"""The Laplace baseline through laplace-torch (zoo.results.laplace_torch): the same
 predictive as laplace-torch called directly on the same network, the exact posterior of a
 conjugate Bayesian linear regression, plain-data saves, compare rows, and what is refused
 before any work. Skipped without laplace-torch (``pip install "bnn-zoo[laplace]"``)."""
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import zoo
-from zoo.baselines import laplace_torch
+from zoo.results import laplace_torch
 
 laplace = pytest.importorskip("laplace", exc_type=ImportError)
 
@@ -117,7 +117,7 @@ def test_weight_draws_follow_the_sites_and_the_linearisation_is_laplace_torchs()
     """All weights of a 3-8-1 regression net, diagonal Hessian: :meth:`LaplaceFit.sample`
     puts laplace-torch's vector into the right sites (its mean is the MAP weights, each site's
     variance laplace-torch's posterior variance there), and the linearised network at the
-    draws (:meth:`LaplaceFit.predict_at`) has laplace-torch's GLM predictive mean and
+    draws (:meth:`LaplaceFit.predict_draws`) has laplace-torch's GLM predictive mean and
     variance by Monte Carlo. A last layer's draws leave the body at its MAP weights."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 3, generator=g)
@@ -137,7 +137,7 @@ def test_weight_draws_follow_the_sites_and_the_linearisation_is_laplace_torchs()
         offset += size
     with laplace_torch.dependency_notices_off():
         f_mu, f_var = fit.laplace(x[:8], pred_type="glm")
-    pred = fit.predict_at(x[:8], draws)
+    pred = fit.predict_draws(x[:8], draws)
     torch.testing.assert_close(pred.mean, f_mu.reshape(-1), rtol=0, atol=0.02)
     torch.testing.assert_close(pred.epistemic_variance, f_var.reshape(-1), rtol=0.1, atol=1e-5)
 
@@ -155,7 +155,7 @@ def test_to_arviz_holds_the_weight_draws_and_their_likelihoods():
     draws = fit.sample(30, seed=2)
     assert set(idata.posterior.data_vars) == set(draws)
     assert idata.posterior["fc2.weight"].shape == (1, 30, 2, 16)
-    want = fit.predict_at(x, draws).log_likelihood(y)
+    want = fit.predict_draws(x, draws).log_likelihood(y)
     assert idata.log_likelihood["obs"].shape == (1, 30, 128)
     assert torch.allclose(torch.from_numpy(idata.log_likelihood["obs"].values[0]), want)
     assert idata.posterior_predictive["obs"].shape == (1, 30, 128)

@@ -18,7 +18,7 @@ from tests.conftest import HANG_AFTER
 from tests.families import CASES
 from tests.groups import grouped
 from zoo.models import BayesianMLP
-from zoo.runtime import files
+from zoo.storage import files
 
 FAMILIES = CASES
 LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_v1"
@@ -81,7 +81,9 @@ def test_loading_onto_a_different_model_is_refused(tmp_path):
 
 def test_not_a_zoo_file(tmp_path):
     torch.save({"a": 1}, tmp_path / "x.pt")
-    with pytest.raises(ValueError, match="not a bnn-zoo fit, reference, ensemble or laplace file"):
+    with pytest.raises(
+        ValueError, match="not a bnn-zoo fit, reference, ensemble, laplace or draws file"
+    ):
         zoo.load(tmp_path / "x.pt")
     with pytest.raises(FileNotFoundError):
         zoo.load(tmp_path / "missing.pt")

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset, TensorDataset
 import zoo
 from tests.conftest import HANG_AFTER, REPO
 from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_for
-from zoo.arviz import chain_diagnostics
+from zoo.evaluation.arviz import chain_diagnostics
 from zoo.mcmc.chain import read_chain
 
 QUICK = {"warmup": 40, "draws": 12, "chunk": 5, "progress": False}
@@ -77,7 +77,7 @@ def test_the_reference_predicts_evaluates_and_saves_like_a_fit(conjugate, tmp_pa
         assert torch.equal(back.draws[name], ref.draws[name])
     assert torch.equal(back.stats["lp"], ref.stats["lp"])
     assert torch.equal(back.predict(x[:7], progress=False).outputs, pred.outputs)
-    with pytest.raises(ValueError, match="not a fit, reference, ensemble or laplace file"):
+    with pytest.raises(ValueError, match="not a fit, reference, ensemble, laplace or draws file"):
         torch.save({"format": "bnn-zoo", "kind": "checkpoint"}, tmp_path / "c.pt")
         zoo.load(tmp_path / "c.pt")
 

@@ -46,7 +46,7 @@ def test_a_checkpoint_that_cannot_be_written_keeps_the_steps_taken(tmp_path, mon
     result holds every step taken, and no file or temporary is left behind."""
     import errno
 
-    from zoo.runtime import files
+    from zoo.storage import files
 
     def full(obj, path):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -76,7 +76,7 @@ def fit_members(
     """Member ``k`` = ``zoo.fit(model_factory(), family, data, seed=seed + k,
     **member_args[k])``, ``processes`` members at a time in forked processes; the fits in
     member order."""
-    from zoo.baselines.loading import load
+    from zoo.results.loading import load
 
     threads = 1  # more would hang in OpenMP if this process used its pool before the fork
     context = multiprocessing.get_context("fork")

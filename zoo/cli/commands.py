@@ -22,7 +22,7 @@ def demo(args: argparse.Namespace) -> int:
     import torch
 
     import zoo
-    from zoo import plots
+    from zoo.evaluation import plots
 
     x, y = zoo.data.toy_regression(n=args.points, seed=args.seed)
     model = zoo.models.BayesianMLP(
@@ -149,8 +149,8 @@ def _fit_options(args) -> dict:
 def fit_command(args: argparse.Namespace) -> int:
     """Fit one model and family, print test metrics, save the fit and an ArviZ netCDF."""
     import zoo
-    from zoo.arviz import to_netcdf
     from zoo.data.checks import gather_tensors
+    from zoo.evaluation.arviz import to_netcdf
     from zoo.runtime.distributed import process_rank
 
     train, test = _load_data(args)

@@ -1,3 +1,5 @@
-"""Posterior predictives of a fitted model (:mod:`~zoo.evaluation.predictive`) and how close one
-is to a reference (:mod:`~zoo.evaluation.agreement`). Metrics, figures and ArviZ are the public
-modules :mod:`zoo.metrics`, :mod:`zoo.plots` and :mod:`zoo.arviz`."""
+"""Everything that reads a posterior's predictions: the posterior predictive in blocks of draws
+and inputs (:mod:`~zoo.evaluation.predictive`), distances to a reference
+(:mod:`~zoo.evaluation.agreement`), figures (:mod:`~zoo.evaluation.plots`, public as
+``zoo.plots``) and every ArviZ call (:mod:`~zoo.evaluation.arviz`, public as ``zoo.arviz``).
+The metrics' formulas are :mod:`zoo.metrics`, below the models, whose likelihoods use them."""

@@ -9,11 +9,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
+from zoo.arguments import check_positive, check_seed
 from zoo.data.checks import check_inputs
 from zoo.models.base import BayesianModel
 from zoo.models.predictions import Prediction
 from zoo.models.statistics import evaluation_mode
-from zoo.runtime.arguments import check_positive, check_seed
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
@@ -60,7 +60,7 @@ def last_level_cache_bytes() -> int:
     return max(sizes, default=32 << 20)
 
 
-def _fitted_guide_device(guide) -> torch.device:
+def fitted_guide_device(guide) -> torch.device:
     """The device of a guide that has parameters; a clear error for anything else."""
     if isinstance(guide, str) or isinstance(guide, type):
         raise TypeError(
@@ -115,7 +115,7 @@ def predict(
     vectorised pass (``torch.func.vmap`` over the draws), so memory stays bounded for large
     inputs and many samples. The same weight draws are used for every input. ``params``
     (``{site: (S, *shape)}``) evaluates given draws instead of new ones (``guide`` may then be
-    ``None``, as for :meth:`zoo.mcmc.result.Reference.predict`).
+    ``None``, as for :meth:`zoo.results.hmc.Reference.predict`).
 
     Defaults (``benchmarks/predict_time.py`` measures them): ``sample_batch_size=None``
     evaluates one draw per pass (a plain forward; ``vmap`` over draws turns convolutions into
@@ -147,7 +147,7 @@ def predict(
     check_seed(seed)
     with evaluation_mode(model):  # batch norm reads its running statistics
         if params is None:
-            device = _fitted_guide_device(guide)
+            device = fitted_guide_device(guide)
         else:  # given draws (a reference's, or a guide's drawn by the caller): no guide needed
             device = next(iter(params.values())).device
         check_inputs(model, x, device)

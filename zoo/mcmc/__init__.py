@@ -1,2 +1,3 @@
 """Reference posteriors by Markov chain Monte Carlo: ``zoo.reference`` (:mod:`~zoo.mcmc.sampling`),
-one chain run in chunks (:mod:`~zoo.mcmc.chain`) and what it returns (:mod:`~zoo.mcmc.result`)."""
+the samplers (:mod:`~zoo.mcmc.samplers`) and one chain run in chunks (:mod:`~zoo.mcmc.chain`).
+What it returns, :class:`zoo.Reference`, lives in :mod:`zoo.results`."""

@@ -23,8 +23,9 @@ import torch
 from pyro.poutine.util import site_is_subsample
 
 from zoo.mcmc.samplers import NUTS, SAMPLERS, Sampler
-from zoo.runtime import file_checks, files
 from zoo.runtime.rng import forked, seeded
+from zoo.storage import checks as file_checks
+from zoo.storage import files
 
 
 @dataclass(frozen=True)

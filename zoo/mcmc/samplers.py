@@ -20,8 +20,9 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc import NUTS as PyroNUTS
 from pyro.poutine.messenger import Messenger
 
-from zoo.runtime import file_checks, files
-from zoo.runtime.arguments import check_positive
+from zoo.arguments import check_positive
+from zoo.storage import checks as file_checks
+from zoo.storage import files
 
 
 class Sampler(ABC):

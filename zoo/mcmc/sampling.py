@@ -25,14 +25,15 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from zoo.arguments import check_positive, check_seed, refuses_moved_keywords
 from zoo.data.checks import check_data, gather_tensors
 from zoo.mcmc import chain as hmc
-from zoo.mcmc.result import Reference
 from zoo.mcmc.samplers import NUTS, Sampler, check_sampler
-from zoo.runtime import children, files
-from zoo.runtime.arguments import check_positive, check_seed, refuses_moved_keywords
+from zoo.results.hmc import Reference
+from zoo.runtime import children
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import example_flops, intra_op_threads
+from zoo.storage import files
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A guide and a model as plain data: what a saved fit holds of each (:func:`guide_payload`,
 :func:`model_payload`), how each is rebuilt from it (:func:`build_guide`,
 :func:`restore_model`), and the site shapes that say whether a model and a guide belong
-together. The file around them is :mod:`zoo.runtime.files`."""
+together. The file around them is :mod:`zoo.storage.files`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import torch
 import guides
 from guides.site import direct_parameters
 from zoo.models.statistics import frozen_statistics
-from zoo.runtime import file_checks
-from zoo.runtime.files import device_of
+from zoo.storage import checks as file_checks
+from zoo.storage.files import device_of
 
 
 def guide_payload(guide) -> dict:

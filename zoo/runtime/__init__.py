@@ -1,6 +1,5 @@
 """What every part of the library runs on: seeding (:mod:`~zoo.runtime.rng`), one call at a time
-(:mod:`~zoo.runtime.serial`), child processes (:mod:`~zoo.runtime.children`), CPU threads
-(:mod:`~zoo.runtime.threads`), the processes of a distributed run
-(:mod:`~zoo.runtime.distributed`), files (:mod:`~zoo.runtime.files`,
-:mod:`~zoo.runtime.file_checks`) and the checks of plain arguments
-(:mod:`~zoo.runtime.arguments`). It imports no other package of the zoo."""
+(:mod:`~zoo.runtime.serial`), child processes that end with their parent
+(:mod:`~zoo.runtime.children`), CPU threads (:mod:`~zoo.runtime.threads`) and the processes of
+a distributed run (:mod:`~zoo.runtime.distributed`). It imports no other package of the zoo but
+the argument checks (:mod:`zoo.arguments`)."""

@@ -2,4 +2,5 @@
 (:mod:`~zoo.training.options`), the loop (:mod:`~zoo.training.loop`), the stepper
 (:mod:`~zoo.training.step`) and its rules (:mod:`~zoo.training.rules`), the CUDA-graph step,
 divergence, optimisers, convergence, default lengths (:mod:`~zoo.training.recipes`),
-checkpoints, and what a fit returns (:mod:`~zoo.training.result`)."""
+checkpoints and what a resume must match (:mod:`~zoo.training.checkpoint`). What a fit
+returns, :class:`zoo.FitResult`, lives in :mod:`zoo.results`."""

@@ -1,9 +1,9 @@
 """A running fit's position (:class:`LoopState`) and the checkpoint that holds it: written and
 read in this one place.
 
-Persistence is three modules, one story: :mod:`zoo.runtime.files` is the file format (atomic writes
+Persistence is three modules, one story: :mod:`zoo.storage.files` is the file format (atomic writes
 of plain data that load without unpickling code, a guide or a model as plain data, RNG states);
-this module saves a fit that is still running, to resume it exactly; :mod:`zoo.training.result`
+this module saves a fit that is still running, to resume it exactly; :mod:`zoo.results.variational`
 saves a finished one (``FitResult.save``, ``zoo.load``), to predict with. A callback sees neither:
 it gets a :class:`zoo.CallbackView`, a read-only view of one step.
 
@@ -12,19 +12,30 @@ spec and state dict), the model's own parameters and buffers, the optimiser's an
 schedule's state dicts, and the random number generators' states. Resuming a fit with the same
 arguments continues it: with in-memory data on the CPU, to the same parameters as an
 uninterrupted fit.
+
+What a checkpoint was made with is recorded too (:func:`fit_identity`), so that a resume
+continues the same fit: a resumed fit replays its epoch's shuffle and takes the steps the
+interrupted one would have taken, which holds only on the same data (its fingerprint,
+:mod:`zoo.data.fingerprint`), in minibatches of the same size, with the same objective and
+optimiser; :func:`check_identity` refuses a resume whose identity differs, naming what differs.
+What may change on a resume: the length (``num_steps``, ``epochs``: a longer run goes on), the
+progress bar, callbacks, the checkpoint cadence, the threads, ``jit``, and the number of
+processes (a distributed fit resumed on another layout draws fresh weights).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 
 from zoo.models import stored
 from zoo.models.statistics import statistics_of
-from zoo.runtime import file_checks, files
+from zoo.storage import checks as file_checks
+from zoo.storage import files
 
 
 @dataclass
@@ -79,9 +90,9 @@ def write_checkpoint(
     identity: dict | None = None,
 ) -> None:
     """Write everything a resumed fit needs to ``path``, atomically. ``rank_rng``: the
-    generator states of every rank of a distributed fit (:func:`zoo.runtime.files.torch_rng_state`);
+    generator states of every rank of a distributed fit (:func:`zoo.storage.files.torch_rng_state`);
     ``identity``: the data and settings it was made with
-    (:func:`zoo.training.fingerprint.fit_identity`), which a resume must match."""
+    (:func:`fit_identity`), which a resume must match."""
     trainable = {}
     if isinstance(model, torch.nn.Module):
         trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
@@ -250,3 +261,62 @@ def _check_optimizer_state(optimizer, path) -> None:
                         f"{tuple(value.shape)} for a parameter of shape {tuple(p.shape)}, or "
                         "values that are not finite; the file was changed"
                     )
+
+
+# -- what a resume must match -------------------------------------------------------
+
+
+def fit_identity(data_print: dict, batch_size: int, length, optim, loss, engine) -> dict:
+    """The identity a checkpoint records: ``data`` (:func:`data_fingerprint`) and ``settings``
+    (the values of ``zoo.fit``'s arguments that change what a step computes; a callable
+    schedule or KL weight is recorded as ``"callable"``, which cannot be compared further)."""
+    optimizer = optim.optimizer
+    settings = {
+        "batch_size": int(batch_size),
+        "lr": float(length.lr),
+        "optimizer": optimizer if isinstance(optimizer, str) else optimizer.__name__,
+        "optimizer_options": files.plain_data(dict(optim.optimizer_options or {})),
+        "lr_schedule": _named(length.lr_schedule),
+        "lr_multipliers": files.plain_data(dict(optim.lr_multipliers or {})),
+        "clip_grad_norm": optim.clip_grad_norm,
+        "per_example": bool(optim.per_example),
+        "elbo": loss.elbo,
+        "estimator": loss.estimator,
+        "num_particles": int(loss.num_particles),
+        "kl_weight": _named(loss.kl_weight),
+        "accumulate": int(engine.accumulate),
+    }
+    return {"data": data_print, "settings": settings}
+
+
+def _named(value):
+    return "callable" if callable(value) else value
+
+
+def check_identity(path, saved: Mapping | None, now: Mapping) -> None:
+    """Refuse to resume the checkpoint at ``path`` (identity ``saved``; ``None`` for a
+    checkpoint written before identities were recorded, which is not checked) as a fit whose
+    identity is ``now``: a ``ValueError`` naming every difference."""
+    if saved is None:
+        return
+    differ = []
+    old, new = saved.get("settings", {}), now["settings"]
+    for key in new:
+        if key in old and old[key] != new[key]:
+            differ.append(f"{key}={old[key]!r} in the checkpoint, {new[key]!r} now")
+    data_old, data_new = saved.get("data"), now["data"]
+    if data_old is not None and data_old != data_new:
+        what = (
+            f"{data_old['size']} examples in the checkpoint, {data_new['size']} now"
+            if data_old.get("size") != data_new.get("size")
+            else "the same size, other values or shapes"
+        )
+        differ.append(f"the data differ ({what})")
+    if differ:
+        raise ValueError(
+            f"resume={str(path)!r} was written by a fit with other settings: "
+            + "; ".join(differ)
+            + ". A resumed fit continues the same fit: pass the same data and settings to "
+            "resume it (only num_steps, epochs, progress, callbacks, checkpoint_every, threads "
+            "and jit may change), or drop resume= to start a new fit"
+        )

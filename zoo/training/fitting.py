@@ -19,13 +19,16 @@ import torch
 from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
+from zoo.arguments import check_checkpoint_path, check_length, check_positive, check_seed
 from zoo.data.batches import fit_batches
+from zoo.data.fingerprint import data_fingerprint
 from zoo.inference.objective import Objective
 from zoo.models import stored
 from zoo.models.checks import check_model
 from zoo.models.statistics import frozen_statistics, training_mode
+from zoo.results.loading import load
+from zoo.results.variational import FitResult
 from zoo.runtime import distributed
-from zoo.runtime.arguments import check_checkpoint_path, check_length, check_positive, check_seed
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
@@ -33,14 +36,15 @@ from zoo.runtime.threads import intra_op_threads
 from zoo.training import rules as step_rules
 from zoo.training.checkpoint import (
     LoopState,
+    check_identity,
     check_position,
+    fit_identity,
     read_checkpoint,
     restore,
     restore_rank_generator,
 )
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
-from zoo.training.fingerprint import check_identity, data_fingerprint, fit_identity
 from zoo.training.loop import Trainer
 from zoo.training.optim import (
     check_finite_parameters,
@@ -57,7 +61,6 @@ from zoo.training.recipes import (
     resolve_length,
     warn_if_short,
 )
-from zoo.training.result import FitResult, load
 from zoo.training.step import Stepper
 
 

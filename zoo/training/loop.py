@@ -6,22 +6,34 @@ from __future__ import annotations
 
 import time
 import warnings
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
 from zoo.data.batches import Batches
 from zoo.priors import Prior
-from zoo.runtime import files
+from zoo.results.variational import FitResult
 from zoo.runtime.distributed import Ranks
+from zoo.storage import files
 from zoo.training.checkpoint import write_checkpoint
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.divergence import FitDivergedError, warn_blow_up, warn_skipped
 from zoo.training.optim import apply_factor
-from zoo.training.result import CallbackView, FitResult
 from zoo.training.step import Stepper
 
 #: Steps between the progress bar's updates of the loss it shows (at the host's reads).
 POSTFIX_EVERY = 10
+
+
+@dataclass
+class CallbackView:
+    """What a callback sees after every step. Return ``True`` from the callback to stop."""
+
+    step: int
+    epoch: int
+    loss: float
+    epoch_end: bool
+    result: FitResult
 
 
 class CheckpointError(OSError):

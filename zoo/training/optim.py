@@ -110,7 +110,7 @@ def make_scheduler(optimizer, lr_schedule, total: int = 1, cuts=None):
     ``None`` when neither is."""
     factor = resolve_schedule(lr_schedule, total)
     if factor is not None:
-        from zoo.runtime.arguments import check_factor
+        from zoo.arguments import check_factor
 
         check_factor("lr_schedule", factor, sorted({0, max(int(total) - 1, 0)}))
     if cuts is not None:

@@ -123,7 +123,7 @@ def check_schedule(schedule) -> None:
 
 def check_kl_weight(weight) -> None:
     if callable(weight):
-        from zoo.runtime.arguments import check_factor
+        from zoo.arguments import check_factor
 
         check_factor("kl_weight", weight)
     elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoo.runtime.arguments import check_positive
+from zoo.arguments import check_positive
 from zoo.training import option_checks as checks
 from zoo.training.option_values import (
     devices_value,
@@ -356,7 +356,10 @@ def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUP
     """``function`` (whose group parameters are ``groups``) refusing, before any work, a field
     of a group passed as a keyword of its own (the flat keywords removed in 0.3.0) with a
     ``TypeError`` that names the group to pass it in; every other call is ``function``'s."""
-    owners = flat_keywords(groups)
+    import inspect
+
+    own = set(inspect.signature(function).parameters)  # e.g. ensemble's own progress bar
+    owners = {k: v for k, v in flat_keywords(groups).items() if k not in own}
     name = function.__qualname__.removesuffix(".__init__")
 
     @functools.wraps(function)
@@ -375,3 +378,17 @@ def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUP
         return function(*args, **kwargs)
 
     return wrapper
+
+
+def fit_arguments(progress: bool, **arguments) -> dict:
+    """``zoo.fit``'s keyword arguments for a fit made on a caller's behalf (an ensemble's
+    members, ``laplace``'s MAP fit, ``compare``'s rows): ``arguments`` (``zoo.fit``'s named
+    arguments and groups, each group checked now: :func:`group`), with the fit's progress bar
+    set by ``progress`` unless a ``run`` group is given (then its own ``progress`` rules)."""
+    out = dict(arguments)
+    for name, cls in GROUPS.items():
+        if out.get(name) is not None:
+            out[name] = group(cls, out[name])
+    if out.get("run") is None:
+        out["run"] = Run(progress=progress)
+    return out

@@ -140,7 +140,7 @@ def test_a_fit_updates_the_statistics_as_a_hand_written_loop_does():
 
 
 def test_a_checkpoint_or_file_with_damaged_statistics_is_refused(tmp_path):
-    from zoo.runtime import files
+    from zoo.storage import files
 
     model = zoo.models.from_module(small_net())
     x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))

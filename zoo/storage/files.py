@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zoo.runtime import file_checks
+from zoo.storage import checks as file_checks
 
 FORMAT = "bnn-zoo"
 VERSION = 2

@@ -1,7 +1,9 @@
-"""Checks of the plain arguments of the library's entry points (``zoo.fit``, ``predict``,
-``reference``, ``compare``): each refuses a value that cannot be right before any work, with a
-message that says what was given, where, and what to pass instead. The option groups check
-their own fields (:mod:`zoo.training.options`)."""
+"""Checks of plain arguments, in one place for the whole library: the primitives
+(:func:`check_int`, :func:`check_bool`, :func:`check_choice`, :func:`check_positive`,
+:func:`check_seed`) and the checks of the entry points' shared arguments (``zoo.fit``,
+``predict``, ``reference``, ``compare``). Each refuses a value that cannot be right before any
+work, with a message that says what was given, where, and what to pass instead; the option
+groups and the families call these for their own fields."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ import torch
 
 __all__ = [
     "MAX_SEED",
+    "check_bool",
+    "check_choice",
+    "check_int",
     "check_checkpoint_path",
     "check_factor",
     "check_length",
@@ -25,6 +30,49 @@ __all__ = [
 
 #: Seeds are integers in ``[0, MAX_SEED)``: what torch's generators take.
 MAX_SEED = 2**63
+
+
+def is_int(value) -> bool:
+    """``value`` is a Python or NumPy integer and not a ``bool`` (``True`` is an ``int`` to
+    Python, never a count here)."""
+    import numbers
+
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, low: int | None = None, high: int | None = None,
+              meaning: str = "") -> int:  # fmt: skip
+    """``value`` as an ``int``, refusing a non-integer (a ``bool``, a float, a string) and a
+    value outside ``[low, high]`` with a ``TypeError`` or ``ValueError`` that names ``name``
+    (and, with ``meaning``, what it counts: ``"the number of fits"``)."""
+    what = f" ({meaning})" if meaning else ""
+    if not is_int(value):
+        raise TypeError(f"{name} must be an int{what}, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = (
+            f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
+        )
+        raise ValueError(f"{name} must be an int {bounds}{what}, got {value!r}")
+    return int(value)
+
+
+def check_bool(**values) -> None:
+    """Refuse a value that is not ``True`` or ``False`` (``"no"`` and ``1`` are refused, not
+    read as true), naming it."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Refuse a ``value`` not among ``choices``, listing them."""
+    try:
+        ok = value in choices
+    except TypeError:  # an unhashable value in a set of choices
+        ok = False
+    if not ok:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {listed}; got {value!r}")
 
 
 def check_seed(seed, name: str = "seed") -> None:

@@ -3,7 +3,7 @@ guide's declared sizes (checked before any allocation), and its tensors' dtypes 
 
 Every file of this version carries a SHA-256 ``checksum`` of its payload (:func:`digest`:
 every tensor's dtype, shape and bytes, every number and string, in key order), written by
-:func:`zoo.runtime.files.atomic_save` and compared by :func:`zoo.runtime.files.read`: a byte
+:func:`zoo.storage.files.atomic_save` and compared by :func:`zoo.storage.files.read`: a byte
 changed on disk that still unpickles (a weight of ``9.96e33``, ``0xff`` bytes that read as NaN) is
 refused as damaged instead of loading as a wrong fit. A file written before checksums were
 recorded is read without one. Each failure is a ``ValueError`` naming the file and the entry.

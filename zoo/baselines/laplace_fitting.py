@@ -1,0 +1,118 @@
+"""``zoo.laplace``: the Laplace approximation of a zoo model through laplace-torch, at MAP
+weights it fits first, a fit's, or a converted network's (the result:
+:class:`zoo.results.laplace_approximation.LaplaceFit`; the bridge:
+:mod:`zoo.results.laplace_torch`)."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Mapping
+
+from torch.utils.data import DataLoader, TensorDataset
+
+from zoo.arguments import check_positive
+from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.results.laplace_approximation import LaplaceFit
+from zoo.results.laplace_torch import (
+    LaplaceOptions,
+    build,
+    check_laplace_model,
+    dependency_notices_off,
+    import_laplace,
+    subnetwork_indices,
+)
+from zoo.results.variational import FitResult
+from zoo.training.fitting import fit
+from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuses_flat_keywords
+
+
+@refuses_flat_keywords
+def laplace(
+    model,
+    data,
+    *,
+    at=None,
+    options: LaplaceOptions | dict | None = None,
+    progress: bool = True,
+    epochs: int | None = None,
+    num_steps=None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    seed: int | None = 0,
+    optim: Optim | Mapping | None = None,
+    loss: Loss | Mapping | None = None,
+    engine: Engine | Mapping | None = None,
+    run: Run | Mapping | None = None,
+) -> LaplaceFit:
+    """The Laplace approximation of ``model``'s posterior on ``data`` through laplace-torch.
+
+    Parameters
+    ----------
+    model
+        A zoo model built on a plain network (``zoo.models.*``, ``zoo.models.from_module``);
+        its likelihood decides laplace-torch's (classification, or regression with one noise
+        level: fixed, or the MAP fit's learned ``noise``).
+    data
+        Training data (``(X, y)``, a Dataset or a DataLoader), held in memory.
+    at : FitResult or "module", optional
+        Where the Gaussian is centred: by default a ``zoo.fit(model, "map", data,
+        **fit_options)`` is run first; a ``FitResult`` gives its guide's median (a point mass's
+        weights; a variational fit's means); ``"module"`` takes the weights of ``model.net`` as
+        they are (a network trained outside the library and converted).
+    options : LaplaceOptions or dict, optional
+        Which weights, the Hessian's structure, the prior precision, the predictive.
+    progress : bool, default True
+        The MAP fit's progress bar (unless ``run`` is given: then its ``progress``).
+    epochs, num_steps, batch_size, lr, seed, optim, loss, engine, run
+        The MAP fit's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (the option groups
+        as groups: a group's field passed flat is refused as ``zoo.fit`` refuses it);
+        ``batch_size`` (default 128) is also that of laplace-torch's pass over the data.
+
+    Everything laplace-torch cannot do with the model, and a missing laplace-torch, is refused
+    before any fit.
+    """
+    fit_args = fit_arguments(progress, epochs=epochs, num_steps=num_steps,
+                             batch_size=batch_size, lr=lr, seed=seed, optim=optim, loss=loss,
+                             engine=engine, run=run)  # fmt: skip
+    options = LaplaceOptions.of(options)
+    check_laplace_model(model, options)
+    batch_size = batch_size or 128
+    check_positive(batch_size=batch_size)
+    if not (at is None or at == "module" or isinstance(at, FitResult)):
+        raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")
+    import_laplace()
+    x, y = gather_tensors(data)
+    start, info = time.perf_counter(), {}
+    if at == "module":
+        weights = {
+            n: p.detach().clone() for n, p in model.net.named_parameters() if n in model.site_shapes
+        }
+    else:
+        if at is None:
+            at = fit(model, "map", data, **fit_args)
+            info["map_steps"] = at.steps
+        weights = {k: v.detach() for k, v in at.guide.median().items()}
+    device = next(iter(weights.values())).device
+    check_labelled_data(model, x, y, device)
+    net_weights = {k: v for k, v in weights.items() if k != "noise"}
+    indices = None
+    if options.weights == "subnetwork":
+        indices = subnetwork_indices(model, net_weights, options.subnetwork_size)
+        info["subnetwork_indices"] = indices.tolist()
+    la = build(model, net_weights, options, indices=indices)
+    if "noise" in weights:
+        la.sigma_noise = weights["noise"].reshape(()).to(device)
+    if model.likelihood.task == "regression":
+        y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
+    loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
+    with dependency_notices_off():
+        la.fit(loader)
+    if options.prior_precision == "marglik":
+        pred_type = "nn" if options.predictive == "nn" else "glm"
+        with dependency_notices_off(), warnings.catch_warnings():
+            # laplace-torch's note on link_approx, which the marginal likelihood does not use
+            warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
+            la.optimize_prior_precision(pred_type=pred_type, method="marglik")
+    info["prior_precision"] = la.prior_precision.detach().reshape(-1).tolist()
+    return LaplaceFit(model, la, options, weights, time.perf_counter() - start, info)

@@ -1,0 +1,158 @@
+"""A deep ensemble (:class:`Ensemble`, made by :func:`zoo.ensemble`): ``K`` fits of one model
+whose predictive is the equal mixture of theirs,
+
+    p(y | x, D) = 1/K sum_k p_k(y | x),
+
+where ``p_k`` is member ``k``'s predictive: one network for a point mass (the paper's ensemble
+of MAP networks), or its own posterior predictive for a variational family."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from zoo.arguments import check_positive, check_seed
+from zoo.models.predictions import Prediction, mixture
+from zoo.results.posterior import Posterior, PredictOptions
+from zoo.results.variational import FitResult, check_fit_payload, fit_from_payload
+from zoo.storage import files
+
+
+@dataclass(repr=False)
+class Ensemble(Posterior):
+    """``K`` fits of one model whose predictive is their equal mixture: a
+    :class:`zoo.Posterior` whose draws are the members' (the members are its chains).
+
+    Attributes
+    ----------
+    members : list of FitResult
+        The fits, member ``k`` seeded ``seed + k``.
+    options : dict
+        How the ensemble was made: ``members``, ``family``, ``seed``.
+    """
+
+    members: list[FitResult]
+    options: dict = field(default_factory=dict)
+
+    kind = "ensemble"
+
+    def __post_init__(self):
+        if not self.members:
+            raise ValueError("an ensemble needs at least one member")
+
+    def __repr__(self) -> str:
+        return (
+            f"Ensemble({len(self.members)} x {self.options.get('family', self.members[0].family)},"
+            f" model={type(self.model).__name__}, wall_time={self.wall_time:.1f} s, "
+            f"device={self.device})"
+        )
+
+    @property
+    def model(self):
+        """The first member's model (every member's has the same sites and likelihood)."""
+        return self.members[0].model
+
+    @property
+    def device(self) -> torch.device:
+        return self.members[0].device
+
+    @property
+    def wall_time(self) -> float:
+        """Seconds the members' training loops took, together."""
+        return float(sum(m.wall_time for m in self.members))
+
+    @property
+    def steps(self) -> int:
+        """Optimiser updates of all members together."""
+        return sum(m.steps for m in self.members)
+
+    def num_variational_parameters(self) -> int:
+        """Parameters of all members' guides together."""
+        return sum(m.guide.num_variational_parameters() for m in self.members)
+
+    def draws_per_member(self, num_samples: int) -> int:
+        """Networks drawn from each member for ``num_samples``: one from a point mass (its
+        draws are all the same network), else ``ceil(num_samples / K)``, so that every member
+        weighs the same in the mixture."""
+        if all(m.options.get("guide") == "map" for m in self.members):
+            return 1
+        return math.ceil(num_samples / len(self.members))
+
+    def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (S, *shape)}``: every member's draws (:meth:`draws_per_member` each,
+        member ``k`` seeded ``seed + k``) in member order, ``S = K m``."""
+        chains = self.chains(num_samples, seed)
+        return {k: v.reshape(-1, *v.shape[2:]) for k, v in chains.items()}
+
+    def chains(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (K, m, *shape)}``: the members as chains, member ``k``'s
+        ``m = draws_per_member(num_samples)`` draws seeded ``seed + k``."""
+        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
+        check_positive(num_samples=num_samples)
+        check_seed(seed)
+        per = self.draws_per_member(num_samples)
+        parts = [m.sample(per, None if seed is None else seed + k)
+                 for k, m in enumerate(self.members)]  # fmt: skip
+        return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
+
+    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
+        """The mixture predictive on ``x``: each member's prediction (its own network, batch
+        norm statistics included; :meth:`draws_per_member` networks, member ``k`` seeded
+        ``seed + k``) side by side, ``S = K m`` sampled networks in all, the same
+        ``Prediction`` type as a fit's."""
+        per = self.draws_per_member(options.num_samples)
+        parts = []
+        for k, member in enumerate(self.members):
+            seed = None if options.seed is None else options.seed + k
+            own = dataclasses.replace(options, num_samples=per, seed=seed)
+            parts.append(member.predict_with(x, own))
+        return mixture(parts)
+
+    def predict_draws(
+        self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
+    ) -> Prediction:
+        """The prediction of :meth:`sample`'s draws, member ``k``'s ``k``-th block of them on
+        member ``k``'s network."""
+        options = options or self.draw_options(draws)
+        per = next(iter(draws.values())).shape[0] // len(self.members)
+        parts = [
+            member.predict_draws(
+                x, {n: v[k * per : (k + 1) * per] for n, v in draws.items()}, options
+            )  # fmt: skip
+            for k, member in enumerate(self.members)
+        ]
+        return mixture(parts)
+
+    def describe(self) -> dict:
+        """The members and their family."""
+        family = self.options.get("family", self.members[0].family)
+        return {"inference": f"deep ensemble of {len(self.members)} {family} fits"}
+
+    def payload(self) -> dict:
+        """Every member's fit as :meth:`zoo.FitResult.save` writes it, and the options."""
+        return {
+            "members": [m.payload() for m in self.members],
+            "options": files.plain_data(self.options),
+        }
+
+
+def ensemble_from_payload(payload: dict, path, model, map_location) -> Ensemble:
+    """The ensemble of a file's ``payload``: each member checked as a fit file is, then
+    rebuilt on its saved model, or on a copy of ``model`` when one is given."""
+    files.require(payload, ("members", "options"), path)
+    if not isinstance(payload["members"], list) or not payload["members"]:
+        raise ValueError(f"{path}: the ensemble has no members (the file was changed)")
+    fits = []
+    for k, member in enumerate(payload["members"]):
+        where = f"{path} (member {k})"
+        if not isinstance(member, dict):
+            raise ValueError(f"{where}: not a fit entry (the file was changed)")
+        check_fit_payload(member, where)
+        member = {"format": files.FORMAT, "version": files.VERSION, "kind": "fit", **member}
+        own = None if model is None else copy.deepcopy(model)  # a model of one's own per member
+        fits.append(fit_from_payload(member, where, own, map_location))
+    return Ensemble(fits, dict(payload["options"]))

@@ -1,0 +1,202 @@
+"""A Laplace approximation (:class:`LaplaceFit`, made by :func:`zoo.laplace`) as a
+:class:`zoo.Posterior`, and reading one back (laplace-torch's bridge:
+:mod:`zoo.results.laplace_torch`)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from zoo.arguments import check_positive, check_seed
+from zoo.data.checks import check_inputs
+from zoo.models import stored
+from zoo.models.predictions import Prediction
+from zoo.results.laplace_torch import (
+    LaplaceOptions,
+    build,
+    dependency_notices_off,
+    linearised_outputs,
+    plain,
+    tensors,
+    weight_draws,
+)
+from zoo.results.posterior import Posterior, PredictOptions
+from zoo.storage import checks as file_checks
+from zoo.storage import files
+
+
+@dataclass(repr=False)
+class LaplaceFit(Posterior):
+    """A Laplace approximation of a zoo model at its MAP weights, ``q(w) = N(w*, (H + P)^-1)``
+    (:mod:`zoo.results.laplace_torch`), as a :class:`zoo.Posterior`.
+
+    Attributes
+    ----------
+    model
+        The zoo model (its likelihood scores predictions).
+    laplace
+        laplace-torch's fitted object (``laplace.BaseLaplace``).
+    options : LaplaceOptions
+    map_weights : dict
+        ``{site: tensor}``, the MAP weights the approximation is centred on.
+    wall_time : float
+        Seconds of the MAP fit (when one was run) and the Laplace fit together.
+    """
+
+    model: object
+    laplace: object
+    options: LaplaceOptions
+    map_weights: dict
+    wall_time: float = 0.0
+    info: dict = field(default_factory=dict)
+
+    kind = "laplace"
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"LaplaceFit({o.weights}, {o.hessian} Hessian, {o.predictive} predictive, "
+            f"model={type(self.model).__name__}, wall_time={self.wall_time:.1f} s)"
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.map_weights.values())).device
+
+    @property
+    def steps(self) -> int:
+        return int(self.info.get("map_steps", 0))
+
+    def num_variational_parameters(self) -> int:
+        """The MAP weights and the Laplace posterior's own numbers (its curvature factors)."""
+        state = self.laplace.state_dict()
+        curvature = sum(t.numel() for t in tensors(state["H"]))
+        return sum(w.numel() for w in self.map_weights.values()) + curvature
+
+    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
+        """The predictive on ``x`` as the library's ``Prediction``: ``num_samples`` function
+        samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
+        blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
+        which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws
+        (``None``: torch's global generator). laplace-torch predicts on one device: with
+        ``distributed=True`` every rank computes the whole prediction (the same on each)."""
+        num_samples, batch_size = options.num_samples, options.batch_size
+        device = self.device
+        generator = None
+        if options.seed is not None:
+            generator = torch.Generator(device=device).manual_seed(options.seed)
+        if self.options.weights == "subnetwork" and self.options.predictive == "glm":
+            # the linearised network at joint weight draws: laplace-torch's per-input Cholesky
+            # of the function covariance fails where the chosen weights do not reach an output
+            return self.predict_draws(x.to(device), self.sample(num_samples, options.seed),
+                                      options)  # fmt: skip
+        if batch_size is None:  # the GLM predictive of all weights holds a Jacobian per input
+            glm_all = self.options.weights == "all" and self.options.predictive == "glm"
+            batch_size = 16 if glm_all else 1024
+        check_inputs(self.model, x, device)
+        blocks = []
+        for start in range(0, x.shape[0], batch_size):
+            chunk = x[start : start + batch_size].to(device)
+            with dependency_notices_off():
+                blocks.append(self._outputs(chunk, num_samples, generator))
+        outputs = torch.cat(blocks, dim=1)
+        noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
+        params = {"noise": noise.expand(outputs.shape[0])}
+        return self.model.likelihood.predict(outputs, params)
+
+    def _outputs(self, x, num_samples, generator) -> torch.Tensor:
+        """``(S, n, out)`` network outputs (logits or means) of one block of inputs."""
+        if self.options.predictive == "probit":
+            probs = self.laplace(x, pred_type="glm", link_approx="probit")
+            return probs.clamp_min(1e-30).log().unsqueeze(0)
+        if self.options.predictive == "nn":  # sampled networks (probabilities for classes)
+            samples = self.laplace.predictive_samples(
+                x, pred_type="nn", n_samples=num_samples, generator=generator
+            )
+            if self.model.likelihood.task == "classification":
+                samples = samples.clamp_min(1e-30).log()  # logits of the same distribution
+        else:
+            samples = self.laplace.functional_samples(
+                x, pred_type="glm", n_samples=num_samples, generator=generator
+            )
+        return samples.reshape(num_samples, x.shape[0], -1).detach()
+
+    def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (S, *shape)}``: ``S`` joint draws of the weights from the Laplace
+        posterior ``N(w*, (H + P)^-1)`` (laplace-torch's ``sample``); sites it does not cover
+        (the body of a last-layer approximation, a learned noise) repeat their MAP values.
+        ``seed`` fixes the draws (``None``: torch's global generator)."""
+        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
+        check_positive(num_samples=num_samples)
+        check_seed(seed)
+        generator = None
+        if seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        return weight_draws(self.laplace, self.map_weights, num_samples, generator)
+
+    def predict_draws(
+        self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
+    ) -> Prediction:
+        """The ``Prediction`` of the weight ``draws`` (:meth:`sample`) on ``x``: the networks
+        at the draws for the ``"nn"`` predictive and for a last layer (in whose weights the
+        network is linear, so its GLM predictive is the same), the network linearised at the
+        MAP weights, ``f(x, w*) + J(x) (w_s - w*)``, for the GLM and probit predictives of
+        all weights or a subnetwork (whose GLM ``predict`` is this). Unlike :meth:`predict`'s
+        function samples, one draw is one network on every input, as ArviZ's
+        ``log_likelihood`` needs."""
+        options = options or self.draw_options(draws)
+        if self.options.predictive == "nn" or self.options.weights == "last_layer":
+            return super().predict_draws(x, draws, options)
+        check_inputs(self.model, x, self.device)
+        batch_size = options.batch_size or 256
+        blocks = [
+            linearised_outputs(self.laplace, self.map_weights, draws, x[i : i + batch_size])
+            for i in range(0, x.shape[0], batch_size)
+        ]
+        outputs = torch.cat(blocks, dim=1)
+        noise = draws["noise"].reshape(-1) if "noise" in draws else None
+        return self.model.likelihood.predict(outputs, {} if noise is None else {"noise": noise})
+
+    def payload(self) -> dict:
+        """The model, the MAP weights, the options and laplace-torch's state (its curvature
+        factors, prior precision, noise); :func:`zoo.load` reads it with laplace-torch
+        installed."""
+        state = {k: plain(v) for k, v in self.laplace.state_dict().items()}
+        return {
+            "model": stored.model_payload(self.model),
+            "map_weights": {k: v.detach().cpu() for k, v in self.map_weights.items()},
+            "options": asdict(self.options),
+            "state": state,
+            "wall_time": float(self.wall_time),
+            "info": files.plain_data(self.info),
+        }
+
+    def describe(self) -> dict:
+        """Which weights, the Hessian's structure and the predictive."""
+        o = self.options
+        return {"inference": f"Laplace ({o.weights}, {o.hessian} Hessian, {o.predictive} "
+                f"predictive; laplace-torch)"}  # fmt: skip
+
+
+def laplace_from_payload(payload: dict, path, model, map_location) -> LaplaceFit:
+    """The approximation of a file's ``payload``, checked before anything is built from it."""
+    keys = ("model", "map_weights", "options", "state", "wall_time", "info")
+    files.require(payload, keys, path)
+    file_checks.check_tensors(payload["map_weights"], path, "map_weights")
+    options = LaplaceOptions(**payload["options"])
+    try:
+        model = stored.restore_model(payload["model"], model)
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    model.to(map_location)
+    weights = {k: v.to(map_location) for k, v in payload["map_weights"].items()}
+    state = payload["state"]
+    la = build(model, {k: v for k, v in weights.items() if k != "noise"}, options,
+               last_layer_name=state.get("_last_layer_name"),
+               indices=payload["info"].get("subnetwork_indices"))  # fmt: skip
+    try:
+        la.load_state_dict(state)
+    except (ValueError, KeyError, RuntimeError) as err:
+        raise ValueError(f"{path}: laplace-torch refused the saved state ({err})") from None
+    return LaplaceFit(model, la, options, weights, payload["wall_time"], dict(payload["info"]))

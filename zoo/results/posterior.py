@@ -1,0 +1,301 @@
+"""The one interface of every approximation the library makes (:class:`Posterior`).
+
+A fitted variational posterior (:class:`zoo.FitResult`), an HMC reference
+(:class:`zoo.Reference`), a deep ensemble (:class:`zoo.Ensemble`), a Laplace approximation
+(:class:`zoo.LaplaceFit`) and draws made elsewhere (:func:`zoo.from_draws`) answer the same
+calls with the same arguments: :meth:`Posterior.predict`, :meth:`~Posterior.evaluate`,
+:meth:`~Posterior.sample`, :meth:`~Posterior.to_arviz` and :meth:`~Posterior.save`, each written
+once here over the few things a kind provides (its weight draws, how it predicts, what it
+saves). A new kind is one subclass and one row of :data:`zoo.results.loading.READERS`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from zoo.arguments import check_bool, check_positive, check_seed
+from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.models.predictions import Prediction
+from zoo.runtime.rng import seeded
+from zoo.runtime.serial import one_at_a_time
+from zoo.storage import files
+
+__all__ = ["Posterior", "PredictOptions"]
+
+
+@dataclass(frozen=True)
+class PredictOptions:
+    """How a prediction is made, checked once by :meth:`Posterior.predict` and handed to a
+    kind's own code.
+
+    Attributes
+    ----------
+    num_samples : int
+        ``S``, the sampled networks (or functions) of the predictive.
+    batch_size, sample_batch_size : int or None
+        Inputs and draws per pass (``None``: the predictive's choice,
+        :func:`zoo.evaluation.predictive.predict`).
+    seed : int or None
+        Fixes the draws without touching the caller's random state (``None``: the global
+        generators).
+    progress : bool
+        A progress bar once a prediction runs two seconds.
+    threads : "auto", int or None
+        CPU threads of the passes, ``zoo.fit``'s rule (:mod:`zoo.runtime.threads`).
+    distributed : bool
+        Called on every rank of a distributed run: the inputs are sharded over the ranks and
+        the outputs gathered once; every rank returns the same prediction.
+    """
+
+    num_samples: int
+    batch_size: int | None = None
+    sample_batch_size: int | None = None
+    seed: int | None = 0
+    progress: bool = True
+    threads: int | str | None = "auto"
+    distributed: bool = False
+
+
+class Posterior:
+    """An approximate posterior over a model's weights that predicts, scores, samples,
+    converts to ArviZ and saves.
+
+    Every kind has ``model`` (the Pyro model whose likelihood scores predictions), ``device``
+    (where it predicts), ``options`` (how it was made, plain data) and ``wall_time`` (seconds it
+    took). A subclass sets :attr:`kind` (its ``kind`` in a saved file) and provides
+    :meth:`sample` (and :meth:`chains` where its draws come in chains) and :meth:`payload`;
+    it overrides :meth:`predict_with` or :meth:`predict_draws` only when it does not predict by
+    running the model's network at weight draws.
+    """
+
+    #: The ``kind`` entry of a saved file (:func:`zoo.load` picks the reader by it).
+    kind: ClassVar[str] = ""
+    #: Networks a prediction draws when ``num_samples`` is not given (``None``: every draw
+    #: the posterior holds), and those of :meth:`to_arviz`.
+    DEFAULT_SAMPLES: ClassVar[int | None] = 100
+    ARVIZ_SAMPLES: ClassVar[int | None] = 200
+
+    model: object
+    device: torch.device
+    options: dict
+    wall_time: float
+
+    # -- what a kind provides ------------------------------------------------------------
+
+    def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (S, *site_shape)}``: ``S`` joint draws of every latent site of the model,
+        in the constrained space (a noise scale is a standard deviation). ``seed`` fixes
+        them without touching the caller's random state (``None``: the global generators)."""
+        raise NotImplementedError(f"{type(self).__name__} does not provide weight draws")
+
+    def chains(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (C, D, *site_shape)}``: the draws of :meth:`sample` as ``C`` chains of
+        ``D`` (one chain, unless the kind has chains: an HMC run's, an ensemble's members)."""
+        return {k: v.unsqueeze(0) for k, v in self.sample(num_samples, seed).items()}
+
+    def payload(self) -> dict:
+        """The posterior as plain data (tensors, numbers, strings, lists and dicts of them):
+        what :meth:`save` writes beside the file's ``format``, ``version`` and ``kind``."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be saved")
+
+    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
+        """The predictive on ``x`` (checked options): by default the model's network at
+        ``options.num_samples`` draws of :meth:`sample`."""
+        return self.predict_draws(x, self.sample(options.num_samples, options.seed), options)
+
+    def predict_draws(
+        self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
+    ) -> Prediction:
+        """The ``Prediction`` of given weight ``draws`` (``{site: (S, ...)}``, as
+        :meth:`sample` returns them) on ``x``: draw ``s`` is one network on every input, as
+        ArviZ's ``log_likelihood`` needs. ``options`` (:meth:`predict`'s, bound; default: no
+        progress bar, the predictive's own blocks and threads)."""
+        from zoo.evaluation.predictive import predict
+
+        options = options or self.draw_options(draws)
+        return predict(
+            self.model,
+            None,
+            x,
+            params=draws,
+            batch_size=options.batch_size,
+            sample_batch_size=options.sample_batch_size,
+            progress=options.progress,
+            distributed=options.distributed,
+            threads=options.threads,
+        )
+
+    def draw_options(self, draws: dict) -> PredictOptions:
+        """The default options of :meth:`predict_draws` for ``draws``."""
+        return PredictOptions(next(iter(draws.values())).shape[0], progress=False)
+
+    def describe(self) -> dict:
+        """``attrs`` of :meth:`to_arviz`'s ``InferenceData``: what made the posterior."""
+        return {"inference": type(self).__name__}
+
+    def sample_stats(self) -> dict | None:
+        """``{name: (C, D) array}`` for ArviZ's ``sample_stats`` group (a sampler's), or
+        ``None``."""
+        return None
+
+    @property
+    def steps(self) -> int:
+        """Optimiser updates taken to make the posterior (0 where none were)."""
+        return 0
+
+    @property
+    def final_elbo(self) -> float:
+        """The ELBO the posterior reached (full-data scale), NaN where it has none."""
+        return math.nan
+
+    def num_variational_parameters(self) -> int | float:
+        """Numbers that define the posterior (NaN for draws, which are a sample of it)."""
+        return math.nan
+
+    # -- the calls every kind answers ----------------------------------------------------
+
+    @one_at_a_time
+    def predict(
+        self,
+        x: torch.Tensor,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
+        threads: int | str | None = "auto",
+        distributed: bool = False,
+        sample_batch_size: int | None = None,
+    ) -> Prediction:
+        """The posterior predictive on ``x``: ``num_samples`` networks drawn from the posterior
+        (its :data:`DEFAULT_SAMPLES` when not given; every draw of a reference), evaluated in
+        blocks of ``batch_size`` inputs (:func:`zoo.evaluation.predictive.predict`).
+
+        ``seed`` (default 0, as :meth:`evaluate`'s and :meth:`to_arviz`'s) fixes the draws,
+        the caller's random state untouched; ``None`` draws from the global generators.
+        ``progress`` shows a bar after two seconds; ``threads`` follows ``zoo.fit``'s rule
+        (the caller's setting restored after); ``distributed=True``, on every rank of a
+        distributed run, shards ``x`` over the ranks and gathers the outputs once.
+        ``sample_batch_size > 1`` evaluates that many draws per vectorised pass.
+
+        Returns a :class:`zoo.ClassificationPrediction` or :class:`zoo.RegressionPrediction`
+        (the model's likelihood decides)."""
+        options = self.predict_options(
+            num_samples, batch_size, seed, progress, threads, distributed, sample_batch_size
+        )
+        return self.predict_with(x, options)
+
+    def predict_options(
+        self, num_samples, batch_size, seed, progress, threads, distributed, sample_batch_size
+    ) -> PredictOptions:
+        """:meth:`predict`'s arguments checked and bound (``num_samples`` defaulted)."""
+        check_positive(
+            num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
+        )
+        check_seed(seed)
+        check_bool(progress=progress, distributed=distributed)
+        if num_samples is None:
+            num_samples = self.DEFAULT_SAMPLES
+        return PredictOptions(
+            num_samples, batch_size, sample_batch_size, seed, progress, threads, distributed
+        )
+
+    @one_at_a_time
+    def evaluate(
+        self,
+        data,
+        num_samples: int | None = None,
+        batch_size: int | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
+        threads: int | str | None = "auto",
+        distributed: bool = False,
+    ) -> dict[str, float]:
+        """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``) of
+        :meth:`predict`'s predictive (the same arguments), as the model's likelihood defines
+        them (``zoo.models.likelihoods``).
+
+        Classification: ``accuracy``, ``nll`` (mean negative log predictive probability),
+        ``brier``, ``ece`` (15 bins). Regression: ``rmse``, ``nll`` (mean negative log
+        predictive *density* of the sample mixture, in the units of ``y``: it can be negative),
+        ``coverage_95`` (the share of targets inside the central 95% predictive interval: about
+        0.95 for a calibrated predictive, lower when it is overconfident). The data are checked
+        against the model before any prediction."""
+        options = self.predict_options(num_samples, batch_size, seed, progress, threads,
+                                       distributed, None)  # fmt: skip
+        x, y = gather_tensors(data)
+        check_labelled_data(self.model, x, y, self.device)
+        pred = self.predict_with(x, options)
+        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+
+    @one_at_a_time
+    def to_arviz(
+        self,
+        data=None,
+        num_samples: int | None = None,
+        var_names: Sequence[str] | str | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
+        threads: int | str | None = "auto",
+        distributed: bool = False,
+    ):
+        """An ArviZ ``InferenceData`` of the posterior.
+
+        Groups: ``posterior``, the draws of :meth:`chains` (``num_samples`` of them,
+        :data:`ARVIZ_SAMPLES` by default; every draw of a reference) with dims ``(chain,
+        draw, ...)`` and named dims per layer such as ``fc1_out``, ``fc1_in``
+        (:func:`zoo.evaluation.arviz.site_dims`); ``sample_stats`` where the kind has a
+        sampler's; with ``data = (X, y)`` also ``log_likelihood`` (``obs``:
+        ``log p(y_n | x_n, w_s)`` of each draw), ``posterior_predictive`` (``obs``: one
+        replicated ``y`` per draw) and ``observed_data``. ``attrs`` say what made the
+        posterior. ``var_names`` (names or regular expressions) keeps some sites in
+        ``posterior``; predictions use every site. ``seed`` fixes the draws and the replicated
+        ``y``; ``progress``, ``threads`` and ``distributed`` are :meth:`predict`'s.
+
+        Several chains (an HMC reference's, an ensemble's members) make ``az.summary``'s R-hat
+        compare them; one chain of independent variational draws has an ESS of about ``S``
+        and no meaningful R-hat (see :mod:`zoo.evaluation.arviz`)."""
+        from zoo.evaluation import arviz as bridge
+
+        default = self.ARVIZ_SAMPLES if num_samples is None else num_samples
+        options = self.predict_options(default, None, seed, progress, threads, distributed,
+                                       None)  # fmt: skip
+        xy = None
+        if data is not None:
+            xy = gather_tensors(data)
+            check_labelled_data(self.model, *xy, self.device)
+        chains = self.chains(options.num_samples, seed)
+        c, d = next(iter(chains.values())).shape[:2]
+        keep = bridge.select_sites(list(chains), var_names)
+        groups = {"posterior": {name: chains[name].cpu().numpy() for name in keep}}
+        dims = {name: bridge.site_dims(name, chains[name].shape[2:]) for name in keep}
+        stats = self.sample_stats()
+        if stats is not None:
+            groups["sample_stats"] = stats
+        if xy is not None:
+            x, y = xy
+            flat = {k: v.reshape(c * d, *v.shape[2:]) for k, v in chains.items()}
+            pred = self.predict_draws(x, flat, options)
+            y = y.to(pred.outputs.device)
+            log_lik = pred.log_likelihood(y)
+            with seeded(seed, pred.outputs.device):
+                replicated = pred.likelihood.sample()
+
+            def per_chain(t):
+                return t.cpu().numpy().reshape(c, d, *t.shape[1:])
+
+            bridge.add_data_groups(groups, dims, per_chain(log_lik), per_chain(replicated), y)
+        attrs = {**self.describe(), "inference_library": "pyro + bnn-zoo"}
+        return bridge.from_groups(groups, dims, attrs)
+
+    def save(self, path: str | os.PathLike) -> os.PathLike:
+        """Write the posterior to ``path`` atomically, as plain data with its ``kind``
+        (:meth:`payload`); :func:`zoo.load` reads it back without unpickling code (pass
+        ``model=`` there for a network that is not a ``zoo.models`` class)."""
+        content = {"format": files.FORMAT, "version": files.VERSION, "kind": self.kind}
+        return files.atomic_save({**content, **self.payload()}, path)

@@ -1,0 +1,184 @@
+"""A fitted variational posterior (:class:`FitResult`: the model, the guide, the history), and
+reading one back from its file."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from pyro.infer.autoguide import AutoGuide
+
+from zoo.arguments import check_positive, check_seed
+from zoo.evaluation.predictive import fitted_guide_device
+from zoo.models import stored
+from zoo.models.statistics import frozen_statistics
+from zoo.results.posterior import Posterior
+from zoo.runtime.rng import seeded
+from zoo.storage import checks as file_checks
+from zoo.storage import files
+
+
+@dataclass(repr=False)
+class FitResult(Posterior):
+    """A fitted model and guide with their training history: a :class:`zoo.Posterior` whose
+    draws are the guide's.
+
+    Attributes
+    ----------
+    model, guide
+        The model and the fitted guide (on ``device``).
+    losses : list of float
+        ``-ELBO`` estimate per step, on the full-data scale (see ``zoo.inference.elbo``).
+    epoch_losses : list of float
+        Mean of ``losses`` over each completed epoch.
+    wall_time : float
+        Seconds spent in the training loop.
+    device : torch.device
+        Where the model and guide are.
+    options : dict
+        The fit's settings (family, steps, batch size, learning rate, ...).
+    interrupted : bool
+        The fit was stopped by Ctrl-C.
+    skipped_steps : list of int
+        Steps skipped for a non-finite loss or gradient (``on_divergence="skip"``).
+    """
+
+    model: Callable
+    guide: AutoGuide
+    losses: list[float] = field(default_factory=list)
+    epoch_losses: list[float] = field(default_factory=list)
+    wall_time: float = 0.0
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    options: dict = field(default_factory=dict)
+    interrupted: bool = False
+    skipped_steps: list[int] = field(default_factory=list)
+
+    kind = "fit"
+
+    def __repr__(self) -> str:
+        """A few lines: family, model, steps, the last loss, time and device (not every loss)."""
+        last = f"{self.losses[-1]:.6g}" if self.losses else "none"
+        state = ", interrupted" if self.interrupted else ""
+        skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
+        return (
+            f"FitResult(guide={self.options.get('guide', self.family)}, "
+            f"model={type(self.model).__name__},\n"
+            f"          steps={self.steps}{skipped}{state}, final loss (-ELBO)={last},\n"
+            f"          wall_time={self.wall_time:.1f} s, device={self.device})"
+        )
+
+    @property
+    def steps(self) -> int:
+        """Optimiser updates taken."""
+        return len(self.losses)
+
+    @property
+    def family(self) -> str:
+        """The guide's class name."""
+        return getattr(type(self.guide), "__name__", "guide")
+
+    @property
+    def final_elbo(self) -> float:
+        """The mean ELBO of the last completed epoch (of the last step when no epoch
+        completed), on the full-data scale; NaN before any step."""
+        last = self.epoch_losses or self.losses
+        return -last[-1] if last else float("nan")
+
+    def num_variational_parameters(self) -> int:
+        """The guide's parameters (:meth:`guides.PerSiteGuide.num_variational_parameters`)."""
+        return self.guide.num_variational_parameters()
+
+    def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
+        """``{site: (S, *site_shape)}``: ``S`` draws of the fitted guide
+        (``guide.sample_posterior``), seeded by ``seed`` without touching the caller's
+        random state (``None``: the global generators)."""
+        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
+        check_positive(num_samples=num_samples)
+        check_seed(seed)
+        device = fitted_guide_device(self.guide)
+        with torch.no_grad(), frozen_statistics(), seeded(seed, device):
+            return self.guide.sample_posterior(num_samples)
+
+    def describe(self) -> dict:
+        """The family, the steps and the final ELBO."""
+        return {"guide": self.family, "steps": self.steps, "final_elbo": self.final_elbo}
+
+    def payload(self) -> dict:
+        """The fit as plain data: the guide's family, options and parameters, the model's spec
+        and buffers, the history and the options (an ensemble's file holds one per member)."""
+        return {
+            "guide": stored.guide_payload(self.guide),
+            "model": stored.model_payload(self.model),
+            "history": {
+                "losses": torch.tensor(self.losses, dtype=torch.float64),
+                "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64),
+                "skipped_steps": torch.tensor(self.skipped_steps, dtype=torch.int64),
+                "wall_time": float(self.wall_time),
+            },
+            "options": files.plain_data(self.options),
+        }
+
+
+def fit_from_payload(payload: dict, path, model: Callable | None, map_location) -> FitResult:
+    """The fit of a file's ``payload`` (read by :func:`zoo.storage.files.read`), checked
+    before anything is built from it; ``path`` names the file in errors."""
+    if payload.get("version", 1) < 2:
+        return _load_v1(payload, model, map_location)
+    check_fit_payload(payload, path)
+    try:
+        model = stored.restore_model(payload["model"], model)
+        if isinstance(model, torch.nn.Module):
+            model.to("cpu")
+        guide = stored.build_guide(model, payload["guide"])
+    except ValueError as err:
+        raise ValueError(f"{path}: {err}") from None
+    if isinstance(model, torch.nn.Module):
+        model.to(map_location)
+    guide.to(map_location)
+    history = payload["history"]
+    return FitResult(
+        model=model,
+        guide=guide,
+        losses=history["losses"].tolist(),
+        epoch_losses=history["epoch_losses"].tolist(),
+        skipped_steps=history["skipped_steps"].tolist(),
+        wall_time=history["wall_time"],
+        device=torch.device(map_location),
+        options=dict(payload["options"]),
+    )
+
+
+def check_fit_payload(payload: dict, path) -> None:
+    """Refuse a fit file whose entries, guide sizes or tensors no fit writes, before anything
+    is built from it (:mod:`zoo.storage.checks`)."""
+    files.require(payload, ("guide", "model", "history", "options"), path)
+    file_checks.check_guide_payload(payload["guide"], path)
+    model = payload["model"]
+    if not isinstance(model, dict) or "spec" not in model or "state" not in model:
+        raise ValueError(f"{path}: the model entry has no spec or state (the file was changed)")
+    file_checks.check_tensors(model["state"], path, "model state", floating=False)
+    history = payload["history"]
+    files.require(
+        history, ("losses", "epoch_losses", "skipped_steps", "wall_time"), path, "history"
+    )
+
+
+def _load_v1(payload: dict, model, map_location) -> FitResult:
+    """A version-1 (pickled) fit, converted on unpickling to today's objects."""
+    model = payload["model"] if model is None else model
+    if isinstance(model, torch.nn.Module):
+        model.to(map_location)
+    guide = payload["guide"]
+    guide.to(map_location)
+    stored.attach(guide, model)
+    return FitResult(
+        model=model,
+        guide=guide,
+        losses=list(payload["losses"]),
+        epoch_losses=list(payload["epoch_losses"]),
+        skipped_steps=list(payload.get("skipped_steps", [])),
+        wall_time=payload["wall_time"],
+        device=torch.device(map_location),
+        options=dict(payload["options"]),
+    )
