@@ -102,7 +102,7 @@ def dispatched_ops(step: Callable[[], object]) -> int:
     """Tensor operations that one call of ``step`` dispatches from Python, the TorchScript
     interpreter or autograd (an operation called inside another is part of it), views and
     shape reads (:data:`VIEWS`) left out. ``aten::item`` on a shape is left out too: the
-    tracer's size arithmetic runs on the host (tests/zoo/test_host_sync.py checks that no
+    tracer's size arithmetic runs on the host (tests/zoo/training/test_host_sync.py checks that no
     item reads data)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
+from guides.checks import is_int
 from guides.gaussian import StructuredGaussian
 from guides.kernels import offdiag_scale, squared_norm
 from guides.site import SitePosterior, inverse_softplus
@@ -148,7 +149,7 @@ class BlockDiagonalSite(SitePosterior):
 
 def check_block_size(block_size: int) -> None:
     """Refuse a block size that is not a positive integer."""
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+    if not is_int(block_size) or block_size < 1:
         raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
 
 

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from guides.base import PerSiteGuide, check_family_options, serving_class
+from guides.checks import is_int
 from guides.joint_gaussian import (
     JointCovariance,
     JointLocSite,
@@ -93,7 +94,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         self.patterns = [sites] if isinstance(sites, str) else list(sites)
         if not self.patterns or not all(isinstance(p, str) for p in self.patterns):
             raise TypeError(f"sites must be a pattern or a list of patterns, got {sites!r}")
-        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
+        if rank is not None and (not is_int(rank) or rank < 1):
             raise ValueError(f"rank must be None (a full covariance) or an int >= 1, got {rank!r}")
         self.rank = rank
         self.masks = {} if masks is None else {name: indices(name, m) for name, m in masks.items()}

@@ -59,6 +59,7 @@ from torch.distributions import Independent, Normal, constraints
 from torch.distributions.kl import register_kl
 
 from guides.base import PerSiteGuide
+from guides.checks import is_number
 from guides.gaussian import DiagonalNormal, expand_to
 from guides.kernels import squared_norm
 from guides.site import SitePosterior
@@ -227,9 +228,9 @@ class MCDropoutWeight(TorchDistribution):
 
 def check_dropout(p: float, sigma: float, name: str = "p") -> None:
     """Refuse a dropout probability outside ``[0, 1)`` or a non-positive ``sigma``."""
-    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+    if not is_number(p) or not 0 <= p < 1:
         raise ValueError(f"the dropout probability {name} must lie in [0, 1), got {p!r}")
-    if isinstance(sigma, bool) or not isinstance(sigma, (int, float)) or not sigma > 0:
+    if not is_number(sigma) or not sigma > 0:
         raise ValueError(f"sigma must be a positive number, got {sigma!r}")
 
 

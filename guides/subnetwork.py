@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from guides.checks import is_int
 from guides.joint import AutoJoint
 from guides.joint_gaussian import check_size
 
@@ -61,7 +62,7 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
     ):
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_int(size) or size < 1:
             raise ValueError(
                 f"size must be an int >= 1 (the weights in the Gaussian), got {size!r}"
             )

@@ -52,6 +52,7 @@ from pyro.nn import PyroParam
 from torch.distributions import Distribution
 
 from guides.base import PerSiteGuide
+from guides.checks import check_bool, check_choice
 from guides.site import (
     DiagonalSite,
     SitePosterior,
@@ -194,3 +195,11 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
 
     site_class = WHVISite
     variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
+
+    @classmethod
+    def site_spec(cls, **options) -> tuple[type, dict]:
+        """The site class and options, ``covariance`` and ``learn_scales`` checked when the
+        guide is built (``learn_scales="no"`` is refused, not read as true)."""
+        check_choice("covariance", options.get("covariance", "full"), COVARIANCES)
+        check_bool(learn_scales=options.get("learn_scales", True))
+        return super().site_spec(**options)

@@ -11,34 +11,6 @@ REPO = Path(__file__).resolve().parents[1]
 #: slow: no test limits how fast a loaded machine runs (set ZOO_TEST_HANG_AFTER to change it).
 HANG_AFTER = float(os.environ.get("ZOO_TEST_HANG_AFTER", 3600))
 
-#: Test files that run child processes, notebooks, HMC chains or MNIST fits: their tests are
-#: marked ``slow``, and ``python -m pytest -m "not slow"`` is the quick first check (the
-#: README's Quickstart runs everything).
-SLOW_FILES = {
-    "test_benchmarks.py",
-    "test_docs.py",
-    "test_install.py",
-    "test_readme.py",
-    "test_benchmark_dropout.py",
-    "test_notebooks.py",
-    "test_notebook_outputs.py",
-    "test_saved_runs.py",
-    "test_cli.py",
-    "test_compare.py",
-    "test_distributed.py",
-    "test_lightning.py",
-    "test_mnist.py",
-    "test_reference.py",
-    "test_conjugate_families.py",
-    "test_cuda.py",
-}
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if Path(str(item.fspath)).name in SLOW_FILES:
-            item.add_marker(pytest.mark.slow)
-
 
 @pytest.fixture(autouse=True)
 def _fresh_rng():
@@ -50,19 +22,15 @@ def _fresh_rng():
 @pytest.fixture(autouse=True)
 def _cpu_by_default(request, monkeypatch):
     """The suite checks CPU semantics (references are CPU tensors) on GPU machines too:
-    zoo.fit's default device (``zoo.Engine(device="auto")``) is pinned to the CPU, except in
-    tests/zoo/test_cuda.py."""
+    ``device="auto"`` means the CPU here, through the library's documented environment
+    variable ``ZOO_DEVICE`` (:data:`zoo.training.recipes.DEVICE_VARIABLE`), except in
+    tests/zoo/test_cuda.py. Child processes the tests start inherit it."""
+    from zoo.training.recipes import DEVICE_VARIABLE
+
     if request.module.__name__.endswith("test_cuda"):
-        yield
-        return
-    import dataclasses
-
-    from zoo.training.options import Engine
-
-    names = [f.name for f in dataclasses.fields(Engine)]
-    defaults = list(Engine.__init__.__defaults__)  # those of the last len(defaults) fields
-    defaults[names.index("device") - (len(names) - len(defaults))] = "cpu"
-    monkeypatch.setattr(Engine.__init__, "__defaults__", tuple(defaults))
+        monkeypatch.delenv(DEVICE_VARIABLE, raising=False)
+    else:
+        monkeypatch.setenv(DEVICE_VARIABLE, "cpu")
     yield
 
 
@@ -80,6 +48,7 @@ def mnist_root() -> Path:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "slow: runs child processes, notebooks, HMC or MNIST (tests/conftest.py)"
+        "markers",
+        "slow: runs child processes, notebooks, HMC or MNIST (marked in the file: pytestmark)",
     )
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))

@@ -5,6 +5,7 @@ study runs at a tiny size."""
 import math
 import sys
 
+import pytest
 import torch
 
 from guides.mc_dropout import MCDropoutWeight, dropout_kl
@@ -13,6 +14,8 @@ from tests.test_benchmarks import _run
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import dropout_reference  # noqa: E402
+
+pytestmark = pytest.mark.slow  # runs a benchmark script
 
 
 def test_the_reference_penalty_is_the_familys_kl_in_torchs_weights():

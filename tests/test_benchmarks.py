@@ -19,6 +19,8 @@ import guides
 import zoo
 from tests.conftest import HANG_AFTER, REPO
 
+pytestmark = pytest.mark.slow  # runs the benchmark scripts
+
 
 def _run(*args: str, timeout: float = HANG_AFTER) -> str:
     proc = subprocess.run(

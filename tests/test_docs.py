@@ -12,6 +12,8 @@ import guides
 import zoo
 from tests.conftest import HANG_AFTER, REPO
 
+pytestmark = pytest.mark.slow  # builds the documentation site
+
 pytest.importorskip("sphinx")
 pytest.importorskip("myst_nb")
 pytest.importorskip("pydata_sphinx_theme")

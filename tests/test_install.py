@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import HANG_AFTER, REPO
 
+pytestmark = pytest.mark.slow  # installs the project in a fresh environment
+
 #: Packages an install over a working environment must not plan to (re)install.
 KEPT = ("torch", "torchvision", "pyro-ppl", "triton")
 

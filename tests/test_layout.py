@@ -16,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: a kernel module like ``kernels`` (the Posch ratio table and the joint draw; torch only), as
 #: is ``lowrank_kernels``.
 GUIDES_LAYERS = [
+    "checks",  # the primitive argument checks of the whole library (zoo.arguments re-exports)
     "registry",
     "lowrank_kernels",
     "kernels",
@@ -417,3 +418,36 @@ def test_no_private_pyro_method_is_overridden():
                         if private and attr in vars(base) and attr not in PYRO_HOOKS:
                             overridden.append(f"{name}.{cls.__name__}.{attr} ({base.__name__})")
     assert not overridden, overridden
+
+
+#: Test modules named for what they check across a package rather than for one module.
+TEST_TOPICS = {
+    "tests/zoo/test_cuda.py": "every GPU rule, on a GPU",
+    "tests/zoo/data/test_mnist.py": "fits on the real MNIST files (zoo.data.sets)",
+    "tests/zoo/training/test_conjugate_families.py": "every family against an exact posterior",
+    "tests/zoo/training/test_validation.py": "bad input refused before a fit's first step",
+    "tests/zoo/training/test_host_sync.py": "no host read in any family's compiled loss",
+    "tests/zoo/models/test_models.py": "every family on every network of zoo.models",
+    "tests/zoo/models/test_networks.py": "the networks of zoo.models against PyTorch's",
+    "tests/zoo/models/test_any_network.py": "torchvision's and users' networks converted",
+    "tests/zoo/models/test_whole_library.py": "every entry point on a ResNet",
+}
+
+
+def test_the_tests_mirror_the_packages():
+    """``tests/zoo/<package>/test_<module>.py`` tests ``zoo/<package>/<module>.py`` (and
+    ``tests/zoo/test_<module>.py`` a top-level module); a test named for a topic says so in
+    :data:`TEST_TOPICS`."""
+    stray = []
+    for path in sorted((REPO / "tests" / "zoo").rglob("test_*.py")):
+        where = path.relative_to(REPO / "tests")  # zoo/<package>/test_<module>.py
+        module = REPO / where.parent / f"{path.stem.removeprefix('test_')}.py"
+        name = str(path.relative_to(REPO))
+        if not module.exists() and name not in TEST_TOPICS:
+            stray.append(name)
+    assert not stray, f"tests named for no module (rename, or add to TEST_TOPICS): {stray}"
+    for topic in TEST_TOPICS:
+        assert (REPO / topic).exists(), topic
+    for folder in (REPO / "tests" / "zoo").iterdir():
+        if folder.is_dir() and folder.name != "__pycache__":
+            assert (REPO / "zoo" / folder.name / "__init__.py").exists(), folder.name

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # reads and re-runs the notebooks' figures
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 #: Calls in a cell that make a figure.
 FIGURE_CALLS = ("plots.", "zaz.plot_", "plt.subplots", "plt.figure", ".plot(", "imshow(")

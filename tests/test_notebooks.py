@@ -8,6 +8,8 @@ from nbclient import NotebookClient
 
 from tests.conftest import HANG_AFTER
 
+pytestmark = pytest.mark.slow  # executes the notebooks
+
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 

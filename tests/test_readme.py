@@ -6,7 +6,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import HANG_AFTER, REPO
+
+pytestmark = pytest.mark.slow  # runs the README's code
 
 README = (REPO / "README.md").read_text()
 

@@ -15,6 +15,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import mnist_accuracy  # noqa: E402
 import regression  # noqa: E402
 
+pytestmark = pytest.mark.slow  # loads and re-runs saved runs
+
 RESULTS = REPO / "benchmarks" / "results"
 BENCH_README = (REPO / "benchmarks" / "README.md").read_text()
 

@@ -75,7 +75,7 @@ __all__ = [
     "priors",
     "reference",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: Modules read as ``zoo.<name>`` without importing them first; each loads its heavy stack
 #: (Lightning, matplotlib, ArviZ) on first use only.

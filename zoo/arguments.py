@@ -1,5 +1,6 @@
 """Checks of plain arguments, in one place for the whole library: the primitives
-(:func:`check_int`, :func:`check_bool`, :func:`check_choice`, :func:`check_positive`,
+(:func:`check_int`, :func:`check_bool`, :func:`check_choice`, defined in :mod:`guides.checks`,
+the bottom of the import graph, so that the families use them too; :func:`check_positive`,
 :func:`check_seed`) and the checks of the entry points' shared arguments (``zoo.fit``,
 ``predict``, ``reference``, ``compare``). Each refuses a value that cannot be right before any
 work, with a message that says what was given, where, and what to pass instead; the option
@@ -15,11 +16,16 @@ from pathlib import Path
 
 import torch
 
+from guides.checks import InvalidArgument, check_bool, check_choice, check_int, is_int, is_number
+
 __all__ = [
+    "InvalidArgument",
     "MAX_SEED",
     "check_bool",
     "check_choice",
     "check_int",
+    "is_int",
+    "is_number",
     "check_checkpoint_path",
     "check_factor",
     "check_length",
@@ -32,54 +38,11 @@ __all__ = [
 MAX_SEED = 2**63
 
 
-def is_int(value) -> bool:
-    """``value`` is a Python or NumPy integer and not a ``bool`` (``True`` is an ``int`` to
-    Python, never a count here)."""
-    import numbers
-
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def check_int(name: str, value, low: int | None = None, high: int | None = None,
-              meaning: str = "") -> int:  # fmt: skip
-    """``value`` as an ``int``, refusing a non-integer (a ``bool``, a float, a string) and a
-    value outside ``[low, high]`` with a ``TypeError`` or ``ValueError`` that names ``name``
-    (and, with ``meaning``, what it counts: ``"the number of fits"``)."""
-    what = f" ({meaning})" if meaning else ""
-    if not is_int(value):
-        raise TypeError(f"{name} must be an int{what}, got {value!r}")
-    if (low is not None and value < low) or (high is not None and value > high):
-        bounds = (
-            f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
-        )
-        raise ValueError(f"{name} must be an int {bounds}{what}, got {value!r}")
-    return int(value)
-
-
-def check_bool(**values) -> None:
-    """Refuse a value that is not ``True`` or ``False`` (``"no"`` and ``1`` are refused, not
-    read as true), naming it."""
-    for name, value in values.items():
-        if not isinstance(value, bool):
-            raise TypeError(f"{name} must be True or False, got {value!r}")
-
-
-def check_choice(name: str, value, choices) -> None:
-    """Refuse a ``value`` not among ``choices``, listing them."""
-    try:
-        ok = value in choices
-    except TypeError:  # an unhashable value in a set of choices
-        ok = False
-    if not ok:
-        listed = ", ".join(repr(c) for c in choices)
-        raise ValueError(f"{name} must be one of {listed}; got {value!r}")
-
-
 def check_seed(seed, name: str = "seed") -> None:
     """Refuse a seed that is not ``None`` or an integer in ``[0, 2**63)``."""
     if seed is None:
         return
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < MAX_SEED:
+    if not is_int(seed) or not 0 <= seed < MAX_SEED:
         raise ValueError(
             f"{name} must be None (the global generators as they are) or an integer in "
             f"[0, 2**63), got {seed!r}"
@@ -128,7 +91,7 @@ def check_factor(name: str, schedule: Callable[[int], float], steps=(0,)) -> Non
                 f"{name} raised {type(err).__name__} at step {step}: {err}; it must take the "
                 "step (an int) and return a number >= 0"
             ) from err
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = is_number(value)
         if torch.is_tensor(value) and value.numel() == 1:
             ok, value = True, value.item()
         if not ok or not math.isfinite(value) or value < 0:
@@ -163,7 +126,7 @@ def check_positive(**values) -> None:
         if value is None:
             continue
         kind = "integer" if name in INTEGERS else "number"
-        bad = isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+        bad = not is_number(value) or not value > 0
         if bad or (name in INTEGERS and value != int(value)):
             raise ValueError(f"{name} must be a positive {kind}, got {value!r}")
 

@@ -16,7 +16,6 @@ import guides
 import zoo
 import zoo.training.cuda_graph as cuda_graph
 from tests.families import CASES
-from tests.groups import grouped
 
 
 def data(n: int = 200):
@@ -39,17 +38,17 @@ def failing_record(self, run) -> None:
 def fit(family, options, **engine):
     """24 steps of LeNet-5 on 200 images in batches of 64 (every fourth step, the epoch's last
     batch of 8, runs eagerly between replays), with a learning-rate and a KL schedule."""
-    kwargs = grouped(
-        family,
-        guide_options=options,
+    return zoo.fit(
+        zoo.models.LeNet5(hidden=32),
+        guides.family(family, **options),
+        data(),
         num_steps=24,
         batch_size=64,
-        progress=False,
-        lr_schedule="exponential",
-        kl_weight=lambda i: min(1.0, i / 10),
-        **engine,
+        optim=zoo.Optim(lr_schedule="exponential"),
+        loss=zoo.Loss(kl_weight=lambda i: min(1.0, i / 10)),
+        engine=zoo.Engine(**engine),
+        run=zoo.Run(progress=False),
     )
-    return zoo.fit(zoo.models.LeNet5(hidden=32), kwargs.pop("guide"), data(), **kwargs)
 
 
 def capture_fails_then_every_family() -> None:

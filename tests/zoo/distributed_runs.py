@@ -1,4 +1,4 @@
-"""Distributed fits for tests/zoo/test_distributed.py, one scenario per run:
+"""Distributed fits for tests/zoo/runtime/test_distributed.py, one scenario per run:
 
     python -m tests.zoo.distributed_runs SCENARIO OUT [STEPS]
 

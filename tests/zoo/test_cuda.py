@@ -8,9 +8,11 @@ import torch
 import guides
 import zoo
 from tests.families import CASES
-from tests.groups import grouped
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = [
+    pytest.mark.slow,  # runs on a GPU in child processes
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 FAMILIES = list(CASES.values())
 
@@ -97,19 +99,26 @@ def test_saved_on_gpu_loads_on_cpu(tmp_path):
 
 def test_interrupted_gpu_fit_resumes_from_its_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
-    options = dict(num_steps=12, batch_size=64, progress=False, seed=3)
+    options = dict(num_steps=12, batch_size=64, seed=3)
     stop_at_5 = [lambda state: state.step == 5]
     part = zoo.fit(
         zoo.models.LeNet5(hidden=32),
         "diagonal",
         data(),
-        **grouped(**options, checkpoint=ckpt, callbacks=stop_at_5),
+        **options,
+        run=zoo.Run(progress=False, checkpoint=ckpt, callbacks=stop_at_5),
     )
     assert part.steps == 5
     resumed = zoo.fit(
-        zoo.models.LeNet5(hidden=32), "diagonal", data(), **grouped(**options, resume=ckpt)
+        zoo.models.LeNet5(hidden=32),
+        "diagonal",
+        data(),
+        **options,
+        run=zoo.Run(progress=False, resume=ckpt),
     )
-    full = zoo.fit(zoo.models.LeNet5(hidden=32), "diagonal", data(), **grouped(**options))
+    full = zoo.fit(
+        zoo.models.LeNet5(hidden=32), "diagonal", data(), **options, run=zoo.Run(progress=False)
+    )
     assert resumed.steps == 12 and resumed.device.type == "cuda"
     # cuDNN's convolution kernels are not bitwise deterministic: equal up to float noise
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):

@@ -10,6 +10,8 @@ import zoo
 from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import correlated_data, model_for
 
+pytestmark = pytest.mark.slow  # runs Lightning's Trainer
+
 pytest.importorskip("lightning")
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from zoo.arguments import is_int
 from zoo.runtime import children
 
 #: Prefix of the scratch folders that hold members' fit files until the caller reads them.
@@ -36,9 +37,7 @@ SCRATCH_PREFIX = "zoo-ensemble-"
 
 def check_processes(processes) -> None:
     """Refuse a ``processes`` that is neither ``"auto"`` nor a positive int."""
-    if processes != "auto" and (
-        isinstance(processes, bool) or not isinstance(processes, int) or processes < 1
-    ):
+    if processes != "auto" and (not is_int(processes) or processes < 1):
         raise ValueError(f"processes must be 'auto' or a positive int, got {processes!r}")
 
 

@@ -20,7 +20,7 @@ from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc import NUTS as PyroNUTS
 from pyro.poutine.messenger import Messenger
 
-from zoo.arguments import check_positive
+from zoo.arguments import check_positive, is_number
 from zoo.storage import checks as file_checks
 from zoo.storage import files
 
@@ -106,7 +106,7 @@ class NUTS(Sampler):
         """Refuse a ``target_accept`` outside (0, 1) and a ``max_tree_depth`` below 1."""
         check_positive(max_tree_depth=self.max_tree_depth)
         target = self.target_accept
-        number = isinstance(target, (int, float)) and not isinstance(target, bool)
+        number = is_number(target)
         if not number or not 0 < target < 1:
             raise ValueError(
                 f"target_accept must be a number strictly between 0 and 1 (NUTS' mean "
@@ -151,7 +151,7 @@ class NUTS(Sampler):
         """A positive step size and ``[[names], finite tensor]`` pairs of inverse mass matrix."""
         files.require(state, ("step_size", "inverse_mass_matrix"), path)
         step = state["step_size"]
-        number = isinstance(step, (int, float)) and not isinstance(step, bool)
+        number = is_number(step)
         if not number or not 0 < step < float("inf"):
             raise ValueError(f"{path}: the chain's step size is {step!r}, not a positive number")
         matrix = state["inverse_mass_matrix"]

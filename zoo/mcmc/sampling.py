@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from zoo.arguments import check_positive, check_seed, refuses_moved_keywords
+from zoo.arguments import check_int, check_positive, check_seed, is_int, refuses_moved_keywords
 from zoo.data.checks import check_data, gather_tensors
 from zoo.mcmc import chain as hmc
 from zoo.mcmc.samplers import NUTS, Sampler, check_sampler
@@ -148,8 +148,7 @@ def check_settings(chains, warmup, draws, seed, checkpoint, chunk) -> None:
     """Refuse settings no run can use, before any work: counts that are not whole numbers
     (``warmup`` may be 0), a checkpoint that is a file (the sampler checks its own)."""
     check_positive(chains=chains, draws=draws, chunk=chunk)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup must be a whole number >= 0, got {warmup!r}")
+    check_int("warmup", warmup, 0, meaning="warm-up transitions per chain")
     check_seed(seed)
     if checkpoint is not None and Path(checkpoint).exists() and not Path(checkpoint).is_dir():
         raise ValueError(
@@ -208,7 +207,7 @@ def _refuse_bytes(size: int, n: int, budget: Budget) -> None:
 def _workers(processes, chains: int, device: torch.device) -> int:
     if processes == "auto":
         processes = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+    if not is_int(processes) or processes < 1:
         raise ValueError(f"processes must be 'auto' or a positive int, got {processes!r}")
     forkable = "fork" in multiprocessing.get_all_start_methods()
     return 1 if device.type != "cpu" or not forkable else min(processes, chains)

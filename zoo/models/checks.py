@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 
 __all__ = ["BYTES_PER_WEIGHT", "check_model", "check_sizes"]
@@ -31,7 +32,7 @@ def check_sizes(name: str, sizes: Sequence, weights: int | None = None) -> None:
     network of ``weights`` weights (default: a chain of linear layers through ``sizes``) that
     would not fit in this machine's memory at :data:`BYTES_PER_WEIGHT` bytes a weight."""
     for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if not is_int(size) or size < 1:
             raise ValueError(f"{name} must be whole numbers of at least 1, got {list(sizes)}")
     if weights is None:
         weights = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zoo.arguments import is_number
+
 
 @dataclass
 class Prediction:
@@ -118,7 +120,7 @@ def _entropy(probs: torch.Tensor) -> torch.Tensor:
 
 def check_level(level: float) -> None:
     """Refuse a credible level outside (0, 1), such as 95 for 95%."""
-    if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+    if not is_number(level) or not 0 < level < 1:
         hint = (
             f" (for {level}% pass {level / 100:g})"
             if isinstance(level, (int, float)) and 1 < level < 100

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
 from zoo.models.convert import deterministic_parameters
@@ -48,7 +49,7 @@ class ResNetNetwork(nn.Module):
         check_sizes(
             "ResNet's in_channels, num_classes and width", [in_channels, num_classes, width]
         )
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 8 or (depth - 2) % 6:
+        if not is_int(depth) or depth < 8 or (depth - 2) % 6:
             raise ValueError(f"depth must be 6 n + 2 with n >= 1 (20, 32, 44, 56), got {depth!r}")
         super().__init__()
         n = (depth - 2) // 6

@@ -10,6 +10,7 @@ whose event shape is the whole weight tensor.
 
 from __future__ import annotations
 
+from zoo.arguments import is_number
 from zoo.priors.fitted import (
     PER,
     SITE_PREFIX,
@@ -70,7 +71,7 @@ def resolve_prior(prior: Prior | float | str | None, task: str = "classification
         return prior
     if isinstance(prior, str) and prior in NAMED:
         return NAMED[prior]()
-    if isinstance(prior, (int, float)) and not isinstance(prior, bool):
+    if is_number(prior):
         return NormalPrior(float(prior))
     raise TypeError(
         "prior must be a zoo.priors.Prior, a positive number (a Normal prior's scale) or one of "

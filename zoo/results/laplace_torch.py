@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zoo.arguments import is_int, is_number
+
 #: The weights laplace-torch approximates, the Hessian structures and predictives it offers
 #: here (laplace-torch's names).
 WEIGHTS = ("last_layer", "all", "subnetwork")
@@ -87,7 +89,7 @@ class LaplaceOptions:
             if value not in allowed:
                 raise ValueError(f"LaplaceOptions({name}={value!r}): choose one of {allowed}")
         size = self.subnetwork_size
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= FULL_HESSIAN_MAX:
+        if not is_int(size) or not 1 <= size <= FULL_HESSIAN_MAX:
             raise ValueError(
                 f"LaplaceOptions(subnetwork_size={size!r}): an int from 1 to {FULL_HESSIAN_MAX:,} "
                 "(its Hessian is dense)"
@@ -99,7 +101,7 @@ class LaplaceOptions:
             )
         p = self.prior_precision
         if p != "marglik":
-            if isinstance(p, bool) or not isinstance(p, (int, float)) or not p > 0:
+            if not is_number(p) or not p > 0:
                 raise ValueError(
                     f"LaplaceOptions(prior_precision={p!r}): 'marglik' (fitted by marginal "
                     "likelihood) or a positive number"

@@ -31,6 +31,7 @@ import pyro.poutine as poutine
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from zoo.arguments import is_int
 from zoo.runtime.rng import forked
 
 #: A step whose forward pass (one minibatch) is below this many floating-point operations is
@@ -89,7 +90,7 @@ def check_threads(threads) -> None:
     """Refuse a ``threads`` argument that is not ``"auto"``, ``None`` or a positive int."""
     if threads is None or threads == "auto":
         return
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+    if not is_int(threads) or threads < 1:
         raise ValueError(f"threads must be 'auto', None or a positive int, got {threads!r}")
 
 

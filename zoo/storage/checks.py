@@ -16,6 +16,8 @@ import math
 
 import torch
 
+from zoo.arguments import is_int
+
 __all__ = [
     "MAX_ELEMENTS",
     "check_guide_payload",
@@ -92,9 +94,7 @@ def check_tensors(tensors, path, entry: str, floating: bool = True) -> None:
 
 
 def _count(shape, path, what: str) -> int:
-    if not isinstance(shape, (list, tuple)) or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
-    ):
+    if not isinstance(shape, (list, tuple)) or not all(is_int(s) and s >= 0 for s in shape):
         raise ValueError(f"{path}: {what} has shape {shape!r}, not a list of sizes")
     count = math.prod(shape)
     if count > MAX_ELEMENTS:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from zoo.arguments import is_int
 from zoo.models import stored
 from zoo.models.statistics import statistics_of
 from zoo.storage import checks as file_checks
@@ -156,7 +157,7 @@ def check_loop_state(path, state) -> None:
         )
     for name in ("step", "epoch", "done_in_epoch"):
         value = state[name]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise ValueError(
                 f"{path}: the checkpoint's {name} is {value!r}, not a count (an integer >= 0); "
                 "the file was changed: use another checkpoint or start the fit again"

@@ -37,6 +37,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from zoo.arguments import check_int
+
 
 @dataclass(frozen=True)
 class Convergence:
@@ -70,10 +72,8 @@ class Convergence:
     def __post_init__(self):
         for name in ("window", "patience", "cap"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Convergence.{name} must be a positive integer, got {value!r}")
-        if isinstance(self.decays, bool) or not isinstance(self.decays, int) or self.decays < 0:
-            raise ValueError(f"Convergence.decays must be an integer >= 0, got {self.decays!r}")
+            check_int(f"Convergence.{name}", value, 1)
+        check_int("Convergence.decays", self.decays, 0, meaning="rate cuts before the stop")
         if not self.tolerance >= 0:
             raise ValueError(f"Convergence.tolerance must be >= 0, got {self.tolerance!r}")
         if not 0 < self.factor <= 1:

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 
 import torch
 
+from zoo.arguments import is_int, is_number
+
 __all__ = [
     "check_callbacks",
     "check_device",
@@ -43,7 +45,7 @@ def check_multipliers(multipliers) -> None:
             f"lr_multipliers must be a dict pattern -> factor, got {type(multipliers).__name__}"
         )
     for pattern, factor in multipliers.items():
-        number = isinstance(factor, (int, float)) and not isinstance(factor, bool)
+        number = is_number(factor)
         if not isinstance(pattern, str) or not number or not math.isfinite(factor) or factor < 0:
             raise ValueError(
                 f"lr_multipliers[{pattern!r}] = {factor!r}: each pattern is a string and each "
@@ -71,11 +73,11 @@ def check_devices(devices) -> None:
         if text == "auto" or text == "-1" or all(p.strip().isdigit() for p in text.split(",")):
             if text not in ("0", ""):
                 return
-    elif isinstance(devices, int) and not isinstance(devices, bool):
+    elif is_int(devices):
         if devices >= 1 or devices == -1:
             return
     elif isinstance(devices, (list, tuple)) and devices:
-        if all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in devices):
+        if all(is_int(d) and d >= 0 for d in devices):
             return
     raise ValueError(
         f"devices must be a count >= 1, -1 (all), 'auto', or device indices such as [0, 1] "
@@ -126,7 +128,7 @@ def check_kl_weight(weight) -> None:
         from zoo.arguments import check_factor
 
         check_factor("kl_weight", weight)
-    elif isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+    elif not is_number(weight) or not weight >= 0:
         raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
     elif not math.isfinite(weight):
         raise ValueError(f"kl_weight must be finite, got {weight!r}")

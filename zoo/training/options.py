@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from zoo.arguments import check_positive
+from zoo.arguments import check_positive, is_int
 from zoo.training import option_checks as checks
 from zoo.training.option_values import (
     devices_value,
@@ -154,7 +154,8 @@ class Engine:
     Attributes
     ----------
     device : "auto", "cpu", "cuda" or torch.device
-        ``"auto"`` uses CUDA when available. Model, data and guide all move there.
+        ``"auto"`` uses CUDA when available (or the device the environment variable
+        ``ZOO_DEVICE`` names, e.g. ``ZOO_DEVICE=cpu``). Model, data and guide all move there.
     threads : "auto", int or None, default "auto"
         Torch's intra-op CPU threads during the fit, the caller's setting restored afterwards.
         ``"auto"``: one thread when the forward pass on a minibatch is small
@@ -243,7 +244,7 @@ class Engine:
         check_threads(self.threads)
         check_jit(self.jit)
         every = self.check_every
-        if every != "auto" and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        if every != "auto" and (not is_int(every) or every < 1):
             raise ValueError(f"check_every must be 'auto' or a positive integer, got {every!r}")
         if not isinstance(self.cuda_graph, bool) and self.cuda_graph != "auto":
             raise ValueError(f"cuda_graph must be 'auto', True or False, got {self.cuda_graph!r}")

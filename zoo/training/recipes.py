@@ -21,6 +21,7 @@ default to ``None``, resolved here from the data size alone, before any training
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -142,10 +143,23 @@ def warn_if_short(recipe: str, steps: int, n: int, batch_size: int) -> None:
     )
 
 
+#: The environment variable that says what ``device="auto"`` means in this process (``cpu``,
+#: ``cuda``, ``cuda:1``): a CPU-only run on a GPU machine without a change to the code (the
+#: test suite sets it to ``cpu``).
+DEVICE_VARIABLE = "ZOO_DEVICE"
+
+
 def resolve_device(device) -> torch.device:
-    """``"auto"`` -> CUDA when available, else the CPU; anything else as ``torch.device``."""
+    """``"auto"`` -> the device ``$ZOO_DEVICE`` names when it is set, else CUDA when available,
+    else the CPU; anything else as ``torch.device``."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        chosen = os.environ.get(DEVICE_VARIABLE, "").strip()
+        if not chosen:
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            return resolve_device(torch.device(chosen))
+        except (RuntimeError, ValueError) as err:
+            raise ValueError(f"${DEVICE_VARIABLE}={chosen!r} is not a usable device: {err}") from None
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(

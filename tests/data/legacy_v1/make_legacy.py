@@ -1,5 +1,5 @@
 """Write fits in the v1 (pickled) format with the code of the checkout on PYTHONPATH, plus the
-posterior moments each one had (plain tensors), for tests/zoo/test_legacy_load.py."""
+posterior moments each one had (plain tensors), for tests/zoo/results/test_loading.py."""
 
 import sys
 from pathlib import Path

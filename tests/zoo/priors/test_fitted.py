@@ -13,10 +13,10 @@ from torch.distributions import LogNormal, MultivariateNormal, kl_divergence
 import guides
 import zoo
 from tests.families import CASES
-from tests.groups import grouped
 from zoo.models import BayesianMLP
 from zoo.priors import IsotropicNormal
 from zoo.priors.fitted import HierarchicalNormalPrior, LearnedNormalPrior, scale_groups
+from zoo.training.options import grouped
 
 NOISE = 0.5
 N, D = 8, 4  # a Hadamard design: the columns (and the bias's column of ones) are orthogonal
@@ -88,10 +88,12 @@ def fit_linear(prior, steps=1000, **options):
         num_steps=steps,
         lr=0.05,
         **grouped(
-            **options,
-            optim=zoo.Optim(lr_schedule="exponential"),
-            loss=zoo.Loss(elbo="meanfield"),
-            run=zoo.Run(progress=False),
+            {
+                **options,
+                "optim": zoo.Optim(lr_schedule="exponential"),
+                "loss": zoo.Loss(elbo="meanfield"),
+                "run": zoo.Run(progress=False),
+            }
         ),
         seed=0,
     )
@@ -223,9 +225,10 @@ def test_every_family_fits_with_fitted_prior_scales(label, prior):
 
 def test_scales_survive_save_load_and_resume(tmp_path):
     x, y = (t.float() for t in hadamard_data())
-    kwargs = dict(batch_size=N, num_steps=30, lr=0.05, seed=0, progress=False)
+    kwargs = dict(batch_size=N, num_steps=30, lr=0.05, seed=0)
+    quiet = zoo.Run(progress=False)
     model = BayesianMLP(D, (), 1, prior="learned", noise=NOISE)
-    result = zoo.fit(model, "diagonal", (x, y), **grouped(**kwargs))
+    result = zoo.fit(model, "diagonal", (x, y), **kwargs, run=quiet)
     assert result.model.prior.scales()["fc1"] != pytest.approx(1.0)
     result.save(tmp_path / "fit.zoo")
     loaded = zoo.load(tmp_path / "fit.zoo")
@@ -237,21 +240,24 @@ def test_scales_survive_save_load_and_resume(tmp_path):
             BayesianMLP(D, (), 1, prior=prior, noise=NOISE),
             "diagonal",
             (x, y),
-            **grouped(**{**kwargs, "num_steps": 60}),
+            **{**kwargs, "num_steps": 60},
+            run=quiet,
         )
         ckpt = tmp_path / f"{prior}.ckpt"
         zoo.fit(
             BayesianMLP(D, (), 1, prior=prior, noise=NOISE),
             "diagonal",
             (x, y),
-            **grouped(**kwargs, run=zoo.Run(checkpoint=ckpt)),
+            **kwargs,
+            run=zoo.Run(progress=False, checkpoint=ckpt),
         )
         model = BayesianMLP(D, (), 1, prior=prior, noise=NOISE)
         resumed = zoo.fit(
             model,
             "diagonal",
             (x, y),
-            **grouped(**{**kwargs, "num_steps": 60}, run=zoo.Run(resume=ckpt)),
+            **{**kwargs, "num_steps": 60},
+            run=zoo.Run(progress=False, resume=ckpt),
         )
         a, b = resumed.guide.median(), whole.guide.median()
         assert a.keys() == b.keys()

@@ -15,7 +15,6 @@ from torch.utils.data import IterableDataset, TensorDataset
 
 import zoo
 from tests.conftest import HANG_AFTER
-from tests.groups import grouped
 from tests.zoo.distributed_runs import launch, results
 from tests.zoo.linear_gaussian import (
     MEAN_FIELD_FIT,
@@ -29,6 +28,9 @@ from tests.zoo.linear_gaussian import (
 from zoo.data.batches import Batches
 from zoo.runtime.distributed import Ranks, requested
 from zoo.training.checkpoint import read_checkpoint
+from zoo.training.options import grouped
+
+pytestmark = pytest.mark.slow  # starts distributed runs in child processes
 
 pytest.importorskip("lightning")
 
@@ -53,7 +55,7 @@ def test_two_ranks_reach_the_exact_mean_field_optimum_and_predict_as_one(tmp_pat
         (x, y),
         num_steps=1500,
         batch_size=100,
-        **grouped(**MEAN_FIELD_FIT, progress=False),
+        **grouped({**MEAN_FIELD_FIT, "progress": False}),
     )
     optimum = exact_elbo(x, y, mean, torch.diag(mf_var))
     two_ranks = exact_elbo(x, y, r0["mean"], r0["cov"])
@@ -253,7 +255,9 @@ def test_distributed_arguments_are_checked_before_anything_starts():
                 model_for(3),
                 "diagonal",
                 (x, y),
-                **grouped(**options, engine=zoo.Engine(devices=2), run=zoo.Run(progress=False)),
+                **grouped(
+                    {**options, "engine": zoo.Engine(devices=2), "run": zoo.Run(progress=False)}
+                ),
             )
     fit = zoo.fit(
         model_for(3),

@@ -7,7 +7,6 @@ import torch
 import guides
 import zoo
 import zoo.training.divergence
-from tests.groups import grouped
 from tests.zoo.linear_gaussian import (
     correlated_data,
     decaying,
@@ -388,4 +387,4 @@ def test_named_lr_schedules_follow_the_run_length():
     assert cosine(0) == pytest.approx(1.0) and cosine(100) == pytest.approx(0.01)
     assert cosine(50) == pytest.approx(0.505)
     with pytest.raises(ValueError, match="lr_schedule must be"):
-        zoo.fit(model_for(3), "diagonal", (x, y), **grouped(lr_schedule="linear", **kwargs))
+        zoo.fit(model_for(3), "diagonal", (x, y), optim=zoo.Optim(lr_schedule="linear"), **kwargs)

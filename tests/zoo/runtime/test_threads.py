@@ -5,9 +5,9 @@ import torch
 import guides
 import zoo
 import zoo.runtime.threads
-from tests.groups import grouped
 from zoo.models.lenet import LeNet5Network
 from zoo.models.mlp import mlp_network
+from zoo.training.options import grouped
 
 
 def tiny_model():
@@ -56,7 +56,7 @@ def fit_tiny(n: int = 32, **options):
         "diagonal",
         data,
         batch_size=32,
-        **grouped(**options, run=zoo.Run(progress=False)),
+        **grouped({**options, "run": zoo.Run(progress=False)}),
     )
 
 
@@ -91,7 +91,7 @@ def test_the_rules_weigh_a_minibatch_not_the_two_example_probe(
         data,
         batch_size=batch_size,
         num_steps=2,
-        **grouped(callbacks=[lambda s: seen.append(torch.get_num_threads())], progress=False),
+        run=zoo.Run(progress=False, callbacks=[lambda s: seen.append(torch.get_num_threads())]),
     )
     assert seen == [expected] * 2
     assert fit.options["threads"] == expected

@@ -7,6 +7,8 @@ import pytest
 from tests.conftest import HANG_AFTER
 from zoo.cli import build_parser
 
+pytestmark = pytest.mark.slow  # starts the command line in child processes
+
 
 def test_demo_writes_its_plot(tmp_path):
     out = tmp_path / "band.png"
@@ -257,7 +259,7 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
     import re
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "benchmarks" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[3] / "benchmarks" / "README.md").read_text()
     quoted = re.search(
         r"test RMSE ([\d.]+) \(the toy's noise is 0\.1\), 95% coverage ([\d.]+), epistemic sd "
         r"([\d.]+) on the data,\s+([\d.]+) in the gap `\|x\| < 0\.5`, ([\d.]+) beyond",
@@ -296,7 +298,7 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
 
 def test_fit_passes_the_process_options_to_zoo_fit(tmp_path, monkeypatch, capsys):
     """--devices/--num-nodes/--strategy/--accelerator reach zoo.fit as Lightning's names (a
-    real two-process run of the command is in the issue notes; tests/zoo/test_distributed.py
+    real two-process run of the command is in the issue notes; tests/zoo/runtime/test_distributed.py
     runs zoo.fit itself on two ranks)."""
     import zoo
     from zoo.cli import main

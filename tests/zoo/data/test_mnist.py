@@ -7,6 +7,8 @@ import guides
 import zoo
 from tests.families import GAUSSIAN, PRIMARY
 
+pytestmark = pytest.mark.slow  # fits on MNIST
+
 # The families that learn a spread (variances, correlations) that could collapse or blow up;
 # every variant runs on small sites in tests/guides, and MC dropout and the point mass (a fixed
 # spread, none) fit MNIST in notebook 07's test run.

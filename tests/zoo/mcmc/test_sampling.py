@@ -21,6 +21,8 @@ from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_fo
 from zoo.evaluation.arviz import chain_diagnostics
 from zoo.mcmc.chain import read_chain
 
+pytestmark = pytest.mark.slow  # runs HMC chains
+
 QUICK = {"warmup": 40, "draws": 12, "chunk": 5, "progress": False}
 
 

@@ -12,8 +12,8 @@ import guides
 import zoo
 import zoo.training.fitting
 from tests.families import CASES
-from tests.groups import grouped
 from zoo.models import BayesianMLP
+from zoo.training.options import grouped
 
 
 def regression(n=200, seed=0):
@@ -22,11 +22,11 @@ def regression(n=200, seed=0):
     return x, x.sum(1) + 0.1 * torch.randn(n, generator=g)
 
 
-def fit(data, family="diagonal", model=None, **options):
+def fit(data, family="diagonal", model=None, guide_options=None, **options):
     kwargs = dict(num_steps=57, batch_size=32, lr=0.01, progress=False, seed=0)
     kwargs.update(options)
-    options = grouped(family, **kwargs)
-    return zoo.fit(model or BayesianMLP(3, (16,), 1), options.pop("guide"), data, **options)
+    guide = guides.family(family, **guide_options) if guide_options else family
+    return zoo.fit(model or BayesianMLP(3, (16,), 1), guide, data, **grouped(kwargs))
 
 
 def same_parameters(a, b, **tolerance) -> bool:
@@ -43,11 +43,11 @@ def test_reading_every_k_steps_gives_the_per_step_fit(clip):
     data = regression()
     options = dict(lr_schedule="exponential", kl_weight=lambda i: min(1.0, i / 20))
     every_step = fit(data, clip_grad_norm=clip, **options)
-    grouped = fit(data, clip_grad_norm=clip, check_every=10, **options)
-    assert every_step.options["check_every"] == 1 and grouped.options["check_every"] == 10
-    assert grouped.losses == every_step.losses and len(grouped.losses) == 57
-    assert grouped.epoch_losses == every_step.epoch_losses
-    assert same_parameters(grouped, every_step)
+    batched = fit(data, clip_grad_norm=clip, check_every=10, **options)
+    assert every_step.options["check_every"] == 1 and batched.options["check_every"] == 10
+    assert batched.losses == every_step.losses and len(batched.losses) == 57
+    assert batched.epoch_losses == every_step.epoch_losses
+    assert same_parameters(batched, every_step)
 
 
 def diverging(check_every, num_steps=20):

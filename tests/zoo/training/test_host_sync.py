@@ -143,7 +143,7 @@ def _library_frame() -> str | None:
 
 
 TORCH = Path(torch.__file__).resolve().parent
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_host_reads_are_counted():

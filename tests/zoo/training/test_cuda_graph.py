@@ -9,7 +9,7 @@ import torch
 
 import zoo
 import zoo.training.cuda_graph
-from tests.zoo.test_deferred import capture_on_cpu, fit, regression, same_parameters
+from tests.zoo.training.test_divergence import capture_on_cpu, fit, regression, same_parameters
 
 
 class ReplayedBody:

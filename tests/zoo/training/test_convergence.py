@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import zoo
-from tests.groups import grouped
 from tests.zoo.linear_gaussian import MEAN_FIELD_FIT, MEAN_FIELD_GUIDE, correlated_data, model_for
 from zoo.training.convergence import Convergence, ConvergenceTracker, resolve
+from zoo.training.options import grouped
 
 
 def _noisy(curve, sd=5.0, seed=0) -> list[float]:
@@ -63,11 +63,11 @@ def test_plateaus_cut_the_rate_before_the_last_one_ends_the_fit():
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="window must be a positive integer"):
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
         Convergence(window=0)
     with pytest.raises(ValueError, match="tolerance must be >= 0"):
         Convergence(tolerance=-1)
-    with pytest.raises(ValueError, match="decays must be an integer >= 0"):
+    with pytest.raises(ValueError, match="decays must be an int >= 0"):
         Convergence(decays=-1)
     with pytest.raises(ValueError, match=r"factor must lie in \(0, 1\]"):
         Convergence(factor=0.0)
@@ -81,7 +81,7 @@ def _fit(num_steps, **options):
     x, y = correlated_data(n=300, d=3, corr=0.5)
     fit_options = {**MEAN_FIELD_FIT, "batch_size": 300, "progress": False, **options}
     return zoo.fit(
-        model_for(3), MEAN_FIELD_GUIDE, (x, y), num_steps=num_steps, **grouped(**fit_options)
+        model_for(3), MEAN_FIELD_GUIDE, (x, y), num_steps=num_steps, **grouped(fit_options)
     )
 
 

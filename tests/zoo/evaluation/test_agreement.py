@@ -118,5 +118,5 @@ def test_compare_adds_the_distances_and_the_reference_row():
 def test_compare_refuses_a_reference_of_another_model():
     x, y = correlated_data(n=60, d=2)
     ref = zoo.reference(model_for(2), (x, y), chains=1, warmup=10, draws=4, progress=False)
-    with pytest.raises(ValueError, match="another model than model_factory builds"):
+    with pytest.raises(ValueError, match="the reference is of another model than the other rows"):
         zoo.compare(lambda: model_for(3), ["map"], (x, y), (x, y), reference=ref, progress=False)

@@ -16,12 +16,11 @@ import guides
 import zoo
 from tests.conftest import HANG_AFTER
 from tests.families import CASES
-from tests.groups import grouped
 from zoo.models import BayesianMLP
 from zoo.storage import files
 
 FAMILIES = CASES
-LEGACY = Path(__file__).resolve().parents[1] / "data" / "legacy_v1"
+LEGACY = Path(__file__).resolve().parents[2] / "data" / "legacy_v1"
 
 
 def data(n=64):
@@ -37,18 +36,18 @@ def model():
 OPTIONS = dict(
     batch_size=16,
     lr=0.01,
-    lr_schedule=lambda i: 1 / (1 + 0.01 * i),
-    num_particles=2,
-    progress=False,
     seed=7,
+    optim=zoo.Optim(lr_schedule=lambda i: 1 / (1 + 0.01 * i)),
+    loss=zoo.Loss(num_particles=2),
 )
+QUIET = zoo.Run(progress=False)
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_save_load_round_trip_gives_identical_predictions(family, tmp_path):
     name, options = FAMILIES[family]
     fit = zoo.fit(
-        model(), guides.family(name, **options), data(), num_steps=10, **grouped(**OPTIONS)
+        model(), guides.family(name, **options), data(), num_steps=10, **OPTIONS, run=QUIET
     )
     path = fit.save(tmp_path / "fit.pt")
     loaded = zoo.load(path)
@@ -70,7 +69,7 @@ def test_save_load_round_trip_gives_identical_predictions(family, tmp_path):
 
 
 def test_loading_onto_a_different_model_is_refused(tmp_path):
-    fit = zoo.fit(model(), "diagonal", data(), num_steps=2, **grouped(**OPTIONS))
+    fit = zoo.fit(model(), "diagonal", data(), num_steps=2, **OPTIONS, run=QUIET)
     path = fit.save(tmp_path / "fit.pt")
     other = BayesianMLP(3, (5,), 3, task="classification")
     with pytest.raises(ValueError, match="different model.*fc1.weight: \\(8, 3\\) vs \\(5, 3\\)"):
@@ -105,7 +104,7 @@ def test_atomic_save_gives_the_mode_of_a_plain_open_and_keeps_a_replaced_files_m
 
 
 def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
-    full = zoo.fit(model(), "tridiagonal", data(), num_steps=30, **grouped(**OPTIONS))
+    full = zoo.fit(model(), "tridiagonal", data(), num_steps=30, **OPTIONS, run=QUIET)
 
     def ctrl_c(state):
         if state.step == 13:  # mid-epoch: 4 batches per epoch
@@ -117,7 +116,8 @@ def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
         "tridiagonal",
         data(),
         num_steps=30,
-        **grouped(**OPTIONS, run=zoo.Run(checkpoint=ckpt, callbacks=[ctrl_c])),
+        **OPTIONS,
+        run=zoo.Run(progress=False, checkpoint=ckpt, callbacks=[ctrl_c]),
     )
     assert part.interrupted and part.steps == 13
     resumed = zoo.fit(
@@ -125,7 +125,8 @@ def test_interrupt_then_resume_equals_an_uninterrupted_fit(tmp_path):
         "tridiagonal",
         data(),
         num_steps=30,
-        **grouped(**OPTIONS, run=zoo.Run(resume=ckpt)),
+        **OPTIONS,
+        run=zoo.Run(progress=False, resume=ckpt),
     )
     assert resumed.steps == 30
     assert resumed.losses == pytest.approx(full.losses, rel=1e-6)
@@ -138,11 +139,11 @@ CHILD = textwrap.dedent(
     import sys, time
     sys.path.insert(0, {tests!r})
     import zoo
-    from zoo.training.options import grouped
-    from test_persist import OPTIONS, data, model
-    zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(dict(
-        OPTIONS, checkpoint={ckpt!r}, device="cpu", checkpoint_every=3,
-        callbacks=[lambda s: time.sleep(0.005)])))
+    from test_loading import OPTIONS, data, model
+    zoo.fit(model(), "diagonal", data(), num_steps=400, **OPTIONS,
+            engine=zoo.Engine(device="cpu"),
+            run=zoo.Run(progress=False, checkpoint={ckpt!r}, checkpoint_every=3,
+                        callbacks=[lambda s: time.sleep(0.005)]))
     """
 )
 
@@ -176,9 +177,10 @@ def test_sigkill_mid_fit_then_resume(tmp_path):
         "diagonal",
         data(),
         num_steps=400,
-        **grouped(**OPTIONS, run=zoo.Run(resume=ckpt)),
+        **OPTIONS,
+        run=zoo.Run(progress=False, resume=ckpt),
     )
-    full = zoo.fit(model(), "diagonal", data(), num_steps=400, **grouped(**OPTIONS))
+    full = zoo.fit(model(), "diagonal", data(), num_steps=400, **OPTIONS, run=QUIET)
     assert resumed.steps == 400
     for a, b in zip(full.guide.parameters(), resumed.guide.parameters()):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -189,7 +191,7 @@ def test_saved_files_are_plain_data_and_small(family, tmp_path):
     """Read with weights_only=True (no code runs); parameters plus history, nothing else."""
     name, options = FAMILIES[family]
     fit = zoo.fit(
-        model(), guides.family(name, **options), data(), num_steps=10, **grouped(**OPTIONS)
+        model(), guides.family(name, **options), data(), num_steps=10, **OPTIONS, run=QUIET
     )
     path = fit.save(tmp_path / "fit.pt")
     payload = torch.load(path, weights_only=True)
@@ -225,7 +227,7 @@ def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):
 
 def test_a_user_network_is_passed_again_on_load(tmp_path):
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
-    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **grouped(**OPTIONS))
+    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **OPTIONS, run=QUIET)
     path = fit.save(tmp_path / "fit.pt")
     with pytest.raises(ValueError, match="not a zoo.models class.*model="):
         zoo.load(path)
@@ -288,7 +290,7 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
     from pyro.infer.autoguide import AutoNormal
 
     m = model()
-    fit = zoo.fit(m, AutoNormal(m), data(), num_steps=3, **grouped(**OPTIONS))
+    fit = zoo.fit(m, AutoNormal(m), data(), num_steps=3, **OPTIONS, run=QUIET)
     assert fit.options["guide"] == "AutoNormal" and fit.steps == 3
     steps = []
     with pytest.raises(TypeError, match="cannot be saved as plain data"):
@@ -297,9 +299,8 @@ def test_a_pyro_guide_fits_but_a_checkpoint_of_it_is_refused_before_training(tmp
             AutoNormal(m),
             data(),
             num_steps=3,
-            **grouped(
-                **OPTIONS, run=zoo.Run(checkpoint=tmp_path / "c.pt", callbacks=[steps.append])
-            ),
+            **OPTIONS,
+            run=zoo.Run(progress=False, checkpoint=tmp_path / "c.pt", callbacks=[steps.append]),
         )
     assert not steps
 
@@ -332,8 +333,8 @@ def test_a_damaged_fit_file_names_the_path_and_says_it_is_damaged(tmp_path, dama
 def test_resuming_a_checkpoint_of_another_family_is_refused_with_both_names(tmp_path):
     x, y = torch.randn(16, 3), torch.randn(16)
     ckpt = tmp_path / "ckpt.pt"
-    options = dict(num_steps=2, progress=False, checkpoint=ckpt)
-    zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), **grouped(**options))
+    options = dict(num_steps=2, run=zoo.Run(progress=False, checkpoint=ckpt))
+    zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, y), **options)
     with pytest.raises(ValueError, match="'diagonal' family.*'lowrank'"):
         zoo.fit(
             zoo.models.BayesianMLP(3, (4,), noise=1.0),

@@ -16,6 +16,8 @@ from tests.zoo.linear_gaussian import (
     model_for,
 )
 
+pytestmark = pytest.mark.slow  # fits every family to its exact posterior
+
 D = 4
 # Each Gaussian family's default and the variant whose ELBO is compared below (4,000 steps each;
 # every variant is checked against a dense MultivariateNormal in tests/guides). The point mass:

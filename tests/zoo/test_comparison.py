@@ -4,6 +4,8 @@ import pytest
 
 import zoo
 
+pytestmark = pytest.mark.slow  # fits every family several times
+
 
 @pytest.fixture(scope="module")
 def mnist_small(mnist_root):

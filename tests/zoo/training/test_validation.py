@@ -4,8 +4,8 @@ import pytest
 import torch
 
 import zoo
-from tests.groups import grouped
 from zoo.models import BayesianMLP, LeNet5
+from zoo.training.options import grouped
 
 
 def classifier():
@@ -96,7 +96,7 @@ def test_bad_input_is_rejected_before_training(case):
             make_model(),
             guide,
             data,
-            **grouped(**options, run=zoo.Run(progress=False, callbacks=[steps.append])),
+            **grouped({**options, "run": zoo.Run(progress=False, callbacks=[steps.append])}),
         )
     assert steps == []
 

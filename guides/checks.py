@@ -1,0 +1,61 @@
+"""The primitive checks of plain arguments, for the whole library (the families here, and
+``zoo``, whose :mod:`zoo.arguments` re-exports them): an integer that is not a ``bool``, a
+``bool`` that is not merely truthy, one of a few choices. Each failure is an
+:class:`InvalidArgument` (a ``ValueError`` and a ``TypeError``) that names the argument, says
+what was given and what is accepted. Nothing here imports torch or another module."""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = ["InvalidArgument", "check_bool", "check_choice", "check_int", "is_int", "is_number"]
+
+
+class InvalidArgument(ValueError, TypeError):
+    """An argument of the wrong type or outside its range (caught as either)."""
+
+
+def is_int(value) -> bool:
+    """``value`` is a Python or NumPy integer and not a ``bool`` (``True`` is an ``int`` to
+    Python, never a count here)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def is_number(value) -> bool:
+    """``value`` is a real number (Python's, NumPy's) and not a ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def check_int(name: str, value, low: int | None = None, high: int | None = None,
+              meaning: str = "") -> int:  # fmt: skip
+    """``value`` as an ``int``, refusing a non-integer (a ``bool``, a float, a string) and a
+    value outside ``[low, high]`` with an :class:`InvalidArgument` that names ``name`` (and,
+    with ``meaning``, what it counts: ``"the number of fits"``)."""
+    what = f" ({meaning})" if meaning else ""
+    if not is_int(value):
+        raise InvalidArgument(f"{name} must be an int{what}, got {value!r}")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = (
+            f">= {low}" if high is None else f"<= {high}" if low is None else f"in [{low}, {high}]"
+        )
+        raise InvalidArgument(f"{name} must be an int {bounds}{what}, got {value!r}")
+    return int(value)
+
+
+def check_bool(**values) -> None:
+    """Refuse a value that is not ``True`` or ``False`` (``"no"`` and ``1`` are refused, not
+    read as true), naming it."""
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise InvalidArgument(f"{name} must be True or False, got {value!r}")
+
+
+def check_choice(name: str, value, choices) -> None:
+    """Refuse a ``value`` not among ``choices``, listing them."""
+    try:
+        ok = value in choices
+    except TypeError:  # an unhashable value in a set of choices
+        ok = False
+    if not ok:
+        listed = ", ".join(repr(c) for c in choices)
+        raise InvalidArgument(f"{name} must be one of {listed}; got {value!r}")

@@ -1,0 +1,86 @@
+"""Every ``zoo.``/``guides.`` dotted path and every source path the documentation, the README and
+the CHANGELOG name exists, and the version is one: the package's, the installed metadata's and
+the CHANGELOG's latest section."""
+
+import importlib
+import importlib.metadata
+import re
+from pathlib import Path
+
+import pytest
+
+import zoo
+
+REPO = Path(__file__).resolve().parents[1]
+DOCUMENTS = sorted(
+    [REPO / "README.md", REPO / "CHANGELOG.md", REPO / "benchmarks" / "README.md"]
+    + list((REPO / "docs").glob("*.md"))
+    + list((REPO / "docs" / "guide").glob("*.md"))
+)
+#: A dotted name inside backquotes, up to the first character that is not part of a name.
+DOTTED = re.compile(r"`((?:zoo|guides)(?:\.[A-Za-z_][A-Za-z0-9_]*)+)")
+#: A source path inside backquotes.
+SOURCE = re.compile(r"`((?:zoo|guides|tests|benchmarks|notebooks|docs)/[A-Za-z0-9_./-]+)`")
+#: What follows an old name in a migration note (``old`` -> ``new``): only the new must exist.
+RENAMED = re.compile(r"`?\s*(->|→|was renamed|became|moved to|: import)")
+#: Paths a run or a build makes (a built site, a benchmark's results), not sources.
+MADE = ("docs/_build/", "benchmarks/results/")
+
+
+def resolves(dotted: str) -> bool:
+    """``dotted`` is a module, or an attribute chain from the longest importable module."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        try:
+            for name in parts[cut:]:
+                obj = getattr(obj, name)
+        except AttributeError:
+            return False
+        return True
+    return False
+
+
+def named_paths(text: str):
+    """``(dotted name, is an old name in a migration note)`` of ``text``."""
+    for match in DOTTED.finditer(text):
+        name = match.group(1)
+        old = RENAMED.match(text, match.end()) is not None
+        yield name, old
+
+
+@pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_named_path_exists(document):
+    text = document.read_text()
+    missing = sorted({name for name, old in named_paths(text) if not old and not resolves(name)})
+    assert not missing, f"{document.relative_to(REPO)} names {missing}"
+    files = sorted(
+        {
+            p.rstrip(".")
+            for p in SOURCE.findall(text)
+            if "*" not in p and not p.startswith(MADE) and not (REPO / p).exists()
+        }
+    )
+    assert not files, f"{document.relative_to(REPO)} names files that do not exist: {files}"
+
+
+def test_the_check_sees_a_path_that_does_not_exist():
+    assert resolves("zoo.fit") and resolves("zoo.results.posterior.Posterior.predict")
+    assert not resolves("zoo.serial") and not resolves("zoo.options.grouped")
+    text = "`zoo.trainer` -> `zoo.training.fitting`; see `zoo.fingerprint`."
+    assert list(named_paths(text)) == [
+        ("zoo.trainer", True),
+        ("zoo.training.fitting", False),
+        ("zoo.fingerprint", False),
+    ]
+
+
+def test_one_version():
+    assert importlib.metadata.version("bnn-zoo") == zoo.__version__
+    changelog = (REPO / "CHANGELOG.md").read_text()
+    latest = re.search(r"^## (\S+)", changelog, re.M).group(1)
+    assert latest == zoo.__version__, (latest, zoo.__version__)
+    assert 'dynamic = ["version"]' in (REPO / "pyproject.toml").read_text()

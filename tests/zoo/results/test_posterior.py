@@ -1,0 +1,232 @@
+"""One interface for every kind of posterior (zoo.results): each kind the library returns, and
+draws made elsewhere, answers predict, evaluate, sample, to_arviz and save/load the same way,
+checked in one parametrised body whose kinds come from the loader's table; evaluate is the
+metrics of predict's draws; from_draws predicts exactly as the posterior the draws came from."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import zoo
+from zoo.results.loading import READERS
+
+pytest.importorskip("laplace")
+
+
+def classification(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+
+
+def classifier():
+    return zoo.models.BayesianMLP(3, (6,), 2, task="classification")
+
+
+QUIET = zoo.Run(progress=False)
+
+
+def reference_of(model, chains=2, draws=10, seed=0):
+    """A small ``Reference`` made of given draws and statistics (no sampler run): the kind's
+    calls do not depend on how the draws were made."""
+    g = torch.Generator().manual_seed(seed)
+    sites = {
+        n: 0.3 * torch.randn(chains, draws, *s, generator=g) for n, s in model.site_shapes.items()
+    }
+    names = ("diverging", "tree_depth", "step_size", "energy", "lp", "acceptance_rate")
+    stats = {n: torch.rand(chains, draws, generator=g) for n in names}
+    stats["diverging"] = torch.zeros(chains, draws)
+    return zoo.Reference(model, sites, stats, 1.0, {"chains": chains}, torch.device("cpu"))
+
+
+def make(kind: str):
+    """A posterior of ``kind`` (a row of zoo.load's table) on :func:`classification`."""
+    data = classification()
+    if kind == "fit":
+        return zoo.fit(classifier(), "diagonal", data, num_steps=20, run=QUIET)
+    if kind == "ensemble":
+        return zoo.ensemble(classifier, data, members=2, family="diagonal", num_steps=10,
+                            progress=False)  # fmt: skip
+    if kind == "laplace":
+        return zoo.laplace(classifier(), data, num_steps=30, progress=False)
+    if kind == "reference":
+        return reference_of(classifier())
+    if kind == "draws":
+        fit = zoo.fit(classifier(), "diagonal", data, num_steps=20, run=QUIET)
+        return zoo.from_draws(fit.model, fit.sample(16, seed=3), label="a fit's draws")
+    raise AssertionError(kind)
+
+
+@pytest.fixture(scope="module", params=sorted(READERS))
+def posterior(request):
+    return make(request.param)
+
+
+def test_the_loader_table_is_every_kind():
+    kinds = {cls.kind for cls in (zoo.FitResult, zoo.Reference, zoo.Ensemble, zoo.LaplaceFit,
+                                  zoo.Draws)}  # fmt: skip
+    assert kinds == set(READERS)
+
+
+def test_every_kind_is_a_posterior_with_one_body_per_call(posterior):
+    assert isinstance(posterior, zoo.Posterior)
+    for call in ("predict", "evaluate", "to_arviz", "save"):  # written once, never overridden
+        assert getattr(type(posterior), call) is getattr(zoo.Posterior, call), call
+
+
+def test_predict_gives_the_kinds_draws_and_is_seeded(posterior):
+    x, _ = classification(10, seed=1)
+    pred = posterior.predict(x, num_samples=8, progress=False)
+    assert isinstance(pred, zoo.ClassificationPrediction)
+    assert pred.outputs.shape[1:] == (10, 2)
+    again = posterior.predict(x, num_samples=8, progress=False)
+    assert torch.equal(pred.outputs, again.outputs)  # seed 0 by default: one call, one answer
+    assert torch.allclose(pred.probs.sum(-1), torch.ones(10))
+
+
+def test_evaluate_is_the_likelihoods_metrics_of_predict(posterior):
+    x, y = classification(30, seed=2)
+    metrics = posterior.evaluate((x, y), num_samples=6, seed=5, progress=False)
+    pred = posterior.predict(x, num_samples=6, seed=5, progress=False)
+    want = posterior.model.likelihood.metrics(pred, y)
+    assert metrics == pytest.approx(want)
+    assert {"accuracy", "nll", "brier", "ece"} <= set(metrics)
+
+
+def test_sample_has_every_site_of_the_model(posterior):
+    draws = posterior.sample(4, seed=1)
+    shapes = posterior.model.site_shapes
+    assert set(draws) == set(shapes)
+    counts = {v.shape[0] for v in draws.values()}
+    assert len(counts) == 1
+    for name, value in draws.items():
+        assert tuple(value.shape[1:]) == tuple(shapes[name])
+        assert torch.isfinite(value).all()
+
+
+def test_to_arviz_has_the_draws_and_their_likelihoods(posterior):
+    pytest.importorskip("arviz")
+    x, y = classification(12, seed=4)
+    idata = posterior.to_arviz((x, y), num_samples=8, seed=1, progress=False)
+    chains = posterior.chains(8, seed=1)
+    c, d = next(iter(chains.values())).shape[:2]
+    assert set(idata.posterior.data_vars) == set(posterior.model.site_shapes)
+    for name, value in chains.items():
+        np.testing.assert_array_equal(idata.posterior[name].values, value.numpy())
+    assert idata.log_likelihood["obs"].shape == (c, d, 12)
+    flat = {k: v.reshape(c * d, *v.shape[2:]) for k, v in chains.items()}
+    want = posterior.predict_draws(x, flat).log_likelihood(y).reshape(c, d, 12)
+    np.testing.assert_allclose(idata.log_likelihood["obs"].values, want.numpy(), atol=1e-5)
+    assert ("sample_stats" in idata.groups()) == (posterior.kind == "reference")
+
+
+def test_save_and_load_give_the_same_predictions(posterior, tmp_path):
+    x, _ = classification(9, seed=6)
+    path = posterior.save(tmp_path / "p.pt")
+    back = zoo.load(path)
+    assert type(back) is type(posterior)
+    before = posterior.predict(x, num_samples=6, progress=False).outputs
+    after = back.predict(x, num_samples=6, progress=False).outputs
+    torch.testing.assert_close(after, before)
+
+
+def test_bad_prediction_arguments_are_refused_before_work(posterior):
+    x, _ = classification(4)
+    for bad in ({"num_samples": 0}, {"num_samples": 2.5}, {"seed": -1}, {"progress": "no"}):
+        with pytest.raises(ValueError):
+            posterior.predict(x, **bad)
+
+
+def test_from_draws_predicts_as_the_posterior_it_came_from():
+    """The draws of a fit, given back as a posterior, give the fit's own prediction (an
+    independent path: the fit samples its guide, the draws are evaluated as given)."""
+    data = classification()
+    fit = zoo.fit(classifier(), "lowrank", data, num_steps=20, run=QUIET)
+    x, y = classification(20, seed=7)
+    draws = fit.sample(12, seed=9)
+    given = zoo.from_draws(fit.model, {k: v.numpy() for k, v in draws.items()})
+    torch.testing.assert_close(
+        given.predict(x, progress=False).outputs,
+        fit.predict(x, num_samples=12, seed=9, progress=False).outputs,
+    )
+    assert given.evaluate((x, y), progress=False) == pytest.approx(
+        fit.evaluate((x, y), num_samples=12, seed=9, progress=False)
+    )
+    in_chains = {k: v.reshape(3, 4, *v.shape[1:]) for k, v in draws.items()}
+    chained = zoo.from_draws(fit.model, in_chains, chains=True)
+    assert chained.shape == (3, 4)
+    torch.testing.assert_close(chained.predict(x, progress=False).outputs,
+                               given.predict(x, progress=False).outputs)  # fmt: skip
+
+
+def test_from_draws_refuses_what_cannot_be_the_models_draws():
+    model = classifier()
+    good = {n: torch.zeros(5, *s) for n, s in model.site_shapes.items()}
+    name = next(iter(good))
+    cases = [
+        ({k: v for k, v in good.items() if k != name}, "missing"),
+        ({**good, "extra": torch.zeros(5, 2)}, "unknown"),
+        ({**good, name: torch.zeros(5, 99)}, "has shape"),
+        ({**good, name: good[name].clone().fill_(math.nan)}, "not finite"),
+        ({**good, name: good[name].long()}, "floating-point"),
+        ({**good, name: good[name][:3]}, "same positive number"),
+    ]
+    for draws, message in cases:
+        with pytest.raises((TypeError, ValueError), match=message):
+            zoo.from_draws(model, draws)
+    with pytest.raises(TypeError, match="zoo model"):
+        zoo.from_draws(lambda x, y=None: None, good)
+    with pytest.raises(ValueError, match="has shape"):
+        zoo.from_draws(model, good, chains=True)  # (S, ...) is not (C, D, ...)
+    with pytest.raises(ValueError, match="True or False"):
+        zoo.from_draws(model, good, chains="yes")
+
+
+def test_compare_takes_fitted_posteriors_as_rows():
+    """A dict of posteriors is tabulated without refitting: each row's metrics are its own
+    evaluate's (seed 0), its fit time and ELBO are its own."""
+    pytest.importorskip("pandas")
+    data = classification()
+    fit = zoo.fit(classifier(), "diagonal", data, num_steps=20, run=QUIET)
+    ens = zoo.ensemble(classifier, data, members=2, num_steps=10, progress=False)
+    draws = zoo.from_draws(fit.model, fit.sample(8, seed=1), label="thinned")
+    rows = {"diagonal": fit, "2 MAP nets": ens, "draws": draws}
+    table = zoo.compare(None, rows, test=data, num_samples=8, progress=False)
+    assert list(table.index) == list(rows)
+    for label, post in rows.items():
+        want = post.evaluate(data, num_samples=8, progress=False)
+        for metric, value in want.items():
+            assert table.loc[label, metric] == pytest.approx(value), (label, metric)
+    assert table.loc["diagonal", "final_elbo"] == pytest.approx(fit.final_elbo)
+    assert math.isnan(table.loc["draws", "final_elbo"])
+    mixed = zoo.compare(classifier, [("fitted", fit), "map"], data, data, num_samples=4,
+                        num_steps=5, progress=False)  # fmt: skip
+    assert list(mixed.index) == ["fitted", "map"]
+    with pytest.raises(ValueError, match="another model"):
+        other = zoo.fit(zoo.models.BayesianMLP(3, (5,), 2, task="classification"), "map",
+                        data, num_steps=2, run=QUIET)  # fmt: skip
+        zoo.compare(None, {"a": fit, "b": other}, test=data, progress=False)
+    with pytest.raises(ValueError, match="train data"):
+        zoo.compare(classifier, ["diagonal"], test=data)
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda **kw: zoo.fit(classifier(), "map", classification(), **kw),
+        lambda **kw: zoo.ensemble(classifier, classification(), **kw),
+        lambda **kw: zoo.laplace(classifier(), classification(), **kw),
+        lambda **kw: zoo.compare(classifier, ["map"], classification(), classification(), **kw),
+    ],
+    ids=["fit", "ensemble", "laplace", "compare"],
+)
+def test_every_producer_binds_options_as_fit_does(call):
+    """A group's field passed flat is refused with fit's message, naming the group; an unknown
+    name is Python's own refusal, before any fit."""
+    with pytest.raises(TypeError, match=r"takes its options in groups: pass jit= in "
+                                        r"engine=zoo.Engine\(jit=...\)"):  # fmt: skip
+        call(jit=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'member'"):
+        call(member=2)
