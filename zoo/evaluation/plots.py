@@ -34,6 +34,15 @@ def _figure_and_axis(ax, figsize):
     return fig, fig.subplots()
 
 
+def _predictive(posterior_or_prediction, x: torch.Tensor):
+    """A prediction as it is; a posterior (anything with ``predict``, every
+    :class:`zoo.Posterior`) as its predictive on ``x`` with seed 0 and no progress bar."""
+    if hasattr(posterior_or_prediction, "predict"):
+        inputs = x.reshape(-1, 1) if x.dim() == 1 else x
+        return posterior_or_prediction.predict(inputs, progress=False)
+    return posterior_or_prediction
+
+
 def regression_band(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
@@ -47,7 +56,8 @@ def regression_band(
     """Predictive mean and central ``level`` band (epistemic + aleatoric) over 1-D inputs.
 
     ``x_grid`` is ``(N,)`` or ``(N, 1)`` and ``prediction`` a ``zoo.RegressionPrediction`` on it
-    with one target; the darker band is ``±2`` epistemic standard deviations.
+    with one target, or any :class:`zoo.Posterior` (its predictive on ``x_grid``, seed 0); the
+    darker band is ``±2`` epistemic standard deviations.
     """
     for name, x in (("x_grid", x_grid), ("x_train", x_train)):
         if x.dim() > 2 or (x.dim() == 2 and x.shape[1] != 1):
@@ -55,6 +65,7 @@ def regression_band(
                 f"regression_band draws 1-D inputs, but {name} has shape {tuple(x.shape)}; plot "
                 "one feature against the others fixed, or the predictions against the targets"
             )
+    prediction = _predictive(prediction, x_grid)
     xs = x_grid.reshape(-1).cpu()
     mean = prediction.mean.reshape(-1).cpu()
     if mean.shape != xs.shape:
@@ -274,7 +285,9 @@ def band_against_reference(
 ) -> Figure:
     """A predictive's central ``level`` band and mean (blue) over a reference predictive's
     (grey: an HMC reference's, :func:`zoo.reference`), both ``zoo.RegressionPrediction`` on the
-    1-D inputs ``x_grid`` ``(N,)`` or ``(N, 1)``, with the training data."""
+    1-D inputs ``x_grid`` ``(N,)`` or ``(N, 1)`` or any :class:`zoo.Posterior` (predicted on
+    ``x_grid``), with the training data."""
+    prediction, reference = _predictive(prediction, x_grid), _predictive(reference, x_grid)
     xs = x_grid.reshape(-1).cpu()
     fig, ax = _figure_and_axis(ax, (7, 4))
     for pred, color, label, alpha in (

@@ -22,6 +22,7 @@ from zoo.results.laplace_torch import (
     weight_draws,
 )
 from zoo.results.posterior import Posterior, PredictOptions
+from zoo.runtime.threads import check_threads, intra_op_threads
 from zoo.storage import checks as file_checks
 from zoo.storage import files
 
@@ -79,8 +80,9 @@ class LaplaceFit(Posterior):
         samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
         blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
         which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws
-        (``None``: torch's global generator). laplace-torch predicts on one device: with
-        ``distributed=True`` every rank computes the whole prediction (the same on each)."""
+        (``None``: torch's global generator); ``threads`` as a number sets torch's CPU threads
+        for the passes. laplace-torch predicts on one device: with ``distributed=True`` every
+        rank computes the whole prediction (the same on each)."""
         num_samples, batch_size = options.num_samples, options.batch_size
         device = self.device
         generator = None
@@ -95,11 +97,14 @@ class LaplaceFit(Posterior):
             glm_all = self.options.weights == "all" and self.options.predictive == "glm"
             batch_size = 16 if glm_all else 1024
         check_inputs(self.model, x, device)
+        check_threads(options.threads)
+        threads = options.threads if isinstance(options.threads, int) else None
         blocks = []
-        for start in range(0, x.shape[0], batch_size):
-            chunk = x[start : start + batch_size].to(device)
-            with dependency_notices_off():
-                blocks.append(self._outputs(chunk, num_samples, generator))
+        with intra_op_threads(threads):  # "auto": laplace-torch's passes, torch's own count
+            for start in range(0, x.shape[0], batch_size):
+                chunk = x[start : start + batch_size].to(device)
+                with dependency_notices_off():
+                    blocks.append(self._outputs(chunk, num_samples, generator))
         outputs = torch.cat(blocks, dim=1)
         noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
         params = {"noise": noise.expand(outputs.shape[0])}

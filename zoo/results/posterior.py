@@ -24,6 +24,7 @@ from zoo.data.checks import check_labelled_data, gather_tensors
 from zoo.models.predictions import Prediction
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
+from zoo.runtime.threads import check_threads
 from zoo.storage import files
 
 __all__ = ["Posterior", "PredictOptions"]
@@ -199,6 +200,7 @@ class Posterior:
         )
         check_seed(seed)
         check_bool(progress=progress, distributed=distributed)
+        check_threads(threads)
         if num_samples is None:
             num_samples = self.DEFAULT_SAMPLES
         return PredictOptions(

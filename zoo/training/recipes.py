@@ -159,7 +159,9 @@ def resolve_device(device) -> torch.device:
         try:
             return resolve_device(torch.device(chosen))
         except (RuntimeError, ValueError) as err:
-            raise ValueError(f"${DEVICE_VARIABLE}={chosen!r} is not a usable device: {err}") from None
+            raise ValueError(
+                f"${DEVICE_VARIABLE}={chosen!r} is not a usable device: {err}"
+            ) from None
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(

@@ -171,3 +171,18 @@ def test_reference_plots_draw_and_refuse_mismatched_sizes(tmp_path):
     assert written(fig, tmp_path, "map")
     with pytest.raises(ValueError, match="599 values for a grid of \\(20, 30\\)"):
         plots.uncertainty_map(torch.randn(40, 2), torch.randint(2, (40,)), (gx, gy), values[1:])
+
+
+def test_band_plots_take_any_posterior(tmp_path):
+    """A posterior is drawn as its predictive on the grid (seed 0): the figure of a fit and of
+    draws given to from_draws equals the figure of their predictions."""
+    x, y = zoo.data.toy_regression(n=40, seed=0)
+    fit = zoo.fit(zoo.models.BayesianMLP(1, (8,), 1, noise=0.1), "diagonal", (x, y),
+                  num_steps=20, run=zoo.Run(progress=False))  # fmt: skip
+    draws = zoo.from_draws(fit.model, fit.sample(30, seed=1))
+    grid = torch.linspace(-2, 2, 25)
+    fig = plots.regression_band(x, y, grid, fit)
+    line = fig.axes[0].lines[0].get_ydata()
+    want = fit.predict(grid[:, None], progress=False).mean.reshape(-1)
+    assert torch.allclose(torch.as_tensor(line, dtype=want.dtype), want)
+    assert written(plots.band_against_reference(x, y, grid, fit, draws), tmp_path, "posteriors")
