@@ -84,3 +84,25 @@ def test_one_version():
     latest = re.search(r"^## (\S+)", changelog, re.M).group(1)
     assert latest == zoo.__version__, (latest, zoo.__version__)
     assert 'dynamic = ["version"]' in (REPO / "pyproject.toml").read_text()
+
+
+#: A Sphinx cross-reference to a name of the library in a docstring, or a name in literal
+#: quotes (````zoo.fit(...)````).
+ROLE = re.compile(
+    r":(?:mod|func|class|meth|data|attr|exc):`~?((?:zoo|guides)(?:\.\w+)+)`"
+    r"|``((?:zoo|guides)(?:\.[A-Za-z_]\w*)+)"
+)
+
+
+def test_every_docstring_reference_resolves():
+    """The ``:mod:``/``:func:``/``:class:``/... references and the dotted names in literal
+    quotes of every docstring and comment of ``zoo`` and ``guides`` name something that
+    exists."""
+    missing = []
+    for package in ("zoo", "guides"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            for pair in set(ROLE.findall(path.read_text())):
+                name = pair[0] or pair[1]
+                if not resolves(name):
+                    missing.append(f"{path.relative_to(REPO)}: {name}")
+    assert not missing, "\n".join(missing)

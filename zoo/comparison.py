@@ -259,11 +259,11 @@ def warn_unconverged(reference, pred) -> None:
 ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes"})
 
 
-def check_row(row: tuple) -> None:
-    """Refuse a row of :func:`compare` (as :func:`_row` reads it) that could not run, before
-    any fit: a baseline row's options (as :func:`zoo.ensemble` and :class:`zoo.LaplaceOptions`
-    check them)."""
-    label, family, options, _, _ = row
+def check_row(spec) -> None:
+    """Refuse an entry of :func:`compare`'s ``guides`` (in any of its forms) that could not
+    run, before any fit: its shape, and a baseline row's options (as :func:`zoo.ensemble` and
+    :class:`zoo.LaplaceOptions` check them)."""
+    label, family, options, _, _ = _row(spec)
     try:
         if family == "ensemble":
             if not set(options) <= ENSEMBLE_OPTIONS:
@@ -287,9 +287,9 @@ def _rows(guides) -> list[tuple]:
         entries = list(guides)
     if not entries:
         raise ValueError("guides is empty: name at least one family (guides.available())")
+    for spec in entries:
+        check_row(spec)
     rows = [_row(spec) for spec in entries]
-    for row in rows:
-        check_row(row)
     labels = [row[0] for row in rows]
     if len(set(labels)) < len(labels):
         raise ValueError(f"the rows' labels must be unique, got {labels}")

@@ -72,7 +72,7 @@ def test_a_row_can_have_its_own_fit_options():
     )
     assert fits["diagonal"].steps == 2 and fits["MC dropout"].steps == 3
     with pytest.raises(ValueError, match="each entry of guides"):
-        zoo.compare(factory, [("a", "diagonal")], (x, y), (x, y), num_steps=1, progress=False)
+        zoo.compare(factory, [("a", "diagonal", {}, {}, 5)], (x, y), (x, y), progress=False)
 
 
 def test_an_empty_family_list_or_a_model_instance_is_refused_before_any_fit():

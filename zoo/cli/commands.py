@@ -132,7 +132,7 @@ def _guide_options(args, family: str) -> dict:
 def _fit_options(args) -> dict:
     """``zoo.fit``'s arguments from the flags: its own (unset ones, None, leave ``fit`` its
     defaults) and every option group, built from the flags the group declared
-    (:func:`zoo.training.options.from_flags`)."""
+    (:func:`zoo.cli.parser.from_flags`)."""
     from zoo.cli.parser import from_flags
     from zoo.training.options import GROUPS
 

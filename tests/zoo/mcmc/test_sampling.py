@@ -164,7 +164,7 @@ def test_what_full_batch_hmc_cannot_do_is_refused_before_sampling():
     [
         (dict(sampler=zoo.NUTS(max_tree_depth=0)), "max_tree_depth must be a positive integer"),
         (dict(draws=2.5), "draws must be a positive integer, got 2.5"),
-        (dict(warmup=-1), "warmup must be a whole number >= 0"),
+        (dict(warmup=-1), "warmup must be an int >= 0"),
         (dict(chains=0), "chains must be a positive integer"),
         (dict(sampler=zoo.NUTS(target_accept=1.5)), "target_accept must be a number strictly"),
         (dict(sampler=zoo.NUTS(target_accept=0)), "target_accept must be a number strictly"),
