@@ -131,6 +131,11 @@ def _member_process(model_factory, family, data, seed, fit_args, folder, k, pare
 def _failure(failed: children.ChildFailed, folder: Path) -> str:
     """The message of a member whose process failed: its error, or its exit code."""
     error = folder / f"member{failed.index}.error"
+    if failed.stalled:
+        return (
+            f"ensemble member {failed.index}'s process {failed}: it was stopped with the other "
+            "members' (a member that waits on something that never comes, such as a lock)"
+        )
     if error.exists():
         return f"ensemble member {failed.index} failed in its process: {error.read_text()}"
     return (

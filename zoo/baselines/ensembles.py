@@ -24,6 +24,7 @@ from guides import family as guide_family
 from zoo.arguments import check_int, check_model_factory
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
 from zoo.results.ensembles import Ensemble
+from zoo.runtime.serial import one_at_a_time
 from zoo.training.fitting import fit
 from zoo.training.options import (
     Engine,
@@ -38,6 +39,7 @@ from zoo.training.recipes import resolve_device
 
 
 @refuses_flat_keywords
+@one_at_a_time
 def ensemble(
     model_factory: Callable,
     data,

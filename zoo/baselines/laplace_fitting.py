@@ -23,11 +23,13 @@ from zoo.results.laplace_torch import (
     subnetwork_indices,
 )
 from zoo.results.variational import FitResult
+from zoo.runtime.serial import one_at_a_time
 from zoo.training.fitting import fit
 from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuses_flat_keywords
 
 
 @refuses_flat_keywords
+@one_at_a_time
 def laplace(
     model,
     data,

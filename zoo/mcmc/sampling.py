@@ -248,6 +248,11 @@ def _supervise(procs: list, workers: int, counter, bar) -> None:
     try:
         children.supervise(procs, workers, tick=lambda: bar.update(sum(counter) - bar.n))
     except children.ChildFailed as failed:
+        if failed.stalled:
+            raise RuntimeError(
+                f"chain {failed.index}'s process {failed} and was stopped with the others; the "
+                "finished chunks are in the checkpoint folder, if one was given"
+            ) from None
         raise RuntimeError(
             f"chain {failed.index}'s process ended with exit code {failed.exitcode} (its error "
             "is printed above); the finished chunks of every chain are in the "

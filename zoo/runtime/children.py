@@ -29,6 +29,7 @@ __all__ = [
     "ChildFailed",
     "alive",
     "die_with_parent",
+    "cpu_seconds",
     "remove_orphans",
     "scratch_folder",
     "supervise",
@@ -63,19 +64,44 @@ def _watch(parent: int) -> None:
 
 
 class ChildFailed(RuntimeError):
-    """Child ``index`` of :func:`supervise` ended with a non-zero ``exitcode``."""
+    """Child ``index`` of :func:`supervise` ended with a non-zero ``exitcode``, or made no
+    progress for ``stalled`` seconds (then ``exitcode`` is ``None``: it was stopped)."""
 
-    def __init__(self, index: int, exitcode: int | None):
-        super().__init__(f"process {index} ended with exit code {exitcode}")
-        self.index, self.exitcode = index, exitcode
+    def __init__(self, index: int, exitcode: int | None, stalled: float | None = None):
+        what = (
+            f"made no progress for {stalled:.0f} s"
+            if stalled
+            else f"ended with exit code {exitcode}"
+        )
+        super().__init__(f"process {index} {what}")
+        self.index, self.exitcode, self.stalled = index, exitcode, stalled
 
 
-def supervise(procs: list, workers: int, tick=None, every: float = 0.2) -> None:
+#: Seconds a supervised child may run without using any CPU time before it is taken to wait on
+#: something that will not come (a lock, a pipe) and stopped with an error.
+STALLED_AFTER = 300.0
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU time (user and system) process ``pid`` has used, from ``/proc`` (``None`` where it
+    cannot be read: another platform, a process gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def supervise(
+    procs: list, workers: int, tick=None, every: float = 0.2, stalled_after: float = STALLED_AFTER
+) -> None:
     """Start the (not yet started) processes ``procs`` ``workers`` at a time and wait for all
     of them, calling ``tick()`` every ``every`` seconds. The first to end with a non-zero exit
-    code raises :class:`ChildFailed`; whatever way this returns or raises (Ctrl-C included),
-    no process of ``procs`` is left running."""
+    code raises :class:`ChildFailed`; so does one that uses no CPU time for ``stalled_after``
+    seconds (it waits on something that will not come: the wait has a limit). Whatever way this
+    returns or raises (Ctrl-C included), no process of ``procs`` is left running."""
     pending, running = list(procs), []
+    progress: dict[int, tuple[float | None, float]] = {}  # pid -> (CPU seconds, since when)
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -84,6 +110,14 @@ def supervise(procs: list, workers: int, tick=None, every: float = 0.2) -> None:
             time.sleep(every)
             if tick is not None:
                 tick()
+            now = time.monotonic()
+            for p in running:
+                used = cpu_seconds(p.pid)
+                last, since = progress.get(p.pid, (None, now))
+                if used is None or used != last:
+                    progress[p.pid] = (used, now)
+                elif now - since > stalled_after and p.is_alive():
+                    raise ChildFailed(procs.index(p), None, stalled=now - since)
             for p in [p for p in running if not p.is_alive()]:
                 p.join()
                 running.remove(p)

@@ -14,6 +14,7 @@ from zoo.data.batches import Batches
 from zoo.priors import Prior
 from zoo.results.variational import FitResult
 from zoo.runtime.distributed import Ranks
+from zoo.runtime.serial import user_code
 from zoo.storage import files
 from zoo.training.checkpoint import write_checkpoint
 from zoo.training.convergence import Convergence, ConvergenceTracker
@@ -225,7 +226,8 @@ class Trainer:
         every = self.checkpoint_every
         if (every is not None and state.step % every == 0) or (every is None and epoch_end):
             self.save_checkpoint()
-        stop = any(cb(fit_state) for cb in callbacks)
+        with user_code():  # the lock lent out: a call the callback starts elsewhere runs
+            stop = any(cb(fit_state) for cb in callbacks)
         return self.ranks.any(stop, state.step) if callbacks else False
 
     def final_check(self) -> None:

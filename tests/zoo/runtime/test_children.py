@@ -79,3 +79,23 @@ def test_scratch_folders_of_dead_processes_are_removed(tmp_path):
     removed = children.remove_orphans("zoo-hmc-", str(tmp_path))
     assert removed == [orphan]
     assert not orphan.exists() and mine.exists() and other.exists()
+
+
+def _waits_forever():
+    time.sleep(3600)
+
+
+def test_a_child_that_makes_no_progress_is_stopped_with_an_error():
+    """A child that waits on something that never comes (no CPU time used) is not waited for
+    without limit: supervise stops it after ``stalled_after`` seconds and says so."""
+    import multiprocessing
+
+    if children.cpu_seconds(os.getpid()) is None:
+        pytest.skip("no /proc to read CPU time from")
+    proc = multiprocessing.get_context("fork").Process(target=_waits_forever)
+    start = time.monotonic()
+    with pytest.raises(children.ChildFailed, match="made no progress") as failed:
+        children.supervise([proc], 1, stalled_after=1.0)
+    assert failed.value.stalled and failed.value.exitcode is None
+    assert time.monotonic() - start < 30
+    assert not proc.is_alive()

@@ -83,3 +83,107 @@ def test_a_call_inside_a_fit_in_the_same_thread_does_not_wait():
 
     in_threads([lambda: one_fit("diagonal", 0, callbacks=[callback])])
     assert len(seen) == 1
+
+
+#: Seconds a test waits for a thread or a child before it calls the wait a hang.
+BOUND = 120
+
+
+def test_a_callback_that_joins_a_fit_in_another_thread_does_not_wait_forever():
+    """The fit lends its lock out while the callback runs: the inner fit runs then, and both
+    fits end exactly as they would alone (the inner one's generators are forked from the
+    paused fit's and given back)."""
+    inner_model, outer_model = (BayesianMLP(3, (16,), noise=1.0) for _ in range(2))
+    alone_inner = params(one_fit("lowrank", 5, model=BayesianMLP(3, (16,), noise=1.0)))
+    alone_outer = params(one_fit("diagonal", 0, model=BayesianMLP(3, (16,), noise=1.0)))
+    inner, errors = [], []
+
+    def start_and_join(state):
+        if state.step == 10:
+
+            def job():
+                try:
+                    inner.append(params(one_fit("lowrank", 5, model=inner_model)))
+                except BaseException as err:  # noqa: BLE001 (reported below)
+                    errors.append(err)
+
+            worker = threading.Thread(target=job)
+            worker.start()
+            worker.join(timeout=BOUND)
+            assert not worker.is_alive(), "the inner fit waited on the callback's fit"
+
+    torch.manual_seed(0)  # the models were built above: the global generator is not read here
+    outer = in_threads([lambda: params(one_fit("diagonal", 0, [start_and_join], outer_model))])
+    assert not errors and len(inner) == 1, errors
+    for got, want in ((outer[0], alone_outer), (inner[0], alone_inner)):
+        for key in want:
+            assert torch.equal(got[key], want[key]), key
+
+
+def test_a_forked_child_does_not_inherit_a_held_lock():
+    """A thread holds the lock when the process forks: the child (an ensemble member, an HMC
+    chain) gets a lock of its own and its library calls run."""
+    import multiprocessing
+
+    from zoo.runtime.serial import one_at_a_time
+
+    inside, release = threading.Event(), threading.Event()
+
+    @one_at_a_time
+    def hold():
+        inside.set()
+        release.wait(BOUND)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert inside.wait(BOUND)
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_predict_once)
+        child.start()
+        child.join(BOUND)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+            child.join()
+    finally:
+        release.set()
+        holder.join(BOUND)
+    assert not alive, "the forked child waited on its parent's lock"
+    assert child.exitcode == 0
+
+
+def _predict_once():
+    fit = zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", data(16), num_steps=2,
+                  run=zoo.Run(progress=False))  # fmt: skip
+    fit.predict(data(4)[0], num_samples=2, progress=False)
+
+
+def test_an_ensemble_of_processes_beside_a_fit_in_another_thread_ends():
+    """``zoo.ensemble(processes=2)`` started while another thread is inside ``zoo.fit`` (paused
+    in its callback until the ensemble ends): the ensemble runs on the lent lock, and its
+    members, forked while the lock is held, do not wait on it."""
+    started, done = threading.Event(), threading.Event()
+
+    def pause(state):
+        if state.step == 1:
+            started.set()
+            done.wait(BOUND)
+
+    background = threading.Thread(target=lambda: one_fit("diagonal", 0, [pause]), daemon=True)
+    background.start()
+    assert started.wait(BOUND)
+    out = []
+    worker = threading.Thread(
+        target=lambda: out.append(
+            zoo.ensemble(lambda: BayesianMLP(3, (4,), noise=1.0), data(32), members=2,
+                         num_steps=3, processes=2, progress=False)  # fmt: skip
+        ),
+        daemon=True,
+    )
+    worker.start()
+    worker.join(BOUND)
+    done.set()
+    background.join(BOUND)
+    assert not worker.is_alive(), "the ensemble waited without limit"
+    assert not background.is_alive()
+    assert len(out) == 1 and len(out[0].members) == 2
