@@ -179,6 +179,21 @@ def _dataset_length(dataset) -> int:
         ) from None
 
 
+def batch_order(data) -> dict:
+    """How ``zoo.fit`` draws minibatches from ``data``, as a resume must find it: a
+    ``DataLoader``'s sampler (``SequentialSampler``, ``RandomSampler`` for ``shuffle=True``, a
+    user's), batch sampler and ``drop_last``; for tensors and data sets, the fit's own seeded
+    shuffle."""
+    if isinstance(data, DataLoader):
+        sampler = data.batch_sampler if data.batch_sampler is not None else None
+        return {
+            "sampler": type(data.sampler).__name__,
+            "batch_sampler": None if sampler is None else type(sampler).__name__,
+            "drop_last": bool(data.drop_last),
+        }
+    return {"sampler": "zoo: shuffled with the fit's seed"}
+
+
 def fit_batches(
     model, data, batch_size: int, device, seed, ranks
 ) -> tuple[Batches, torch.Generator]:

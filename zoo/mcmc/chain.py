@@ -14,6 +14,7 @@ uninterrupted chain makes.
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ import pyro
 import torch
 from pyro.poutine.util import site_is_subsample
 
+from zoo.data.fingerprint import data_fingerprint
 from zoo.mcmc.samplers import NUTS, SAMPLERS, Sampler
 from zoo.runtime.rng import forked, seeded
 from zoo.storage import checks as file_checks
@@ -57,7 +59,7 @@ def run_chain(model, x, y, settings: ChainSettings, chain: int, folder: Path, co
     path = chain_path(folder, chain)
     state = read_chain(path) if path.exists() else None
     if state is not None:
-        check_resumable(state, settings, chain, x, y)
+        check_resumable(state, settings, chain, x, y, model)
         if len(state["stats"]["lp"]) >= settings.draws:
             return
     seed = settings.seed * 1_000_003 + chain
@@ -121,7 +123,7 @@ def _state(kernel, z: dict, settings: ChainSettings, chain: int, x, y) -> dict:
         "version": files.VERSION,
         "chain": chain,
         "settings": settings.as_dict(),
-        "data": data_fingerprint(x, y),
+        "data": data_fingerprint((x, y)),
         "z": z,
         **settings.sampler.adapted(kernel),
         "draws": {},
@@ -130,13 +132,17 @@ def _state(kernel, z: dict, settings: ChainSettings, chain: int, x, y) -> dict:
     }
 
 
-def data_fingerprint(x: torch.Tensor, y: torch.Tensor) -> list[float]:
-    """Sizes and sums of the data, so that a checkpoint is resumed on the data it was run on."""
+def _legacy_fingerprint(x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """What chain checkpoints of format 2 recorded of the data: the size and the sums."""
     return [float(x.shape[0]), float(x.double().sum()), float(y.double().sum())]
 
 
-def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y) -> None:
-    """Refuse a checkpoint of another run: other data, seed, warm-up or kernel settings."""
+def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y, model=None) -> None:
+    """Refuse a checkpoint of another run: other data (their SHA-256 fingerprint,
+    :mod:`zoo.data.fingerprint`), seed, warm-up or kernel settings; and, given the ``model``, a
+    position, draws or mass matrix of other sites or shapes (:func:`check_against_model`)."""
+    if model is not None and hasattr(model, "site_shapes"):
+        check_against_model(state, f"the checkpoint of chain {chain}", model.site_shapes)
     saved = {"sampler": NUTS.name, **state["settings"]}  # files before samplers were named
     now = settings.as_dict()
     differ = [k for k in now if k not in ("draws", "chunk") and saved.get(k) != now[k]]
@@ -146,7 +152,9 @@ def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y) -> N
             f"({', '.join(f'{k}={saved.get(k)!r} now {now[k]!r}' for k in differ)}): pass the "
             "same ones to resume it, or another checkpoint folder to start afresh"
         )
-    if state["data"] != data_fingerprint(x, y):
+    saved = state["data"]
+    now = _legacy_fingerprint(x, y) if isinstance(saved, list) else data_fingerprint((x, y))
+    if saved != now:
         raise ValueError(
             f"the checkpoint of chain {chain} was run on other data (size or values differ): "
             "pass the same data to resume it, or another checkpoint folder to start afresh"
@@ -185,6 +193,45 @@ def check_chain(state: dict, path) -> None:
         file_checks.check_tensors(dict(enumerate(values)), path, f"draws of {site!r}")
     if not isinstance(state["rng"], dict) or not torch.is_tensor(state["rng"].get("torch")):
         raise ValueError(f"{path}: the chain's generator state is not a saved torch state")
+
+
+def check_against_model(state: dict, where: str, shapes: dict) -> None:
+    """Refuse a chain file whose position ``z``, draws or inverse mass matrix are not of the
+    model's sites and shapes, or whose generator state torch cannot take, naming ``where``."""
+    z = state["z"]
+    if set(z) != set(shapes):
+        raise ValueError(
+            f"{where}: its position holds the sites {sorted(z)}, the model's are "
+            f"{sorted(shapes)}: the file is of another model, or was changed"
+        )
+    for name, value in z.items():
+        if tuple(value.shape) != tuple(shapes[name]):
+            raise ValueError(
+                f"{where}: its position of {name!r} has shape {tuple(value.shape)}, the site "
+                f"{tuple(shapes[name])}"
+            )
+    for site, values in state["draws"].items():
+        wrong = {tuple(v.shape) for v in values} - {tuple(shapes.get(site, ()))}
+        if site not in shapes or wrong:
+            raise ValueError(
+                f"{where}: its draws of {site!r} have shapes {sorted(wrong)}, not the site's "
+                f"{tuple(shapes.get(site, ()))}"
+            )
+    for names, matrix in state.get("inverse_mass_matrix", []):
+        names = [names] if isinstance(names, str) else list(names)
+        if any(n not in shapes for n in names):
+            raise ValueError(f"{where}: its mass matrix names sites {names} the model lacks")
+        size = sum(math.prod(shapes[n]) for n in names)
+        if tuple(matrix.shape) not in ((size,), (size, size)):
+            raise ValueError(
+                f"{where}: its inverse mass matrix of {names} has shape {tuple(matrix.shape)}, "
+                f"where {size} numbers (or {size} x {size}) cover those sites"
+            )
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.random.set_rng_state(state["rng"]["torch"])
+    except (RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"{where}: its generator state is damaged ({err})") from None
 
 
 def stacked(state: dict) -> tuple[dict, dict]:

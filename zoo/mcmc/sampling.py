@@ -134,7 +134,9 @@ def reference(
         folder.mkdir(parents=True, exist_ok=True)
         for c in range(chains):  # a checkpoint of another run is refused here, before any work
             if hmc.chain_path(folder, c).exists():
-                hmc.check_resumable(hmc.read_chain(hmc.chain_path(folder, c)), settings, c, x, y)
+                hmc.check_resumable(
+                    hmc.read_chain(hmc.chain_path(folder, c)), settings, c, x, y, model
+                )
         _run_chains(model, x, y, settings, chains, folder, workers, progress)
         states = [hmc.read_chain(hmc.chain_path(folder, c)) for c in range(chains)]
     per_chain = [hmc.stacked(s) for s in states]

@@ -61,9 +61,17 @@ def _feed(h, value) -> None:
 
 
 def verify(payload: dict, path) -> None:
-    """Refuse a payload whose recorded checksum differs from its contents'."""
+    """Refuse a payload whose recorded checksum differs from its contents', or that has none
+    though its format version says every file of it has one (a checksum deleted to turn the
+    check off)."""
     recorded = payload.get("checksum")
     if recorded is None:
+        version = payload.get("version", 0)
+        if isinstance(version, int) and version >= 3:  # files.CHECKSUMMED
+            raise ValueError(
+                f"{path} has no checksum, which every file of format {version} carries: the "
+                "entry was removed, so the file was changed; use another copy, or write it again"
+            )
         return
     rest = {k: v for k, v in payload.items() if k != "checksum"}
     if digest(rest) != recorded:

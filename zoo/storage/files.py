@@ -31,7 +31,12 @@ import torch
 from zoo.storage import checks as file_checks
 
 FORMAT = "bnn-zoo"
-VERSION = 2
+#: The format's version: 1, pickled objects; 2, plain data (a checksum from some release of
+#: 0.3.0 on); 3, plain data whose checksum (and a checkpoint's identity) every file carries, so
+#: a file of version 3 without them was changed and is refused.
+VERSION = 3
+#: The first version whose files must carry a checksum.
+CHECKSUMMED = 3
 
 
 def atomic_save(obj, path: str | os.PathLike) -> Path:

@@ -267,10 +267,15 @@ def _check_optimizer_state(optimizer, path) -> None:
 # -- what a resume must match -------------------------------------------------------
 
 
-def fit_identity(data_print: dict, batch_size: int, length, optim, loss, engine) -> dict:
-    """The identity a checkpoint records: ``data`` (:func:`data_fingerprint`) and ``settings``
-    (the values of ``zoo.fit``'s arguments that change what a step computes; a callable
-    schedule or KL weight is recorded as ``"callable"``, which cannot be compared further)."""
+def fit_identity(
+    data_print: dict, batch_size: int, length, optim, loss, engine, seed=None, order=None
+) -> dict:
+    """The identity a checkpoint records: ``data`` (:func:`zoo.data.fingerprint.data_fingerprint`)
+    and ``settings``: the values of ``zoo.fit``'s arguments that change what a step computes,
+    the ``seed`` (a resumed fit continues the checkpoint's random streams: another seed would be
+    a label on the same fit) and the minibatches' ``order`` (:func:`zoo.data.batches.batch_order`:
+    a loader's sampler, ``shuffle=True`` or not). A callable schedule or KL weight is recorded
+    as ``"callable"``, which cannot be compared further."""
     optimizer = optim.optimizer
     settings = {
         "batch_size": int(batch_size),
@@ -286,6 +291,8 @@ def fit_identity(data_print: dict, batch_size: int, length, optim, loss, engine)
         "num_particles": int(loss.num_particles),
         "kl_weight": _named(loss.kl_weight),
         "accumulate": int(engine.accumulate),
+        "seed": seed,
+        "order": files.plain_data(order),
     }
     return {"data": data_print, "settings": settings}
 
@@ -294,11 +301,18 @@ def _named(value):
     return "callable" if callable(value) else value
 
 
-def check_identity(path, saved: Mapping | None, now: Mapping) -> None:
+def check_identity(path, saved: Mapping | None, now: Mapping, version: int = 2) -> None:
     """Refuse to resume the checkpoint at ``path`` (identity ``saved``; ``None`` for a
-    checkpoint written before identities were recorded, which is not checked) as a fit whose
-    identity is ``now``: a ``ValueError`` naming every difference."""
+    checkpoint written before identities were recorded, which is not checked; a file of format
+    ``version`` 3 or later always has one) as a fit whose identity is ``now``: a ``ValueError``
+    naming every difference."""
     if saved is None:
+        if version >= files.CHECKSUMMED:
+            raise ValueError(
+                f"resume={str(path)!r} has no identity (the data and settings it was made with), "
+                f"which every checkpoint of format {version} records: the file was changed; "
+                "start the fit again or use another checkpoint"
+            )
         return
     differ = []
     old, new = saved.get("settings", {}), now["settings"]
@@ -319,5 +333,5 @@ def check_identity(path, saved: Mapping | None, now: Mapping) -> None:
             + "; ".join(differ)
             + ". A resumed fit continues the same fit: pass the same data and settings to "
             "resume it (only num_steps, epochs, progress, callbacks, checkpoint_every, threads "
-            "and jit may change), or drop resume= to start a new fit"
+            "and jit may change; a new seed is a new fit), or drop resume= to start a new fit"
         )

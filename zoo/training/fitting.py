@@ -20,7 +20,7 @@ from pyro.infer.autoguide import AutoGuide
 
 import guides as guide_registry
 from zoo.arguments import check_checkpoint_path, check_length, check_positive, check_seed
-from zoo.data.batches import fit_batches
+from zoo.data.batches import batch_order, fit_batches
 from zoo.data.fingerprint import data_fingerprint
 from zoo.inference.objective import Objective
 from zoo.models import stored
@@ -200,11 +200,14 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         # What a checkpoint records and a resume must match; the data's fingerprint is kept in
         # result.options too (a saved fit says what it was fitted to).
         identity = fit_identity(
-            data_fingerprint(data), batches.batch_size, s.length, s.optim, s.loss, s.engine
-        )
+            data_fingerprint(data), batches.batch_size, s.length, s.optim, s.loss, s.engine,
+            seed=s.seed, order=batch_order(data),
+        )  # fmt: skip
         resumed = read_checkpoint(s.run.resume, guide) if s.run.resume else None
         if resumed is not None:
-            check_identity(s.run.resume, resumed.get("identity"), identity)
+            check_identity(
+                s.run.resume, resumed.get("identity"), identity, resumed.get("version", 2)
+            )
             guide = stored.build_guide(model, resumed["guide"])
         guide.to(dev)
         objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)

@@ -20,6 +20,7 @@ from tests.conftest import HANG_AFTER, REPO
 from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_for
 from zoo.evaluation.arviz import chain_diagnostics
 from zoo.mcmc.chain import read_chain
+from zoo.storage import files
 
 pytestmark = pytest.mark.slow  # runs HMC chains
 
@@ -120,6 +121,36 @@ def test_resume_and_extension_continue_with_exactly_the_uninterrupted_draws(tmp_
         zoo.reference(model_for(2), (x, y), chains=2, seed=1, checkpoint=tmp_path / "b", **QUICK)
     with pytest.raises(ValueError, match="other data"):
         zoo.reference(model_for(2), (x, y + 1), chains=2, checkpoint=tmp_path / "b", **QUICK)
+    # permuted labels and swapped inputs keep the size and the sums: the SHA-256 sees them
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="other data"):
+        zoo.reference(model_for(2), (x, y[order]), chains=2, checkpoint=tmp_path / "b", **QUICK)
+    with pytest.raises(ValueError, match="other data"):
+        zoo.reference(model_for(2), (x.flip(1), y), chains=2, checkpoint=tmp_path / "b", **QUICK)
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda s: s["inverse_mass_matrix"][0].__setitem__(1, torch.ones(2)), "inverse mass"),
+        (lambda s: s["z"].__setitem__(next(iter(s["z"])), torch.zeros(7)), "position of"),
+        (lambda s: s["draws"][next(iter(s["draws"]))].__setitem__(0, torch.zeros(9)), "draws of"),
+        (lambda s: s["rng"].__setitem__("torch", torch.zeros(3, dtype=torch.uint8)), "generator"),
+    ],
+    ids=["mass-matrix", "position", "draws", "rng"],
+)
+def test_a_changed_chain_file_is_refused_naming_the_entry(tmp_path, change, phrase):
+    """Entries of the model's sites and shapes, checked before a chain resumes (raw index and
+    shape errors from deep inside Pyro before)."""
+    x, y = correlated_data(n=40, d=2, corr=0.5)
+    short = dict(QUICK, draws=3)
+    zoo.reference(model_for(2), (x, y), chains=1, checkpoint=tmp_path, **short)
+    path = tmp_path / "chain0.pt"
+    state = torch.load(path, weights_only=True)
+    change(state)
+    files.atomic_save(state, path)  # the checksum recomputed: the checks see the contents
+    with pytest.raises(ValueError, match=phrase):
+        zoo.reference(model_for(2), (x, y), chains=1, checkpoint=tmp_path, **QUICK)
 
 
 def test_the_callers_random_state_and_threads_are_left_as_they_were():

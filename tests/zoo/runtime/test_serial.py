@@ -175,8 +175,14 @@ def test_an_ensemble_of_processes_beside_a_fit_in_another_thread_ends():
     out = []
     worker = threading.Thread(
         target=lambda: out.append(
-            zoo.ensemble(lambda: BayesianMLP(3, (4,), noise=1.0), data(32), members=2,
-                         num_steps=3, processes=2, progress=False)  # fmt: skip
+            zoo.ensemble(
+                lambda: BayesianMLP(3, (4,), noise=1.0),
+                data(32),
+                members=2,
+                num_steps=3,
+                processes=2,
+                progress=False,
+            )  # fmt: skip
         ),
         daemon=True,
     )

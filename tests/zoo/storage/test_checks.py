@@ -24,14 +24,13 @@ def saved(tmp_path_factory):
 
 
 def rewrite(tmp_path, saved, change):
-    """The saved fit with ``change(payload)`` applied, written without a checksum (as an
-    attacker who knows the format would)."""
+    """The saved fit with ``change(payload)`` applied and its checksum recomputed (as an
+    attacker who knows the format would: the checksum finds damage, not intent)."""
     path = tmp_path / "fit.pt"
     path.write_bytes(saved)
     payload = torch.load(path, weights_only=True)
-    payload.pop("checksum")
     change(payload)
-    torch.save(payload, path)
+    files.atomic_save(payload, path)
     return path
 
 
@@ -176,3 +175,18 @@ def test_a_payload_read_back_and_saved_again_gets_a_fresh_checksum(tmp_path):
     payload["n"] = torch.ones(3)
     files.atomic_save(payload, path)
     assert torch.equal(files.read(path, "fit")["n"], torch.ones(3))
+
+
+def test_a_file_of_this_format_without_its_checksum_is_refused(tmp_path, saved):
+    """Deleting the checksum does not turn the check off: files of this format always have one
+    (only files written before checksums were recorded read without)."""
+    path = tmp_path / "fit.pt"
+    path.write_bytes(saved)
+    payload = torch.load(path, weights_only=True)
+    del payload["checksum"]
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="has no checksum, which every file of format 3"):
+        zoo.load(path)
+    payload["version"] = 2  # a file written before: read without one
+    torch.save(payload, path)
+    assert isinstance(zoo.load(path), zoo.FitResult)

@@ -8,6 +8,7 @@ import torch
 import guides
 import zoo
 from zoo.models import BayesianMLP
+from zoo.storage import files
 
 
 def data(n=300, shift=0.0):
@@ -92,12 +93,11 @@ def test_the_same_family_given_any_way_resumes(checkpoint):
 
 
 def rewrite(path, change) -> None:
-    """The checkpoint at ``path`` with ``change(payload)`` applied, saved without its checksum,
+    """The checkpoint at ``path`` with ``change(payload)`` applied and its checksum recomputed,
     as one who knows the format would rewrite it."""
     payload = torch.load(path, weights_only=True)
     change(payload)
-    payload.pop("checksum")
-    torch.save(payload, path)
+    files.atomic_save(payload, path)
 
 
 @pytest.mark.parametrize(
@@ -154,4 +154,58 @@ def test_a_changed_checkpoint_fails_its_checksum(checkpoint):
     payload["state"]["step"] = 3
     torch.save(payload, checkpoint)
     with pytest.raises(ValueError, match="is damaged: its contents do not match the checksum"):
+        fit("lowrank", resume=checkpoint)
+
+
+def test_a_resume_with_another_seed_is_refused(checkpoint):
+    """The checkpoint carries seed 0's random streams: resumed with seed 10 it would return the
+    seed-0 fit labelled seed 10 (a seed sweep over one checkpoint path, one fit many times)."""
+    with pytest.raises(ValueError, match="seed=0 in the checkpoint, 10 now"):
+        zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, seed=10,
+                run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+
+
+def test_a_resume_with_another_shuffle_is_refused(tmp_path):
+    """A DataLoader with shuffle=True does not continue a shuffle=False checkpoint."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = data()
+    path = tmp_path / "loader.ckpt"
+    fit("diagonal", DataLoader(TensorDataset(x, y), batch_size=25), num_steps=5, checkpoint=path)
+    shuffled = DataLoader(TensorDataset(x, y), batch_size=25, shuffle=True)
+    with pytest.raises(ValueError, match="SequentialSampler.*RandomSampler"):
+        fit("diagonal", shuffled, num_steps=10, resume=path)
+
+
+def test_a_resume_on_a_dataset_with_flipped_labels_is_refused(tmp_path):
+    """Every item of a small map-style Dataset is hashed: labels changed anywhere are found
+    (three items were once all that was read)."""
+
+    class Rows(torch.utils.data.Dataset):
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def __len__(self):
+            return len(self.x)
+
+        def __getitem__(self, i):
+            return self.x[i], self.y[i]
+
+    x, y = data(200)
+    path = tmp_path / "rows.ckpt"
+    fit("diagonal", Rows(x, y), num_steps=5, checkpoint=path)
+    flipped = y.clone()
+    flipped[1:197:2] *= -1  # 98 of the 200 targets
+    with pytest.raises(ValueError, match="the data differ"):
+        fit("diagonal", Rows(x, flipped), num_steps=10, resume=path)
+    order = torch.randperm(200, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="the data differ"):
+        fit("diagonal", Rows(x[order], y[order]), num_steps=10, resume=path)
+
+
+def test_a_checkpoint_without_its_identity_is_refused(checkpoint):
+    """Deleting the identity does not turn the check off: every checkpoint of this format
+    records one."""
+    rewrite(checkpoint, lambda payload: payload.pop("identity"))
+    with pytest.raises(ValueError, match="has no identity"):
         fit("lowrank", resume=checkpoint)
