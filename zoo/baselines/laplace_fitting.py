@@ -18,8 +18,8 @@ from zoo.results.laplace_torch import (
     LaplaceOptions,
     build,
     check_laplace_model,
-    dependency_notices_off,
     import_laplace,
+    laplace_torch_call,
     subnetwork_indices,
 )
 from zoo.results.variational import FitResult
@@ -108,11 +108,11 @@ def laplace(
     if model.likelihood.task == "regression":
         y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
     loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
-    with dependency_notices_off():
+    with laplace_torch_call("zoo.laplace's fit"):
         la.fit(loader)
     if options.prior_precision == "marglik":
         pred_type = "nn" if options.predictive == "nn" else "glm"
-        with dependency_notices_off(), warnings.catch_warnings():
+        with laplace_torch_call("zoo.laplace's prior precision"), warnings.catch_warnings():
             # laplace-torch's note on link_approx, which the marginal likelihood does not use
             warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
             la.optimize_prior_precision(pred_type=pred_type, method="marglik")

@@ -146,13 +146,28 @@ def ensemble_from_payload(payload: dict, path, model, map_location) -> Ensemble:
     files.require(payload, ("members", "options"), path)
     if not isinstance(payload["members"], list) or not payload["members"]:
         raise ValueError(f"{path}: the ensemble has no members (the file was changed)")
+    if not isinstance(payload["options"], dict):
+        raise ValueError(f"{path}: the options entry is not a mapping (the file was changed)")
     fits = []
     for k, member in enumerate(payload["members"]):
         where = f"{path} (member {k})"
         if not isinstance(member, dict):
             raise ValueError(f"{where}: not a fit entry (the file was changed)")
         check_fit_payload(member, where)
+        if _architecture(member) != _architecture(payload["members"][0]):
+            raise ValueError(
+                f"{where}: its model (network or likelihood) is not member 0's; every member "
+                "of an ensemble is a fit of one model (the file was changed)"
+            )
         member = {"format": files.FORMAT, "version": files.VERSION, "kind": "fit", **member}
         own = None if model is None else copy.deepcopy(model)  # a model of one's own per member
         fits.append(fit_from_payload(member, where, own, map_location))
     return Ensemble(fits, dict(payload["options"]))
+
+
+def _architecture(member: dict):
+    """A member's model spec without its prior (a learned prior's spec may hold its values)."""
+    spec = member["model"]["spec"]
+    if isinstance(spec, dict) and isinstance(spec.get("args"), dict):
+        return {**spec, "args": {k: v for k, v in spec["args"].items() if k != "prior"}}
+    return spec

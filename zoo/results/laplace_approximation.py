@@ -12,10 +12,11 @@ from zoo.arguments import check_positive, check_seed
 from zoo.data.checks import check_inputs
 from zoo.models import stored
 from zoo.models.predictions import Prediction
+from zoo.results.laplace_checks import check_laplace_payload, check_options_entry
 from zoo.results.laplace_torch import (
     LaplaceOptions,
     build,
-    dependency_notices_off,
+    laplace_torch_call,
     linearised_outputs,
     plain,
     tensors,
@@ -23,7 +24,6 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.posterior import Posterior, PredictOptions
 from zoo.runtime.threads import check_threads, intra_op_threads
-from zoo.storage import checks as file_checks
 from zoo.storage import files
 
 
@@ -103,7 +103,7 @@ class LaplaceFit(Posterior):
         with intra_op_threads(threads):  # "auto": laplace-torch's passes, torch's own count
             for start in range(0, x.shape[0], batch_size):
                 chunk = x[start : start + batch_size].to(device)
-                with dependency_notices_off():
+                with laplace_torch_call("LaplaceFit.predict"):
                     blocks.append(self._outputs(chunk, num_samples, generator))
         outputs = torch.cat(blocks, dim=1)
         noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
@@ -138,7 +138,8 @@ class LaplaceFit(Posterior):
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        return weight_draws(self.laplace, self.map_weights, num_samples, generator)
+        with laplace_torch_call("LaplaceFit.sample"):
+            return weight_draws(self.laplace, self.map_weights, num_samples, generator)
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
@@ -185,23 +186,26 @@ class LaplaceFit(Posterior):
 
 
 def laplace_from_payload(payload: dict, path, model, map_location) -> LaplaceFit:
-    """The approximation of a file's ``payload``, checked before anything is built from it."""
+    """The approximation of a file's ``payload``, every entry checked before anything is built
+    from it (:func:`zoo.results.laplace_checks.check_laplace_payload`): the options, the MAP
+    weights against the model's sites, the curvature's structure and values, the precisions."""
     keys = ("model", "map_weights", "options", "state", "wall_time", "info")
     files.require(payload, keys, path)
-    file_checks.check_tensors(payload["map_weights"], path, "map_weights")
-    options = LaplaceOptions(**payload["options"])
+    options = check_options_entry(payload["options"], path)
     try:
         model = stored.restore_model(payload["model"], model)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
+    check_laplace_payload(payload, path, model, options)
     model.to(map_location)
     weights = {k: v.to(map_location) for k, v in payload["map_weights"].items()}
-    state = payload["state"]
-    la = build(model, {k: v for k, v in weights.items() if k != "noise"}, options,
-               last_layer_name=state.get("_last_layer_name"),
-               indices=payload["info"].get("subnetwork_indices"))  # fmt: skip
-    try:
-        la.load_state_dict(state)
-    except (ValueError, KeyError, RuntimeError) as err:
-        raise ValueError(f"{path}: laplace-torch refused the saved state ({err})") from None
-    return LaplaceFit(model, la, options, weights, payload["wall_time"], dict(payload["info"]))
+    state, info = payload["state"], payload["info"]
+    with laplace_torch_call(str(path)):
+        la = build(model, {k: v for k, v in weights.items() if k != "noise"}, options,
+                   last_layer_name=state.get("_last_layer_name"),
+                   indices=info.get("subnetwork_indices"))  # fmt: skip
+        try:
+            la.load_state_dict(state)
+        except (ValueError, KeyError, RuntimeError, TypeError, IndexError) as err:
+            raise ValueError(f"{path}: laplace-torch refused the saved state ({err})") from None
+    return LaplaceFit(model, la, options, weights, float(payload["wall_time"]), dict(info))

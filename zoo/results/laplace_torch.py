@@ -124,6 +124,35 @@ def dependency_notices_off():
         yield
 
 
+class LaplaceTorchError(RuntimeError):
+    """laplace-torch failed in a way it reports by ending the process (``exit()``)."""
+
+
+@contextlib.contextmanager
+def laplace_torch_call(what: str):
+    """A call into laplace-torch (``what`` says which fit or file) with its dependencies'
+    notices off (:func:`dependency_notices_off`) and its ``exit()`` turned into a
+    :class:`LaplaceTorchError`: laplace-torch ends the process (status 0, no message) when the
+    eigendecomposition of a Kronecker factor fails twice, which a non-finite or badly
+    conditioned curvature causes."""
+    try:
+        with dependency_notices_off():
+            yield
+    except torch.linalg.LinAlgError as err:
+        first = str(err).strip().splitlines()[0]
+        raise LaplaceTorchError(
+            f"{what}: laplace-torch's linear algebra failed ({first}): the posterior precision "
+            "is not positive definite (a non-finite or badly conditioned curvature). Refit the "
+            "MAP weights, or use hessian='diag' or a larger prior precision"
+        ) from err
+    except SystemExit:
+        raise LaplaceTorchError(
+            f"{what}: laplace-torch could not decompose the curvature (it tried to end the "
+            "process): the Hessian has non-finite or badly conditioned entries. Refit the MAP "
+            "weights (a longer fit, a smaller learning rate), or use hessian='diag'"
+        ) from None
+
+
 def import_laplace():
     """laplace-torch's ``Laplace``, or an ``ImportError`` that says how to install it."""
     try:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from zoo.arguments import check_positive, check_seed
+from zoo.arguments import check_positive, check_seed, is_number
 from zoo.evaluation.predictive import fitted_guide_device
 from zoo.models import stored
 from zoo.models.statistics import frozen_statistics
@@ -159,9 +159,21 @@ def check_fit_payload(payload: dict, path) -> None:
         raise ValueError(f"{path}: the model entry has no spec or state (the file was changed)")
     file_checks.check_tensors(model["state"], path, "model state", floating=False)
     history = payload["history"]
+    if not isinstance(history, dict):
+        raise ValueError(f"{path}: the history entry is not a mapping (the file was changed)")
     files.require(
         history, ("losses", "epoch_losses", "skipped_steps", "wall_time"), path, "history"
     )
+    for key, floating in (("losses", True), ("epoch_losses", True), ("skipped_steps", False)):
+        value = history[key]
+        ok = torch.is_tensor(value) and value.dim() == 1
+        if not ok or value.is_floating_point() != floating:
+            kind = "floating-point" if floating else "integer"
+            raise ValueError(f"{path}: history[{key!r}] is not a 1-D {kind} tensor")
+    if not is_number(history["wall_time"]) or not history["wall_time"] >= 0:
+        raise ValueError(f"{path}: history['wall_time'] is {history['wall_time']!r}, not seconds")
+    if not isinstance(payload["options"], dict):
+        raise ValueError(f"{path}: the options entry is not a mapping (the file was changed)")
 
 
 def _load_v1(payload: dict, model, map_location) -> FitResult:
