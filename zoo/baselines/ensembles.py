@@ -90,6 +90,8 @@ def ensemble(
         exists and fits the others from the start, so a stopped ensemble goes on where it
         was.
 
+    Notes
+    -----
     Every argument is checked before the first member is fitted.
     """
     check_model_factory(model_factory, "ensemble")

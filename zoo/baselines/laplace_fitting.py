@@ -71,6 +71,8 @@ def laplace(
         as groups: a group's field passed flat is refused as ``zoo.fit`` refuses it);
         ``batch_size`` (default 128) is also that of laplace-torch's pass over the data.
 
+    Notes
+    -----
     Everything laplace-torch cannot do with the model, and a missing laplace-torch, is refused
     before any fit.
     """

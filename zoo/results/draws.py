@@ -134,6 +134,8 @@ def from_draws(
     wall_time : float
         Seconds the sampler took, if the caller wants them in a comparison.
 
+    Notes
+    -----
     Every site, shape, dtype and value is checked before the posterior is made: a missing or
     unknown site, a shape that is not the site's, draws of different counts, or a value that
     is not finite is refused with a ``ValueError`` naming the site.
