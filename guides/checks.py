@@ -7,8 +7,17 @@ what was given and what is accepted. Nothing here imports torch or another modul
 from __future__ import annotations
 
 import numbers
+import os
 
-__all__ = ["InvalidArgument", "check_bool", "check_choice", "check_int", "is_int", "is_number"]
+__all__ = [
+    "InvalidArgument",
+    "check_bool",
+    "check_choice",
+    "check_int",
+    "is_int",
+    "is_number",
+    "physical_memory",
+]
 
 
 class InvalidArgument(ValueError, TypeError):
@@ -59,3 +68,11 @@ def check_choice(name: str, value, choices) -> None:
     if not ok:
         listed = ", ".join(repr(c) for c in choices)
         raise InvalidArgument(f"{name} must be one of {listed}; got {value!r}")
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes (``None`` where the platform does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from guides.base import PerSiteGuide, check_family_options, serving_class
-from guides.checks import is_int
+from guides.checks import InvalidArgument, is_int
 from guides.joint_gaussian import (
     JointCovariance,
     JointLocSite,
@@ -40,7 +40,7 @@ from guides.joint_gaussian import (
     check_size,
     indices,
 )
-from guides.registry import get
+from guides.registry import available, get, is_composite
 from guides.site import SitePosterior
 
 
@@ -70,6 +70,8 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
     """
 
     site_class = JointLocSite
+    #: Its options are its constructor's arguments (a joint set's), not a site class's.
+    options_in_init = True
 
     def __init__(
         self,
@@ -91,15 +93,37 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
             init_module=init_module,
             create_plates=create_plates,
         )
+        listed = isinstance(sites, (list, tuple)) and all(isinstance(p, str) for p in sites)
+        if not (isinstance(sites, str) or (listed and sites)):
+            raise InvalidArgument(
+                f"sites must be an fnmatch pattern or a non-empty list of them ('*', "
+                f"['fc2.*']), got {sites!r}"
+            )
         self.patterns = [sites] if isinstance(sites, str) else list(sites)
-        if not self.patterns or not all(isinstance(p, str) for p in self.patterns):
-            raise TypeError(f"sites must be a pattern or a list of patterns, got {sites!r}")
         if rank is not None and (not is_int(rank) or rank < 1):
-            raise ValueError(f"rank must be None (a full covariance) or an int >= 1, got {rank!r}")
+            raise InvalidArgument(
+                f"rank must be None (a full covariance) or an int >= 1, got {rank!r}"
+            )
         self.rank = rank
-        self.masks = {} if masks is None else {name: indices(name, m) for name, m in masks.items()}
+        if masks is not None and not isinstance(masks, Mapping):
+            raise InvalidArgument(f"masks must be a mapping site -> mask, got {masks!r}")
+        masks = dict(masks or {})
+        self._mask_shapes = {
+            name: tuple(torch.as_tensor(m).shape)
+            for name, m in masks.items()
+            if torch.is_tensor(m) and m.dtype == torch.bool
+        }
+        self.masks = {name: indices(name, m) for name, m in masks.items()}
         family, options = rest if isinstance(rest, tuple) else (rest, {})
-        rest_cls = get(family) if isinstance(family, str) else family
+        if not isinstance(family, str) or not isinstance(options, Mapping):
+            raise InvalidArgument(f"rest must be a family name or (name, options), got {rest!r}")
+        rest_cls = get(family)
+        if is_composite(family) or getattr(rest_cls, "options_in_init", False):
+            raise InvalidArgument(
+                f"rest={family!r} is a family over several sites; the sites outside the joint "
+                f"set take a per-site family: one of "
+                f"{[n for n in available() if not getattr(get(n), 'options_in_init', False)]}"
+            )
         self._rest_site, self._rest_options = rest_cls.site_spec(**dict(options))
         check_family_options(rest_cls, self._rest_site, self._rest_options)
         self.rest = (rest_cls.family, dict(options))
@@ -143,6 +167,13 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         for name in names:
             numel = self.site_posterior(name).loc.numel()
             index = chosen.get(name)
+            shape = self._mask_shapes.get(name)
+            loc = self.site_posterior(name).loc
+            if shape is not None and shape != tuple(loc.shape):
+                raise ValueError(
+                    f"the bool mask of {name!r} has shape {shape}, the site {tuple(loc.shape)}: "
+                    "a mask marks the site's own scalars (or pass flat indices)"
+                )
             if index is not None:
                 index = index.to(self.site_posterior(name).loc.device)
                 if index.numel() and int(index.max()) >= numel:

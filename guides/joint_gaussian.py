@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from pyro.nn import PyroParam
 
+from guides.checks import physical_memory
 from guides.site import (
     SitePosterior,
     inverse_softplus,
@@ -175,10 +176,29 @@ class JointLocSite(SitePosterior):
         return dist.Delta(self.loc, event_dim=self.loc.dim())
 
 
+#: Bytes a parameter costs in a fit: its float32 value, gradient and Adam's two moments.
+BYTES_PER_PARAMETER = 16
+
+
 def check_size(size: int, rank: int | None) -> None:
-    """Refuse a full covariance of more than :data:`FULL_MAX` scalars, or an empty set."""
+    """Refuse a full covariance of more than :data:`FULL_MAX` scalars, an empty set, a rank
+    above the size, or a low-rank factor whose fit would not fit in this machine's memory,
+    before anything is allocated."""
     if size < 1:
         raise ValueError("the joint set holds no scalar: choose at least one")
+    if rank is not None and rank > size:
+        raise ValueError(
+            f"rank={rank} is more than the {size} scalars of the joint set: a rank of at most "
+            f"{size} (a full covariance: rank=None)"
+        )
+    memory = physical_memory()
+    needed = size * (rank or 0) * BYTES_PER_PARAMETER
+    if memory is not None and needed > memory:
+        raise ValueError(
+            f"a rank-{rank} factor over {size:,} scalars takes {needed / 2**30:,.1f} GiB to fit "
+            f"(value, gradient and Adam's moments), more than this machine's "
+            f"{memory / 2**30:,.1f} GiB: pass a smaller rank or choose fewer scalars"
+        )
     if rank is None and size > FULL_MAX:
         mib = size * size * 4 / 2**20
         raise ValueError(

@@ -40,6 +40,18 @@ def unregister(name: str) -> None:
     _COMPOSITES.discard(name)
 
 
+def is_composite(name: str) -> bool:
+    """Whether family ``name`` is registered as a family over several sites (a joint
+    Gaussian, a subnetwork, a mix per layer), not one of :func:`available`'s per-site ones."""
+    return name in _COMPOSITES
+
+
+def composites() -> list[str]:
+    """Names of the registered families over several sites (``joint``, ``mixed``): built with
+    their own arguments, outside :func:`available`'s list of per-site families."""
+    return sorted(_COMPOSITES & set(_FAMILIES))
+
+
 def available() -> list[str]:
     """Names of the posterior families, accepted by :func:`get` and by ``zoo.fit(model, name,
     data)``; the default of ``zoo.compare``."""

@@ -27,9 +27,12 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
-from guides.checks import is_int
+from guides.checks import InvalidArgument, check_choice, check_int
 from guides.joint import AutoJoint
-from guides.joint_gaussian import check_size
+from guides.joint_gaussian import check_size, indices
+
+#: ``S`` when ``size`` is not given and the weights are chosen by magnitude.
+DEFAULT_SIZE = 256
 
 
 class AutoSubnetwork(AutoJoint, family="subnetwork"):
@@ -39,11 +42,14 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
     ----------
     model : callable
         The Pyro model.
-    size : int, default 256
-        ``S``, the number of weights in the Gaussian (all of them when the model has fewer).
+    size : int, optional
+        ``S``, the number of weights in the Gaussian: by default 256 with
+        ``select="magnitude"``, or every weight of a smaller model; a ``size`` given above the
+        model's real weights is refused when the guide is set up. With masks, the number they
+        choose (another ``size`` is refused).
     select : "magnitude" or mapping, default "magnitude"
         How the weights are chosen: the largest ``|initial mean|`` over every real site, or
-        ``{site: bool mask or flat indices}`` (then ``size`` is ignored).
+        ``{site: bool mask shaped like the site, or flat indices}``.
     rank : int, optional
         ``None``: a full covariance; an int: diagonal plus rank ``rank``.
     init_scale, init_loc_fn, init_module, create_plates
@@ -53,7 +59,7 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
     def __init__(
         self,
         model: Callable,
-        size: int = 256,
+        size: int | None = None,
         select: str | Mapping = "magnitude",
         *,
         rank: int | None = None,
@@ -62,17 +68,24 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
     ):
-        if not is_int(size) or size < 1:
-            raise ValueError(
-                f"size must be an int >= 1 (the weights in the Gaussian), got {size!r}"
-            )
-        if not (select == "magnitude" or isinstance(select, Mapping)):
-            raise ValueError(
+        if not (isinstance(select, str) and select == "magnitude" or isinstance(select, Mapping)):
+            raise InvalidArgument(
                 f"select must be 'magnitude' or a mapping of site masks, got {select!r}; the "
                 "paper's choice by marginal variance is AutoSubnetwork.from_fit(fit, size)"
             )
-        check_size(size, rank)  # before any work: a full S x S factor must fit
         masks = select if isinstance(select, Mapping) else None
+        if masks is not None:
+            chosen = sum(indices(name, m).numel() for name, m in masks.items())
+            if size is not None and size != chosen:
+                raise InvalidArgument(
+                    f"select's masks choose {chosen} weights and size={size!r}: the masks say "
+                    "which weights, so pass size=None (or size=" + str(chosen) + ")"
+                )
+            size = chosen
+        size_given = size is not None
+        size = DEFAULT_SIZE if size is None else size
+        check_int("size", size, 1, meaning="the weights in the Gaussian")
+        check_size(size, rank)  # before any work: a full S x S factor must fit
         super().__init__(
             model,
             "*",
@@ -85,13 +98,24 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
             create_plates=create_plates,
         )
         self.size, self.selection = size, "masks" if masks is not None else "magnitude"
+        self._size_given = size_given
 
     def select(self, names: list[str]) -> dict[str, torch.Tensor]:
-        """The given masks, or the ``size`` largest ``|initial mean|`` over ``names``."""
+        """The given masks, or the ``size`` largest ``|initial mean|`` over ``names`` (a size
+        above their count is refused: it would quietly take them all)."""
         if self.selection == "masks":
             chosen = dict(self.masks)
         else:
             locs = [self.site_posterior(n).loc.detach().reshape(-1) for n in names]
+            total = sum(loc.numel() for loc in locs)
+            if self.size > total and not self._size_given:  # the default on a small model
+                self.size = total
+            elif self.size > total:
+                raise ValueError(
+                    f"size={self.size} is more than the model's {total} weights in real sites "
+                    f"{names}: pass size <= {total} (size={total} puts every weight in the "
+                    "Gaussian: the 'joint' family does that directly)"
+                )
             chosen = top_scalars(names, [loc.abs() for loc in locs], self.size)
         empty = torch.zeros(0, dtype=torch.long)
         return {n: chosen.get(n, empty) for n in names}  # a site not chosen: point masses
@@ -125,9 +149,15 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         (``select="variance"``, a Gaussian family's fit such as the diagonal's) or largest
         ``|mean|`` (``"magnitude"``, a MAP fit), every mean starting at the fit's."""
         guide = getattr(fit, "guide", fit)
-        model = getattr(fit, "model", None) or guide.model
-        if select not in ("variance", "magnitude"):
-            raise ValueError(f"select must be 'variance' or 'magnitude', got {select!r}")
+        model = getattr(fit, "model", None) or getattr(guide, "model", None)
+        if not hasattr(guide, "median") or not hasattr(guide, "quantiles") or model is None:
+            raise InvalidArgument(
+                "from_fit takes a fit (zoo.fit's result) or a fitted guide of the package, got "
+                f"{type(fit).__name__} {fit!r:.60}: fit first, e.g. "
+                "AutoSubnetwork.from_fit(zoo.fit(model, 'diagonal', data), size)"
+            )
+        check_choice("select", select, ("variance", "magnitude"))
+        check_int("size", size, 1, meaning="the weights in the Gaussian")
         check_size(size, rank)
         medians = {k: v.detach() for k, v in guide.median().items()}
         transforms = guide._transforms  # the package's own: a constrained site has one
@@ -148,7 +178,13 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         def start(site, medians=medians):
             return medians[site["name"]]
 
-        return cls(model, size, masks, rank=rank, init_scale=init_scale, init_loc_fn=start)
+        chosen = sum(m.numel() for m in masks.values())
+        if chosen < size:
+            raise ValueError(
+                f"size={size} is more than the fit's {chosen} weights in real sites: pass "
+                f"size <= {chosen}"
+            )
+        return cls(model, None, masks, rank=rank, init_scale=init_scale, init_loc_fn=start)
 
 
 def top_scalars(names: list[str], scores: list[torch.Tensor], size: int) -> dict:

@@ -190,11 +190,23 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
     init_scale : float, default 0.01
         About the initial standard deviation of every weight.
     init_loc_fn, init_module, create_plates
-        See :class:`guides.base.PerSiteGuide`.
+        See :class:`guides.base.PerSiteGuide`; given weights (a callable ``init_loc_fn``, an
+        ``init_module``) are refused: no WHVI mean takes them.
     """
 
     site_class = WHVISite
     variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
+
+    def __init__(self, model, *, init_loc_fn="kaiming", init_module=None, **options):
+        if callable(init_loc_fn) or init_module is not None:
+            raise ValueError(
+                "AutoWHVI cannot start at given weights: its mean S1 H diag(g) H S2 / D spans "
+                "D of the D x D numbers of each block, so a weight you give is not a mean it "
+                "can take (Pyro's contract: start at the given values, or refuse). It starts "
+                "from its own Kaiming draw, projected: leave init_loc_fn and init_module out, "
+                "or fit another family (guides.available()) from those weights"
+            )
+        super().__init__(model, init_loc_fn=init_loc_fn, **options)
 
     @classmethod
     def site_spec(cls, **options) -> tuple[type, dict]:

@@ -273,8 +273,27 @@ def check_row(spec) -> None:
             check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
         elif family == "laplace":
             LaplaceOptions.of(options)
+        elif isinstance(family, str):
+            _check_family_name(family)
     except (TypeError, ValueError) as err:
         raise ValueError(f"the {family} row {label!r}: {err}") from None
+
+
+def _check_family_name(name: str) -> None:
+    """Refuse a row's family name that names nothing ``compare`` can fit, listing what can."""
+    import guides as registry
+    from guides import available
+    from guides.registry import is_composite
+
+    try:
+        registry.get(name)
+    except ValueError:
+        composite = sorted(n for n in registry.families() if is_composite(n))
+        raise ValueError(
+            f"unknown family {name!r}: a row is one of the families {available()}, a family "
+            f"over several sites {composite} (with its options), or a baseline 'laplace' or "
+            "'ensemble'"
+        ) from None
 
 
 def _rows(guides) -> list[tuple]:

@@ -22,6 +22,11 @@ from tests.zoo.linear_gaussian import (
 from zoo.inference.objective import loss_context
 
 
+def every_weight(model) -> int:
+    """The scalars of the model's real sites (a learned noise aside)."""
+    return sum(math.prod(s) for n, s in model.site_shapes.items() if n != "noise")
+
+
 def regression_model():
     return zoo.models.BayesianMLP(3, (4,), 1, task="regression", noise="learned")
 
@@ -172,7 +177,7 @@ def fitted_gaussian(make, x, y):
     "make",
     [
         lambda m: guides.AutoJoint(m, init_scale=0.05),
-        lambda m: guides.AutoSubnetwork(m, size=100, init_scale=0.05),
+        lambda m: guides.AutoSubnetwork(m, size=every_weight(m), init_scale=0.05),
     ],
     ids=["joint", "subnetwork of every weight"],
 )
@@ -281,3 +286,37 @@ def test_what_cannot_run_is_refused_before_any_work():
         with loss_context():  # zoo's own route: no global param store (the guides above
             guides.AutoJoint(big)(x, y)  # left theirs there, of the small model's shapes)
     assert FULL_MAX == 4096
+
+
+def test_every_new_option_is_checked_where_it_enters():
+    """Issue 59's cases, each a raw Python error, a silent choice or a huge allocation before:
+    a mask of the wrong shape, size and masks that disagree, a size above the weights, a rank
+    above the scalars (or past memory), non-pattern sites, a composite rest, from_fit's
+    arguments."""
+    model = regression_model()  # 3 -> 4 -> 1: 21 weights in real sites
+    x, y = data()
+    with pytest.raises(ValueError, match=r"bool mask of 'fc1.weight' has shape \(12,\)"):
+        guides.AutoJoint(model, masks={"fc1.weight": torch.ones(12, dtype=torch.bool)})(x, y)
+    with pytest.raises(ValueError, match="masks choose 3 weights and size=20"):
+        guides.AutoSubnetwork(model, size=20, select={"fc1.weight": [0, 1, 2]})
+    assert guides.AutoSubnetwork(model, select={"fc1.weight": [0, 1, 2]}).size == 3
+    with pytest.raises(ValueError, match="size=1000 is more than the model's 21 weights"):
+        guides.AutoSubnetwork(model, size=1000, rank=2)(x, y)
+    with pytest.raises(ValueError, match="rank=1000000000 is more than the 21 scalars"):
+        guides.AutoJoint(model, "*", rank=10**9)(x, y)
+    with pytest.raises(ValueError, match="rank=5 is more than the 3 scalars"):
+        guides.AutoSubnetwork(model, size=3, rank=5)
+    with pytest.raises(ValueError, match="GiB to fit"):  # checked before any allocation
+        guides.AutoSubnetwork(model, size=10**8, rank=10**4)
+    with pytest.raises(ValueError, match="sites must be an fnmatch pattern"):
+        guides.AutoJoint(model, sites=5)
+    with pytest.raises(ValueError, match="rest='subnetwork' is a family over several sites"):
+        guides.AutoJoint(model, ["fc2.*"], rest="subnetwork")
+    with pytest.raises(ValueError, match="from_fit takes a fit"):
+        guides.AutoSubnetwork.from_fit("diagonal", 10)
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=3, run=zoo.Run(progress=False))
+    with pytest.raises(ValueError, match="size must be an int"):
+        guides.AutoSubnetwork.from_fit(fit, "10")
+    with pytest.raises(ValueError, match="size=50 is more than the fit's 21 weights"):
+        guides.AutoSubnetwork.from_fit(fit, 50)
+    assert guides.AutoSubnetwork.from_fit(fit, 5).size == 5

@@ -265,3 +265,19 @@ def test_initial_mean_keeps_the_weights_scale():
     q = site.distribution()
     assert q.mean.std().item() == pytest.approx(0.05, rel=0.1)
     assert q.variance.sqrt().mean().item() == pytest.approx(0.01, rel=0.05)
+
+
+def test_given_weights_and_truthy_strings_are_refused():
+    """WHVI's mean cannot take given weights (Pyro's contract: start there, or refuse), and
+    ``learn_scales="no"`` is not read as true."""
+    model = BayesianMLP(3, (8,), 2, task="classification")
+    with pytest.raises(ValueError, match="cannot start at given weights"):
+        guides.AutoWHVI(model, init_loc_fn=lambda site: site["value"])
+    with pytest.raises(ValueError, match="cannot start at given weights"):
+        guides.AutoWHVI(model, init_module=model.net)
+    with pytest.raises(ValueError, match="learn_scales must be True or False, got 'no'"):
+        guides.AutoWHVI(model, learn_scales="no")
+    with pytest.raises(ValueError, match="learn_scales must be True or False"):
+        guides.family("whvi", learn_scales="no").build(model) if hasattr(
+            guides.family("whvi"), "build"
+        ) else guides.instantiate(guides.family("whvi", learn_scales="no"), model, {})

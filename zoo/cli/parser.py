@@ -75,8 +75,10 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
 def _probe_family(family: str, options: dict) -> None:
     """Build the family with ``options`` on a two-weight network and run it once, so a value
-    it cannot use (``rank=five``) is a usage error before any data is read; the baselines'
-    options are checked as :func:`zoo.compare` checks them."""
+    it cannot use (``rank=five``) is a usage error before any data is read; a family over
+    several sites (``subnetwork``) is built only (its sizes are checked against the real
+    network when it is set up); the baselines' options are checked as :func:`zoo.compare`
+    checks them, and a missing laplace-torch is one line."""
     import torch
 
     import guides
@@ -87,12 +89,21 @@ def _probe_family(family: str, options: dict) -> None:
         from zoo.comparison import check_row
 
         check_row((family, family, options))
-        return
+        if family == "laplace":
+            from zoo.results.laplace_torch import import_laplace
 
+            try:
+                import_laplace()
+            except ImportError as err:
+                raise ValueError(str(err)) from None
+        return
     cls = guides.get(family)
-    check_family_options(cls, *cls.site_spec(**options))
     model = zoo.models.BayesianMLP(1, (2,), 1, noise=1.0)
     try:
+        if getattr(cls, "options_in_init", False):  # its own arguments, not a site's
+            guides.instantiate(family, model, dict(options))
+            return
+        check_family_options(cls, *cls.site_spec(**options))
         guides.instantiate(family, model, dict(options))(torch.zeros(2, 1), torch.zeros(2))
     except (TypeError, ValueError) as err:
         raise ValueError(f"--guide-option for {family}: {err}") from None
