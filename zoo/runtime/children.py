@@ -8,8 +8,11 @@ killed with ``SIGKILL`` runs no clean-up of its own, so nothing else could stop 
 on sampling and writing into the checkpoint folder, where a resumed run then wrote the same
 files.
 
-:func:`scratch_folder` makes a temporary folder named for its process; :func:`remove_orphans`
-removes those whose process is gone (a killed run's), at the next run.
+:func:`scratch_folder` makes a temporary folder named for its process and holds an exclusive
+lock on a file in it (``flock``) for as long as it is in use; :func:`remove_orphans` removes,
+at the next run, the folders whose lock nobody holds (a killed run's: the kernel releases its
+locks). The lock, not the process id, says whether a folder is in use: a run in another PID
+namespace that shares ``/tmp`` (a container) has ids that mean nothing here.
 """
 
 from __future__ import annotations
@@ -22,12 +25,16 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
     "WATCH_EVERY",
     "ChildFailed",
     "alive",
+    "holding",
+    "in_use",
+    "orphaned",
     "die_with_parent",
     "cpu_seconds",
     "remove_orphans",
@@ -140,22 +147,89 @@ def alive(pid: int) -> bool:
     return True
 
 
+#: Seconds during which something just made is never taken as orphaned (its lock is taken a
+#: moment after it is made).
+LOCK_GRACE = 10.0
+#: The file whose lock says that a scratch folder is in use.
+OWNER_LOCK = ".owner.lock"
+#: Seconds after which a folder or temporary file without a lock file (a run of an earlier
+#: version, or one that is being made) whose process id is not alive here is taken as orphaned.
+UNLOCKED_STALE_AFTER = 600.0
+
+
+@contextlib.contextmanager
+def holding(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (made if missing) for the block; where the platform
+    has no ``flock``, a plain block. The kernel releases it when this process ends, however."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: the process-id test alone applies
+        yield
+        return
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def in_use(path: Path) -> bool | None:
+    """Whether another open file holds ``path``'s lock (``True``), nobody does (``False``), or
+    it cannot be told (``None``: no such file, or no ``flock`` here)."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDWR)
+    except (ImportError, OSError):
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return False
+
+
+def orphaned(lock: Path, pid: str, made: float) -> bool:
+    """Whether what ``lock`` guards (a scratch folder, a file being written) was left by a
+    killed run: it is older than :data:`LOCK_GRACE` seconds and its lock is held by nobody;
+    without a lock file, its process ``pid`` is not
+    alive here and it is older than :data:`UNLOCKED_STALE_AFTER` seconds (``made``: its
+    modification time)."""
+    age = time.time() - made
+    if age < LOCK_GRACE:  # being made: its lock may not be taken yet
+        return False
+    held = in_use(lock)
+    if held is not None:
+        return not held
+    old = age > UNLOCKED_STALE_AFTER
+    return old and pid.isdigit() and not alive(int(pid))
+
+
 def remove_orphans(prefix: str, folder: str | None = None) -> list[Path]:
-    """Remove ``<folder>/<prefix><pid>-*`` folders whose process ``pid`` is gone; returns them
-    (``folder``: the system's temporary folder)."""
+    """Remove the ``<folder>/<prefix><pid>-*`` folders that no live run holds (see
+    :func:`orphaned`); returns them (``folder``: the system's temporary folder)."""
     removed = []
     for path in Path(folder or tempfile.gettempdir()).glob(f"{prefix}*-*"):
         pid = path.name[len(prefix) :].split("-", 1)[0]
-        if path.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not alive(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
+        try:
+            if path.is_dir() and orphaned(path / OWNER_LOCK, pid, path.stat().st_mtime):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+        except OSError:  # removed meanwhile by its owner or another run
+            continue
     return removed
 
 
 @contextlib.contextmanager
 def scratch_folder(prefix: str):
-    """A temporary folder ``<prefix><pid>-XXXX`` for this process, removed afterwards; the
-    orphans of killed runs of the same prefix are removed first."""
+    """A temporary folder ``<prefix><pid>-XXXX`` for this process, locked while in use and
+    removed afterwards; the orphans of killed runs of the same prefix are removed first."""
     remove_orphans(prefix)
     with tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-") as folder:
-        yield folder
+        with holding(Path(folder) / OWNER_LOCK):
+            yield folder

@@ -56,6 +56,7 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
         # mkstemp makes the file private (0600); give it the mode a plain open() would.
         os.chmod(tmp, _file_mode(path))
         with os.fdopen(fd, "wb") as f:
+            _lock(f.fileno())  # held while written: another run sees it is not orphaned
             f.write(buffer.getbuffer())
             f.flush()
             os.fsync(f.fileno())
@@ -73,20 +74,31 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
 STALE_AFTER = 3600.0
 
 
+def _lock(fd: int) -> None:
+    """An exclusive ``flock`` on the open file ``fd`` (released when it is closed)."""
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except (ImportError, OSError):
+        pass
+
+
 def remove_stale_temporaries(path: Path) -> None:
-    """Remove what a killed save to ``path`` left: ``.<name>.<pid>.*.tmp`` files whose writing
-    process is gone, and any ``.<name>.*.tmp`` older than :data:`STALE_AFTER` seconds (a
-    writer on another machine sharing the folder)."""
+    """Remove what a killed save to ``path`` left: ``.<name>.<pid>.*.tmp`` files whose lock no
+    writer holds (:func:`zoo.runtime.children.orphaned`: a writer holds its file's lock while
+    it writes, whatever PID namespace it runs in), and any older than :data:`STALE_AFTER`
+    seconds (a writer on another machine sharing the folder, where locks may not reach)."""
     import time
 
-    from zoo.runtime.children import alive
+    from zoo.runtime.children import orphaned
 
     now, head = time.time(), f".{path.name}."
     for tmp in path.parent.glob(f"{head}*.tmp"):
         writer = tmp.name[len(head) :].split(".", 1)[0]
         try:
-            dead = writer.isdigit() and not alive(int(writer))
-            if dead or now - tmp.stat().st_mtime > STALE_AFTER:
+            made = tmp.stat().st_mtime
+            if now - made > STALE_AFTER or orphaned(tmp, writer, made):
                 tmp.unlink()
         except OSError:
             pass

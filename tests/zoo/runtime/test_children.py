@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,18 +68,40 @@ def test_a_child_ends_when_its_parent_is_killed(tmp_path, kernel):
             proc.kill()
 
 
-def test_scratch_folders_of_dead_processes_are_removed(tmp_path):
+def aged(path, seconds):
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def test_scratch_folders_are_removed_only_when_nobody_holds_them(tmp_path):
+    """The lock says a folder is in use, not the process id: a live run in another PID
+    namespace (its id not alive here) keeps its folder; a killed run's (its lock released by
+    the kernel) is removed; a folder without a lock file (an earlier version's) by id and age;
+    nothing just made."""
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
-    orphan = tmp_path / f"zoo-hmc-{dead}-abcd"
-    mine = tmp_path / f"zoo-hmc-{os.getpid()}-efgh"
+    killed = tmp_path / f"zoo-hmc-{dead}-abcd"  # its lock file left, nobody holds it
+    elsewhere = tmp_path / f"zoo-hmc-{dead}-efgh"  # a live run whose pid means nothing here
+    legacy = tmp_path / f"zoo-hmc-{dead}-ijkl"  # no lock file, old
+    young = tmp_path / f"zoo-hmc-{dead}-mnop"  # no lock file, just made
     other = tmp_path / "zoo-hmc-notapid-x"
-    for folder in (orphan, mine, other):
+    for folder in (killed, elsewhere, legacy, young, other):
         folder.mkdir()
-    (orphan / "chain0.pt").write_bytes(b"x")
-    removed = children.remove_orphans("zoo-hmc-", str(tmp_path))
-    assert removed == [orphan]
-    assert not orphan.exists() and mine.exists() and other.exists()
+    (killed / children.OWNER_LOCK).write_bytes(b"")
+    (killed / "chain0.pt").write_bytes(b"x")
+    for folder in (killed, elsewhere, legacy, other):
+        aged(folder, 2 * children.UNLOCKED_STALE_AFTER)
+    with children.holding(elsewhere / children.OWNER_LOCK):
+        aged(elsewhere, 2 * children.UNLOCKED_STALE_AFTER)
+        removed = children.remove_orphans("zoo-hmc-", str(tmp_path))
+    assert sorted(removed) == sorted([killed, legacy])
+    assert elsewhere.exists() and young.exists() and other.exists()
+
+
+def test_a_scratch_folder_in_use_is_locked():
+    with children.scratch_folder("zoo-test-") as folder:
+        assert children.in_use(Path(folder) / children.OWNER_LOCK) is True
+    assert not Path(folder).exists()
 
 
 def _waits_forever():

@@ -120,22 +120,34 @@ def test_the_untouched_file_loads(tmp_path, saved):
 
 
 def test_a_killed_saves_temporary_file_is_removed_by_the_next_save(tmp_path):
+    """A writer holds its temporary file's lock while it writes: a file nobody holds is a
+    killed save's, whatever its writer's process id (a writer in another PID namespace has ids
+    that mean nothing here); a file just made is left alone, and so is one being written."""
     import subprocess
     import sys
+
+    from zoo.runtime import children
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()  # fmt: skip
     path = tmp_path / "fit.pt"
-    killed = tmp_path / f".fit.pt.{dead}.abc123.tmp"  # its writer is gone
-    writing = tmp_path / f".fit.pt.{os.getppid()}.def456.tmp"  # a live process's save
+    killed = tmp_path / f".fit.pt.{dead}.abc123.tmp"  # nobody writes it
+    writing = tmp_path / f".fit.pt.{dead}.def456.tmp"  # written now, by a pid foreign here
+    young = tmp_path / f".fit.pt.{dead}.jkl000.tmp"  # just made: its lock not taken yet
     old = tmp_path / ".fit.pt.ghi789.tmp"  # no writer named, over STALE_AFTER old
-    for tmp in (killed, writing, old):
+    for tmp in (killed, writing, young, old):
         tmp.write_bytes(b"half a file")
+    for tmp in (killed, writing):
+        past = time.time() - 2 * children.LOCK_GRACE
+        os.utime(tmp, (past, past))
     past = time.time() - 2 * files.STALE_AFTER
     os.utime(old, (past, past))
-    files.atomic_save({"format": files.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
+    with children.holding(writing):
+        files.atomic_save({"format": files.FORMAT, "kind": "fit", "x": torch.zeros(2)}, path)
     assert not killed.exists() and not old.exists() and writing.exists() and path.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["fit.pt", writing.name])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["fit.pt", writing.name, young.name]
+    )
 
 
 def test_a_chain_file_with_a_nan_draw_is_refused(tmp_path):
