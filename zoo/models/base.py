@@ -30,6 +30,7 @@ from guides.site import fan_in
 from zoo.models import statistics
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior, resolve_prior
+from zoo.runtime.rng import warn_if_seeded_elsewhere
 
 
 class BayesianModel(nn.Module):
@@ -89,6 +90,7 @@ class BayesianModel(nn.Module):
         input_shape: tuple[int, ...] | None = None,
         deterministic=(),
     ):
+        warn_if_seeded_elsewhere("building a zoo model")  # its layers drew from that stream
         super().__init__()
         if likelihood is None:
             likelihood = from_task(task or "classification", noise, noise_prior_scale)
