@@ -457,3 +457,27 @@ def test_sequence_models_refuse_colour_images(capsys):
     with pytest.raises(SystemExit):
         main(["fit", "--model", "transformer", "--data", "cifar10"])
     assert "as sequences of rows" in capsys.readouterr().err
+
+
+def test_subnetwork_options_and_a_missing_laplace_torch_on_the_command_line(
+    tmp_path, capsys, monkeypatch
+):
+    """``--guide-option size=32`` is the subnetwork family's own argument (it was refused as
+    "no options of its own"); without laplace-torch, a laplace row is a one-line usage error."""
+    from zoo.cli import main
+    from zoo.results import laplace_torch
+
+    args = ["fit", "--data", "toy", "--guide", "subnetwork", "--guide-option", "size=32"]
+    assert main(args + ["--num-steps", "3", "--quiet", "--out-dir", str(tmp_path)]) == 0
+
+    def missing():
+        raise ImportError('the Laplace baseline needs laplace-torch (No module named '
+                          '\'laplace\'): pip install "bnn-zoo[laplace]"')  # fmt: skip
+
+    monkeypatch.setattr(laplace_torch, "import_laplace", missing)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", "--data", "toy", "--guides", "map", "laplace", "--quiet"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "laplace-torch" in err[-1] and "Traceback" not in "\n".join(err)

@@ -230,3 +230,18 @@ def test_every_producer_binds_options_as_fit_does(call):
         call(jit=False)
     with pytest.raises(TypeError, match="unexpected keyword argument 'member'"):
         call(member=2)
+
+
+def test_compare_refuses_what_it_cannot_tabulate_before_any_fit():
+    data = classification()
+    fit = zoo.fit(classifier(), "diagonal", data, num_steps=2, run=QUIET)
+    with pytest.raises(ValueError, match="labels must be unique"):
+        zoo.compare(None, [("a", fit), ("a", fit)], test=data, progress=False)
+    with pytest.raises(ValueError, match="unknown family 'diagnoal'.*'laplace' or 'ensemble'"):
+        zoo.compare(classifier, [("first", fit), "diagnoal"], data, data, progress=False)
+
+
+def test_a_silent_ensemble_prints_nothing(capfd):
+    """``progress=False`` silences the bar over the members and every member's own."""
+    zoo.ensemble(classifier, classification(), members=2, num_steps=3, progress=False)
+    assert capfd.readouterr().err == ""
