@@ -226,9 +226,11 @@ class Trainer:
         every = self.checkpoint_every
         if (every is not None and state.step % every == 0) or (every is None and epoch_end):
             self.save_checkpoint()
+        if not callbacks:
+            return False
         with user_code():  # the lock lent out: a call the callback starts elsewhere runs
             stop = any(cb(fit_state) for cb in callbacks)
-        return self.ranks.any(stop, state.step) if callbacks else False
+        return self.ranks.any(stop, state.step)
 
     def final_check(self) -> None:
         """The last update is checked by no step: evaluate its loss, invisibly to the RNG."""
