@@ -23,9 +23,9 @@ def _fresh_rng():
 def _cpu_by_default(request, monkeypatch):
     """The suite checks CPU semantics (references are CPU tensors) on GPU machines too:
     ``device="auto"`` means the CPU here, through the library's documented environment
-    variable ``ZOO_DEVICE`` (:data:`zoo.training.recipes.DEVICE_VARIABLE`), except in
+    variable ``ZOO_DEVICE`` (:mod:`zoo.runtime.devices`), except in
     tests/zoo/test_cuda.py. Child processes the tests start inherit it."""
-    from zoo.training.recipes import DEVICE_VARIABLE
+    from zoo.runtime.devices import DEVICE_VARIABLE
 
     if request.module.__name__.endswith("test_cuda"):
         monkeypatch.delenv(DEVICE_VARIABLE, raising=False)

@@ -31,6 +31,7 @@ from typing import NamedTuple
 import torch
 
 from zoo.runtime.children import scratch_folder
+from zoo.runtime.devices import chosen_device
 
 #: Lightning strategies a fit can run on (data-parallel ones; ``"auto"`` lets Lightning pick).
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
@@ -66,8 +67,17 @@ def process_rank() -> int:
 
 def accelerator_for(device, accelerator: str) -> str:
     """Lightning's accelerator for ``zoo.fit``'s ``device`` and ``accelerator`` arguments
-    (``device="cuda"`` means ``accelerator="gpu"``); a clear error when they disagree."""
+    (``device="cuda"`` means ``accelerator="gpu"``; ``"auto"`` the device ``$ZOO_DEVICE``
+    names, if set: :mod:`zoo.runtime.devices`); a clear error when they disagree, or when a GPU
+    is asked for on a machine without one."""
     if device == "auto":
+        device = chosen_device() or "auto"
+    if device == "auto":
+        if accelerator == "gpu" and not torch.cuda.is_available():
+            raise ValueError(
+                "accelerator='gpu', but this machine has no usable CUDA device (torch "
+                f"{torch.__version__} sees none): pass accelerator='cpu' or 'auto'"
+            )
         return accelerator
     device = torch.device(device)
     kind = {"cuda": "gpu"}.get(device.type, device.type)

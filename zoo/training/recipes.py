@@ -21,12 +21,13 @@ default to ``None``, resolved here from the data size alone, before any training
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from dataclasses import dataclass
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset
+
+from zoo.runtime.devices import DEVICE_VARIABLE, chosen_device
 
 __all__ = [
     "DEFAULT_BATCH_SIZE",
@@ -143,18 +144,12 @@ def warn_if_short(recipe: str, steps: int, n: int, batch_size: int) -> None:
     )
 
 
-#: The environment variable that says what ``device="auto"`` means in this process (``cpu``,
-#: ``cuda``, ``cuda:1``): a CPU-only run on a GPU machine without a change to the code (the
-#: test suite sets it to ``cpu``).
-DEVICE_VARIABLE = "ZOO_DEVICE"
-
-
 def resolve_device(device) -> torch.device:
     """``"auto"`` -> the device ``$ZOO_DEVICE`` names when it is set, else CUDA when available,
     else the CPU; anything else as ``torch.device``."""
     if device == "auto":
-        chosen = os.environ.get(DEVICE_VARIABLE, "").strip()
-        if not chosen:
+        chosen = chosen_device()
+        if chosen is None:
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
             return resolve_device(torch.device(chosen))
