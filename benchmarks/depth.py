@@ -37,7 +37,9 @@ FAMILIES = [
     ("matrix_normal", "matrix_normal", {}),
     ("whvi", "whvi", {}),
     ("joint (all weights)", "joint", {}),
-    ("subnetwork S=256", "subnetwork", {"size": 256}),
+    # the family's default size: 256 weights, or every weight of a smaller network (depth 1
+    # has 193); a size given above a network's weights is refused
+    ("subnetwork S=256", "subnetwork", {}),
 ]
 
 
