@@ -27,7 +27,6 @@ collector runs. ``zoo``'s own functions never read or write the global store.
 
 from __future__ import annotations
 
-import inspect
 import weakref
 from collections.abc import Callable
 from operator import attrgetter
@@ -42,6 +41,7 @@ from torch import nn
 from torch.distributions import biject_to
 
 from guides import registry
+from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
 from guides.site import (
     DiagonalSite,
     SitePosterior,
@@ -54,30 +54,6 @@ from guides.site import (
 )
 
 _LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
-#: Options every family takes (the rest are the family's own).
-COMMON_OPTIONS = ("init_scale", "init_loc_fn", "init_module", "create_plates")
-
-
-def check_family_options(guide_cls: type, site_cls: type | None, options: dict) -> None:
-    """Refuse options that the family's site class does not take, naming those it does."""
-    if site_cls is None:
-        return
-    params = inspect.signature(site_cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    given = ("self", "init_loc", "init_scale", "prior")  # the guide hands a site its prior
-    known = [n for n in params if n not in given]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        spec = inspect.signature(guide_cls.site_spec).parameters
-        named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        listed = sorted({*known, *(n for n, p in spec.items() if p.kind in named)})
-        own = f"its options are {listed}" if listed else "it has no options of its own"
-        hint = "; Pyro's name for init_loc is init_loc_fn" if "init_loc" in unknown else ""
-        raise TypeError(
-            f"{guide_cls.__name__} got unknown option(s) {unknown}; {own}, and every family "
-            f"takes {', '.join(COMMON_OPTIONS[:3])}{hint}"
-        )
 
 
 class PerSiteGuide(AutoGuide):
@@ -150,6 +126,17 @@ class PerSiteGuide(AutoGuide):
         self._site_names: list[str] = []
         self._pyro_name = _free_name(type(self).__name__)
         _LIVE_GUIDES.add(self)
+
+    # ---- what the fit's ELBO bounds ----
+    #: What a fit's ``-loss`` bounds with this family (:data:`OBJECTIVES`).
+    OBJECTIVE = "model"
+
+    def objective(self) -> str:
+        """What ``-loss`` of a fit with this guide bounds (:data:`guides.registry.OBJECTIVES`): the
+        evidence of the model as written (``"model"``) for a Gaussian family over every site;
+        families that are not say otherwise (a point mass, MC dropout, WHVI, point masses
+        beside a Gaussian)."""
+        return self.OBJECTIVE
 
     # ---- pickling (files of earlier versions, opened with allow_pickle=True) ----
     def __setstate__(self, state):

@@ -6,11 +6,14 @@ what was given and what is accepted. Nothing here imports torch or another modul
 
 from __future__ import annotations
 
+import inspect
 import numbers
 import os
 
 __all__ = [
+    "COMMON_OPTIONS",
     "InvalidArgument",
+    "check_family_options",
     "check_bool",
     "check_choice",
     "check_int",
@@ -76,3 +79,29 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, OSError, ValueError):
         return None
+
+
+#: Options every family takes (the rest are the family's own).
+COMMON_OPTIONS = ("init_scale", "init_loc_fn", "init_module", "create_plates")
+
+
+def check_family_options(guide_cls: type, site_cls: type | None, options: dict) -> None:
+    """Refuse options that the family's site class does not take, naming those it does."""
+    if site_cls is None:
+        return
+    params = inspect.signature(site_cls.__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    given = ("self", "init_loc", "init_scale", "prior")  # the guide hands a site its prior
+    known = [n for n in params if n not in given]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        spec = inspect.signature(guide_cls.site_spec).parameters
+        named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        listed = sorted({*known, *(n for n, p in spec.items() if p.kind in named)})
+        own = f"its options are {listed}" if listed else "it has no options of its own"
+        hint = "; Pyro's name for init_loc is init_loc_fn" if "init_loc" in unknown else ""
+        raise TypeError(
+            f"{guide_cls.__name__} got unknown option(s) {unknown}; {own}, and every family "
+            f"takes {', '.join(COMMON_OPTIONS[:3])}{hint}"
+        )

@@ -31,8 +31,8 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
-from guides.base import PerSiteGuide, check_family_options, serving_class
-from guides.checks import InvalidArgument, is_int
+from guides.base import PerSiteGuide, serving_class
+from guides.checks import InvalidArgument, check_family_options, is_int
 from guides.joint_gaussian import (
     JointCovariance,
     JointLocSite,
@@ -128,6 +128,18 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         check_family_options(rest_cls, self._rest_site, self._rest_options)
         self.rest = (rest_cls.family, dict(options))
         self._joint: list[tuple[str, torch.Tensor | None, int, int]] = []
+
+    def objective(self) -> str:
+        """``"conditional"`` when some scalars are point masses (left out by masks, or outside
+        the joint set under ``rest="map"``), else what the rest family's ``-loss`` bounds."""
+        self._require_setup()
+        partial = any(
+            index is not None and count < self.site_posterior(name).loc.numel()
+            for name, index, _, count in self._joint
+        )
+        joint = {name for name, *_ in self._joint}
+        rest = get(self.rest[0]).OBJECTIVE if set(self._site_names) - joint else "model"
+        return "conditional" if partial or rest == "map" else rest
 
     # ---- which sites are joint ----
     def is_joint(self, name: str) -> bool:

@@ -321,6 +321,7 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     """
 
     site_class = MCDropoutSite
+    OBJECTIVE = "mc_dropout"  # a nearly degenerate q: -n log sigma in the ELBO
     variants = {"": {}, "p05": {"p": 0.5}}
 
     def __init__(self, model, *, input_p: float | None = None, **options):

@@ -7,7 +7,8 @@ from collections.abc import Callable, Mapping
 
 from torch import nn
 
-from guides.base import PerSiteGuide, check_family_options, serving_class
+from guides.base import PerSiteGuide, serving_class
+from guides.checks import check_family_options
 from guides.registry import available, get
 from guides.site import SitePosterior
 
@@ -50,7 +51,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         )
         if not isinstance(families, Mapping) or not families:
             raise ValueError("families must map at least one site pattern to a family")
-        self._rules = []
+        self._rules, self._objectives = [], []
         for pattern, spec in families.items():
             family, options = spec if isinstance(spec, tuple) else (spec, {})
             guide_cls = get(family) if isinstance(family, str) else family
@@ -62,6 +63,17 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
             site_cls, site_options = guide_cls.site_spec(**options)
             check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))
+            self._objectives.append(guide_cls.OBJECTIVE)
+
+    def objective(self) -> str:
+        """What ``-loss`` bounds with these families: ``"conditional"`` when point masses sit
+        beside Gaussians (a MAP body), ``"map"`` when all are point masses, else the first
+        family's objective that is not the model's (WHVI's, MC dropout's), or ``"model"``."""
+        objectives = getattr(self, "_objectives", [])  # a guide unpickled from version 1
+        found = set(objectives)
+        if "map" in found:
+            return "map" if found == {"map"} else "conditional"
+        return next((o for o in objectives if o != "model"), "model")
 
     @classmethod
     def last_layer(

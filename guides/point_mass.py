@@ -103,3 +103,4 @@ class AutoMAP(PerSiteGuide, family="map"):
     """
 
     site_class = PointMassSite
+    OBJECTIVE = "map"  # no entropy: -loss is the log joint at the point

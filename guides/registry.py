@@ -13,6 +13,15 @@ spec, but they are not families of their own and are not listed by :func:`availa
 
 from __future__ import annotations
 
+#: What a fit's ELBO can be a bound of (:meth:`guides.base.PerSiteGuide.objective`): the
+#: evidence of the model as written; that of WHVI's own model (its ``N(0, I)`` prior on ``g``,
+#: learned scales); the evidence given the point masses of some weights (their values fitted
+#: by the likelihood and prior: a subnetwork's rest, a MAP body); a penalised likelihood, no
+#: bound (a point mass); MC dropout's, whose nearly degenerate ``q`` puts ``-n log sigma`` in
+#: it.
+OBJECTIVES = ("model", "whvi_model", "conditional", "map", "mc_dropout")
+
+
 _FAMILIES: dict[str, type] = {}
 _COMPOSITES: set[str] = set()
 

@@ -196,6 +196,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
 
     site_class = WHVISite
     variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
+    OBJECTIVE = "whvi_model"  # its own N(0, I) prior on g and learned scales
 
     def __init__(self, model, *, init_loc_fn="kaiming", init_module=None, **options):
         if callable(init_loc_fn) or init_module is not None:

@@ -108,11 +108,13 @@ def compare(
     pandas.DataFrame
         Indexed by label: ``parameters`` (the numbers that define the posterior; NaN for
         draws), ``fit_seconds``, ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last
-        epoch, full-data scale; NaN where there is none), then the test metrics of
+        epoch, full-data scale; NaN where there is none), ``objective`` (what that number is,
+        :data:`OBJECTIVE_LABELS`: compare ``final_elbo`` only between rows labelled "model's
+        ELBO"), then the test metrics of
         :meth:`zoo.Posterior.evaluate` (seed 0), then the distances to ``reference`` when one
-        is given. ``final_elbo`` compares Gaussian families only: MC dropout's contains
-        ``-n log sigma`` (its ``q`` is nearly degenerate) and a point mass's is a log joint
-        density (no entropy); compare the test metrics across those.
+        is given. MC dropout's ``final_elbo`` contains ``-n log sigma`` (its ``q`` is nearly
+        degenerate), a point mass's is a log joint density (no entropy), WHVI's bounds its own
+        model's evidence: compare the test metrics across those.
     """
     from guides import available
 
@@ -156,6 +158,7 @@ def compare(
                 "fit_seconds": result.wall_time,
                 "steps_per_second": steps / max(result.wall_time, 1e-9) if steps else nan,
                 "final_elbo": result.final_elbo,
+                "objective": OBJECTIVE_LABELS.get(result.objective, result.objective),
                 **metrics,
             }
         )
@@ -171,6 +174,18 @@ def compare(
         fig = comparison_chart(table)
         fig.savefig(chart, dpi=120)
     return (table, fits) if return_fits else table
+
+
+#: How the table names what each row's ``final_elbo`` is (``zoo.Posterior.objective``): only
+#: rows labelled "model's ELBO" bound the same number, the evidence of the model as written.
+OBJECTIVE_LABELS = {
+    "model": "model's ELBO",
+    "whvi_model": "ELBO of WHVI's own model",
+    "conditional": "ELBO given point masses",
+    "map": "log joint (MAP), no bound",
+    "mc_dropout": "MC dropout's ELBO",
+    "none": "none",
+}
 
 
 def _fit_row(model_factory, family, options, train, args, progress) -> Posterior:
@@ -218,6 +233,7 @@ def _reference_row(reference, pred, y) -> dict:
         "fit_seconds": reference.wall_time,
         "steps_per_second": nan,
         "final_elbo": nan,
+        "objective": OBJECTIVE_LABELS["none"],
         **metrics,
         **distances(pred, pred),
     }

@@ -83,7 +83,7 @@ def _probe_family(family: str, options: dict) -> None:
 
     import guides
     import zoo
-    from guides.base import check_family_options
+    from guides.checks import check_family_options
 
     if family in BASELINES:
         from zoo.comparison import check_row

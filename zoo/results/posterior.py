@@ -151,6 +151,13 @@ class Posterior:
         return 0
 
     @property
+    def objective(self) -> str:
+        """What :attr:`final_elbo` bounds (``guides.registry.OBJECTIVES``: ``"model"``, the evidence
+        of the model as written; ``"whvi_model"``; ``"conditional"`` on point masses; ``"map"``;
+        ``"mc_dropout"``), ``"none"`` for a posterior that is not variational."""
+        return "none"
+
+    @property
     def final_elbo(self) -> float:
         """The ELBO the posterior reached (full-data scale), NaN where it has none."""
         return math.nan

@@ -85,6 +85,13 @@ class FitResult(Posterior):
         last = self.epoch_losses or self.losses
         return -last[-1] if last else float("nan")
 
+    @property
+    def objective(self) -> str:
+        """What the fit's ELBO bounds, as its guide declares it (``guide.objective()``; a
+        guide of another library's: ``"model"``)."""
+        declared = getattr(self.guide, "objective", None)
+        return declared() if callable(declared) else "model"
+
     def num_variational_parameters(self) -> int:
         """The guide's parameters (:meth:`guides.PerSiteGuide.num_variational_parameters`)."""
         return self.guide.num_variational_parameters()

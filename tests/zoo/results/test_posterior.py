@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import guides
 import zoo
 from zoo.results.loading import READERS
 
@@ -245,3 +246,30 @@ def test_a_silent_ensemble_prints_nothing(capfd):
     """``progress=False`` silences the bar over the members and every member's own."""
     zoo.ensemble(classifier, classification(), members=2, num_steps=3, progress=False)
     assert capfd.readouterr().err == ""
+
+
+def test_compare_says_what_each_elbo_bounds():
+    """Only rows labelled "model's ELBO" bound the same number: the point mass's is a log joint,
+    WHVI's its own model's, a subnetwork's is conditional on its point masses, MC dropout's has
+    a degenerate q; baselines and draws have none."""
+    pytest.importorskip("pandas")
+    data = classification()
+    rows = ["diagonal", "map", "whvi", "mc_dropout", ("subnetwork S=5", "subnetwork", {"size": 5}),
+            ("last layer", "mixed", {"families": {"fc2.*": "lowrank", "*": "map"}}),
+            ("2 MAP nets", "ensemble", {"members": 2})]  # fmt: skip
+    table = zoo.compare(classifier, rows, data, data, num_samples=2, num_steps=3, progress=False)
+    assert dict(table["objective"]) == {
+        "diagonal": "model's ELBO",
+        "map": "log joint (MAP), no bound",
+        "whvi": "ELBO of WHVI's own model",
+        "mc_dropout": "MC dropout's ELBO",
+        "subnetwork S=5": "ELBO given point masses",
+        "last layer": "ELBO given point masses",
+        "2 MAP nets": "none",
+    }
+    every = sum(math.prod(s) for s in classifier().site_shapes.values())
+    net = classifier()
+    joint = zoo.fit(net, guides.AutoJoint(net), data, num_steps=2, run=QUIET)
+    assert joint.objective == "model"  # every scalar in the Gaussian
+    whole = guides.family("subnetwork", size=every)  # a subnetwork of every weight: the same
+    assert zoo.fit(classifier(), whole, data, num_steps=2, run=QUIET).objective == "model"
