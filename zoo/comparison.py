@@ -132,10 +132,11 @@ def compare(
                          lr=lr, seed=seed, optim=optim, loss=loss, engine=engine,
                          run=run)  # fmt: skip
     x_test, y_test = gather_tensors(test)
-    model = model_factory() if model_factory is not None else rows_in[0][4].model
-    for row in rows_in:
-        if row[4] is not None:
-            _check_same_sites(row[4].model, model, f"the row {row[0]!r}")
+    fitted = [row for row in rows_in if row[4] is not None]
+    if fitted or reference is not None:  # a model to hold their sites against, built only then
+        model = model_factory() if model_factory is not None else fitted[0][4].model
+    for row in fitted:
+        _check_same_sites(row[4].model, model, f"the row {row[0]!r}")
     threads = group(Engine, base.get("engine")).threads
     ref_pred = None
     if reference is not None:

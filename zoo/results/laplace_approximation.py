@@ -23,7 +23,7 @@ from zoo.results.laplace_torch import (
     weight_draws,
 )
 from zoo.results.posterior import Posterior, PredictOptions
-from zoo.runtime.threads import check_threads, intra_op_threads
+from zoo.runtime.threads import intra_op_threads
 from zoo.storage import files
 
 
@@ -97,7 +97,6 @@ class LaplaceFit(Posterior):
             glm_all = self.options.weights == "all" and self.options.predictive == "glm"
             batch_size = 16 if glm_all else 1024
         check_inputs(self.model, x, device)
-        check_threads(options.threads)
         threads = options.threads if isinstance(options.threads, int) else None
         blocks = []
         with intra_op_threads(threads):  # "auto": laplace-torch's passes, torch's own count
