@@ -26,18 +26,41 @@ from guides.site import (
 FULL_MAX = 4096
 
 
+def lower_scale(size: int) -> float:
+    """The factor of the off-diagonal parameter of a ``size``-scalar factor: ``N = lower / K``
+    (see :class:`JointCovariance`)."""
+    return 1.0 / size
+
+
 class JointCovariance(SitePosterior):
     """The covariance of ``K`` jointly Gaussian scalars, each factor relative to the standard
     deviations ``d = softplus(rho)`` (as the low-rank family learns its factor):
 
-    - full (``rank=None``): ``L = diag(d) (I + N)``, ``N`` strictly lower-triangular;
+    - full (``rank=None``): ``L = diag(d) (I + N)``, ``N`` strictly lower-triangular, learned
+      as ``K N`` (the parameter ``lower``, :func:`lower_scale`);
     - ``rank=r``: ``Sigma = diag(d)^2 + F F^T`` with ``F = diag(d) G``, ``G`` of shape ``K x r``.
+
+    Why ``K N``: Adam moves every parameter by about its learning rate per step, whatever the
+    size of its gradient. Learned directly, a row of ``N`` (up to ``K - 1`` entries) moves by
+    about ``lr sqrt(K)`` a step; even learned as ``sqrt(K) N`` (the scale of the block-diagonal
+    and matrix-normal factors, :func:`guides.kernels.offdiag_scale`) it moves by about ``lr``, and
+    over a thousand scalars most of the ``K^2 / 2`` entries have gradients that are Monte Carlo
+    noise around zero, so each row random-walks to a spread that costs the ELBO (a four-layer
+    MLP of 1,010 weights on diabetes ended worse than the diagonal family it contains). As
+    ``K N`` a row moves by about ``lr / sqrt(K)``: the walk stays small at any ``K``, and a small
+    set (the conjugate test's five scalars) still learns strong correlations at a larger
+    learning rate. The set of covariances is the same; only the optimiser's geometry changes.
 
     An off-diagonal entry of ``L`` learned on its own scale grows past a small diagonal within
     a few steps, and a triangular ``L`` whose off-diagonal entries dwarf its diagonal has an
     inverse that grows exponentially with ``K``: its log-density is then rounding error, which
     the optimiser follows to ``-inf``. A ``SitePosterior`` for its parameter access
     (:func:`guides.site.direct_parameters`), not a site of its own."""
+
+    #: Version of the ``lower -> N`` map: 2 divides ``lower`` by ``K``. A state dict
+    #: saved under map 1 (``N = lower``) is converted on loading to the same covariance.
+    LOWER_MAP = 2
+    _version = LOWER_MAP
 
     def __init__(self, size: int, init_scale: float, rank: int | None, like: torch.Tensor):
         super().__init__(like, init_scale)
@@ -58,8 +81,17 @@ class JointCovariance(SitePosterior):
     def scale_tril(self) -> torch.Tensor:
         """``L`` (full covariance only)."""
         size = self.rho.shape[0]
-        unit = unit_lower_triangular(self.lower, self.rows, self.cols, size)
+        lower = self.lower * lower_scale(size)
+        unit = unit_lower_triangular(lower, self.rows, self.cols, size)
         return self.scale().unsqueeze(-1) * unit
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        key = prefix + "lower_unconstrained"
+        if local_metadata.get("version", 1) < self.LOWER_MAP and key in state_dict:
+            old = state_dict[key]  # N itself: the same factor is K N under map 2
+            size = int(round((1 + math.sqrt(1 + 8 * old.shape[-1])) / 2))
+            state_dict[key] = old / lower_scale(size)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     def factor(self) -> torch.Tensor:
         """``F = diag(d) G`` (low rank only)."""

@@ -11,7 +11,7 @@ from pyro import poutine
 
 import guides
 import zoo
-from guides.joint_gaussian import FULL_MAX
+from guides.joint_gaussian import FULL_MAX, JointCovariance
 from tests.zoo.linear_gaussian import (
     correlated_data,
     exact_elbo,
@@ -57,9 +57,9 @@ def dense_covariance(guide):
         k = 0
         for i in range(size):  # the strict lower triangle of N, row by row
             for j in range(i):
-                unit[i, j] = cov.lower.detach()[k].double()
+                unit[i, j] = cov.lower.detach()[k].double() / size
                 k += 1
-        tril = torch.diag(d) @ unit  # L = diag(d) (I + N)
+        tril = torch.diag(d) @ unit  # L = diag(d) (I + N), the parameter is K N
         return tril @ tril.T
     factor = torch.diag(d) @ cov.relative.detach().double()  # F = diag(d) G
     return torch.diag(d**2) + factor @ factor.T
@@ -162,7 +162,7 @@ def fitted_gaussian(make, x, y):
         (x, y),
         num_steps=3000,
         batch_size=1000,
-        lr=0.05,
+        lr=0.3,  # the off-diagonal parameter is K N: Adam moves a row of N by lr / sqrt(K)
         seed=0,
         optim=zoo.Optim(lr_schedule=lambda step: 0.998**step),
         loss=zoo.Loss(num_particles=16),
@@ -203,6 +203,38 @@ def test_a_full_joint_reaches_the_exact_posterior_of_a_conjugate_regression(conj
         ).item()
         > 10 * kl
     )
+
+
+@pytest.mark.parametrize("size", [16, 1024])
+def test_a_step_on_every_off_diagonal_parameter_moves_a_row_by_lr_over_sqrt_k(size):
+    """Adam moves every parameter by about its learning rate: ``lower`` is ``K N``, so the last
+    row of ``L`` moves by about ``lr / sqrt(K)`` (times its ``d``), not ``lr sqrt(K - 1)``."""
+    lr = 1e-3
+    cov = JointCovariance(size, 1.0, None, torch.zeros(1, dtype=torch.float64))
+    before = cov.scale_tril().detach()
+    with torch.no_grad():
+        cov.lower.add_(lr)
+    moved = (cov.scale_tril().detach() - before).tril(-1)[-1].norm() / cov.scale()[-1]
+    assert moved.item() == pytest.approx(lr * (size - 1) ** 0.5 / size, rel=1e-9)
+
+
+def test_a_state_dict_saved_before_the_scaled_map_loads_with_the_same_covariance():
+    """A state dict of map 1 (``lower`` was ``N`` itself, no module version 2) loads as the same
+    ``Sigma``; one of map 2 loads as it is."""
+    g = torch.Generator().manual_seed(4)
+    cov = JointCovariance(7, 0.2, None, torch.zeros(1, dtype=torch.float64))
+    with torch.no_grad():
+        cov.lower.copy_(0.3 * torch.randn(cov.lower.shape, generator=g, dtype=torch.float64))
+    want = cov.covariance().detach()
+    old = cov.state_dict()
+    old["lower_unconstrained"] = old["lower_unconstrained"] / 7  # N itself, as map 1 held
+    old._metadata[""]["version"] = 1
+    loaded = JointCovariance(7, 0.2, None, torch.zeros(1, dtype=torch.float64))
+    loaded.load_state_dict(old)
+    torch.testing.assert_close(loaded.covariance().detach(), want, rtol=1e-12, atol=1e-15)
+    again = JointCovariance(7, 0.2, None, torch.zeros(1, dtype=torch.float64))
+    again.load_state_dict(cov.state_dict())
+    torch.testing.assert_close(again.covariance().detach(), want, rtol=0, atol=0)
 
 
 def test_the_subnetwork_chooses_the_largest_weights_or_variances():
