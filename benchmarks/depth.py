@@ -4,7 +4,8 @@ MLPs of one to four hidden layers of the same width (issue 49; notebook 09).
 Farquhar et al. (NeurIPS 2020, "Liberty or depth") argue that for deep enough networks a
 mean-field posterior can match the structured ones. Here the diabetes regression of
 ``benchmarks/reference.py`` (354 training points, standardised) is fitted by MLPs of 10 inputs
-and ``depth`` hidden layers of 16 units under the default ``N(0, 1)`` prior; each depth gets its
+and ``depth`` hidden layers of 16 units under the regression default prior ``N(0, 2 / fan_in)``
+(``zoo.priors.default_prior("regression")``, He's scale for ReLU); each depth gets its
 own HMC reference (Pyro's NUTS, its chains checkpointed under ``--workdir``, so a rerun reads
 them back) and every family is fitted as ``zoo.compare`` does, with the distance of its
 predictive to HMC's (W2 between the predictive Gaussians, averaged over the test points) and the
@@ -43,13 +44,19 @@ FAMILIES = [
 ]
 
 
+def network(depth: int, in_features: int = 10):
+    """The MLP of ``depth`` hidden layers of :data:`WIDTH` units, with the regression default
+    prior and a learned noise."""
+    return zoo.models.BayesianMLP(in_features, (WIDTH,) * depth)
+
+
 def run(depth: int, args) -> dict:
     train, test, _, options = load("diabetes", args.seed)
     if args.num_steps is not None:
         options = {**options, "num_steps": args.num_steps}
 
     def factory():
-        return zoo.models.BayesianMLP(train[0].shape[1], (WIDTH,) * depth)
+        return network(depth, train[0].shape[1])
 
     folder, title = f"depth{depth}", f"depth {depth}"
     return against_reference(factory, FAMILIES, train, test, options, args, folder, title)

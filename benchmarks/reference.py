@@ -7,7 +7,7 @@ Per data set, a seeded 80/20 split standardised on its training part, and a smal
 full-batch NUTS samples well on two cores:
 
 - ``diabetes`` (scikit-learn; 442 x 10 -> 1, regression): 10-16-1 ReLU with a learned noise
-  and the regression default prior ``N(0, 1/fan_in)``; targets standardised, metrics and
+  and the regression default prior ``N(0, 2 / fan_in)``; targets standardised, metrics and
   distances in standardised units.
 - ``digits`` (scikit-learn 8x8 digits; 1,797 x 64 -> 10 classes): 64-16-10 ReLU, ``N(0, 1)``.
 - ``moons`` (scikit-learn ``make_moons``, 400 points, noise 0.2, two classes): 2-16-16-2 ReLU,

@@ -12,7 +12,9 @@ import pytest
 from tests.conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+import depth  # noqa: E402
 import mnist_accuracy  # noqa: E402
+import reference  # noqa: E402
 import regression  # noqa: E402
 
 pytestmark = pytest.mark.slow  # loads and re-runs saved runs
@@ -136,3 +138,27 @@ def test_the_dropout_tables_are_the_saved_mnist_runs():
     with contextlib.redirect_stdout(out):
         mnist_accuracy.print_seed_summary(_rows("mnist_dropout_seeds.json"))
     assert [line for line in out.getvalue().splitlines()[2:]] == seeds
+
+
+def test_the_stated_priors_are_those_of_the_models_that_ran():
+    """The depth study and the diabetes references state the prior ``N(0, 2 / fan_in)``: the
+    models their scripts build carry it (He's gain, sqrt(2), per layer), not ``N(0, 1)``."""
+    import torch
+    from pyro import poutine
+
+    models = [depth.network(d) for d in depth.DEPTHS] + [reference.load("diabetes")[2]()]
+    for model in models:
+        trace = poutine.trace(model).get_trace(torch.zeros(3, 10))
+        for name, site in trace.nodes.items():
+            if name not in model.site_shapes or name == "noise":
+                continue
+            fan_in = site["value"].shape[-1] if name.endswith("weight") else None
+            if fan_in is not None:  # a bias takes its layer's fan-in
+                want = (2.0 / fan_in) ** 0.5
+            sd = site["fn"].stddev  # the prior's standard deviation of every weight
+            assert torch.allclose(sd, torch.full_like(sd, want)), name
+    stated = "N(0, 2 / fan_in)"
+    notebook = (REPO / "notebooks" / "09_structure_and_depth.ipynb").read_text()
+    for text in (depth.__doc__, reference.__doc__, notebook):
+        assert stated in text
+    assert "default `N(0, 1)`" not in notebook and "default ``N(0, 1)``" not in depth.__doc__
