@@ -3,17 +3,19 @@ chosen weights from anywhere in the network, with their correlations across laye
 masses (MAP) on every other weight.
 
 The paper trains a network to a MAP solution, chooses the ``S`` weights of largest marginal
-variance under a diagonal approximation of the posterior, infers a full covariance over those
-only, and predicts with the mix of Bayesian and point-estimate weights. Here the joint Gaussian
-is :class:`guides.joint.AutoJoint`'s, over the chosen scalars of every real site, and the
-choice is one of
+variance under a diagonal Laplace approximation at the MAP, infers a full covariance over
+those only, and predicts with the mix of Bayesian and point-estimate weights. Here the joint
+Gaussian is :class:`guides.joint.AutoJoint`'s, over the chosen scalars of every real site, and
+the choice is one of
 
-- ``select="magnitude"`` (the family's default): the ``S`` largest ``|mean|`` at the start of
-  the fit (``init_module=`` a trained network: its largest weights);
+- the paper's rule: :func:`zoo.subnetwork_guide` (a MAP fit, laplace-torch's diagonal Laplace,
+  its largest marginal variances; the guide it returns holds them as masks, means at the MAP);
 - ``select={site: mask}``: given scalars (bool tensors shaped like the sites, or flat indices);
-- :meth:`AutoSubnetwork.from_fit`: from a fitted guide, the paper's rule (the largest marginal
-  variances of a fitted Gaussian, e.g. the diagonal family's) or the largest ``|mean|`` of a
-  MAP fit, starting from that fit's means.
+- ``select="magnitude"`` (the family's default, a baseline): the ``S`` largest ``|mean|`` at
+  the start of the fit (``init_module=`` a trained network: its largest weights);
+- :meth:`AutoSubnetwork.from_fit` (baselines): from a fitted guide, the largest marginal
+  variances of a fitted VI Gaussian (e.g. the diagonal family's) or the largest ``|mean|``
+  of a MAP fit, starting from that fit's means.
 
 Cost: the factor is ``S x S`` (``S(S-1)/2 + S`` free numbers), each step a product with it,
 ``O(S^2)``; ``S`` above :data:`guides.joint_gaussian.FULL_MAX` is refused when the guide is
@@ -48,8 +50,9 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         model's real weights is refused when the guide is set up. With masks, the number they
         choose (another ``size`` is refused).
     select : "magnitude" or mapping, default "magnitude"
-        How the weights are chosen: the largest ``|initial mean|`` over every real site, or
-        ``{site: bool mask shaped like the site, or flat indices}``.
+        How the weights are chosen: the largest ``|initial mean|`` over every real site (a
+        baseline), or ``{site: bool mask shaped like the site, or flat indices}``. The paper's
+        rule (largest diagonal-Laplace variance at the MAP) is :func:`zoo.subnetwork_guide`.
     rank : int, optional
         ``None``: a full covariance; an int: diagonal plus rank ``rank``.
     init_scale, init_loc_fn, init_module, create_plates
@@ -71,7 +74,7 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         if not (isinstance(select, str) and select == "magnitude" or isinstance(select, Mapping)):
             raise InvalidArgument(
                 f"select must be 'magnitude' or a mapping of site masks, got {select!r}; the "
-                "paper's choice by marginal variance is AutoSubnetwork.from_fit(fit, size)"
+                "paper's choice by marginal variance is zoo.subnetwork_guide(model, data, size)"
             )
         masks = select if isinstance(select, Mapping) else None
         if masks is not None:
@@ -144,10 +147,12 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         rank: int | None = None,
         init_scale: float = 0.01,
     ) -> AutoSubnetwork:
-        """The paper's recipe from a fit (a ``zoo.FitResult``, or a fitted guide with its
+        """A subnetwork chosen from a fit (a ``zoo.FitResult``, or a fitted guide with its
         ``model``): the ``size`` weights of largest marginal variance under its posterior
         (``select="variance"``, a Gaussian family's fit such as the diagonal's) or largest
-        ``|mean|`` (``"magnitude"``, a MAP fit), every mean starting at the fit's."""
+        ``|mean|`` (``"magnitude"``, a MAP fit), every mean starting at the fit's. Both are
+        baselines: the paper ranks by a diagonal Laplace at the MAP
+        (:func:`zoo.subnetwork_guide`)."""
         guide = getattr(fit, "guide", fit)
         model = getattr(fit, "model", None) or getattr(guide, "model", None)
         if not hasattr(guide, "median") or not hasattr(guide, "quantiles") or model is None:

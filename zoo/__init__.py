@@ -9,6 +9,7 @@ fit.evaluate(zoo.data.mnist(train=False))
 from zoo import data, metrics, models, priors
 from zoo.baselines.ensembles import ensemble
 from zoo.baselines.laplace_fitting import laplace
+from zoo.baselines.subnetworks import subnetwork_guide
 from zoo.comparison import compare
 from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import ElboScale
@@ -74,6 +75,7 @@ __all__ = [
     "predict",
     "priors",
     "reference",
+    "subnetwork_guide",
 ]
 __version__ = "0.3.0"
 

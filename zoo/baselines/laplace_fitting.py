@@ -86,30 +86,19 @@ def laplace(
     if not (at is None or at == "module" or isinstance(at, FitResult)):
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")
     import_laplace()
-    x, y = gather_tensors(data)
     start, info = time.perf_counter(), {}
-    if at == "module":
-        weights = {
-            n: p.detach().clone() for n, p in model.net.named_parameters() if n in model.site_shapes
-        }
-    else:
-        if at is None:
-            at = fit(model, "map", data, **fit_args)
-            info["map_steps"] = at.steps
-        weights = {k: v.detach() for k, v in at.guide.median().items()}
-    device = next(iter(weights.values())).device
-    check_labelled_data(model, x, y, device)
+    weights, loader, map_steps = map_point(model, data, at, fit_args, batch_size)
+    if map_steps is not None:
+        info["map_steps"] = map_steps
     net_weights = {k: v for k, v in weights.items() if k != "noise"}
+    noise = weights["noise"].reshape(()) if "noise" in weights else None
     indices = None
     if options.weights == "subnetwork":
-        indices = subnetwork_indices(model, net_weights, options.subnetwork_size)
+        indices = subnetwork_indices(model, net_weights, options, loader, noise)
         info["subnetwork_indices"] = indices.tolist()
     la = build(model, net_weights, options, indices=indices)
-    if "noise" in weights:
-        la.sigma_noise = weights["noise"].reshape(()).to(device)
-    if model.likelihood.task == "regression":
-        y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
-    loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
+    if noise is not None:
+        la.sigma_noise = noise
     with laplace_torch_call("zoo.laplace's fit"):
         la.fit(loader)
     if options.prior_precision == "marglik":
@@ -120,3 +109,27 @@ def laplace(
             la.optimize_prior_precision(pred_type=pred_type, method="marglik")
     info["prior_precision"] = la.prior_precision.detach().reshape(-1).tolist()
     return LaplaceFit(model, la, options, weights, time.perf_counter() - start, info)
+
+
+def map_point(model, data, at, fit_args: dict, batch_size: int):
+    """``(weights, loader, map_steps)``: the MAP weights of every site from ``at``
+    (``None``: a MAP fit run here with ``fit_args``; a ``FitResult``; ``"module"``), the data
+    checked against the model and in a laplace-torch loader, and the steps of the MAP fit run
+    here (``None`` otherwise)."""
+    x, y = gather_tensors(data)
+    map_steps = None
+    if at == "module":
+        weights = {
+            n: p.detach().clone() for n, p in model.net.named_parameters() if n in model.site_shapes
+        }
+    else:
+        if at is None:
+            at = fit(model, "map", data, **fit_args)
+            map_steps = at.steps
+        weights = {k: v.detach() for k, v in at.guide.median().items()}
+    device = next(iter(weights.values())).device
+    check_labelled_data(model, x, y, device)
+    if model.likelihood.task == "regression":
+        y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
+    loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
+    return weights, loader, map_steps

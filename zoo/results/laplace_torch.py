@@ -29,6 +29,9 @@ from zoo.arguments import is_int, is_number
 #: The weights laplace-torch approximates, the Hessian structures and predictives it offers
 #: here (laplace-torch's names).
 WEIGHTS = ("last_layer", "all", "subnetwork")
+#: How a subnetwork's weights are chosen: Daxberger et al.'s rule (the largest marginal
+#: variances of a diagonal Laplace at the MAP), or the largest MAP magnitudes (a baseline).
+SUBNETWORK_RULES = ("variance", "magnitude")
 HESSIANS = ("kron", "diag", "full")
 PREDICTIVES = ("glm", "nn", "probit")
 #: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
@@ -43,8 +46,8 @@ class LaplaceOptions:
     ----------
     weights : {"last_layer", "all", "subnetwork"}, default "last_layer"
         Which weights get the Gaussian; the others stay at their MAP values. ``"subnetwork"``
-        (Daxberger et al. 2021; needs ``hessian="full"``): the ``subnetwork_size`` MAP
-        weights of largest magnitude, from any layer.
+        (needs ``hessian="full"``): ``subnetwork_size`` weights from any layer, chosen by
+        ``subnetwork_select``.
     hessian : {"kron", "diag", "full"}, default "kron"
         The curvature's structure: Kronecker-factored per layer (KFAC), diagonal, or dense
         (refused above ``FULL_HESSIAN_MAX`` weights).
@@ -56,14 +59,23 @@ class LaplaceOptions:
         predictive, consistent with the curvature), sampled networks (``"nn"``), or, for
         classification, the probit approximation of the GLM predictive in closed form (one
         deterministic probability vector per input: a ``Prediction`` of one "network").
+    subnetwork_size : int, default 1000
+        The weights of a ``"subnetwork"`` approximation (at most ``FULL_HESSIAN_MAX``).
+    subnetwork_select : {"variance", "magnitude"}, default "variance"
+        ``"variance"``, Daxberger et al.'s rule (ICML 2021): the weights of largest marginal
+        variance under a diagonal Laplace of every weight at the MAP (laplace-torch's
+        ``LargestVarianceDiagLaplaceSubnetMask``; its prior precision is the fixed
+        ``prior_precision``, or with ``"marglik"`` fitted to the diagonal Laplace's marginal
+        likelihood first). ``"magnitude"``: the largest ``|MAP weight|``, a cheaper baseline
+        that is not the paper's.
     """
 
     weights: str = "last_layer"
     hessian: str = "kron"
     prior_precision: str | float = "marglik"
     predictive: str = "glm"
-    #: The weights of a ``"subnetwork"`` approximation (at most ``FULL_HESSIAN_MAX``).
     subnetwork_size: int = 1000
+    subnetwork_select: str = "variance"
 
     @classmethod
     def of(cls, options: LaplaceOptions | dict | None) -> LaplaceOptions:
@@ -84,6 +96,7 @@ class LaplaceOptions:
             ("weights", WEIGHTS),
             ("hessian", HESSIANS),
             ("predictive", PREDICTIVES),
+            ("subnetwork_select", SUBNETWORK_RULES),
         ):
             value = getattr(self, name)
             if value not in allowed:
@@ -179,24 +192,68 @@ def network_at(model, weights: dict) -> torch.nn.Module:
     return net.eval()
 
 
-def subnetwork_indices(model, weights: dict, size: int) -> torch.Tensor:
-    """The ``size`` weights of largest magnitude, as positions in the parameter vector of
-    ``model.net`` (``parameters_to_vector`` order, which laplace-torch indexes), sorted."""
-    names = [n for n, _ in model.net.named_parameters() if n in model.site_shapes]
-    flat = torch.cat([weights[n].detach().reshape(-1) for n in names])
-    chosen = torch.topk(flat.abs(), min(size, flat.numel())).indices
-    return torch.sort(chosen).values
+def site_names(model) -> list[str]:
+    """The sample sites of ``model.net`` in ``named_parameters`` order: the order of the
+    parameter vector laplace-torch indexes (``parameters_to_vector`` of the trainable ones)."""
+    return [n for n, _ in model.net.named_parameters() if n in model.site_shapes]
+
+
+def subnetwork_indices(
+    model, weights: dict, options: LaplaceOptions, loader=None, sigma_noise=None
+) -> torch.Tensor:
+    """The ``options.subnetwork_size`` weights chosen by ``options.subnetwork_select``, as
+    sorted positions in the vector of :func:`site_names`: the largest marginal variances of a
+    diagonal Laplace of every weight at ``weights`` fitted on ``loader`` (``"variance"``), or
+    the largest ``|weights|`` (``"magnitude"``). ``sigma_noise``: a regression's learned noise
+    standard deviation at the MAP (a fixed one is the model's)."""
+    size = options.subnetwork_size
+    if options.subnetwork_select == "magnitude":
+        flat = torch.cat([weights[n].detach().reshape(-1) for n in site_names(model)])
+        scores = flat.abs()
+    else:
+        if loader is None:
+            raise ValueError("the largest-variance subnetwork needs the training data (loader=)")
+        scores = diagonal_variances(model, weights, options, loader, sigma_noise)
+    chosen = torch.topk(scores, min(size, scores.numel())).indices
+    return torch.sort(chosen).values.cpu()
+
+
+def diagonal_variances(
+    model, weights: dict, options: LaplaceOptions, loader, sigma_noise=None
+) -> torch.Tensor:
+    """Marginal posterior variances of every weight under a diagonal Laplace at ``weights``
+    (laplace-torch's ``LargestVarianceDiagLaplaceSubnetMask`` scores), flat in
+    :func:`site_names` order; the prior precision is the fixed ``options.prior_precision``, or
+    fitted to the diagonal Laplace's marginal likelihood."""
+    from laplace.utils import LargestVarianceDiagLaplaceSubnetMask
+
+    diagonal = LaplaceOptions(
+        weights="all", hessian="diag", prior_precision=options.prior_precision
+    )
+    la = build(model, weights, diagonal)
+    if sigma_noise is not None:
+        la.sigma_noise = sigma_noise
+    if options.prior_precision == "marglik":
+        with laplace_torch_call("the subnetwork's diagonal Laplace"), warnings.catch_warnings():
+            # laplace-torch's note on link_approx, which the marginal likelihood does not use
+            warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
+            la.fit(loader)
+            la.optimize_prior_precision(pred_type="glm", method="marglik")
+    total = sum(p.numel() for p in la.model.parameters())
+    mask = LargestVarianceDiagLaplaceSubnetMask(la.model, min(options.subnetwork_size, total), la)
+    with laplace_torch_call("the subnetwork's diagonal Laplace"):
+        return mask.compute_param_scores(loader).detach()
 
 
 def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None, indices=None):
     """laplace-torch's object for ``model`` at ``weights`` (not fitted yet); a subnetwork's
-    ``indices`` default to :func:`subnetwork_indices`."""
+    ``indices`` (:func:`subnetwork_indices`) must be given."""
     Laplace = import_laplace()
     net = network_at(model, weights).to(next(iter(weights.values())).device)
     kwargs = {}
     if options.weights == "subnetwork":
         if indices is None:
-            indices = subnetwork_indices(model, weights, options.subnetwork_size)
+            raise ValueError("a subnetwork Laplace needs its indices (subnetwork_indices)")
         kwargs["subnetwork_indices"] = torch.as_tensor(indices, dtype=torch.long).to(
             next(net.parameters()).device
         )

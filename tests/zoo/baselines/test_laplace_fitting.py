@@ -169,15 +169,16 @@ def fit_map(x, y):
 
 
 def test_a_subnetwork_laplace_is_laplace_torchs_on_the_largest_weights(tmp_path):
-    """``weights="subnetwork"``: laplace-torch's subnetwork Laplace over the ``S`` MAP weights
-    of largest magnitude (positions in the parameter vector, checked here): laplace-torch's
+    """``weights="subnetwork", subnetwork_select="magnitude"`` (the baseline rule):
+    laplace-torch's subnetwork Laplace over the ``S`` MAP weights of largest magnitude
+    (positions in the parameter vector, checked here): laplace-torch's
     posterior and sampled-network predictive on the same network and indices; the GLM
     predictive, drawn through the linearised network, is finite where laplace-torch's own
     per-input Cholesky fails; the unchosen weights are points in the draws; a save keeps the
     indices."""
     x, y = classification()
     options = {"weights": "subnetwork", "hessian": "full", "subnetwork_size": 12,
-               "prior_precision": 1.0}  # fmt: skip
+               "prior_precision": 1.0, "subnetwork_select": "magnitude"}  # fmt: skip
     fit = zoo.laplace(classifier(), (x, y), at=fit_map(x, y), options=options)
     flat = torch.cat([fit.map_weights[n].reshape(-1) for n in classifier().site_shapes])
     want = torch.sort(flat.abs().topk(12).indices).values
@@ -208,6 +209,39 @@ def test_a_subnetwork_laplace_is_laplace_torchs_on_the_largest_weights(tmp_path)
         zoo.LaplaceOptions(weights="subnetwork", hessian="kron")
     with pytest.raises(ValueError, match="subnetwork_size"):
         zoo.LaplaceOptions(weights="subnetwork", hessian="full", subnetwork_size=50_000)
+
+
+@pytest.mark.parametrize("prior_precision", [2.0, "marglik"])
+def test_the_default_subnetwork_is_the_papers_largest_variance_rule(prior_precision):
+    """``weights="subnetwork"`` chooses by Daxberger et al.'s rule: the ``S`` weights of largest
+    marginal variance under a diagonal Laplace of every weight at the MAP, the same positions
+    as laplace-torch's own ``LargestVarianceDiagLaplaceSubnetMask`` on the same network (with
+    the marginal-likelihood prior precision, the diagonal Laplace's own fitted one); not the
+    largest weights."""
+    from laplace.utils import LargestVarianceDiagLaplaceSubnetMask
+
+    x, y = classification()
+    at = fit_map(x, y)
+    options = {"weights": "subnetwork", "hessian": "full", "subnetwork_size": 12,
+               "prior_precision": prior_precision}  # fmt: skip
+    fit = zoo.laplace(classifier(), (x, y), at=at, options=options)
+    assert zoo.LaplaceOptions().subnetwork_select == "variance"
+    net = laplace_torch.network_at(at.model, fit.map_weights)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=128)
+    precision = 1.0 if prior_precision == "marglik" else prior_precision
+    diag = laplace.Laplace(net, "classification", "all", "diag", prior_precision=precision)
+    if prior_precision == "marglik":
+        diag.fit(loader)
+        with pytest.warns(UserWarning, match="link_approx"):  # laplace-torch's note
+            diag.optimize_prior_precision(pred_type="glm", method="marglik")
+    mask = LargestVarianceDiagLaplaceSubnetMask(net, 12, diag).get_subnet_mask(loader)
+    want = mask.nonzero().reshape(-1)
+    assert fit.info["subnetwork_indices"] == want.tolist()
+    flat = torch.cat([fit.map_weights[n].reshape(-1) for n in classifier().site_shapes])
+    largest = set(flat.abs().topk(12).indices.tolist())
+    assert set(want.tolist()) != largest  # on this net the two rules differ
+    with pytest.raises(ValueError, match="subnetwork_select='size'"):
+        zoo.LaplaceOptions(weights="subnetwork", hessian="full", subnetwork_select="size")
 
 
 def test_compare_has_laplace_rows():
