@@ -273,7 +273,7 @@ def warn_unconverged(reference, pred) -> None:
 
 
 #: What an ``"ensemble"`` row of :func:`compare` may set (:func:`zoo.ensemble`'s options).
-ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes"})
+ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes", "noise"})
 
 
 def check_row(spec) -> None:

@@ -21,8 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from guides import family as guide_family
-from zoo.arguments import check_int, check_model_factory
+from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
+from zoo.models.likelihoods import from_task
 from zoo.results.ensembles import Ensemble
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.fitting import fit
@@ -49,6 +50,7 @@ def ensemble(
     progress: bool = True,
     processes: int | str = 1,
     *,
+    noise: str | float | None = None,
     epochs: int | None = None,
     num_steps=None,
     batch_size: int | None = None,
@@ -82,6 +84,17 @@ def ensemble(
         Members fitted at once, each in a forked CPU process on one thread (``"auto"``: one
         per core on the CPU, one after another on a GPU); see
         :mod:`zoo.baselines.ensemble_processes`. ``1`` fits them one after another here.
+    noise : {None, "heteroscedastic", "learned"} or float, default None
+        Each regression member's observation noise. ``None`` keeps the factory's model (a
+        zoo regression model's default: one learned noise level), so that the ensemble is the
+        same model, likelihood and prior as every other row of a :func:`zoo.compare` and as
+        the HMC reference, and the table compares posteriors, not models.
+        ``"heteroscedastic"`` gives Lakshminarayanan et al.'s members, a mean and a variance
+        per input (the last layer doubled: :class:`zoo.models.likelihoods.HeteroscedasticGaussian`),
+        a different model that often predicts better where the noise varies with the input;
+        ``"learned"`` or a standard deviation sets one noise level. The model is rebuilt from
+        its ``spec()`` with that likelihood, so it must be a ``zoo.models`` class of a
+        regression task.
     epochs, num_steps, batch_size, lr, optim, loss, engine, run
         Every member's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (the option groups
         as groups: a group's field passed flat is refused as ``zoo.fit`` refuses it). A
@@ -95,7 +108,9 @@ def ensemble(
     Every argument is checked before the first member is fitted.
     """
     check_model_factory(model_factory, "ensemble")
-    check_ensemble(members, family, seed, processes)
+    check_ensemble(members, family, seed, processes, noise)
+    if noise is not None:
+        model_factory = with_noise(model_factory, noise)
     args = fit_arguments(False, epochs=epochs, num_steps=num_steps, batch_size=batch_size,
                          lr=lr, optim=optim, loss=loss, engine=engine, run=run)  # fmt: skip
     device = resolve_device(group(Engine, args.get("engine")).device)
@@ -109,7 +124,10 @@ def ensemble(
             for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress)
         ]
     name = family if isinstance(family, str) else fits[0].options.get("guide", fits[0].family)
-    return Ensemble(fits, {"members": members, "family": name, "seed": seed})
+    settings = {"members": members, "family": name, "seed": seed}
+    if noise is not None:
+        settings["noise"] = noise
+    return Ensemble(fits, settings)
 
 
 def member_run(run: Run, k: int) -> Run:
@@ -129,10 +147,12 @@ def member_run(run: Run, k: int) -> Run:
     return dataclasses.replace(run, checkpoint=checkpoint, resume=resume)
 
 
-def check_ensemble(members, family, seed, processes=1) -> None:
-    """Refuse :func:`ensemble`'s ``members``, ``family``, ``seed`` or ``processes`` before any
-    fit (what :func:`zoo.compare` checks of an ``"ensemble"`` row too)."""
+def check_ensemble(members, family, seed, processes=1, noise=None) -> None:
+    """Refuse :func:`ensemble`'s ``members``, ``family``, ``seed``, ``processes`` or ``noise``
+    before any fit (what :func:`zoo.compare` checks of an ``"ensemble"`` row too)."""
     check_processes(processes)
+    if noise is not None:
+        check_noise(noise)
     check_int("members", members, 1, meaning="the number of fits")
     check_int("seed", seed, 0, meaning="member k is fitted with seed + k")
     if isinstance(family, str):
@@ -142,3 +162,41 @@ def check_ensemble(members, family, seed, processes=1) -> None:
             "an ensemble's family is a name or a guides.family(...) spec, not a guide "
             f"instance ({type(family).__name__}): every member needs a guide of its own"
         )
+
+
+def check_noise(noise) -> None:
+    """Refuse a member ``noise`` that no regression likelihood takes."""
+    ok = noise in ("heteroscedastic", "learned") or (
+        is_number(noise) and not isinstance(noise, bool) and noise > 0
+    )
+    if not ok:
+        raise ValueError(
+            f"noise must be None (the factory's model), 'heteroscedastic' (a mean and a "
+            f"variance per input), 'learned' or a positive standard deviation, got {noise!r}"
+        )
+
+
+def with_noise(model_factory: Callable, noise) -> Callable:
+    """``model_factory`` whose models are rebuilt from their ``spec()`` with the regression
+    likelihood of ``noise``; the first model is checked here, before any fit."""
+    from zoo.models import build
+
+    def spec_of(model) -> dict:
+        spec = model.spec() if hasattr(model, "spec") else None
+        task = getattr(getattr(model, "likelihood", None), "task", None)
+        if spec is None or task != "regression" or "likelihood" not in spec.get("args", {}):
+            raise ValueError(
+                f"ensemble(noise={noise!r}) rebuilds each member with that likelihood, which "
+                f"needs a zoo.models regression model, got {type(model).__name__} "
+                f"(task {task!r}): build the factory's model with the noise instead (e.g. "
+                "zoo.models.BayesianMLP(..., noise='heteroscedastic'))"
+            )
+        likelihood = from_task("regression", noise).spec()
+        return {**spec, "args": {**spec["args"], "likelihood": likelihood}}
+
+    spec_of(model_factory())  # refused now, not after the first member
+
+    def factory():
+        return build(spec_of(model_factory()))
+
+    return factory

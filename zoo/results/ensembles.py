@@ -32,7 +32,7 @@ class Ensemble(Posterior):
     members : list of FitResult
         The fits, member ``k`` seeded ``seed + k``.
     options : dict
-        How the ensemble was made: ``members``, ``family``, ``seed``.
+        How the ensemble was made: ``members``, ``family``, ``seed`` (and ``noise`` when given).
     """
 
     members: list[FitResult]

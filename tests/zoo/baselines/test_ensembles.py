@@ -373,3 +373,53 @@ def test_compare_has_an_ensemble_row():
     assert math.isnan(row["final_elbo"]) and 0 <= row["accuracy"] <= 1
     with pytest.raises(ValueError, match="takes the options"):
         zoo.compare(classifier, [("e", "ensemble", {"membres": 3})], (x, y), (x, y))
+
+
+def heteroscedastic_data(n=96, seed=0):
+    """``y = x_0 + eps``, ``eps`` with a standard deviation that grows with ``|x_0|``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return x, x[:, 0] + (0.05 + 0.5 * x[:, 0].abs()) * torch.randn(n, generator=g)
+
+
+def test_heteroscedastic_members_are_one_argument_away():
+    """``noise="heteroscedastic"``: Lakshminarayanan et al.'s members (a mean and a variance
+    per input), each the fit of the model built with that likelihood, seed ``seed + k``, to the
+    bit; the predicted noise differs across inputs. ``None`` keeps the factory's model."""
+    data = heteroscedastic_data()
+    ens = zoo.ensemble(regressor, data, members=2, noise="heteroscedastic", num_steps=30,
+                       progress=False)  # fmt: skip
+    assert ens.options["noise"] == "heteroscedastic"
+    assert all(
+        isinstance(m.model.likelihood, zoo.models.likelihoods.HeteroscedasticGaussian)
+        for m in ens.members
+    )
+
+    def built():
+        return zoo.models.BayesianMLP(3, (8,), 1, task="regression", noise="heteroscedastic")
+
+    alone = zoo.fit(built(), "map", data, num_steps=30, seed=1, run=zoo.Run(progress=False))
+    for a, b in zip(ens.members[1].guide.parameters(), alone.guide.parameters()):
+        assert torch.equal(a, b)
+    scales = ens.predict(data[0], progress=False).sample_scales
+    assert scales.std(-1).min() > 0  # a noise per input, not one level
+    plain = zoo.ensemble(regressor, data, members=1, num_steps=5, progress=False)
+    assert isinstance(plain.model.likelihood, zoo.models.likelihoods.Gaussian)
+    assert "noise" not in plain.options
+
+
+@pytest.mark.parametrize(
+    "factory,noise,match",
+    [
+        (regressor, "varying", "noise must be None"),
+        (regressor, 0.0, "noise must be None"),
+        (regressor, True, "noise must be None"),
+        (classifier, "heteroscedastic", "needs a zoo.models regression model"),
+    ],
+)
+def test_a_member_noise_that_cannot_apply_is_refused_before_any_fit(factory, noise, match):
+    with pytest.raises(ValueError, match=match):
+        zoo.ensemble(factory, classification(), noise=noise, num_steps=5, progress=False)
+    x, y = classification()
+    with pytest.raises(ValueError, match=match):
+        zoo.compare(factory, [("e", "ensemble", {"noise": noise})], (x, y), (x, y))
