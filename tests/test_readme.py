@@ -1,6 +1,7 @@
 """README.md: at most about 250 lines, and every Python block in it runs as written, in order,
 in one fresh process (in a scratch folder: the blocks write files)."""
 
+import ast
 import os
 import re
 import subprocess
@@ -38,3 +39,12 @@ def test_every_python_block_of_the_readme_runs_as_written(tmp_path):
     )
     assert run.returncode == 0, run.stderr[-4000:]
     assert (tmp_path / "toy.pt").exists() and (tmp_path / "run.ckpt").exists()
+    out = run.stdout
+    first = ast.literal_eval(next(x for x in out.splitlines() if x.startswith("{'rmse'")))
+    assert 0.9 <= first["coverage_95"] <= 0.99, first  # "near 0.95 when calibrated"
+    diagnostics = ast.literal_eval(next(x for x in out.splitlines() if "lp_r_hat" in x))
+    assert diagnostics["divergences"] == 0, diagnostics
+    assert max(diagnostics["lp_r_hat"], diagnostics["outputs_r_hat"]) <= 1.01, diagnostics
+    assert "ReferenceNotConverged" not in run.stderr
+    table = out[out.index("reference_coverage") :]  # the compare table, printed whole
+    assert "..." not in table.split("\n\n")[0]
