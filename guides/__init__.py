@@ -41,7 +41,17 @@ from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
 from guides.mixed import AutoMixed
 from guides.point_mass import AutoMAP, PointMass
-from guides.registry import Family, available, build, families, family, get, instantiate
+from guides.registry import (
+    Family,
+    Recipe,
+    available,
+    build,
+    families,
+    family,
+    get,
+    instantiate,
+    recipe,
+)
 from guides.site import SitePosterior
 from guides.subnetwork import AutoSubnetwork
 from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
@@ -69,6 +79,7 @@ __all__ = [
     "MatrixNormal",
     "PerSiteGuide",
     "PointMass",
+    "Recipe",
     "SitePosterior",
     "StructuredGaussian",
     "TridiagonalNormal",
@@ -79,4 +90,5 @@ __all__ = [
     "gaussian_kl_to_normal",
     "get",
     "instantiate",
+    "recipe",
 ]

@@ -130,6 +130,8 @@ class PerSiteGuide(AutoGuide):
     # ---- what the fit's ELBO bounds ----
     #: What a fit's ``-loss`` bounds with this family (:data:`OBJECTIVES`).
     OBJECTIVE = "model"
+    #: How the family is fitted when the caller does not say (:class:`guides.registry.Recipe`).
+    RECIPE = registry.Recipe()
 
     def objective(self) -> str:
         """What ``-loss`` of a fit with this guide bounds (:data:`guides.registry.OBJECTIVES`): the

@@ -13,6 +13,8 @@ spec, but they are not families of their own and are not listed by :func:`availa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 #: What a fit's ELBO can be a bound of (:meth:`guides.base.PerSiteGuide.objective`): the
 #: evidence of the model as written; that of WHVI's own model (its ``N(0, I)`` prior on ``g``,
 #: learned scales); the evidence given the point masses of some weights (their values fitted
@@ -20,6 +22,48 @@ from __future__ import annotations
 #: bound (a point mass); MC dropout's, whose nearly degenerate ``q`` puts ``-n log sigma`` in
 #: it.
 OBJECTIVES = ("model", "whvi_model", "conditional", "map", "mc_dropout")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a family is fitted when the caller does not say: what ``zoo.fit``, ``zoo.compare``
+    and the CLI use unless given their own values.
+
+    Parameters
+    ----------
+    lr_scale : float, default 1.0
+        Multiplies the task's default learning rate (``zoo.fit``'s: 1e-3, or the full-batch
+        recipe's 1e-2 for small regression data) when no ``lr`` is given. A family whose
+        parameters move the posterior slowly per Adam step learns at a larger rate.
+    why : str
+        The measurement behind a scale other than 1 (``benchmarks/fairness.py``).
+
+    The other parts of a family's recipe are its constructor's defaults (``init_scale``, the
+    parameterisation), shown with ``lr_scale`` in the documentation's family table.
+    """
+
+    lr_scale: float = 1.0
+    why: str = ""
+
+    def __post_init__(self):
+        ok = isinstance(self.lr_scale, (int, float)) and not isinstance(self.lr_scale, bool)
+        if not ok or not self.lr_scale > 0:
+            raise ValueError(f"Recipe(lr_scale={self.lr_scale!r}): a positive number")
+
+
+def recipe(guide) -> Recipe:
+    """The recipe of a family name, a guide class, a ``guides.family(...)`` spec or a guide
+    instance (its class's ``RECIPE``); a guide of another library gets ``Recipe()``."""
+    if isinstance(guide, str):
+        cls = get(guide)
+    elif isinstance(guide, type):
+        cls = guide
+    elif isinstance(guide, Family):
+        cls = guide.cls
+    else:
+        cls = type(guide)
+    found = getattr(cls, "RECIPE", None)
+    return found if isinstance(found, Recipe) else Recipe()
 
 
 _FAMILIES: dict[str, type] = {}

@@ -157,7 +157,10 @@ def fit(
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
     check_positive(**given)
     auto = convergence is not None
-    length = resolve_length(data, model, **given, lr_schedule=optim.lr_schedule, auto=auto)
+    lr_scale = guide_registry.recipe(guide).lr_scale  # the family's (guides.registry.Recipe)
+    length = resolve_length(
+        data, model, **given, lr_schedule=optim.lr_schedule, auto=auto, lr_scale=lr_scale
+    )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     settings = Settings(length, seed, optim, loss, engine, run, convergence)
     if engine.distributed:

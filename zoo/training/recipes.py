@@ -12,6 +12,10 @@ default to ``None``, resolved here from the data size alone, before any training
   came from the defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns
   and says what to pass.
 
+Either default rate is multiplied by the family's ``lr_scale`` (its
+:class:`guides.registry.Recipe`, declared on its class as ``RECIPE``) when ``lr`` is not given;
+``result.options["lr"]`` is the rate that ran.
+
 ``device="auto"`` is CUDA when there is one, else the CPU (:func:`resolve_device`).
 
 ``result.options["recipe"]`` says which applied (``"small regression data"``,
@@ -97,12 +101,15 @@ def resolve_length(
     lr: float | None,
     lr_schedule,
     auto: bool = False,
+    lr_scale: float = 1.0,
 ) -> Length:
     """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
     docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
     convergence rule (:mod:`zoo.training.convergence`), so small regression data keeps the
     full-batch recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a
-    schedule over the cap would still be high where the rule stops)."""
+    schedule over the cap would still be high where the rule stops). ``lr_scale``: the
+    family's (:class:`guides.registry.Recipe`), multiplying the default rate when ``lr`` is
+    not given."""
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
@@ -114,7 +121,7 @@ def resolve_length(
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
-            lr=lr if lr is not None else REGRESSION_FIT["lr"],
+            lr=lr if lr is not None else REGRESSION_FIT["lr"] * lr_scale,
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
             recipe="small regression data" + (", length auto" if auto else ""),
         )
@@ -123,7 +130,7 @@ def resolve_length(
         epochs=epochs if epochs is not None else 1,
         num_steps=num_steps,
         batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
-        lr=lr if lr is not None else DEFAULT_LR,
+        lr=lr if lr is not None else DEFAULT_LR * lr_scale,
         lr_schedule=lr_schedule,
         recipe=recipe,
     )

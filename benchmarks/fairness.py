@@ -1,0 +1,231 @@
+"""Is the default call each family's best? The default fit of every family and baseline
+against the best of a small grid on the project's own problems (issue 60).
+
+    python benchmarks/fairness.py                                  # every problem
+    python benchmarks/fairness.py --problems digits --families whvi diagonal
+
+For each problem and each family (``guides.available()``, the joint Gaussian where the network
+is small enough, and the baselines ``ensemble`` and ``laplace``), the call ``zoo.compare``
+makes with no learning rate or initial scale given (the family's recipe,
+``guides.registry.recipe``) is set beside a grid of the same step budget: the learning rate
+``x 0.3, 1, 3, 10`` of the task's default (``zoo.REGRESSION_FIT``'s 1e-2 for small regression
+data, 1e-3 otherwise) times two initial scales (the family's default and 3 times it; a
+baseline's MAP fits take the learning rates only). The score is the test NLL per point; the
+gap is ``default - best``. Problems:
+
+- ``toy``: ``zoo.data.toy_regression`` (160 train, 500 test), 1-50-50-1 ReLU, fixed noise 0.1,
+  the full-batch recipe (3,000 steps);
+- ``diabetes``: scikit-learn's (``benchmarks/reference.py``'s split), 10-16-1 ReLU with a
+  learned noise, the full-batch recipe;
+- ``digits``: scikit-learn's 8x8 digits (1,438 train), 64-32-10 ReLU, 10 epochs at batch 128;
+- ``mnist``: 2,000 MNIST training digits, LeNet-5, 5 epochs at batch 128, tested on 2,000 of
+  the test set (``--data-root``, or ``ZOO_DATA``).
+
+Fits run in ``--processes`` worker processes of one thread each. Results go to ``--out`` (JSON:
+every fit's setting and metrics); the table printed is the one in ``benchmarks/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+PROBLEMS = ("toy", "diabetes", "digits", "mnist")
+LR_FACTORS = (0.3, 1.0, 3.0, 10.0)
+INIT_FACTORS = (1.0, 3.0)
+BASELINES = ("ensemble", "laplace")
+#: The joint Gaussian is fitted where the network has at most this many weights.
+JOINT_MAX = 1500
+
+
+def problem(name: str, data_root: str | None = None):
+    """``(train, test, model_factory, fit_options, default_lr)`` of a problem."""
+    import zoo
+    from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
+
+    if name == "toy":
+        train = zoo.data.toy_regression(n=160)
+        test = zoo.data.toy_regression(n=500, seed=1)
+        return (
+            train,
+            test,
+            lambda: zoo.models.BayesianMLP(1, (50, 50), noise=0.1),
+            {},
+            REGRESSION_FIT["lr"],
+        )
+    if name in ("diabetes", "digits"):
+        from reference import load
+
+        train, test, _, _ = load(name)
+        if name == "diabetes":
+            return (
+                train,
+                test,
+                lambda: zoo.models.BayesianMLP(10, (16,)),
+                {},
+                REGRESSION_FIT["lr"],
+            )
+        return (
+            train,
+            test,
+            lambda: zoo.models.BayesianMLP(64, (32,), 10, task="classification"),
+            {"epochs": 10, "batch_size": 128},
+            DEFAULT_LR,
+        )
+    if name == "mnist":
+        root = data_root or os.environ.get("ZOO_DATA")
+        train_set = zoo.data.mnist(root, train=True, download=False, limit=2000)
+        test_set = zoo.data.mnist(root, train=False, download=False, limit=2000)
+        train = tuple(torch.stack(t) for t in zip(*train_set))
+        test = tuple(torch.stack(t) for t in zip(*test_set))
+        return (
+            train,
+            test,
+            lambda: zoo.models.LeNet5(),
+            {"epochs": 5, "batch_size": 128},
+            DEFAULT_LR,
+        )
+    raise ValueError(f"unknown problem {name!r}; choose from {PROBLEMS}")
+
+
+def jobs(problems, families, data_root) -> list[dict]:
+    """Every fit to run: the default call, then the grid, per problem and family."""
+    import guides
+
+    out = []
+    for name in problems:
+        _, _, factory, _, _ = problem(name, data_root)
+        weights = sum(math.prod(s) for s in factory().site_shapes.values())
+        names = families or [*guides.available(), "joint", *BASELINES]
+        for family in names:
+            if family == "joint" and weights > JOINT_MAX:
+                continue
+            inits = (1.0,) if family in (*BASELINES, "map") else INIT_FACTORS
+            out.append({"problem": name, "family": family, "default": True})
+            for lr in LR_FACTORS:
+                for init in inits:
+                    out.append(
+                        {"problem": name, "family": family, "default": False, "lr": lr,
+                         "init": init}  # fmt: skip
+                    )
+    return out
+
+
+def run_one(job: dict, data_root=None) -> dict:
+    """Fit one job and score it on the problem's test set (in a worker process)."""
+    torch.set_num_threads(1)
+    import guides
+    import zoo
+
+    train, test, factory, options, default_lr = problem(job["problem"], data_root)
+    family, args = job["family"], dict(options)
+    args.update(seed=0, progress=False, num_samples=100)
+    row = job["family"]
+    if not job["default"]:
+        scale = guides.registry.recipe(family).lr_scale if family in guides.registry.families() else 1.0
+        args["lr"] = default_lr * scale * job["lr"]
+        if job["init"] != 1.0:
+            base = factory_guide_scale(factory, family)
+            row = (family, family, {"init_scale": base * job["init"]})
+    start = time.perf_counter()
+    table = zoo.compare(factory, [row], train, test, **args)
+    result = table.iloc[0].to_dict()
+    return {
+        **job,
+        "seconds": time.perf_counter() - start,
+        "nll": float(result["nll"]),
+        "metric": float(result.get("accuracy", result.get("rmse", math.nan))),
+        "lr_used": args.get("lr"),
+    }
+
+
+def factory_guide_scale(factory, family: str) -> float:
+    """The initial scale a family's guide takes by default on the problem's model."""
+    import guides
+
+    return float(guides.registry.get(family)(factory()).init_scale)
+
+
+def summarise(results: list[dict]) -> list[dict]:
+    """A row per problem and family: the default call's NLL, the grid's best and its setting."""
+    rows = []
+    keys = sorted({(r["problem"], r["family"]) for r in results}, key=lambda k: (
+        PROBLEMS.index(k[0]), k[1]))  # fmt: skip
+    for problem_name, family in keys:
+        mine = [r for r in results if (r["problem"], r["family"]) == (problem_name, family)]
+        default = next(r for r in mine if r["default"])
+        grid = [r for r in mine if not r["default"] and math.isfinite(r["nll"])]
+        best = min(grid, key=lambda r: r["nll"]) if grid else None
+        rows.append(
+            {
+                "problem": problem_name,
+                "family": family,
+                "default_nll": default["nll"],
+                "default_metric": default["metric"],
+                "best_nll": best["nll"] if best else math.nan,
+                "best_lr": best["lr"] if best else math.nan,
+                "best_init": best["init"] if best else math.nan,
+                "gap": default["nll"] - best["nll"] if best else math.nan,
+            }
+        )
+    return rows
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """The markdown table of :func:`summarise`'s rows."""
+    lines = [
+        "| problem | family | default NLL | grid's best NLL | best lr x / init x | gap |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['problem']} | {r['family']} | {r['default_nll']:.3f} | {r['best_nll']:.3f} | "
+            f"{r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} |"
+        )
+    return lines
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--problems", nargs="+", default=list(PROBLEMS), choices=PROBLEMS)
+    parser.add_argument("--families", nargs="+", help="default: every family and baseline")
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--data-root", help="MNIST's root (default: ZOO_DATA)")
+    parser.add_argument("--out", default="benchmarks/results/fairness.json")
+    args = parser.parse_args(argv)
+    todo = jobs(args.problems, args.families, args.data_root)
+    print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(args.processes) as pool:
+        results = []
+        for r in pool.imap_unordered(_run, [(job, args.data_root) for job in todo]):
+            results.append(r)
+            print(
+                f"  {r['problem']} {r['family']} "
+                f"{'default' if r['default'] else (r['lr'], r['init'])}: NLL {r['nll']:.4f} "
+                f"({r['seconds']:.0f} s)",
+                flush=True,
+            )
+    rows = summarise(results)
+    print("\n".join(table_lines(rows)))
+    saved = {"results": results, "rows": rows, "load": list(os.getloadavg())}
+    with open(args.out, "w") as f:
+        json.dump(saved, f, indent=1)
+    return saved
+
+
+def _run(job_and_root):
+    return run_one(*job_and_root)
+
+
+if __name__ == "__main__":
+    main()
