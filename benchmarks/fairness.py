@@ -7,11 +7,12 @@ against the best of a small grid on the project's own problems (issue 60).
 For each problem and each family (``guides.available()``, the joint Gaussian where the network
 is small enough, and the baselines ``ensemble`` and ``laplace``), the call ``zoo.compare``
 makes with no learning rate or initial scale given (the family's recipe,
-``guides.registry.recipe``) is set beside a grid of the same step budget: the learning rate
-``x 0.3, 1, 3, 10`` of the task's default (``zoo.REGRESSION_FIT``'s 1e-2 for small regression
-data, 1e-3 otherwise) times two initial scales (the family's default and 3 times it; a
-baseline's MAP fits take the learning rates only). The score is the test NLL per point; the
-gap is ``default - best``. Problems:
+``guides.recipe``) is set beside a grid of the same step budget: the learning rate ``x 0.3,
+1, 3, 10`` of the rate the default call runs at (the task's default, ``zoo.REGRESSION_FIT``'s
+1e-2 for small regression data or 1e-3 otherwise, times the family's ``lr_scale``) times two
+initial scales (the family's default ``init_scale`` and 3 times it; the Posch tridiagonal's
+relative ``init_tau``; MAP and the baselines' MAP fits take the learning rates only). The
+score is the test NLL per point; the gap is ``default - best``. Problems:
 
 - ``toy``: ``zoo.data.toy_regression`` (160 train, 500 test), 1-50-50-1 ReLU, fixed noise 0.1,
   the full-batch recipe (3,000 steps);
@@ -45,6 +46,9 @@ INIT_FACTORS = (1.0, 3.0)
 BASELINES = ("ensemble", "laplace")
 #: The joint Gaussian is fitted where the network has at most this many weights.
 JOINT_MAX = 1500
+#: The option that sets a family's initial spread, where it is not ``init_scale``: the Posch
+#: tridiagonal's relative scale ``tau`` (its default parameterisation).
+INIT_OPTIONS = {"tridiagonal": "init_tau"}
 
 
 def problem(name: str, data_root: str | None = None):
@@ -114,8 +118,13 @@ def jobs(problems, families, data_root) -> list[dict]:
             for lr in LR_FACTORS:
                 for init in inits:
                     out.append(
-                        {"problem": name, "family": family, "default": False, "lr": lr,
-                         "init": init}  # fmt: skip
+                        {
+                            "problem": name,
+                            "family": family,
+                            "default": False,
+                            "lr": lr,
+                            "init": init,
+                        }  # fmt: skip
                     )
     return out
 
@@ -131,11 +140,12 @@ def run_one(job: dict, data_root=None) -> dict:
     args.update(seed=0, progress=False, num_samples=100)
     row = job["family"]
     if not job["default"]:
-        scale = guides.registry.recipe(family).lr_scale if family in guides.registry.families() else 1.0
+        scale = guides.recipe("map" if family in BASELINES else family).lr_scale
         args["lr"] = default_lr * scale * job["lr"]
         if job["init"] != 1.0:
-            base = factory_guide_scale(factory, family)
-            row = (family, family, {"init_scale": base * job["init"]})
+            option = INIT_OPTIONS.get(family, "init_scale")
+            base = factory_guide_scale(factory, family, option)
+            row = (family, family, {option: base * job["init"]})
     start = time.perf_counter()
     table = zoo.compare(factory, [row], train, test, **args)
     result = table.iloc[0].to_dict()
@@ -148,11 +158,17 @@ def run_one(job: dict, data_root=None) -> dict:
     }
 
 
-def factory_guide_scale(factory, family: str) -> float:
-    """The initial scale a family's guide takes by default on the problem's model."""
+def factory_guide_scale(factory, family: str, option: str = "init_scale") -> float:
+    """The default of a family's initial-spread ``option`` on the problem's model."""
+    import inspect
+
     import guides
 
-    return float(guides.registry.get(family)(factory()).init_scale)
+    cls = guides.registry.get(family)
+    if option == "init_scale":
+        return float(cls(factory()).init_scale)
+    site = getattr(cls, "site_class", None)
+    return float(inspect.signature(site.__init__).parameters[option].default)
 
 
 def summarise(results: list[dict]) -> list[dict]:

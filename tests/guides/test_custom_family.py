@@ -179,3 +179,38 @@ def test_zoo_fit_and_pyro_svi_reach_the_same_posterior(isotropic):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
     scale = ours.site_posterior("fc1.weight").scale
     assert scale != 0.3 and torch.allclose(scale, theirs.site_posterior("fc1.weight").scale)
+
+
+def test_a_family_declares_its_recipe_and_fit_uses_it():
+    """``RECIPE = guides.Recipe(lr_scale=3)`` on the class: ``zoo.fit`` with no ``lr`` runs at 3
+    times the task's default rate (the minibatch default here; the full-batch recipe's for
+    small regression data, through the same ``resolve_length``); a given ``lr`` is kept;
+    ``guides.recipe`` reads it from a name, the class, a spec and an instance, and a guide of
+    another library gets the default."""
+    from pyro.infer.autoguide import AutoNormal
+
+    from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT, resolve_length
+
+    class AutoFast(guides.AutoDiagonal, family="fast_diagonal"):
+        RECIPE = guides.Recipe(lr_scale=3.0, why="a test")
+
+    try:
+        model = BayesianMLP(1, (4,), 1, task="regression", noise=0.1)
+        x, y = zoo.data.toy_regression(n=32)
+        quiet = zoo.Run(progress=False)
+        short = zoo.fit(model, "fast_diagonal", (x, y), num_steps=2, run=quiet)
+        assert short.options["lr"] == pytest.approx(3 * DEFAULT_LR)
+        given = zoo.fit(model, AutoFast(model), (x, y), num_steps=2, lr=0.05, run=quiet)
+        assert given.options["lr"] == pytest.approx(0.05)
+        plain = zoo.fit(model, "diagonal", (x, y), num_steps=2, run=quiet)
+        assert plain.options["lr"] == pytest.approx(DEFAULT_LR * guides.recipe("diagonal").lr_scale)
+        full = resolve_length((x, y), model, epochs=None, num_steps=None, batch_size=None,
+                              lr=None, lr_schedule=None, lr_scale=3.0)  # fmt: skip
+        assert full.lr == pytest.approx(3 * REGRESSION_FIT["lr"]) and full.num_steps == 3000
+        for form in ("fast_diagonal", AutoFast, guides.family("fast_diagonal"), AutoFast(model)):
+            assert guides.recipe(form).lr_scale == 3.0
+        assert guides.recipe(AutoNormal(model)) == guides.Recipe()
+        with pytest.raises(ValueError, match="lr_scale"):
+            guides.Recipe(lr_scale=0)
+    finally:
+        guides.registry.unregister("fast_diagonal")
