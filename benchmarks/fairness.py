@@ -101,8 +101,9 @@ def problem(name: str, data_root: str | None = None):
     raise ValueError(f"unknown problem {name!r}; choose from {PROBLEMS}")
 
 
-def jobs(problems, families, data_root) -> list[dict]:
-    """Every fit to run: the default call, then the grid, per problem and family."""
+def jobs(problems, families, data_root, seeds=(0,), grid=True) -> list[dict]:
+    """Every fit to run: the default call at each of ``seeds``, then (``grid``) the grid at
+    seed 0, per problem and family."""
     import guides
 
     out = []
@@ -114,8 +115,9 @@ def jobs(problems, families, data_root) -> list[dict]:
             if family == "joint" and weights > JOINT_MAX:
                 continue
             inits = (1.0,) if family in (*BASELINES, "map") else INIT_FACTORS
-            out.append({"problem": name, "family": family, "default": True})
-            for lr in LR_FACTORS:
+            for seed in seeds:
+                out.append({"problem": name, "family": family, "default": True, "seed": seed})
+            for lr in LR_FACTORS if grid else ():
                 for init in inits:
                     out.append(
                         {
@@ -137,7 +139,7 @@ def run_one(job: dict, data_root=None) -> dict:
 
     train, test, factory, options, default_lr = problem(job["problem"], data_root)
     family, args = job["family"], dict(options)
-    args.update(seed=0, progress=False, num_samples=100)
+    args.update(seed=job.get("seed", 0), progress=False, num_samples=100)
     row = job["family"]
     if not job["default"]:
         scale = guides.recipe("map" if family in BASELINES else family).lr_scale
@@ -178,7 +180,9 @@ def summarise(results: list[dict]) -> list[dict]:
         PROBLEMS.index(k[0]), k[1]))  # fmt: skip
     for problem_name, family in keys:
         mine = [r for r in results if (r["problem"], r["family"]) == (problem_name, family)]
-        default = next(r for r in mine if r["default"])
+        default = next(r for r in mine if r["default"] and r.get("seed", 0) == 0)
+        seeds = [r["nll"] for r in mine if r["default"]]
+        spread = float(torch.tensor(seeds).std()) if len(seeds) > 1 else math.nan
         grid = [r for r in mine if not r["default"] and math.isfinite(r["nll"])]
         best = min(grid, key=lambda r: r["nll"]) if grid else None
         rows.append(
@@ -191,6 +195,8 @@ def summarise(results: list[dict]) -> list[dict]:
                 "best_lr": best["lr"] if best else math.nan,
                 "best_init": best["init"] if best else math.nan,
                 "gap": default["nll"] - best["nll"] if best else math.nan,
+                "seed_sd": spread,
+                "seeds": len(seeds),
             }
         )
     return rows
@@ -199,13 +205,15 @@ def summarise(results: list[dict]) -> list[dict]:
 def table_lines(rows: list[dict]) -> list[str]:
     """The markdown table of :func:`summarise`'s rows."""
     lines = [
-        "| problem | family | default NLL | grid's best NLL | best lr x / init x | gap |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| problem | family | default NLL | sd over seeds | grid's best NLL | best lr x / init x "
+        "| gap |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
+        sd = f"{r['seed_sd']:.3f} ({r['seeds']})" if r.get("seeds", 1) > 1 else "-"
         lines.append(
-            f"| {r['problem']} | {r['family']} | {r['default_nll']:.3f} | {r['best_nll']:.3f} | "
-            f"{r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} |"
+            f"| {r['problem']} | {r['family']} | {r['default_nll']:.3f} | {sd} | "
+            f"{r['best_nll']:.3f} | {r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} |"
         )
     return lines
 
@@ -216,9 +224,18 @@ def main(argv=None) -> dict:
     parser.add_argument("--families", nargs="+", help="default: every family and baseline")
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--data-root", help="MNIST's root (default: ZOO_DATA)")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[0, 1, 2],
+        help="seeds of the default call (its spread is the noise of a gap)",
+    )
+    parser.add_argument("--no-grid", action="store_true", help="the default calls only")
+    parser.add_argument("--merge", help="a saved run whose fits this one adds to")
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
-    todo = jobs(args.problems, args.families, args.data_root)
+    todo = jobs(args.problems, args.families, args.data_root, args.seeds, not args.no_grid)
     print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
     context = multiprocessing.get_context("spawn")
     with context.Pool(args.processes) as pool:
@@ -231,9 +248,24 @@ def main(argv=None) -> dict:
                 f"({r['seconds']:.0f} s)",
                 flush=True,
             )
+    if args.merge:  # this run's default calls and grid replace the saved ones of a family
+        with open(args.merge) as f:
+            old = json.load(f)["results"]
+        regrid = {(r["problem"], r["family"]) for r in results if not r["default"]}
+        kept = [
+            r for r in old
+            if (r["problem"], r["family"]) not in regrid
+            and not (r["default"] and (r["problem"], r["family"], r.get("seed", 0)) in
+                     {(x["problem"], x["family"], x.get("seed", 0)) for x in results})
+        ]  # fmt: skip
+        results = kept + results
     rows = summarise(results)
     print("\n".join(table_lines(rows)))
-    saved = {"results": results, "rows": rows, "load": list(os.getloadavg())}
+    import guides
+
+    scales = {f: guides.recipe(f).lr_scale for f in [*guides.available(), "joint"]}
+    saved = {"results": results, "rows": rows, "load": list(os.getloadavg()),
+             "lr_scales": scales}  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(saved, f, indent=1)
     return saved

@@ -162,3 +162,18 @@ def test_the_stated_priors_are_those_of_the_models_that_ran():
     for text in (depth.__doc__, reference.__doc__, notebook):
         assert stated in text
     assert "default `N(0, 1)`" not in notebook and "default ``N(0, 1)``" not in depth.__doc__
+
+
+def test_the_fairness_table_is_its_saved_run():
+    """benchmarks/README.md's table of the default call against the grid is
+    ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the
+    one the saved default calls ran with."""
+    import fairness
+
+    import guides
+
+    saved = json.loads((RESULTS / "fairness.json").read_text())
+    for line in fairness.table_lines(fairness.summarise(saved["results"])):
+        assert line in BENCH_README, line
+    for family, scale in saved["lr_scales"].items():
+        assert guides.recipe(family).lr_scale == scale, family
