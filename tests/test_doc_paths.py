@@ -106,3 +106,20 @@ def test_every_docstring_reference_resolves():
                 if not resolves(name):
                     missing.append(f"{path.relative_to(REPO)}: {name}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_family_table_of_recipes_is_the_registrys():
+    """docs/families.md's recipe table has a row per family (and the joint one) whose learning
+    rate is the family's declared ``lr_scale``."""
+    import guides
+
+    text = (REPO / "docs" / "families.md").read_text()
+    table = text.split("## Recipes")[1].split("\n## ")[0]
+    rows = {
+        line.split("|")[1].strip().strip("`"): line.split("|")[2].strip()
+        for line in table.splitlines()
+        if line.startswith("| `")
+    }
+    assert set(rows) == {*guides.available(), "joint"}
+    for name, cell in rows.items():
+        assert cell == f"x{guides.recipe(name).lr_scale:g}", name
