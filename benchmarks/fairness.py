@@ -101,7 +101,7 @@ def problem(name: str, data_root: str | None = None):
     raise ValueError(f"unknown problem {name!r}; choose from {PROBLEMS}")
 
 
-def jobs(problems, families, data_root, seeds=(0,), grid=True) -> list[dict]:
+def jobs(problems, families, data_root, seeds=(0,), grid=True, inits=INIT_FACTORS) -> list[dict]:
     """Every fit to run: the default call at each of ``seeds``, then (``grid``) the grid at
     seed 0, per problem and family."""
     import guides
@@ -114,11 +114,11 @@ def jobs(problems, families, data_root, seeds=(0,), grid=True) -> list[dict]:
         for family in names:
             if family == "joint" and weights > JOINT_MAX:
                 continue
-            inits = (1.0,) if family in (*BASELINES, "map") else INIT_FACTORS
+            scales = (1.0,) if family in (*BASELINES, "map") else inits
             for seed in seeds:
                 out.append({"problem": name, "family": family, "default": True, "seed": seed})
             for lr in LR_FACTORS if grid else ():
-                for init in inits:
+                for init in scales:
                     out.append(
                         {
                             "problem": name,
@@ -232,10 +232,19 @@ def main(argv=None) -> dict:
         help="seeds of the default call (its spread is the noise of a gap)",
     )
     parser.add_argument("--no-grid", action="store_true", help="the default calls only")
+    parser.add_argument(
+        "--inits",
+        nargs="+",
+        type=float,
+        default=list(INIT_FACTORS),
+        help="factors of the default initial spread in the grid",
+    )
     parser.add_argument("--merge", help="a saved run whose fits this one adds to")
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
-    todo = jobs(args.problems, args.families, args.data_root, args.seeds, not args.no_grid)
+    todo = jobs(
+        args.problems, args.families, args.data_root, args.seeds, not args.no_grid, args.inits
+    )
     print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
     context = multiprocessing.get_context("spawn")
     with context.Pool(args.processes) as pool:
