@@ -224,13 +224,27 @@ def diagonal_variances(
     """Marginal posterior variances of every weight under a diagonal Laplace at ``weights``
     (laplace-torch's ``LargestVarianceDiagLaplaceSubnetMask`` scores), flat in
     :func:`site_names` order; the prior precision is the fixed ``options.prior_precision``, or
-    fitted to the diagonal Laplace's marginal likelihood."""
-    from laplace.utils import LargestVarianceDiagLaplaceSubnetMask
-
+    fitted to the diagonal Laplace's marginal likelihood. The curvature is ASDL's diagonal GGN
+    (per example, little memory), or laplace-torch's default backend for a network with layers
+    ASDL does not cover (attention)."""
     diagonal = LaplaceOptions(
         weights="all", hessian="diag", prior_precision=options.prior_precision
     )
-    la = build(model, weights, diagonal)
+    try:
+        return _diagonal_variances(build(model, weights, diagonal), options, loader, sigma_noise)
+    except ValueError as err:  # ASDL's diagonal GGN covers standard layers only (no attention)
+        if "ASDL" not in str(err):
+            raise
+    from laplace.curvature import CurvlinopsGGN  # laplace-torch's default: any module, more memory
+
+    la = build(model, weights, diagonal, backend=CurvlinopsGGN)
+    return _diagonal_variances(la, options, loader, sigma_noise)
+
+
+def _diagonal_variances(la, options: LaplaceOptions, loader, sigma_noise) -> torch.Tensor:
+    """:func:`diagonal_variances` on laplace-torch's diagonal Laplace ``la`` (not fitted)."""
+    from laplace.utils import LargestVarianceDiagLaplaceSubnetMask
+
     if sigma_noise is not None:
         la.sigma_noise = sigma_noise
     if options.prior_precision == "marglik":
@@ -245,9 +259,12 @@ def diagonal_variances(
         return mask.compute_param_scores(loader).detach()
 
 
-def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None, indices=None):
+def build(
+    model, weights: dict, options: LaplaceOptions, last_layer_name=None, indices=None, backend=None
+):
     """laplace-torch's object for ``model`` at ``weights`` (not fitted yet); a subnetwork's
-    ``indices`` (:func:`subnetwork_indices`) must be given."""
+    ``indices`` (:func:`subnetwork_indices`) must be given; ``backend``, a laplace-torch
+    curvature class, replaces the one chosen here."""
     Laplace = import_laplace()
     net = network_at(model, weights).to(next(iter(weights.values())).device)
     kwargs = {}
@@ -261,7 +278,9 @@ def build(model, weights: dict, options: LaplaceOptions, last_layer_name=None, i
         kwargs["last_layer_name"] = last_layer_name
     if options.prior_precision != "marglik":
         kwargs["prior_precision"] = float(options.prior_precision)
-    if (options.weights, options.hessian) == ("all", "diag"):  # laplace-torch's default backend
+    if backend is not None:
+        kwargs["backend"] = backend
+    elif (options.weights, options.hessian) == ("all", "diag"):  # laplace-torch's default backend
         # forms the Jacobian of every weight at once (24 GB for a LeNet-5 on 512 images)
         from laplace.curvature import AsdlGGN
 
