@@ -470,3 +470,23 @@ def test_fit_memory_prints_a_row_per_tracer():
     rows = [line for line in out.splitlines() if line.startswith("| compiled") or "eager" in line]
     assert len(rows) == 3, out
     assert "load" in out.splitlines()[0]
+
+
+def test_fairness_prints_the_default_against_the_grid(tmp_path):
+    out_file = tmp_path / "fairness.json"
+    out = _run(
+        "benchmarks/fairness.py", "--problems", "digits", "--families", "map", "--seeds", "0",
+        "1", "--processes", "1", "--out", str(out_file),
+    )  # fmt: skip
+    assert "| digits | map |" in out
+    saved = json.loads(out_file.read_text())
+    assert len(saved["results"]) == 2 + 4  # two seeds of the default call, four rates
+    row = saved["rows"][0]
+    best = min(r["nll"] for r in saved["results"] if not r["default"])
+    assert row["best_nll"] == best and row["seeds"] == 2
+    assert saved["lr_scales"]["map"] == guides.recipe("map").lr_scale
+
+
+def test_joint_elbo_prints_a_many_draw_estimate():
+    out = _run("benchmarks/joint_elbo.py", "--depth", "1", "--families", "diagonal", "--draws", "3")
+    assert re.search(r"depth 1 diagonal: -ELBO \d+\.\d \+- \d+\.\d over 3 draws", out), out
