@@ -8,19 +8,10 @@ import torch
 
 import guides
 import zoo
+from tests.zoo.baselines.test_laplace_fitting import classification, classifier
 from zoo.results import laplace_torch
 
 laplace = pytest.importorskip("laplace", exc_type=ImportError)
-
-
-def classification(n=128, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return x, (x[:, 0] + 0.5 * x[:, 1] > 0).long()
-
-
-def classifier():
-    return zoo.models.BayesianMLP(3, (16,), 2, task="classification")
 
 
 @pytest.fixture(scope="module")
