@@ -261,11 +261,11 @@ def main(argv=None) -> dict:
         with open(args.merge) as f:
             old = json.load(f)["results"]
         regrid = {(r["problem"], r["family"]) for r in results if not r["default"]}
+        rerun = {(r["problem"], r["family"], r.get("seed", 0)) for r in results if r["default"]}
         kept = [
             r for r in old
             if (r["problem"], r["family"]) not in regrid
-            and not (r["default"] and (r["problem"], r["family"], r.get("seed", 0)) in
-                     {(x["problem"], x["family"], x.get("seed", 0)) for x in results})
+            and not (r["default"] and (r["problem"], r["family"], r.get("seed", 0)) in rerun)
         ]  # fmt: skip
         results = kept + results
     rows = summarise(results)

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from guides.checks import is_number
+
 #: What a fit's ELBO can be a bound of (:meth:`guides.base.PerSiteGuide.objective`): the
 #: evidence of the model as written; that of WHVI's own model (its ``N(0, I)`` prior on ``g``,
 #: learned scales); the evidence given the point masses of some weights (their values fitted
@@ -46,8 +48,7 @@ class Recipe:
     why: str = ""
 
     def __post_init__(self):
-        ok = isinstance(self.lr_scale, (int, float)) and not isinstance(self.lr_scale, bool)
-        if not ok or not self.lr_scale > 0:
+        if not is_number(self.lr_scale) or not self.lr_scale > 0:
             raise ValueError(f"Recipe(lr_scale={self.lr_scale!r}): a positive number")
 
 

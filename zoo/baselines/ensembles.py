@@ -166,9 +166,7 @@ def check_ensemble(members, family, seed, processes=1, noise=None) -> None:
 
 def check_noise(noise) -> None:
     """Refuse a member ``noise`` that no regression likelihood takes."""
-    ok = noise in ("heteroscedastic", "learned") or (
-        is_number(noise) and not isinstance(noise, bool) and noise > 0
-    )
+    ok = noise in ("heteroscedastic", "learned") or (is_number(noise) and noise > 0)
     if not ok:
         raise ValueError(
             f"noise must be None (the factory's model), 'heteroscedastic' (a mean and a "

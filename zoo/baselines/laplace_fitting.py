@@ -9,6 +9,7 @@ import time
 import warnings
 from collections.abc import Mapping
 
+import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.arguments import check_positive
@@ -90,8 +91,7 @@ def laplace(
     weights, loader, map_steps = map_point(model, data, at, fit_args, batch_size)
     if map_steps is not None:
         info["map_steps"] = map_steps
-    net_weights = {k: v for k, v in weights.items() if k != "noise"}
-    noise = weights["noise"].reshape(()) if "noise" in weights else None
+    net_weights, noise = split_noise(weights)
     indices = None
     if options.weights == "subnetwork":
         indices = subnetwork_indices(model, net_weights, options, loader, noise)
@@ -109,6 +109,13 @@ def laplace(
             la.optimize_prior_precision(pred_type=pred_type, method="marglik")
     info["prior_precision"] = la.prior_precision.detach().reshape(-1).tolist()
     return LaplaceFit(model, la, options, weights, time.perf_counter() - start, info)
+
+
+def split_noise(weights: dict) -> tuple[dict, torch.Tensor | None]:
+    """``(network weights, noise)``: the sites of the network, and a learned noise's standard
+    deviation as a 0-d tensor (``None`` without one), as laplace-torch takes them apart."""
+    net_weights = {k: v for k, v in weights.items() if k != "noise"}
+    return net_weights, weights["noise"].reshape(()) if "noise" in weights else None
 
 
 def map_point(model, data, at, fit_args: dict, batch_size: int):

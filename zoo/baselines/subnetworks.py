@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
-from zoo.baselines.laplace_fitting import map_point
+from zoo.baselines.laplace_fitting import map_point, split_noise
 from zoo.results.laplace_torch import (
     LaplaceOptions,
     check_laplace_model,
@@ -108,14 +108,12 @@ def subnetwork_guide(
     check_positive(batch_size=batch_size)
     import_laplace()
     weights, loader, _ = map_point(model, data, at, fit_args, batch_size)
-    noise = weights["noise"].reshape(()) if "noise" in weights else None
-    net_weights = {k: v for k, v in weights.items() if k != "noise"}
+    net_weights, noise = split_noise(weights)
     chosen = subnetwork_indices(model, net_weights, options, loader, noise)
     masks = site_masks(model, chosen)
-    start = {k: v.detach() for k, v in weights.items()}
 
     def at_map(site):
-        return start[site["name"]]
+        return weights[site["name"]]  # map_point's weights are detached copies
 
     return AutoSubnetwork(model, None, masks, rank=rank, init_scale=init_scale, init_loc_fn=at_map)
 

@@ -222,7 +222,7 @@ def diagonal_variances(
     model, weights: dict, options: LaplaceOptions, loader, sigma_noise=None
 ) -> torch.Tensor:
     """Marginal posterior variances of every weight under a diagonal Laplace at ``weights``
-    (laplace-torch's ``LargestVarianceDiagLaplaceSubnetMask`` scores), flat in
+    (the scores of laplace-torch's ``LargestVarianceDiagLaplaceSubnetMask``), flat in
     :func:`site_names` order; the prior precision is the fixed ``options.prior_precision``, or
     fitted to the diagonal Laplace's marginal likelihood. The curvature is ASDL's diagonal GGN
     (per example, little memory), or laplace-torch's default backend for a network with layers
@@ -242,21 +242,19 @@ def diagonal_variances(
 
 
 def _diagonal_variances(la, options: LaplaceOptions, loader, sigma_noise) -> torch.Tensor:
-    """:func:`diagonal_variances` on laplace-torch's diagonal Laplace ``la`` (not fitted)."""
-    from laplace.utils import LargestVarianceDiagLaplaceSubnetMask
-
+    """:func:`diagonal_variances` on laplace-torch's diagonal Laplace ``la`` (not fitted): one
+    pass over ``loader``, then its ``posterior_variance``, which is what
+    ``LargestVarianceDiagLaplaceSubnetMask.compute_param_scores`` returns after fitting ``la``
+    again (that second pass would give the same curvature)."""
     if sigma_noise is not None:
         la.sigma_noise = sigma_noise
-    if options.prior_precision == "marglik":
-        with laplace_torch_call("the subnetwork's diagonal Laplace"), warnings.catch_warnings():
-            # laplace-torch's note on link_approx, which the marginal likelihood does not use
-            warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
-            la.fit(loader)
+    with laplace_torch_call("the subnetwork's diagonal Laplace"), warnings.catch_warnings():
+        # laplace-torch's note on link_approx, which the marginal likelihood does not use
+        warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
+        la.fit(loader)
+        if options.prior_precision == "marglik":
             la.optimize_prior_precision(pred_type="glm", method="marglik")
-    total = sum(p.numel() for p in la.model.parameters())
-    mask = LargestVarianceDiagLaplaceSubnetMask(la.model, min(options.subnetwork_size, total), la)
-    with laplace_torch_call("the subnetwork's diagonal Laplace"):
-        return mask.compute_param_scores(loader).detach()
+        return la.posterior_variance.detach()
 
 
 def build(
