@@ -45,11 +45,11 @@ class JointCovariance(SitePosterior):
     about ``lr sqrt(K)`` a step; even learned as ``sqrt(K) N`` (the scale of the block-diagonal
     and matrix-normal factors, :func:`guides.kernels.offdiag_scale`) it moves by about ``lr``, and
     over a thousand scalars most of the ``K^2 / 2`` entries have gradients that are Monte Carlo
-    noise around zero, so each row random-walks to a spread that costs the ELBO (a four-layer
-    MLP of 1,010 weights on diabetes ended worse than the diagonal family it contains). As
-    ``K N`` a row moves by about ``lr / sqrt(K)``: the walk stays small at any ``K``, and a small
-    set (the conjugate test's five scalars) still learns strong correlations at a larger
-    learning rate. The set of covariances is the same; only the optimiser's geometry changes.
+    noise around zero, so each row random-walks to a spread that costs the ELBO, until the
+    joint family ends worse than the diagonal family it contains. As ``K N`` a row moves by
+    about ``lr / sqrt(K)``: the walk stays small at any ``K``, and a small set still learns
+    strong correlations at a larger learning rate. The set of covariances is the same; only
+    the optimiser's geometry changes.
 
     An off-diagonal entry of ``L`` learned on its own scale grows past a small diagonal within
     a few steps, and a triangular ``L`` whose off-diagonal entries dwarf its diagonal has an
@@ -88,9 +88,8 @@ class JointCovariance(SitePosterior):
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
         key = prefix + "lower_unconstrained"
         if local_metadata.get("version", 1) < self.LOWER_MAP and key in state_dict:
-            old = state_dict[key]  # N itself: the same factor is K N under map 2
-            size = int(round((1 + math.sqrt(1 + 8 * old.shape[-1])) / 2))
-            state_dict[key] = old / lower_scale(size)
+            # N itself: the same factor is K N under map 2
+            state_dict[key] = state_dict[key] / lower_scale(self.rho.shape[0])
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     def factor(self) -> torch.Tensor:
