@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import sys
 import warnings
+from functools import partial
 
 import torch
 
@@ -35,18 +36,21 @@ def failing_record(self, run) -> None:
     self.graph = graph
 
 
-def fit(family, options, **engine):
+def fit(family, options, optim=None, lr=None, device="auto", **engine):
     """24 steps of LeNet-5 on 200 images in batches of 64 (every fourth step, the epoch's last
-    batch of 8, runs eagerly between replays), with a learning-rate and a KL schedule."""
+    batch of 8, runs eagerly between replays), with a learning-rate and a KL schedule.
+    ``optim``: more of :class:`zoo.Optim` (``{"optimizer": "sgd"}``); ``engine``: of
+    :class:`zoo.Engine`."""
     return zoo.fit(
         zoo.models.LeNet5(hidden=32),
         guides.family(family, **options),
         data(),
         num_steps=24,
         batch_size=64,
-        optim=zoo.Optim(lr_schedule="exponential"),
+        lr=lr,
+        optim=zoo.Optim(lr_schedule="exponential", **(optim or {})),
         loss=zoo.Loss(kl_weight=lambda i: min(1.0, i / 10)),
-        engine=zoo.Engine(**engine),
+        engine=zoo.Engine(device=device, **engine),
         run=zoo.Run(progress=False),
     )
 
@@ -74,11 +78,31 @@ def capture_fails_then_every_family() -> None:
         assert graphed.options["cuda_graph"] is True, (label, graphed.options["cuda_graph"])
         for a, b in zip(eager.losses, graphed.losses):
             assert math.isclose(a, b, rel_tol=1e-3), (label, a, b)
-        want, got = eager.guide.state_dict(), graphed.guide.state_dict()
-        for key in want:
-            # cuDNN's kernels are not bitwise deterministic: two eager fits differ as much
-            assert torch.allclose(want[key], got[key], rtol=1e-3, atol=1e-3), (label, key)
-        print(f"{label}: graph step = eager step", flush=True)
+        spread = assert_same_fit(
+            eager, graphed, partial(fit, family, options, check_every=1, cuda_graph=False)
+        )
+        print(f"{label}: graph step = eager step ({spread})", flush=True)
+
+
+def assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-3) -> str:
+    """Every parameter of ``graphed`` within ``rtol``/``atol`` of ``eager``'s, or, where one is
+    not, within twice what a second eager fit (``again()``) differs from the first: cuDNN's and
+    the atomic adds' kernels are not bitwise deterministic, and a few dozen Adam steps can grow
+    the difference past a fixed tolerance for a parameter with a small gradient. Returns how
+    the largest difference was judged."""
+    want, got = eager.guide.state_dict(), graphed.guide.state_dict()
+    off = {
+        k: (got[k] - want[k]).abs().max().item()
+        for k in want
+        if not torch.allclose(want[k], got[k], rtol=rtol, atol=atol)
+    }
+    if not off:
+        return "within tolerance"
+    second = again().guide.state_dict()
+    noise = {k: (second[k] - want[k]).abs().max().item() for k in off}
+    beyond = {k: (off[k], noise[k]) for k in off if off[k] > 2 * noise[k] + atol}
+    assert not beyond, f"graph minus eager, eager minus eager: {beyond}"
+    return "; ".join(f"{k}: {off[k]:.2g}, eager twice {noise[k]:.2g}" for k in off)
 
 
 RUNS = {"capture-fails-then-every-family": capture_fails_then_every_family}
