@@ -15,6 +15,7 @@ from zoo.cli.parser import (
     check_arguments,
 )
 from zoo.cli.parser import build_parser as _build_parser
+from zoo.runtime.packages import BrokenTorchvisionError
 
 
 def demo(args: argparse.Namespace) -> int:
@@ -217,7 +218,11 @@ def _has_tabulate() -> bool:
 
 def build_parser():
     """The ``zoo`` command's parser (:mod:`zoo.cli.parser`) wired to this module's commands."""
-    return _build_parser({"demo": demo, "fit": fit_command, "compare": compare_command})
+    from zoo.cli.info import info_command
+
+    return _build_parser(
+        {"demo": demo, "fit": fit_command, "compare": compare_command, "info": info_command}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,6 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except FileNotFoundError as err:  # a data set that is not on disk and cannot be downloaded
+        args.parser.error(str(err))
+    except BrokenTorchvisionError as err:  # torchvision missing or built for another torch
         args.parser.error(str(err))
     except ValueError as err:  # the library's refusals (a resume of another fit, a bad file)
         args.parser.error(str(err))

@@ -43,7 +43,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
 
     from zoo.runtime.distributed import STRATEGIES
 
-    if args.command == "demo":
+    if args.command in ("demo", "info"):
         return
     try:
         if args.command == "fit":
@@ -181,8 +181,8 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
 
 
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
-    """The ``zoo`` parser; ``commands`` maps ``demo``, ``fit`` and ``compare`` to the functions
-    that run them (:func:`zoo.cli.commands.build_parser` passes :mod:`zoo.cli.commands`'s)."""
+    """The ``zoo`` parser; ``commands`` maps ``demo``, ``fit``, ``compare`` and ``info`` to the
+    functions that run them (:func:`zoo.cli.commands.build_parser` passes its module's)."""
     import guides
     from zoo.training.recipes import REGRESSION_FIT
 
@@ -279,6 +279,19 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         "tridiagonal.parameterization=free, laplace.hessian=diag, ensemble.members=5",
     )
     c.set_defaults(func=commands["compare"], parser=c)
+
+    i = sub.add_parser(
+        "info",
+        formatter_class=formatter,
+        help="print the versions, devices, threads and data this installation has",
+        description="Print what a user and a bug report need: the versions of Python, torch, "
+        "torchvision, Pyro, ArviZ and the optional extras, whether torch and torchvision work "
+        "together, the devices, the threads, the data root and whether MNIST is there; each "
+        "problem with what to do. Exits 1 when one stops the library from working.",
+    )
+    i.add_argument("--data-root", default=None, help="the data root to look in (default: "
+                   "$ZOO_DATA, else ~/.cache/bnn-zoo/data)")  # fmt: skip
+    i.set_defaults(func=commands["info"], parser=i)
     return parser
 
 

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import TensorDataset
 
+from zoo.runtime.packages import torchvision_datasets
+
 # Per-channel statistics of the training sets, used to standardise images.
 _MNIST_STATS = ((0.1307,), (0.3081,))
 _FASHION_STATS = ((0.2860,), (0.3530,))
@@ -113,9 +115,9 @@ def mnist(
     top to bottom ("sequential MNIST", for the transformer and the recurrent classifier).
     Pixels are standardised with the training set's mean and standard deviation.
     """
-    from torchvision.datasets import MNIST
-
-    return _image_dataset(MNIST, root, train, download, _MNIST_STATS, limit, layout)
+    return _image_dataset(
+        torchvision_datasets().MNIST, root, train, download, _MNIST_STATS, limit, layout
+    )
 
 
 def fashion_mnist(
@@ -126,9 +128,9 @@ def fashion_mnist(
     layout: str = "image",
 ):
     """Fashion-MNIST as a standardised ``TensorDataset``, laid out as :func:`mnist`'s."""
-    from torchvision.datasets import FashionMNIST
-
-    return _image_dataset(FashionMNIST, root, train, download, _FASHION_STATS, limit, layout)
+    return _image_dataset(
+        torchvision_datasets().FashionMNIST, root, train, download, _FASHION_STATS, limit, layout
+    )
 
 
 def files_where(cls: type, root: Path) -> str:
@@ -146,6 +148,6 @@ def files_where(cls: type, root: Path) -> str:
 
 def cifar10(root=None, train: bool = True, download: bool = True, limit: int | None = None):
     """CIFAR-10 as a standardised ``TensorDataset`` of ``(N, 3, 32, 32)`` images."""
-    from torchvision.datasets import CIFAR10
-
-    return _image_dataset(CIFAR10, root, train, download, _CIFAR_STATS, limit)
+    return _image_dataset(
+        torchvision_datasets().CIFAR10, root, train, download, _CIFAR_STATS, limit
+    )
