@@ -75,6 +75,8 @@ class BayesianModule(L.LightningModule):
         (:mod:`zoo.runtime.threads`: one thread for a small one on the CPU); the caller's setting is
         restored at ``teardown``.
 
+    Notes
+    -----
     Logged: ``train/elbo`` (full-data scale), ``train/kl`` (``KL(q || p)`` estimate, every
     ``log_every_n_steps``), and at each validation the model's held-out metrics
     (classification: ``val/accuracy``, ``val/nll``, ``val/brier``, ``val/ece``; regression:

@@ -149,6 +149,8 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
     collapse_ratio : float
         :meth:`diagnose` warns when a value ends below this fraction of ``init_scale``.
 
+    Notes
+    -----
     The learned values are ``model.prior.scales()``; they are saved with the fit.
     """
 
