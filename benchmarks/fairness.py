@@ -8,8 +8,9 @@ For each problem and each family (``guides.available()``, the joint Gaussian whe
 is small enough, and the baselines ``ensemble`` and ``laplace``), the call ``zoo.compare``
 makes with no learning rate or initial scale given (the family's recipe,
 ``guides.recipe``) is set beside a grid of the same step budget: the learning rate ``x 0.3,
-1, 3, 10`` of the rate the default call runs at (the task's default, ``zoo.REGRESSION_FIT``'s
-1e-2 for small regression data or 1e-3 otherwise, times the family's ``lr_scale``) times two
+1, 3, 10`` of the rate the default call runs at (the task's default, 3e-3, or 1e-2 for the
+full-batch recipe of small regression data, times the family's scale,
+``guides.Recipe.scale``) times two
 initial scales (the family's default ``init_scale`` and 3 times it; the Posch tridiagonal's
 relative ``init_tau``; MAP and the baselines' MAP fits take the learning rates only). The
 score is the test NLL per point; the gap is ``default - best``. Problems:
@@ -20,7 +21,12 @@ score is the test NLL per point; the gap is ``default - best``. Problems:
   learned noise, the full-batch recipe;
 - ``digits``: scikit-learn's 8x8 digits (1,438 train), 64-32-10 ReLU, 10 epochs at batch 128;
 - ``mnist``: 2,000 MNIST training digits, LeNet-5, 5 epochs at batch 128, tested on 2,000 of
-  the test set (``--data-root``, or ``ZOO_DATA``).
+  the test set (``--data-root``, or ``ZOO_DATA``);
+- ``resnet``: the same 2,000 digits and 5 epochs with a ResNet-8 (batch norm; 74,522 weights
+  in sample sites), tested on 1,000.
+
+Every default rate decays tenfold over the run (``zoo.fit``'s default, minibatch and full-batch
+alike), and the grid's rates decay the same way.
 
 Fits run in ``--processes`` worker processes of one thread each. Results go to ``--out`` (JSON:
 every fit's setting and metrics); the table printed is the one in ``benchmarks/README.md``.
@@ -40,10 +46,12 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-PROBLEMS = ("toy", "diabetes", "digits", "mnist")
+PROBLEMS = ("toy", "diabetes", "digits", "mnist", "resnet")
 LR_FACTORS = (0.3, 1.0, 3.0, 10.0)
 INIT_FACTORS = (1.0, 3.0)
 BASELINES = ("ensemble", "laplace")
+#: The problems fitted with the full-batch recipe of small regression data.
+FULL_BATCH = ("toy", "diabetes")
 #: The joint Gaussian is fitted where the network has at most this many weights.
 JOINT_MAX = 1500
 #: The option that sets a family's initial spread, where it is not ``init_scale``: the Posch
@@ -52,7 +60,8 @@ INIT_OPTIONS = {"tridiagonal": "init_tau"}
 
 
 def problem(name: str, data_root: str | None = None):
-    """``(train, test, model_factory, fit_options, default_lr)`` of a problem."""
+    """``(train, test, model_factory, fit_options, default_lr)`` of a problem (the schedule of
+    every default rate is a tenfold decay, :func:`schedule`)."""
     import zoo
     from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
 
@@ -85,19 +94,18 @@ def problem(name: str, data_root: str | None = None):
             {"epochs": 10, "batch_size": 128},
             DEFAULT_LR,
         )
-    if name == "mnist":
+    if name in ("mnist", "resnet"):
         root = data_root or os.environ.get("ZOO_DATA")
+        test_size = 2000 if name == "mnist" else 1000
         train_set = zoo.data.mnist(root, train=True, download=False, limit=2000)
-        test_set = zoo.data.mnist(root, train=False, download=False, limit=2000)
+        test_set = zoo.data.mnist(root, train=False, download=False, limit=test_size)
         train = tuple(torch.stack(t) for t in zip(*train_set))
         test = tuple(torch.stack(t) for t in zip(*test_set))
-        return (
-            train,
-            test,
-            lambda: zoo.models.LeNet5(),
-            {"epochs": 5, "batch_size": 128},
-            DEFAULT_LR,
-        )
+        if name == "mnist":
+            factory = zoo.models.LeNet5
+        else:  # batch norm's running statistics in the model, the network users bring
+            factory = lambda: zoo.models.ResNet(8, in_channels=1, input_size=28)  # noqa: E731
+        return train, test, factory, {"epochs": 5, "batch_size": 128}, DEFAULT_LR
     raise ValueError(f"unknown problem {name!r}; choose from {PROBLEMS}")
 
 
@@ -142,8 +150,10 @@ def run_one(job: dict, data_root=None) -> dict:
     args.update(seed=job.get("seed", 0), progress=False, num_samples=100)
     row = job["family"]
     if not job["default"]:
-        scale = guides.recipe("map" if family in BASELINES else family).lr_scale
+        recipe = guides.recipe("map" if family in BASELINES else family)
+        scale = recipe.scale(full_batch=job["problem"] in FULL_BATCH)
         args["lr"] = default_lr * scale * job["lr"]
+        args["optim"] = {"lr_schedule": "exponential"}  # the default call's decay, a given rate
         if job["init"] != 1.0:
             option = INIT_OPTIONS.get(family, "init_scale")
             base = factory_guide_scale(factory, family, option)
@@ -272,7 +282,8 @@ def main(argv=None) -> dict:
     print("\n".join(table_lines(rows)))
     import guides
 
-    scales = {f: guides.recipe(f).lr_scale for f in [*guides.available(), "joint"]}
+    scales = {f: [guides.recipe(f).scale(False), guides.recipe(f).scale(True)]
+              for f in [*guides.available(), "joint"]}  # fmt: skip
     saved = {"results": results, "rows": rows, "load": list(os.getloadavg()),
              "lr_scales": scales}  # fmt: skip
     with open(args.out, "w") as f:

@@ -1,5 +1,6 @@
 """The learning rate of a minibatch fit when the caller gives none: Adam at a constant 1e-3
-against 1e-2 decaying tenfold over the run, on short and long budgets (issue 60).
+against tenfold decays from 3e-3 and 1e-2 and each family's default call, on short and long
+budgets (issue 60).
 
     python benchmarks/task_rate.py                       # every family, every budget
     python benchmarks/task_rate.py --budgets digits-10 --families whvi diagonal
@@ -8,8 +9,10 @@ against 1e-2 decaying tenfold over the run, on short and long budgets (issue 60)
 must serve a fit of a hundred steps and one of thousands alike. Each family of
 ``guides.available()`` and MAP is fitted through ``zoo.compare`` with each rate on each budget
 at the same seed and scored by test NLL per point and accuracy. Budgets (``fairness.py``'s
-problems):
+problems, and one of LeNet-5's first steps):
 
+- ``templates-60``: 1,024 images of ten random templates plus unit noise, a LeNet-5 with 32
+  hidden units, 60 steps at batch 64, tested on 1,000 more (data like the GPU tests');
 - ``digits-10``: the 8x8 digits (1,438 train), 64-32-10 ReLU, 10 epochs at batch 128 (120 steps);
 - ``digits-100``: the same for 100 epochs (1,200 steps);
 - ``mnist-5``: 2,000 MNIST digits, LeNet-5, 5 epochs (80 steps), 2,000 test digits;
@@ -32,14 +35,16 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-#: The rates: the constant rate of earlier releases (the first, against which the others are
-#: set) and tenfold decays from three and ten times it.
+#: The rates: the constant rate of earlier releases, tenfold decays from three and ten times it,
+#: and the call with no rate (the family's recipe).
 RATES = {
     "1e-3 constant": {"lr": 1e-3, "lr_schedule": None},
     "3e-3 decaying tenfold": {"lr": 3e-3, "lr_schedule": "exponential"},
     "1e-2 decaying tenfold": {"lr": 1e-2, "lr_schedule": "exponential"},
+    "default": {"lr": None, "lr_schedule": None},  # zoo.fit's: 3e-3 x lr_scale, decaying
 }
 BUDGETS = {
+    "templates-60": ("templates", 60),
     "digits-10": ("digits", 10),
     "digits-100": ("digits", 100),
     "mnist-5": ("mnist", 5),
@@ -53,6 +58,8 @@ def data(name: str, data_root: str | None):
 
     import zoo
 
+    if name == "templates":
+        return templates(1024, 0), templates(1000, 1), lambda: zoo.models.LeNet5(hidden=32)
     if name != "mnist-full":
         train, test, factory, _, _ = problem(name, data_root)
         return train, test, factory
@@ -63,6 +70,15 @@ def data(name: str, data_root: str | None):
     return train, tuple(torch.stack(t) for t in zip(*test_set)), zoo.models.LeNet5
 
 
+def templates(n: int, seed: int):
+    """``n`` 28 x 28 images, each one of ten fixed random templates (one per class) plus unit
+    noise drawn with ``seed``: separable, and learned by a LeNet-5 in a few dozen steps."""
+    shapes = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(1000 + seed)
+    y = torch.randint(0, 10, (n,), generator=g)
+    return torch.randn(n, 1, 28, 28, generator=g) + shapes[y], y
+
+
 def run_one(job: dict) -> dict:
     """Fit one family at one rate on one budget and score it (in a worker process)."""
     torch.set_num_threads(1)
@@ -71,14 +87,15 @@ def run_one(job: dict) -> dict:
     problem_name, epochs = BUDGETS[job["budget"]]
     train, test, factory = data(problem_name, job["data_root"])
     rate = RATES[job["rate"]]
+    length = {"num_steps": epochs, "batch_size": 64} if problem_name == "templates" else {
+        "epochs": epochs, "batch_size": 128}  # fmt: skip
     start = time.perf_counter()
     table = zoo.compare(
         factory,
         [job["family"]],
         train,
         test,
-        epochs=epochs,
-        batch_size=128,
+        **length,
         lr=rate["lr"],
         optim={"lr_schedule": rate["lr_schedule"]},
         seed=job["seed"],

@@ -34,22 +34,42 @@ class Recipe:
     Parameters
     ----------
     lr_scale : float, default 1.0
-        Multiplies the task's default learning rate (``zoo.fit``'s: 1e-3, or the full-batch
-        recipe's 1e-2 for small regression data) when no ``lr`` is given. A family whose
-        parameters move the posterior slowly per Adam step learns at a larger rate.
+        Multiplies the task's default learning rate (``zoo.fit``'s: 3e-3 decaying tenfold
+        over the run, or the full-batch recipe's 1e-2 for small regression data) when no
+        ``lr`` is given. A family whose parameters move the posterior
+        slowly per Adam step learns at a larger rate, one whose parameters move it fast (many
+        entries of a factor per weight) at a smaller one.
+    full_batch_lr_scale : float, optional
+        The scale under the full-batch recipe of small regression data
+        (``zoo.REGRESSION_FIT``) where it differs from ``lr_scale``: a family may learn best
+        at one scale of a minibatch rate and another of the full-batch one.
     why : str
-        The measurement behind a scale other than 1 (``benchmarks/fairness.py``).
+        The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
+        ``benchmarks/task_rate.py``).
 
+    Notes
+    -----
     The other parts of a family's recipe are its constructor's defaults (``init_scale``, the
     parameterisation), shown with ``lr_scale`` in the documentation's family table.
     """
 
     lr_scale: float = 1.0
+    full_batch_lr_scale: float | None = None
     why: str = ""
 
     def __post_init__(self):
-        if not is_number(self.lr_scale) or not self.lr_scale > 0:
-            raise ValueError(f"Recipe(lr_scale={self.lr_scale!r}): a positive number")
+        for name in ("lr_scale", "full_batch_lr_scale"):
+            value = getattr(self, name)
+            if name == "lr_scale" or value is not None:
+                if not is_number(value) or not value > 0:
+                    raise ValueError(f"Recipe({name}={value!r}): a positive number")
+
+    def scale(self, full_batch: bool) -> float:
+        """The factor of the task's default rate: ``full_batch_lr_scale`` under the full-batch
+        recipe when it is set, else ``lr_scale``."""
+        if full_batch and self.full_batch_lr_scale is not None:
+            return self.full_batch_lr_scale
+        return self.lr_scale
 
 
 def recipe(guide) -> Recipe:

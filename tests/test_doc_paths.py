@@ -110,7 +110,7 @@ def test_every_docstring_reference_resolves():
 
 def test_the_family_table_of_recipes_is_the_registrys():
     """docs/families.md's recipe table has a row per family (and the joint one) whose learning
-    rate is the family's declared ``lr_scale``."""
+    rate is the family's declared ``lr_scale`` (and ``full_batch_lr_scale`` where it has one)."""
     import guides
 
     text = (REPO / "docs" / "families.md").read_text()
@@ -122,4 +122,8 @@ def test_the_family_table_of_recipes_is_the_registrys():
     }
     assert set(rows) == {*guides.available(), "joint"}
     for name, cell in rows.items():
-        assert cell == f"x{guides.recipe(name).lr_scale:g}", name
+        recipe = guides.recipe(name)
+        want = f"x{recipe.lr_scale:g}"
+        if recipe.full_batch_lr_scale is not None:
+            want += f" (full batch x{recipe.full_batch_lr_scale:g})"
+        assert cell == want, name

@@ -214,3 +214,29 @@ def test_a_family_declares_its_recipe_and_fit_uses_it():
             guides.Recipe(lr_scale=0)
     finally:
         guides.registry.unregister("fast_diagonal")
+
+
+def test_a_recipe_may_scale_the_full_batch_rate_apart():
+    """``Recipe(full_batch_lr_scale=...)``: small regression data's full-batch recipe runs at
+    ``REGRESSION_FIT``'s rate times it, any other fit at the task's rate times ``lr_scale``."""
+    from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
+
+    class AutoSplit(guides.AutoDiagonal, family="split_diagonal"):
+        RECIPE = guides.Recipe(lr_scale=2.0, full_batch_lr_scale=0.5, why="a test")
+
+    try:
+        model = BayesianMLP(1, (4,), 1, task="regression", noise=0.1)
+        x, y = zoo.data.toy_regression(n=32)
+        quiet = zoo.Run(progress=False)
+        rule = zoo.Convergence(window=5, cap=10)  # the full-batch recipe's rate, 10 steps
+        full = zoo.fit(model, "split_diagonal", (x, y), num_steps=rule, run=quiet)
+        assert full.options["recipe"].startswith("small regression data")
+        assert full.options["lr"] == pytest.approx(0.5 * REGRESSION_FIT["lr"])
+        steps = zoo.fit(model, "split_diagonal", (x, y), num_steps=2, run=quiet)
+        assert steps.options["lr"] == pytest.approx(2.0 * DEFAULT_LR)
+        assert guides.recipe("split_diagonal").scale(full_batch=True) == 0.5
+        assert guides.Recipe(lr_scale=2.0).scale(full_batch=True) == 2.0
+        with pytest.raises(ValueError, match="full_batch_lr_scale"):
+            guides.Recipe(full_batch_lr_scale=-1)
+    finally:
+        guides.registry.unregister("split_diagonal")

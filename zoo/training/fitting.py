@@ -116,7 +116,11 @@ def fit(
     batch_size : int, optional
         Minibatch size (a DataLoader keeps its own); default 128, or all of small data.
     lr : float, optional
-        Learning rate; default 1e-3, or 1e-2 with the small-data recipe.
+        Learning rate. Default: 3e-3 decaying tenfold over the run (the small-data recipe:
+        1e-2; for a fit with no ``lr_schedule`` of its own; 1e-3 constant under
+        ``num_steps="auto"``), times the
+        family's ``lr_scale`` (:func:`guides.recipe`). A given rate is constant unless
+        ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it anyway).
     seed : int or None, default 0
         Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
         caller's global random state is the same after the fit as before. ``None`` draws
@@ -157,9 +161,15 @@ def fit(
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
     check_positive(**given)
     auto = convergence is not None
-    lr_scale = guide_registry.recipe(guide).lr_scale  # the family's (guides.registry.Recipe)
+    recipe = guide_registry.recipe(guide)  # the family's (guides.registry.Recipe)
     length = resolve_length(
-        data, model, **given, lr_schedule=optim.lr_schedule, auto=auto, lr_scale=lr_scale
+        data,
+        model,
+        **given,
+        lr_schedule=optim.lr_schedule,
+        auto=auto,
+        lr_scale=recipe.lr_scale,
+        full_batch_lr_scale=recipe.full_batch_lr_scale,
     )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     settings = Settings(length, seed, optim, loss, engine, run, convergence)
@@ -299,6 +309,7 @@ def _options(guide, total, batches, s: Settings, objective, plan, seed, ranks) -
         recipe=length.recipe,
         batch_size=batches.batch_size,
         lr=length.lr,
+        lr_schedule=length.lr_schedule if not callable(length.lr_schedule) else "schedule",
         num_particles=loss.num_particles,
         kl_weight=loss.kl_weight if not callable(loss.kl_weight) else "schedule",
         per_example=optim.per_example,

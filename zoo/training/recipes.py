@@ -8,12 +8,21 @@ default to ``None``, resolved here from the data size alone, before any training
   full-batch recipe :data:`REGRESSION_FIT`: every example in one batch (unless ``batch_size``
   is given; a ``DataLoader`` keeps its own batches), 3,000 Adam steps at ``lr`` 1e-2 decaying
   tenfold (each unless given). One epoch of such data is one or two steps, which learn nothing.
-- **Otherwise** one epoch at batch 128 and ``lr`` 1e-3 (each unless given). When that length
-  came from the defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns
-  and says what to pass.
+- **Otherwise** one epoch at batch 128 (each unless given) and, when neither ``lr`` nor
+  ``lr_schedule`` is given, Adam at :data:`DEFAULT_LR` (3e-3) decaying tenfold over the run
+  (:data:`DEFAULT_SCHEDULE`): a short fit learns faster than at a constant 1e-3 and a long one
+  ends lower. A given ``lr`` runs constant unless ``lr_schedule`` is given too; a given
+  ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
+  (``num_steps="auto"``) runs at the constant :data:`CONVERGENCE_LR` (1e-3): a rule that stops
+  when the ELBO settles needs a rate it can settle at. When the length came from the defaults
+  and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns and says what to pass.
+
+``benchmarks/task_rate.py`` measures the minibatch default against other rates on short and
+long budgets (``benchmarks/README.md``).
 
 Either default rate is multiplied by the family's ``lr_scale`` (its
-:class:`guides.registry.Recipe`, declared on its class as ``RECIPE``) when ``lr`` is not given;
+:class:`guides.registry.Recipe`, declared on its class as ``RECIPE``; the full-batch recipe's
+by its ``full_batch_lr_scale`` where the family declares one) when ``lr`` is not given;
 ``result.options["lr"]`` is the rate that ran.
 
 ``device="auto"`` is CUDA when there is one, else the CPU (:func:`resolve_device`).
@@ -34,8 +43,10 @@ from torch.utils.data import DataLoader, IterableDataset
 from zoo.runtime.devices import DEVICE_VARIABLE, chosen_device
 
 __all__ = [
+    "CONVERGENCE_LR",
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
+    "DEFAULT_SCHEDULE",
     "MIN_DEFAULT_STEPS",
     "REGRESSION_FIT",
     "SMALL_DATA",
@@ -52,9 +63,14 @@ SMALL_DATA = 2048
 #: The full-batch recipe for small data sets (the demo's): Adam at ``lr`` 1e-2 decaying tenfold
 #: over 3,000 steps; ``benchmarks/regression.py`` fits with it unless told otherwise.
 REGRESSION_FIT: dict = {"num_steps": 3000, "lr": 1e-2, "lr_schedule": "exponential"}
-#: The minibatch and learning rate of every other fit, unless given.
+#: The minibatch of every other fit, unless given.
 DEFAULT_BATCH_SIZE = 128
-DEFAULT_LR = 1e-3
+#: The learning rate of every other fit when neither ``lr`` nor ``lr_schedule`` is given, and
+#: its schedule (``zoo.Optim.lr_schedule``'s ``"exponential"``: ``0.1 ** (step / total)``).
+DEFAULT_LR = 3e-3
+DEFAULT_SCHEDULE = "exponential"
+#: The constant rate of a minibatch fit whose length a convergence rule decides.
+CONVERGENCE_LR = 1e-3
 #: A fit whose default length is fewer optimiser steps than this warns.
 MIN_DEFAULT_STEPS = 200
 
@@ -102,6 +118,7 @@ def resolve_length(
     lr_schedule,
     auto: bool = False,
     lr_scale: float = 1.0,
+    full_batch_lr_scale: float | None = None,
 ) -> Length:
     """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
     docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
@@ -109,7 +126,8 @@ def resolve_length(
     full-batch recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a
     schedule over the cap would still be high where the rule stops). ``lr_scale``: the
     family's (:class:`guides.registry.Recipe`), multiplying the default rate when ``lr`` is
-    not given."""
+    not given; ``full_batch_lr_scale`` (when not None) in its place under the full-batch
+    recipe."""
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
@@ -121,16 +139,24 @@ def resolve_length(
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
-            lr=lr if lr is not None else REGRESSION_FIT["lr"] * lr_scale,
+            lr=lr
+            if lr is not None
+            else REGRESSION_FIT["lr"]
+            * (lr_scale if full_batch_lr_scale is None else full_batch_lr_scale),  # fmt: skip
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
             recipe="small regression data" + (", length auto" if auto else ""),
         )
     recipe = "default" if epochs is None and num_steps is None else "given"
+    if lr is None and auto:
+        lr = CONVERGENCE_LR * lr_scale
+    elif lr is None:
+        lr = DEFAULT_LR * lr_scale
+        lr_schedule = lr_schedule if lr_schedule is not None else DEFAULT_SCHEDULE
     return Length(
         epochs=epochs if epochs is not None else 1,
         num_steps=num_steps,
         batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
-        lr=lr if lr is not None else DEFAULT_LR * lr_scale,
+        lr=lr,
         lr_schedule=lr_schedule,
         recipe=recipe,
     )

@@ -223,14 +223,17 @@ def test_the_fits_of_the_gpu_tests_run_through_the_emulated_graph(
     """The fits ``test_cuda.py`` compares on a GPU (``tests/zoo/cuda_runs.py``: a schedule, a
     KL warm-up, a short last batch between replays) built with the same arguments on the CPU,
     so a changed option group fails here and not only on a GPU: the replayed step gives the
-    eager fit."""
+    eager fit, judged as on the GPU (``cuda_runs.assert_same_fit``: WHVI's CPU fits are not
+    bitwise reproducible either)."""
+    from functools import partial
+
+    from tests.zoo.cuda_runs import assert_same_fit
     from tests.zoo.cuda_runs import fit as cuda_fit
 
     on_cpu = {"device": "cpu", "jit": True}  # the compiled loss, as on a GPU
-    eager = cuda_fit(family, options, optim, check_every=1, cuda_graph=False, **on_cpu)
+    again = partial(cuda_fit, family, options, optim, check_every=1, cuda_graph=False, **on_cpu)
+    eager = again()
     graphed = cuda_fit(family, options, optim, cuda_graph=True, **on_cpu)
     assert graphed.options["cuda_graph"] is True and len(emulated_capture) >= 1
     assert graphed.losses == pytest.approx(eager.losses, rel=1e-4)
-    want, got = eager.guide.state_dict(), graphed.guide.state_dict()
-    for key in want:
-        torch.testing.assert_close(got[key], want[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-4)

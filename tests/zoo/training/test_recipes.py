@@ -7,9 +7,12 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import zoo
+from zoo.training.optim import make_scheduler
 from zoo.training.recipes import (
+    CONVERGENCE_LR,
     DEFAULT_BATCH_SIZE,
     DEFAULT_LR,
+    DEFAULT_SCHEDULE,
     MIN_DEFAULT_STEPS,
     REGRESSION_FIT,
     SMALL_DATA,
@@ -100,6 +103,51 @@ def test_classification_and_large_data_keep_one_epoch():
         lr_schedule=None,
     )
     assert large.recipe == "default" and large.batch_size == DEFAULT_BATCH_SIZE
+
+
+def test_the_minibatch_rate_decays_unless_a_rate_is_given():
+    """No ``lr``: 1e-2 decaying tenfold over the run (a given schedule kept); a given ``lr``
+    runs constant; a convergence rule's length runs at the constant 1e-3 it can settle at."""
+    classifier = zoo.models.BayesianMLP(1, (8,), 3, task="classification")
+    x, _ = regression(3000)
+    data = (x, torch.zeros(3000, dtype=torch.long))
+
+    def resolved(**given):
+        options = {"epochs": None, "num_steps": None, "batch_size": None, "lr": None,
+                   "lr_schedule": None, **given}  # fmt: skip
+        length = resolve_length(data, classifier, **options)
+        return length.lr, length.lr_schedule
+
+    assert (DEFAULT_LR, DEFAULT_SCHEDULE, CONVERGENCE_LR) == (3e-3, "exponential", 1e-3)
+    assert resolved() == (DEFAULT_LR, DEFAULT_SCHEDULE)
+    assert resolved(num_steps=50) == (DEFAULT_LR, DEFAULT_SCHEDULE)
+    assert resolved(lr=3e-4) == (3e-4, None)
+    assert resolved(lr=3e-4, lr_schedule="cosine") == (3e-4, "cosine")
+    assert resolved(lr_schedule="cosine") == (DEFAULT_LR, "cosine")
+    assert resolved(num_steps=500, auto=True) == (CONVERGENCE_LR, None)
+    scaled = resolve_length(data, classifier, epochs=None, num_steps=None, batch_size=None,
+                            lr=None, lr_schedule=None, lr_scale=0.3)  # fmt: skip
+    assert scaled.lr == 0.3 * DEFAULT_LR
+
+
+def test_a_default_minibatch_fit_ends_at_a_tenth_of_its_rate():
+    x, _ = regression(SMALL_DATA + 1)
+    y = (x[:, 0] > 0).long()
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(1, (8,), 2, task="classification"),
+        "diagonal",
+        (x, y),
+        epochs=2,
+        run=zoo.Run(progress=False),
+    )
+    assert fit.options["lr"] == DEFAULT_LR and fit.options["lr_schedule"] == DEFAULT_SCHEDULE
+    total = fit.options["num_steps"]
+    optimizer = torch.optim.Adam([torch.zeros(1, requires_grad=True)], lr=DEFAULT_LR)
+    schedule = make_scheduler(optimizer, DEFAULT_SCHEDULE, total)
+    for _ in range(total):
+        optimizer.step()
+        schedule.step()
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(DEFAULT_LR / 10)
 
 
 def test_a_full_batch_regression_fit_with_no_options_is_fitted():
