@@ -51,6 +51,11 @@ html_title = "bnn-zoo"
 html_theme_options = {
     "show_toc_level": 2,
     "navigation_with_keys": False,
-    "header_links_before_dropdown": 4,
+    "header_links_before_dropdown": 5,
+    "external_links": [
+        {"name": "PyTorch", "url": "https://pytorch.org/docs/stable/"},
+        {"name": "Pyro", "url": "https://docs.pyro.ai/en/stable/"},
+        {"name": "ArviZ", "url": "https://python.arviz.org/en/stable/"},
+    ],
 }
 html_static_path = []

@@ -71,3 +71,12 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert page.count("<img") >= 2  # the saved figures, shown as images
     fit_page = (out / "generated" / "zoo.fit.html").read_text()
     assert "num_steps" in fit_page and "Parameters" in fit_page
+    import zoo
+
+    changes = (out / "changelog.html").read_text()
+    assert f"{zoo.__version__} (" in changes  # the CHANGELOG itself, its release on top
+    index = (out / "index.html").read_text()
+    for url in ("https://pytorch.org/docs/stable/", "https://docs.pyro.ai/en/stable/",
+                "https://python.arviz.org/en/stable/"):  # fmt: skip
+        assert url in index, url
+    assert f"{zoo.__version__}" in index  # the version single-sourced from zoo.__version__
