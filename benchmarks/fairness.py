@@ -109,7 +109,9 @@ def problem(name: str, data_root: str | None = None):
     raise ValueError(f"unknown problem {name!r}; choose from {PROBLEMS}")
 
 
-def jobs(problems, families, data_root, seeds=(0,), grid=True, inits=INIT_FACTORS) -> list[dict]:
+def jobs(
+    problems, families, data_root, seeds=(0,), grid=True, inits=INIT_FACTORS, lrs=LR_FACTORS
+) -> list[dict]:
     """Every fit to run: the default call at each of ``seeds``, then (``grid``) the grid at
     seed 0, per problem and family."""
     import guides
@@ -125,7 +127,7 @@ def jobs(problems, families, data_root, seeds=(0,), grid=True, inits=INIT_FACTOR
             scales = (1.0,) if family in (*BASELINES, "map") else inits
             for seed in seeds:
                 out.append({"problem": name, "family": family, "default": True, "seed": seed})
-            for lr in LR_FACTORS if grid else ():
+            for lr in lrs if grid else ():
                 for init in scales:
                     out.append(
                         {
@@ -249,11 +251,24 @@ def main(argv=None) -> dict:
         default=list(INIT_FACTORS),
         help="factors of the default initial spread in the grid",
     )
+    parser.add_argument(
+        "--lrs",
+        nargs="+",
+        type=float,
+        default=list(LR_FACTORS),
+        help="factors of the default rate in the grid",
+    )
     parser.add_argument("--merge", help="a saved run whose fits this one adds to")
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
     todo = jobs(
-        args.problems, args.families, args.data_root, args.seeds, not args.no_grid, args.inits
+        args.problems,
+        args.families,
+        args.data_root,
+        args.seeds,
+        not args.no_grid,
+        args.inits,
+        args.lrs,
     )
     print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
     context = multiprocessing.get_context("spawn")
