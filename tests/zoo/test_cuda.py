@@ -38,8 +38,8 @@ def learnable(n=256):
 @pytest.mark.parametrize("family,options", FAMILIES)
 def test_fit_and_predict_stay_on_the_gpu(family, options):
     """A plain fit on the GPU: the graph step (``cuda_graph="auto"``), passing its check against
-    the eager step, everything on the device, and it learns: 60 steps put every family's
-    training accuracy at 0.51-1.0 on the CPU (chance: 0.1)."""
+    the eager step, everything on the device, and it learns: 60 steps at the default rate put
+    every family's training accuracy at 0.47-1.0 on the CPU (chance: 0.1)."""
     model = zoo.models.LeNet5(hidden=32)
     x, y = learnable()
     fit = zoo.fit(
