@@ -86,9 +86,11 @@ def capture_fails_then_every_family() -> None:
 
 def assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-3) -> str:
     """Every parameter of ``graphed`` within ``rtol``/``atol`` of ``eager``'s, or, where one is
-    not, within twice what a second eager fit (``again()``) differs from the first: cuDNN's and
-    the atomic adds' kernels are not bitwise deterministic, and a few dozen Adam steps can grow
-    the difference past a fixed tolerance for a parameter with a small gradient. Returns how
+    not, within four times what a second eager fit (``again()``) differs from the first: cuDNN's
+    and the atomic adds' kernels are not bitwise deterministic, a few dozen Adam steps can grow
+    the difference past a fixed tolerance for a parameter with a small gradient, and the largest
+    of a tensor's differences varies from one pair of fits to the next by more than twice (seen
+    for WHVI on an H200). A graph that computes another step differs by far more. Returns how
     the largest difference was judged."""
     want, got = eager.guide.state_dict(), graphed.guide.state_dict()
     off = {
@@ -100,7 +102,7 @@ def assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-3) -> str:
         return "within tolerance"
     second = again().guide.state_dict()
     noise = {k: (second[k] - want[k]).abs().max().item() for k in off}
-    beyond = {k: (off[k], noise[k]) for k in off if off[k] > 2 * noise[k] + atol}
+    beyond = {k: (off[k], noise[k]) for k in off if off[k] > 4 * noise[k] + atol}
     assert not beyond, f"graph minus eager, eager minus eager: {beyond}"
     return "; ".join(f"{k}: {off[k]:.2g}, eager twice {noise[k]:.2g}" for k in off)
 
