@@ -484,7 +484,8 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
     row = saved["rows"][0]
     best = min(r["nll"] for r in saved["results"] if not r["default"])
     assert row["best_nll"] == best and row["seeds"] == 2
-    assert saved["lr_scales"]["map"] == guides.recipe("map").lr_scale
+    recipe = guides.recipe("map")
+    assert saved["lr_scales"]["map"] == [recipe.scale(False), recipe.scale(True)]
 
 
 def test_joint_elbo_prints_a_many_draw_estimate():

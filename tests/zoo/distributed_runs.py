@@ -130,7 +130,9 @@ def failing(out: Path, steps: int) -> dict:
 
 
 def lenet(out: Path, steps: int, resume: bool = False) -> dict:
-    """LeNet-5 on 512 MNIST images with a checkpoint every 5 steps (killed, resumed, or not)."""
+    """LeNet-5 on 512 MNIST images with a checkpoint every 5 steps (killed, resumed, or not), at
+    a constant rate: a run planned for another length and resumed to this one then takes the
+    same steps (the default rate decays over the planned length)."""
     (out / f"pid{RANK}").write_text(str(os.getpid()))
     train = zoo.data.mnist(None, limit=512)
     checkpoint = out / "fit.ckpt"
@@ -140,6 +142,7 @@ def lenet(out: Path, steps: int, resume: bool = False) -> dict:
         train,
         num_steps=steps,
         batch_size=16,
+        lr=1e-3,
         **grouped(
             {
                 **DIST,

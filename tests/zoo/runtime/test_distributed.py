@@ -117,6 +117,7 @@ def test_a_killed_rank_ends_the_run_and_resume_continues_it_exactly(tmp_path, mn
         zoo.data.mnist(mnist_root, limit=512),
         num_steps=step + 2,
         batch_size=16,
+        lr=1e-3,  # the ranks' constant rate
         run=zoo.Run(resume=tmp_path / "two-ranks.ckpt", progress=False),
     )
     assert one.steps == step + 2 and one.options["world_size"] == 1
