@@ -219,7 +219,8 @@ def forked(out: Path, steps: int) -> dict:
 
 def resnet(out: Path, steps: int, resume: bool = False) -> dict:
     """A small ResNet (batch norm) on random images, a checkpoint every 2 steps: the ranks
-    average their running statistics every step."""
+    average their running statistics every step. A constant rate, as :func:`lenet`'s: the
+    resumed run was planned for fewer steps."""
     torch.manual_seed(0)
     x = torch.randn(64, 1, 12, 12, generator=torch.Generator().manual_seed(1))
     y = (x.mean((1, 2, 3)) > 0).long()
@@ -230,6 +231,7 @@ def resnet(out: Path, steps: int, resume: bool = False) -> dict:
         (x, y),
         num_steps=steps,
         batch_size=8,
+        lr=1e-3,
         **grouped(
             {**DIST, "checkpoint": checkpoint, "checkpoint_every": 2,
              "resume": checkpoint if resume else None}
