@@ -205,7 +205,7 @@ def test_a_family_declares_its_recipe_and_fit_uses_it():
         plain = zoo.fit(model, "diagonal", (x, y), num_steps=2, run=quiet)
         assert plain.options["lr"] == pytest.approx(DEFAULT_LR * guides.recipe("diagonal").lr_scale)
         full = resolve_length((x, y), model, epochs=None, num_steps=None, batch_size=None,
-                              lr=None, lr_schedule=None, lr_scale=3.0)  # fmt: skip
+                              lr=None, lr_schedule=None, recipe=AutoFast.RECIPE)  # fmt: skip
         assert full.lr == pytest.approx(3 * REGRESSION_FIT["lr"]) and full.num_steps == 3000
         for form in ("fast_diagonal", AutoFast, guides.family("fast_diagonal"), AutoFast(model)):
             assert guides.recipe(form).lr_scale == 3.0

@@ -116,10 +116,9 @@ def fit(
     batch_size : int, optional
         Minibatch size (a DataLoader keeps its own); default 128, or all of small data.
     lr : float, optional
-        Learning rate. Default: 3e-3 decaying tenfold over the run (the small-data recipe:
-        1e-2; for a fit with no ``lr_schedule`` of its own; 1e-3 constant under
-        ``num_steps="auto"``), times the
-        family's ``lr_scale`` (:func:`guides.recipe`). A given rate is constant unless
+        Learning rate. Default: 3e-3 decaying tenfold over the run when no ``lr_schedule`` is
+        given (the small-data recipe: 1e-2; ``num_steps="auto"``: a constant 1e-3), times the
+        family's scale (:func:`guides.recipe`). A given rate is constant unless
         ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it anyway).
     seed : int or None, default 0
         Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
@@ -161,15 +160,13 @@ def fit(
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
     check_positive(**given)
     auto = convergence is not None
-    recipe = guide_registry.recipe(guide)  # the family's (guides.registry.Recipe)
     length = resolve_length(
         data,
         model,
         **given,
         lr_schedule=optim.lr_schedule,
         auto=auto,
-        lr_scale=recipe.lr_scale,
-        full_batch_lr_scale=recipe.full_batch_lr_scale,
+        recipe=guide_registry.recipe(guide),  # the family's (guides.registry.Recipe)
     )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     settings = Settings(length, seed, optim, loss, engine, run, convergence)

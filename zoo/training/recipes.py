@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from guides.registry import Recipe
 from zoo.runtime.devices import DEVICE_VARIABLE, chosen_device
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "DEFAULT_LR",
     "DEFAULT_SCHEDULE",
     "MIN_DEFAULT_STEPS",
+    "PLAIN_RECIPE",
     "REGRESSION_FIT",
     "SMALL_DATA",
     "Length",
@@ -71,6 +73,8 @@ DEFAULT_LR = 3e-3
 DEFAULT_SCHEDULE = "exponential"
 #: The constant rate of a minibatch fit whose length a convergence rule decides.
 CONVERGENCE_LR = 1e-3
+#: The recipe of a family that declares none: the task's rates as they are.
+PLAIN_RECIPE = Recipe()
 #: A fit whose default length is fewer optimiser steps than this warns.
 MIN_DEFAULT_STEPS = 200
 
@@ -117,17 +121,15 @@ def resolve_length(
     lr: float | None,
     lr_schedule,
     auto: bool = False,
-    lr_scale: float = 1.0,
-    full_batch_lr_scale: float | None = None,
+    recipe: Recipe = PLAIN_RECIPE,
 ) -> Length:
     """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
     docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
     convergence rule (:mod:`zoo.training.convergence`), so small regression data keeps the
     full-batch recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a
-    schedule over the cap would still be high where the rule stops). ``lr_scale``: the
-    family's (:class:`guides.registry.Recipe`), multiplying the default rate when ``lr`` is
-    not given; ``full_batch_lr_scale`` (when not None) in its place under the full-batch
-    recipe."""
+    schedule over the cap would still be high where the rule stops). ``recipe``: the
+    family's (:class:`guides.registry.Recipe`), whose :meth:`~guides.registry.Recipe.scale`
+    multiplies the default rate when ``lr`` is not given."""
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
@@ -139,18 +141,15 @@ def resolve_length(
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
-            lr=lr
-            if lr is not None
-            else REGRESSION_FIT["lr"]
-            * (lr_scale if full_batch_lr_scale is None else full_batch_lr_scale),  # fmt: skip
+            lr=lr if lr is not None else REGRESSION_FIT["lr"] * recipe.scale(full_batch=True),
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
             recipe="small regression data" + (", length auto" if auto else ""),
         )
-    recipe = "default" if epochs is None and num_steps is None else "given"
+    kind = "default" if epochs is None and num_steps is None else "given"
     if lr is None and auto:
-        lr = CONVERGENCE_LR * lr_scale
+        lr = CONVERGENCE_LR * recipe.scale(full_batch=False)
     elif lr is None:
-        lr = DEFAULT_LR * lr_scale
+        lr = DEFAULT_LR * recipe.scale(full_batch=False)
         lr_schedule = lr_schedule if lr_schedule is not None else DEFAULT_SCHEDULE
     return Length(
         epochs=epochs if epochs is not None else 1,
@@ -158,7 +157,7 @@ def resolve_length(
         batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
         lr=lr,
         lr_schedule=lr_schedule,
-        recipe=recipe,
+        recipe=kind,
     )
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+import guides
 import zoo
 from zoo.training.optim import make_scheduler
 from zoo.training.recipes import (
@@ -126,7 +127,8 @@ def test_the_minibatch_rate_decays_unless_a_rate_is_given():
     assert resolved(lr_schedule="cosine") == (DEFAULT_LR, "cosine")
     assert resolved(num_steps=500, auto=True) == (CONVERGENCE_LR, None)
     scaled = resolve_length(data, classifier, epochs=None, num_steps=None, batch_size=None,
-                            lr=None, lr_schedule=None, lr_scale=0.3)  # fmt: skip
+                            lr=None, lr_schedule=None,
+                            recipe=guides.Recipe(lr_scale=0.3))  # fmt: skip
     assert scaled.lr == 0.3 * DEFAULT_LR
 
 
