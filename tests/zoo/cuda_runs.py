@@ -84,27 +84,43 @@ def capture_fails_then_every_family() -> None:
         print(f"{label}: graph step = eager step ({spread})", flush=True)
 
 
-def assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-3) -> str:
-    """Every parameter of ``graphed`` within ``rtol``/``atol`` of ``eager``'s, or, where one is
-    not, within four times what a second eager fit (``again()``) differs from the first: cuDNN's
-    and the atomic adds' kernels are not bitwise deterministic, a few dozen Adam steps can grow
-    the difference past a fixed tolerance for a parameter with a small gradient, and the largest
-    of a tensor's differences varies from one pair of fits to the next by more than twice (seen
-    for WHVI on an H200). A graph that computes another step differs by far more. Returns how
-    the largest difference was judged."""
+def assert_same_fit(eager, graphed, again, rtol=1e-3, atol=1e-3, stray=0.01) -> str:
+    """Every parameter of ``graphed`` within ``rtol``/``atol`` of ``eager``'s, but for strays.
+
+    A few dozen Adam steps on float noise move some entries past a fixed tolerance: Adam's step
+    is about ``lr`` whatever the gradient's size, so an entry whose gradient is near zero (a
+    dropped unit, a dead ReLU) steps one way or the other on a rounding difference. The graph's
+    kernels are not the eager step's, so that noise is there even where a second eager fit is
+    bitwise the first (seen for MC dropout with ``p=0.5`` on an H100, where a second eager fit
+    differed by 2e-5 and the graph by 4e-3 on ``fc1``'s weights), and cuDNN's and the
+    atomic adds' kernels make a second eager fit differ too (seen for WHVI on an H200). So a
+    tensor passes when at most ``stray`` of its entries are past the tolerance, or when its
+    largest difference is within four times a second eager fit's (``again()``) plus ``atol``. A
+    graph that computes another step moves most entries. Returns how the tensors were judged."""
     want, got = eager.guide.state_dict(), graphed.guide.state_dict()
-    off = {
-        k: (got[k] - want[k]).abs().max().item()
-        for k in want
-        if not torch.allclose(want[k], got[k], rtol=rtol, atol=atol)
-    }
+    off = {}
+    for k in want:
+        outside = ~torch.isclose(got[k], want[k], rtol=rtol, atol=atol)
+        if outside.any():
+            diff = (got[k] - want[k]).abs().max().item()
+            off[k] = (diff, outside.float().mean().item())
     if not off:
         return "within tolerance"
-    second = again().guide.state_dict()
-    noise = {k: (second[k] - want[k]).abs().max().item() for k in off}
-    beyond = {k: (off[k], noise[k]) for k in off if off[k] > 4 * noise[k] + atol}
-    assert not beyond, f"graph minus eager, eager minus eager: {beyond}"
-    return "; ".join(f"{k}: {off[k]:.2g}, eager twice {noise[k]:.2g}" for k in off)
+    noise = {}
+    if any(share > stray for _, share in off.values()):
+        second = again().guide.state_dict()
+        noise = {k: (second[k] - want[k]).abs().max().item() for k in off}
+    beyond = {
+        k: (diff, share, noise[k])
+        for k, (diff, share) in off.items()
+        if share > stray and diff > 4 * noise[k] + atol
+    }
+    assert not beyond, f"(largest difference, share of entries, eager twice): {beyond}"
+    return "; ".join(
+        f"{k}: {diff:.2g} on {share:.2%} of entries"
+        + (f", eager twice {noise[k]:.2g}" if k in noise else "")
+        for k, (diff, share) in off.items()
+    )
 
 
 RUNS = {"capture-fails-then-every-family": capture_fails_then_every_family}

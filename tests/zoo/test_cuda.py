@@ -38,15 +38,18 @@ def learnable(n=256):
 @pytest.mark.parametrize("family,options", FAMILIES)
 def test_fit_and_predict_stay_on_the_gpu(family, options):
     """A plain fit on the GPU: the graph step (``cuda_graph="auto"``), passing its check against
-    the eager step, everything on the device, and it learns: 60 steps at the default rate put
-    every family's training accuracy at 0.47-1.0 on the CPU (chance: 0.1)."""
+    the eager step, everything on the device, and it learns: training accuracy over 0.2 (chance
+    is 0.1; on 256 images a chance classifier passes 0.2 with probability under 1e-6). WHVI is
+    the slow starter: after 100 steps at the default rate its two variants reach 0.27-0.77 over
+    five seeds of the model and the fit on the CPU (0.15-0.53 after 60), every other family 1.0."""
+    torch.manual_seed(0)  # the initial weights, drawn on the CPU as in the CPU's runs
     model = zoo.models.LeNet5(hidden=32)
     x, y = learnable()
     fit = zoo.fit(
         model,
         guides.family(family, **options),
         (x, y),
-        num_steps=60,
+        num_steps=100,
         batch_size=64,
         seed=0,
         run=zoo.Run(progress=False),
@@ -59,7 +62,7 @@ def test_fit_and_predict_stay_on_the_gpu(family, options):
     pred = fit.predict(x, num_samples=40)
     assert pred.outputs.is_cuda and pred.probs.shape == (256, 10)
     assert torch.allclose(pred.probs.sum(-1), torch.ones(256, device="cuda"), atol=1e-5)
-    assert (pred.probs.argmax(-1).cpu() == y).float().mean() > 0.3
+    assert (pred.probs.argmax(-1).cpu() == y).float().mean() > 0.2
 
 
 @pytest.mark.parametrize(
