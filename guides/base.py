@@ -28,7 +28,7 @@ collector runs. ``zoo``'s own functions never read or write the global store.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from operator import attrgetter
 
 import pyro
@@ -38,7 +38,7 @@ from pyro.infer.autoguide import AutoGuide
 from pyro.infer.autoguide.utils import deep_setattr
 from pyro.nn import PyroModule
 from torch import nn
-from torch.distributions import biject_to
+from torch.distributions import Transform, biject_to
 
 from guides import registry
 from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
@@ -122,7 +122,7 @@ class PerSiteGuide(AutoGuide):
         self.options = dict(family_options)
         self.site_class, self.family_options = self.site_spec(**family_options)
         check_family_options(type(self), self.site_class, self.family_options)
-        self._transforms: dict[str, object] = {}
+        self._transforms: dict[str, Transform | None] = {}
         self._site_names: list[str] = []
         self._pyro_name = _free_name(type(self).__name__)
         _LIVE_GUIDES.add(self)
@@ -273,7 +273,7 @@ class PerSiteGuide(AutoGuide):
             for site in sharing:
                 site.shared = None
 
-    def share_site_work(self) -> list[SitePosterior]:
+    def share_site_work(self) -> Sequence[SitePosterior]:
         """Hand the sites work they share in one call (``site.shared``; a family batches small
         per-site operations) and return them; their ``shared`` is reset after the call."""
         return []
@@ -338,8 +338,12 @@ class PerSiteGuide(AutoGuide):
             )
 
 
-def serving_class(site_cls: type[SitePosterior], name: str, shape, what: str):
+def serving_class(
+    site_cls: type[SitePosterior] | None, name: str, shape, what: str
+) -> type[SitePosterior]:
     """``site_cls`` if it supports ``shape``, else its ``fallback``; else a clear error."""
+    if site_cls is None:  # a family over several sites serves its sites itself
+        raise TypeError(f"{what} has no per-site class to serve site {name!r}")
     if site_cls.supports(shape):
         return site_cls
     if site_cls.fallback is not None:
@@ -378,7 +382,7 @@ def _free_name(base: str) -> str:
     return name
 
 
-def _rename(module: nn.Module, name: str) -> None:
+def _rename(module: PyroModule, name: str) -> None:
     module._pyro_name = name
     for key, child in module._modules.items():
         if isinstance(child, PyroModule):

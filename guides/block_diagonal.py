@@ -26,14 +26,13 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
 from guides.checks import is_int
 from guides.gaussian import StructuredGaussian
 from guides.kernels import offdiag_scale, squared_norm
 from guides.registry import Recipe
-from guides.site import SitePosterior, inverse_softplus
+from guides.site import SitePosterior, inverse_softplus, param
 
 
 class BlockDiagonalNormal(StructuredGaussian):
@@ -136,10 +135,10 @@ class BlockDiagonalSite(SitePosterior):
         size = min(block_size, max(n, 1))  # a site smaller than a block is one full block
         blocks = math.ceil(n / size)
         self.block_size = size
-        self.loc = PyroParam(init_loc.detach().clone())
+        self.loc = param(init_loc.detach().clone())
         d = float(inverse_softplus(init_scale))
-        self.diag_rho = PyroParam(torch.full((blocks, size), d).to(init_loc))
-        self.lower = PyroParam(torch.zeros(blocks, size * (size - 1) // 2).to(init_loc))
+        self.diag_rho = param(torch.full((blocks, size), d).to(init_loc))
+        self.lower = param(torch.zeros(blocks, size * (size - 1) // 2).to(init_loc))
 
     def factor(self) -> torch.Tensor:
         """The ``(K, b, b)`` lower-triangular factors ``L_k``."""

@@ -10,6 +10,7 @@ and gets ``rsample``, ``log_prob``, ``entropy``, ``variance`` and a KL divergenc
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import pyro.distributions as dist
 import torch
@@ -45,6 +46,13 @@ class GaussianMixin:
 
     supports_local_reparameterization: bool = False
     supports_flipout: bool = False
+    if TYPE_CHECKING:  # what the torch distribution it is mixed into holds
+
+        @property
+        def event_shape(self) -> torch.Size: ...
+
+        @property
+        def batch_shape(self) -> torch.Size: ...
 
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """A draw of ``x W^T + bias`` with independent noise per row of ``x``, ``W ~ self``."""
@@ -94,7 +102,7 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
     def __init__(self, loc: torch.Tensor, validate_args: bool | None = None):
         self.loc = loc
         self._flat_loc = loc.reshape(-1)
-        self._cache: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._cache: tuple[torch.Tensor, ...] | None = None  # (value, noise, ...) of the last draw
         super().__init__(torch.Size(), loc.shape, validate_args=validate_args)
 
     # ---- family algebra (flat, unbatched parameters; leading dims on the arguments) ----
@@ -177,7 +185,7 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         return h.expand(self.batch_shape)
 
 
-class DiagonalNormal(GaussianMixin, dist.Independent):
+class DiagonalNormal(GaussianMixin, dist.Independent):  # type: ignore[override]  # torch's stubs
     """``Normal(loc, scale).to_event(k)`` with the moments every family exposes (``scale`` is a
     standard deviation). Pyro's own KL registrations for ``Independent(Normal)`` apply."""
 

@@ -126,7 +126,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
             )
         self._rest_site, self._rest_options = rest_cls.site_spec(**dict(options))
         check_family_options(rest_cls, self._rest_site, self._rest_options)
-        self.rest = (rest_cls.family, dict(options))
+        self.rest: tuple[str, dict] = (rest_cls.family or family, dict(options))
         self._joint: list[tuple[str, torch.Tensor | None, int, int]] = []
 
     def objective(self) -> str:

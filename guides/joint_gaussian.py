@@ -11,12 +11,12 @@ import math
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 
 from guides.checks import physical_memory
 from guides.site import (
     SitePosterior,
     inverse_softplus,
+    param,
     register_strict_lower,
     unit_lower_triangular,
 )
@@ -66,13 +66,13 @@ class JointCovariance(SitePosterior):
         super().__init__(like, init_scale)
         self.rank = rank
         rho = float(inverse_softplus(init_scale))
-        self.rho = PyroParam(torch.full((size,), rho, dtype=like.dtype, device=like.device))
+        self.rho = param(torch.full((size,), rho, dtype=like.dtype, device=like.device))
         if rank is None:  # the strictly lower triangle of N, row by row
             register_strict_lower(self, size, like.device)
-            self.lower = PyroParam(like.new_zeros(size * (size - 1) // 2))
+            self.lower = param(like.new_zeros(size * (size - 1) // 2))
         else:  # a small random start: at G = 0 the factor's expected gradient is zero
             start = torch.randn(size, rank, dtype=like.dtype, device=like.device)
-            self.relative = PyroParam(start * (0.1 / math.sqrt(rank)))
+            self.relative = param(start * (0.1 / math.sqrt(rank)))
 
     def scale(self) -> torch.Tensor:
         """``d``, ``(K,)``: the diagonal of ``L``, or the diagonal part's standard deviations."""
@@ -96,7 +96,7 @@ class JointCovariance(SitePosterior):
         """``F = diag(d) G`` (low rank only)."""
         return self.scale().unsqueeze(-1) * self.relative
 
-    def distribution(self, loc: torch.Tensor) -> dist.TorchDistribution:
+    def distribution(self, loc: torch.Tensor) -> dist.TorchDistribution:  # type: ignore[override]
         """``N(loc, Sigma)`` over the ``K``-vector."""
         if self.rank is None:
             return DrawnMultivariateNormal(loc, scale_tril=self.scale_tril())
@@ -201,7 +201,7 @@ class JointLocSite(SitePosterior):
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)
-        self.loc = PyroParam(init_loc.detach().clone())
+        self.loc = param(init_loc.detach().clone())
 
     def distribution(self) -> dist.Delta:
         return dist.Delta(self.loc, event_dim=self.loc.dim())

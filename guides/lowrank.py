@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian, expand_to
 from guides.kernels import squared_norm
 from guides.lowrank_kernels import LowRankDraw, SiteCapacitanceTerms, gram
-from guides.site import SitePosterior, inverse_softplus
+from guides.site import SitePosterior, inverse_softplus, param
 
 
 class SharedCapacitance:
@@ -97,9 +96,10 @@ class LowRankNormal(StructuredGaussian):
             scaled_factor = (cov_factor / self.diag_scale.unsqueeze(-1)).mT
         self.scaled_factor = scaled_factor
         self._rank = int(scaled_factor.shape[-2])  # a Python int, also while tracing
-        self._chol = None
-        self._cap = None
-        self._shared, self._key = shared, None
+        self._chol: torch.Tensor | None = None
+        self._cap: torch.Tensor | None = None
+        self._shared: SharedCapacitance | None = shared
+        self._key: int | None = None
         super().__init__(loc, validate_args=validate_args)
 
     @property
@@ -136,7 +136,7 @@ class LowRankNormal(StructuredGaussian):
         capacitance part computed with the other sites' of this rank when the guide shares it."""
         if self._cache is None or value is not self._cache[0]:
             return super().log_prob(value)
-        if self._key is not None:
+        if self._key is not None and self._shared is not None:
             part = self._shared.terms(self._key)[0]
         else:
             part = 0.5 * (self._reduced_norm(self._cache[1]) - self._log_det_capacitance())
@@ -196,22 +196,20 @@ class LowRankSite(SitePosterior):
             raise ValueError(f"rank must be a positive integer, got {rank}")
         n = init_loc.numel()
         rank = min(int(rank), n)
-        self.loc = PyroParam(init_loc.detach().clone())
+        self.loc = param(init_loc.detach().clone())
         size = n if diagonal == "learned" else 1
         # Share the initial variance between the diagonal and the factor: the factor starts at a
         # tenth of it, small but non-zero so that its columns are not symmetric.
         diag_init = init_scale * (0.9**0.5)
-        self.diag_rho = PyroParam(
-            torch.full((size,), float(inverse_softplus(diag_init))).to(init_loc)
-        )
+        self.diag_rho = param(torch.full((size,), float(inverse_softplus(diag_init))).to(init_loc))
         # G (rank, n) with F = D G^T: entries of variance 0.1 / (0.9 rank) give
         # Var[w] = D^2 (1 + 0.1 / 0.9) = init_scale^2 on average.
         self.rank = rank  # a Python int (the factor's shape is a tensor while tracing)
         factor = torch.randn(rank, n, dtype=init_loc.dtype, device=init_loc.device)
-        self.scaled_factor = PyroParam(factor * (0.1 / (0.9 * rank)) ** 0.5)
+        self.scaled_factor = param(factor * (0.1 / (0.9 * rank)) ** 0.5)
         #: The :class:`SharedCapacitance` of this rank in one guide call
         #: (:meth:`AutoLowRank.forward`); ``None`` outside it.
-        self.shared = None
+        self.shared: SharedCapacitance | None = None
 
     def __setstate__(self, state):
         params = state.get("_parameters", {})

@@ -30,7 +30,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
@@ -40,7 +39,7 @@ from guides.kernels import (
     factor_mask,
     offdiag_scale,
 )
-from guides.site import DiagonalSite, SitePosterior, inverse_softplus
+from guides.site import DiagonalSite, SitePosterior, inverse_softplus, param
 
 
 def triangular_factor(raw: torch.Tensor) -> torch.Tensor:
@@ -235,9 +234,9 @@ class MatrixNormalSite(SitePosterior):
                 )
         # A = B = sqrt(init_scale) I gives every weight the standard deviation init_scale.
         d = float(inverse_softplus(math.sqrt(init_scale)))
-        self.loc = PyroParam(init_loc.detach().clone())
-        self.row_raw = PyroParam(self._init_factor(rows, row, d, init_loc))
-        self.col_raw = PyroParam(self._init_factor(cols, col, d, init_loc))
+        self.loc = param(init_loc.detach().clone())
+        self.row_raw = param(self._init_factor(rows, row, d, init_loc))
+        self.col_raw = param(self._init_factor(cols, col, d, init_loc))
         self.raw_map = self.RAW_MAP
 
     @staticmethod

@@ -54,7 +54,6 @@ import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
 from pyro.distributions import TorchDistribution
-from pyro.nn import PyroParam
 from torch.distributions import Independent, Normal, constraints
 from torch.distributions.kl import register_kl
 
@@ -62,7 +61,7 @@ from guides.base import PerSiteGuide
 from guides.checks import is_number
 from guides.gaussian import DiagonalNormal, expand_to
 from guides.kernels import squared_norm
-from guides.site import SitePosterior
+from guides.site import SitePosterior, param
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -279,7 +278,7 @@ class MCDropoutSite(SitePosterior):
         super().__init__(init_loc, init_scale)
         check_dropout(p, sigma)
         self.p, self.sigma = float(p), float(sigma)
-        self.loc = PyroParam(init_loc.detach().clone())
+        self.loc = param(init_loc.detach().clone())
         # sigma on the parameters' device, made once: a tensor made from the Python number in
         # every step would be a copy from the host on a GPU (not saved: ``sigma`` is an option).
         self.register_buffer("sigma_tensor", init_loc.new_tensor(self.sigma), persistent=False)

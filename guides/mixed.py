@@ -51,7 +51,8 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         )
         if not isinstance(families, Mapping) or not families:
             raise ValueError("families must map at least one site pattern to a family")
-        self._rules, self._objectives = [], []
+        self._rules: list[tuple[str, type[SitePosterior], dict]] = []
+        self._objectives: list[str] = []
         for pattern, spec in families.items():
             family, options = spec if isinstance(spec, tuple) else (spec, {})
             guide_cls = get(family) if isinstance(family, str) else family
@@ -61,6 +62,12 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
                     f"{available()} or a PerSiteGuide subclass"
                 )
             site_cls, site_options = guide_cls.site_spec(**options)
+            if site_cls is None or getattr(guide_cls, "options_in_init", False):
+                per_site = [n for n in available() if not getattr(get(n), "options_in_init", 0)]
+                raise ValueError(
+                    f"pattern {pattern!r} maps to {family!r}, a family over several sites; "
+                    f"AutoMixed gives each site a per-site family: one of {per_site}"
+                )
             check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))
             self._objectives.append(guide_cls.OBJECTIVE)

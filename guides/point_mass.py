@@ -29,10 +29,9 @@ import math
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 
 from guides.base import PerSiteGuide
-from guides.site import SitePosterior
+from guides.site import SitePosterior, param
 
 
 class PointMass(dist.Delta):
@@ -75,7 +74,7 @@ class PointMassSite(SitePosterior):
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)
-        self.loc = PyroParam(init_loc.detach().clone())
+        self.loc = param(init_loc.detach().clone())
 
     @classmethod
     def constrained_class(cls) -> type[SitePosterior]:

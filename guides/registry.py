@@ -13,9 +13,14 @@ spec, but they are not families of their own and are not listed by :func:`availa
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from guides.checks import is_number
+
+if TYPE_CHECKING:  # the base class registers its subclasses: read here for the types only
+    from guides.base import PerSiteGuide
 
 #: What a fit's ELBO can be a bound of (:meth:`guides.base.PerSiteGuide.objective`): the
 #: evidence of the model as written; that of WHVI's own model (its ``N(0, I)`` prior on ``g``,
@@ -87,11 +92,11 @@ def recipe(guide) -> Recipe:
     return found if isinstance(found, Recipe) else Recipe()
 
 
-_FAMILIES: dict[str, type] = {}
+_FAMILIES: dict[str, type[PerSiteGuide]] = {}
 _COMPOSITES: set[str] = set()
 
 
-def register(name: str, cls: type, composite: bool = False) -> None:
+def register(name: str, cls: type[PerSiteGuide], composite: bool = False) -> None:
     """Register ``cls`` under ``name`` (done by ``class X(PerSiteGuide, family=name)``)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a family name must be a Python identifier, got {name!r}")
@@ -132,12 +137,12 @@ def available() -> list[str]:
     return sorted(n for n in _FAMILIES if n not in _COMPOSITES)
 
 
-def families() -> dict[str, type]:
+def families() -> dict[str, type[PerSiteGuide]]:
     """``{name: guide class}`` of every family, in :func:`available` order."""
     return {name: _FAMILIES[name] for name in available()}
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[PerSiteGuide]:
     """The guide class registered under ``name``, e.g. ``get("tridiagonal")``."""
     if not isinstance(name, str) or name not in _FAMILIES:
         raise ValueError(f"Unknown guide family {name!r}; known families are {available()}")
@@ -153,7 +158,7 @@ def build(model, spec: dict):
     return get(spec["family"]).from_spec(model, spec)
 
 
-def instantiate(guide, model, options: dict):
+def instantiate(guide: Any, model, options: dict):
     """The guide ``zoo.fit`` (or ``zoo.lightning``) was given, built: a family name or a class
     as ``cls(model, **options)``, a callable ``model -> guide``, or an instance as is."""
     import inspect
@@ -167,10 +172,11 @@ def instantiate(guide, model, options: dict):
         if options:
             raise ValueError("guide_options apply only when guide is a name or a class")
         return guide
-    if inspect.isclass(guide):
-        return guide(model, **options)
-    if callable(guide):
-        built = guide(model, **options)
+    if callable(guide):  # a class or a factory
+        factory: Callable[..., Any] = guide
+        built = factory(model, **options)
+        if inspect.isclass(guide):
+            return built
         if not isinstance(built, torch.nn.Module):
             raise TypeError("a guide factory must return a torch.nn.Module guide")
         return built

@@ -89,6 +89,13 @@ class SitePosterior(PyroModule):
         raise NotImplementedError
 
 
+def param(value: torch.Tensor, constraint=constraints.real) -> torch.Tensor:
+    """A Pyro parameter to assign to a site's attribute: ``self.loc = param(x)`` stores
+    ``PyroParam(x, constraint)``, whose attribute then reads as the constrained tensor (the
+    unconstrained one is ``loc_unconstrained``). Typed as that tensor, which is what code reads."""
+    return PyroParam(value, constraint)  # type: ignore[return-value]
+
+
 class DiagonalSite(SitePosterior):
     """Parameters ``loc`` and ``rho`` (``softplus(rho)`` is the standard deviation)."""
 
@@ -96,8 +103,8 @@ class DiagonalSite(SitePosterior):
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)
-        self.loc = PyroParam(init_loc.detach().clone())
-        self.rho = PyroParam(torch.full_like(init_loc, float(inverse_softplus(init_scale))))
+        self.loc = param(init_loc.detach().clone())
+        self.rho = param(torch.full_like(init_loc, float(inverse_softplus(init_scale))))
 
     def distribution(self) -> DiagonalNormal:
         base = dist.Normal(self.loc, F.softplus(self.rho))

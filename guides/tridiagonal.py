@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 from pyro.poutine.runtime import get_plates
 
 from guides.base import PerSiteGuide
@@ -46,7 +45,7 @@ from guides.posch_joint import (
     posch_joint_draw,
     posch_ratios,
 )
-from guides.site import SitePosterior, inverse_softplus
+from guides.site import SitePosterior, inverse_softplus, param
 
 GAMMA_LIMIT = 10.0
 
@@ -140,7 +139,10 @@ class PoschNormal(TridiagonalNormal):
         draw=None,
     ):
         self.tau, self.rho, self.min_abs_mean = tau, rho, float(min_abs_mean)
-        self._m_abs = self._factors = self._log_m_sum = self._log_q = None
+        self._m_abs: torch.Tensor | None = None
+        self._factors: tuple | None = None
+        self._log_m_sum: torch.Tensor | None = None
+        self._log_q: torch.Tensor | None = None
         self._ratios = ratios  # posch_ratios(rho, n, loc), when the caller has them
         # (value, eps, log q, sum log |m|) of a draw made with the other sites' (posch_joint):
         # the next rsample() returns it.
@@ -234,12 +236,12 @@ class PoschSite(SitePosterior):
         if not -0.5 < init_rho < 0.5:
             raise ValueError(f"init_rho must lie in (-1/2, 1/2), got {init_rho}")
         self.min_abs_mean = float(min_abs_mean)
-        self.loc = PyroParam(init_loc.detach().clone())
-        self.delta = PyroParam(inverse_softplus(float(init_tau)).to(init_loc))
-        self.gamma = PyroParam(torch.logit(torch.tensor(init_rho + 0.5)).to(init_loc))
+        self.loc = param(init_loc.detach().clone())
+        self.delta = param(inverse_softplus(float(init_tau)).to(init_loc))
+        self.gamma = param(torch.logit(torch.tensor(init_rho + 0.5)).to(init_loc))
         #: ``(tau, rho, posch_ratios, draw)`` computed with the other sites' during one guide
         #: call (:meth:`AutoTridiagonal.forward`); ``None`` outside it.
-        self.shared = None
+        self.shared: tuple | None = None
 
     @property
     def tau(self) -> torch.Tensor:
@@ -294,11 +296,9 @@ class FreeTridiagonalSite(SitePosterior):
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)
         n = init_loc.numel()
-        self.loc = PyroParam(init_loc.detach().clone())
-        self.diag_rho = PyroParam(
-            torch.full((n,), float(inverse_softplus(init_scale))).to(init_loc)
-        )
-        self.sub = PyroParam(torch.zeros(max(n - 1, 0)).to(init_loc))
+        self.loc = param(init_loc.detach().clone())
+        self.diag_rho = param(torch.full((n,), float(inverse_softplus(init_scale))).to(init_loc))
+        self.sub = param(torch.zeros(max(n - 1, 0)).to(init_loc))
 
     @classmethod
     def guide_options(cls, options: dict) -> tuple[str, dict]:

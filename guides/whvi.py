@@ -48,7 +48,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pyro.nn import PyroParam
 from torch.distributions import Distribution
 
 from guides.base import PerSiteGuide
@@ -58,6 +57,7 @@ from guides.site import (
     DiagonalSite,
     SitePosterior,
     inverse_softplus,
+    param,
     register_strict_lower,
     unit_lower_triangular,
 )
@@ -111,15 +111,15 @@ class WHVISite(SitePosterior):
         dense = hadamard(d, init_loc.dtype, init_loc.device) if d <= DENSE_MAX else None
         self.register_buffer("dense", dense, persistent=False)
         like = init_loc.detach()
-        self.loc = PyroParam(initial_mean(like, layout))  # layout still holds its indices
+        self.loc = param(initial_mean(like, layout))  # layout still holds its indices
         start = float(inverse_softplus(init_scale * math.sqrt(d)))
-        self.rho = PyroParam(torch.full((k, d), start, dtype=like.dtype, device=like.device))
+        self.rho = param(torch.full((k, d), start, dtype=like.dtype, device=like.device))
         if covariance == "full":  # the strictly lower triangle of each block's U, row by row
             register_strict_lower(self, d, like.device)
-            self.lower = PyroParam(like.new_zeros(k, d * (d - 1) // 2))
+            self.lower = param(like.new_zeros(k, d * (d - 1) // 2))
         s1, s2 = like.new_ones(layout.out), like.new_ones(k, layout.cols)
         if learn_scales:
-            self.s1, self.s2 = PyroParam(s1), PyroParam(s2)
+            self.s1, self.s2 = param(s1), param(s2)
         else:
             self.register_buffer("s1", s1)
             self.register_buffer("s2", s2)
@@ -220,7 +220,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         super().__init__(model, init_loc_fn=init_loc_fn, **options)
 
     @classmethod
-    def site_spec(cls, **options) -> tuple[type, dict]:
+    def site_spec(cls, **options) -> tuple[type[SitePosterior] | None, dict]:
         """The site class and options, ``covariance`` and ``learn_scales`` checked when the
         guide is built (``learn_scales="no"`` is refused, not read as true)."""
         check_choice("covariance", options.get("covariance", "full"), COVARIANCES)

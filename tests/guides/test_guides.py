@@ -401,6 +401,9 @@ def test_mixed_refuses_unknown_options_and_patterns_that_match_no_site():
         guides.AutoMixed(model, {"*": "diagonal"}, init_scal=0.5)
     with pytest.raises(ValueError, match="patterns \\['fc2.weigth'\\] match no site"):
         guides.AutoMixed(model, {"fc2.weigth": "lowrank", "*": "diagonal"})(x, y)
+    for composite in guides.registry.composites() + ["subnetwork"]:
+        with pytest.raises(ValueError, match=f"maps to '{composite}', a family over several"):
+            guides.AutoMixed(model, {"*": composite})
     assert guides.AutoMixed.__doc__ and "pattern" in guides.AutoMixed.__doc__
 
 
