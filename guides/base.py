@@ -30,6 +30,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from operator import attrgetter
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -45,6 +46,7 @@ from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re
 from guides.site import (
     DiagonalSite,
     SitePosterior,
+    SiteSpec,
     check_fixed_priors,
     check_global_continuous,
     fan_in,
@@ -107,7 +109,7 @@ class PerSiteGuide(AutoGuide):
         init_loc_fn: str | Callable = "kaiming",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
-        **family_options,
+        **family_options: Any,
     ):
         super().__init__(model, create_plates=create_plates)
         if not init_scale > 0:
@@ -170,7 +172,7 @@ class PerSiteGuide(AutoGuide):
 
     # ---- which family serves which site ----
     @classmethod
-    def site_spec(cls, **options) -> tuple[type[SitePosterior] | None, dict]:
+    def site_spec(cls, **options: Any) -> SiteSpec:
         """The site class and its options for this family given the guide's family options."""
         return cls.site_class, options
 
@@ -203,7 +205,7 @@ class PerSiteGuide(AutoGuide):
         fn = site["fn"]
         if value.dim() == 0 or not is_real(fn.support):
             return prior_median(fn, value)
-        shapes = {n: s["value"].shape for n, s in self.prototype_trace.iter_stochastic_nodes()}
+        shapes = {n: s["value"].shape for n, s in self._prototype().iter_stochastic_nodes()}
         return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
 
     def _setup_prototype(self, *args, **kwargs):
@@ -211,7 +213,7 @@ class PerSiteGuide(AutoGuide):
         self.__dict__.pop("_site_cache", None)
         self.sites = PyroModule()
         self._site_names = []
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
+        for name, site in self._prototype().iter_stochastic_nodes():
             check_global_continuous(type(self).__name__, name, site)
             init = self._initial_value(name, site)
             if is_real(site["fn"].support):
@@ -261,7 +263,7 @@ class PerSiteGuide(AutoGuide):
             d = push(transform) if push else dist.TransformedDistribution(d, [transform])
         return d
 
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Sample every latent site once; returns ``{site name: value}``."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
@@ -285,7 +287,7 @@ class PerSiteGuide(AutoGuide):
         return {name: self.get_posterior(name).sample((num_samples,)) for name in self._site_names}
 
     @torch.no_grad()
-    def median(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def median(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Posterior median of every site's marginals (the mean of a Gaussian site)."""
         self._require_setup()
         out = {}
@@ -298,7 +300,9 @@ class PerSiteGuide(AutoGuide):
         return out
 
     @torch.no_grad()
-    def quantiles(self, quantiles, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def quantiles(
+        self, quantiles: Sequence[float] | torch.Tensor, *args: Any, **kwargs: Any
+    ) -> dict[str, torch.Tensor]:
         """Marginal quantiles of every site, ``(len(quantiles), *site_shape)``: a Gaussian's from
         its mean and sd, any other from its ``marginal_icdf`` (a point mass: its value)."""
         self._require_setup()
@@ -324,18 +328,24 @@ class PerSiteGuide(AutoGuide):
     def site_shapes(self) -> dict[str, tuple[int, ...]]:
         """``{site: shape}`` of every latent site."""
         self._require_setup()
-        return {n: tuple(self.prototype_trace.nodes[n]["value"].shape) for n in self._site_names}
+        return {n: tuple(self._prototype().nodes[n]["value"].shape) for n in self._site_names}
 
     def num_variational_parameters(self) -> int:
         """Number of scalar variational parameters (all sites)."""
         return sum(p.numel() for p in self.parameters())
 
     def _require_setup(self) -> None:
+        self._prototype()
+
+    def _prototype(self) -> Any:
+        """The prototype trace (a ``pyro.poutine.Trace`` of the model's sites, shapes only),
+        once the guide has run."""
         if self.prototype_trace is None:
             raise RuntimeError(
                 f"this {type(self).__name__} has not been run yet, so it has no parameters: call "
                 "it once on example inputs (guide(x, y)) or fit it with zoo.fit first"
             )
+        return self.prototype_trace
 
 
 def serving_class(

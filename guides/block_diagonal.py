@@ -23,6 +23,7 @@ the diagonal family.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +33,7 @@ from guides.checks import is_int
 from guides.gaussian import StructuredGaussian
 from guides.kernels import offdiag_scale, squared_norm
 from guides.registry import Recipe
-from guides.site import SitePosterior, inverse_softplus, param
+from guides.site import SitePosterior, SiteSpec, inverse_softplus, param
 
 
 class BlockDiagonalNormal(StructuredGaussian):
@@ -55,7 +56,13 @@ class BlockDiagonalNormal(StructuredGaussian):
     exact solve of a value not drawn here and for the dense covariance.
     """
 
-    def __init__(self, loc, diag, lower, validate_args=None):
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        diag: torch.Tensor,
+        lower: torch.Tensor,
+        validate_args: bool | None = None,
+    ):
         blocks, size = diag.shape
         if blocks != math.ceil(loc.numel() / size) or lower.shape != (
             blocks,
@@ -109,7 +116,7 @@ class BlockDiagonalNormal(StructuredGaussian):
         flat = solved.squeeze(-1).reshape(diff.shape[:-1] + (-1,))
         return flat[..., : self.num_elements].pow(2).sum(-1)
 
-    def log_det_covariance(self):
+    def log_det_covariance(self) -> torch.Tensor:
         return 2 * self.diag.reshape(-1)[: self.num_elements].log().sum()
 
     def _flat_variance(self):
@@ -187,6 +194,6 @@ class AutoBlockDiagonal(PerSiteGuide, family="block_diagonal"):
     variants = {"": {}, "block2": {"block_size": 2}}
 
     @classmethod
-    def site_spec(cls, **options):
+    def site_spec(cls, **options: Any) -> SiteSpec:
         check_block_size(options.get("block_size", 16))  # before any fit
         return cls.site_class, options

@@ -9,11 +9,7 @@ from __future__ import annotations
 import inspect
 import numbers
 import os
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # for the types only: nothing here imports the guides at run time
-    from guides.base import PerSiteGuide
-    from guides.site import SitePosterior
+from typing import Any
 
 __all__ = [
     "COMMON_OPTIONS",
@@ -90,9 +86,7 @@ def physical_memory() -> int | None:
 COMMON_OPTIONS = ("init_scale", "init_loc_fn", "init_module", "create_plates")
 
 
-def check_family_options(
-    guide_cls: type[PerSiteGuide], site_cls: type[SitePosterior] | None, options: dict
-) -> None:
+def check_family_options(guide_cls: Any, site_cls: Any, options: dict) -> None:
     """Refuse options that the family's site class does not take, naming those it does."""
     if site_cls is None:
         return

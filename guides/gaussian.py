@@ -10,7 +10,8 @@ and gets ``rsample``, ``log_prob``, ``entropy``, ``variance`` and a KL divergenc
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import pyro.distributions as dist
 import torch
@@ -132,7 +133,7 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
 
     # ---- torch.distributions interface ----
     @property
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.real, len(self.event_shape))
 
     @property
@@ -148,14 +149,14 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         var = self._flat_variance().reshape(self.event_shape)
         return var.expand(self.batch_shape + self.event_shape)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
         new = self.__class__.__new__(self.__class__) if _instance is None else _instance
         new.__dict__.update(self.__dict__)
         new._batch_shape = torch.Size(batch_shape)
         new._cache = None
         return new
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
         eps = torch.randn(shape + (self.noise_size,), dtype=self.loc.dtype, device=self.loc.device)
         value = (self._flat_loc + self._deviation(eps)).reshape(shape + self.event_shape)
@@ -195,9 +196,9 @@ class DiagonalNormal(GaussianMixin, dist.Independent):  # type: ignore[override]
     def log_det_covariance(self) -> torch.Tensor:
         return 2 * self.base_dist.scale.log().sum()
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         base = self.base_dist
-        shape = self._extended_shape(sample_shape)
+        shape = self._extended_shape(torch.Size(sample_shape))
         eps = torch.randn(shape, dtype=base.loc.dtype, device=base.loc.device)
         value = torch.addcmul(base.loc, eps, base.scale)
         self._cache = (value, eps)
@@ -254,7 +255,7 @@ def gaussian_kl(q, loc_p: torch.Tensor, scale_p: torch.Tensor, p_batch_shape=())
     return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p_batch_shape))
 
 
-def gaussian_kl_to_normal(q, p: Independent) -> torch.Tensor:
+def gaussian_kl_to_normal(q: GaussianMixin, p: Independent) -> torch.Tensor:
     """``KL(q || p)`` for ``p = Normal(loc, scale).to_event(k)`` over the same event shape."""
     base = p.base_dist
     k = len(q.event_shape)

@@ -24,7 +24,8 @@ more than :data:`guides.joint_gaussian.FULL_MAX` scalars is refused when the gui
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -269,7 +270,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         return out
 
     # ---- sampling ----
-    def forward(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def forward(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Draw the joint vector once (an auxiliary site), then every site; returns
         ``{site name: value}``."""
         if self.prototype_trace is None:
@@ -310,7 +311,9 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         return out
 
     @torch.no_grad()
-    def quantiles(self, quantiles, *args, **kwargs) -> dict[str, torch.Tensor]:
+    def quantiles(
+        self, quantiles: Sequence[float] | torch.Tensor, *args: Any, **kwargs: Any
+    ) -> dict[str, torch.Tensor]:
         """Marginal quantiles, ``(len(quantiles), *site_shape)``: a joint scalar's from its
         Gaussian marginal, a point's its value."""
         out = super().quantiles(quantiles, *args, **kwargs)

@@ -261,6 +261,7 @@ class PoschSample(torch.autograd.Function):
             else:
                 g_m.addcdiv_(g_log.expand_as(m_abs), m_abs)
         # d|m|/dm = sign(m), and 0 where |m| is clamped
+        assert g_m is not None, "the draw's value or log-density has a gradient"
         g_m.mul_(torch.sign(loc)).masked_fill_(m_abs <= ctx.c, 0.0)
         g_loc = g_m if g_loc is None else g_m.add_(g_loc)
         return g_loc, g_tau, g_rho, g_head, g_lam, None, None

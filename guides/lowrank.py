@@ -19,6 +19,9 @@ terms help mainly on top of a constant diagonal): ``(rank + 1) n + 1`` parameter
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
@@ -79,12 +82,12 @@ class LowRankNormal(StructuredGaussian):
 
     def __init__(
         self,
-        loc,
-        diag_scale,
-        cov_factor=None,
-        validate_args=None,
+        loc: torch.Tensor,
+        diag_scale: torch.Tensor,
+        cov_factor: torch.Tensor | None = None,
+        validate_args: bool | None = None,
         *,
-        scaled_factor=None,
+        scaled_factor: torch.Tensor | None = None,
         shared: SharedCapacitance | None = None,
     ):
         if (cov_factor is None) == (scaled_factor is None):
@@ -93,6 +96,7 @@ class LowRankNormal(StructuredGaussian):
         self._diag = diag_scale.reshape(-1)  # (n,) or (1,)
         self.diag_scale = diag_scale.expand(n)
         if scaled_factor is None:
+            assert cov_factor is not None  # exactly one is given (checked above)
             scaled_factor = (cov_factor / self.diag_scale.unsqueeze(-1)).mT
         self.scaled_factor = scaled_factor
         self._rank = int(scaled_factor.shape[-2])  # a Python int, also while tracing
@@ -115,7 +119,7 @@ class LowRankNormal(StructuredGaussian):
     def noise_size(self) -> int:
         return self.num_elements + self.rank
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
         n, g, rank = self.num_elements, self.scaled_factor, self._rank
         eps = torch.randn(shape + (n + rank,), dtype=g.dtype, device=g.device)
@@ -155,7 +159,7 @@ class LowRankNormal(StructuredGaussian):
         return self._chol
 
     def _log_det_capacitance(self):
-        if self._key is not None:
+        if self._key is not None and self._shared is not None:
             return self._shared.terms(self._key)[1]
         return 2 * self._capacitance_cholesky().diagonal().log().sum()
 
@@ -169,7 +173,7 @@ class LowRankNormal(StructuredGaussian):
         u = diff / self.diag_scale  # Cov^{-1} = D^-1 (I - G^T C^-1 G) D^-1 (Woodbury)
         return squared_norm(u) - self._reduced_norm(u @ self.scaled_factor.mT)
 
-    def log_det_covariance(self):
+    def log_det_covariance(self) -> torch.Tensor:
         return torch.add(self._log_det_capacitance(), self.diag_scale.log().sum(), alpha=2)
 
     def _flat_variance(self):
@@ -249,7 +253,9 @@ class AutoLowRank(PerSiteGuide, family="lowrank"):
     site_class = LowRankSite
     variants = {"": {}, "constant": {"diagonal": "constant"}}
 
-    def __init__(self, model, *, rank: int = 10, diagonal: str = "learned", **kwargs):
+    def __init__(
+        self, model: Callable, *, rank: int = 10, diagonal: str = "learned", **kwargs: Any
+    ):
         super().__init__(model, rank=rank, diagonal=diagonal, **kwargs)
 
     def share_site_work(self) -> list[LowRankSite]:

@@ -27,6 +27,8 @@ than two dimensions (biases) get the diagonal family.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -75,13 +77,13 @@ class MatrixNormal(StructuredGaussian):
 
     def __init__(
         self,
-        loc,
-        row_factor=None,
-        col_factor=None,
-        validate_args=None,
+        loc: torch.Tensor,
+        row_factor: torch.Tensor | None = None,
+        col_factor: torch.Tensor | None = None,
+        validate_args: bool | None = None,
         *,
-        row_raw=None,
-        col_raw=None,
+        row_raw: torch.Tensor | None = None,
+        col_raw: torch.Tensor | None = None,
         masks: dict | None = None,
     ):
         if (row_factor is None) == (row_raw is None) or (col_factor is None) == (col_raw is None):
@@ -97,6 +99,7 @@ class MatrixNormal(StructuredGaussian):
     def row_factor(self) -> torch.Tensor:
         """``A``: ``(out, out)`` lower triangular, or ``(out,)`` when diagonal."""
         if self._row_factor is None:
+            assert self._row_raw is not None  # one of the two is given
             self._row_factor = _factor_from_raw(self._row_raw)
         return self._row_factor
 
@@ -104,6 +107,7 @@ class MatrixNormal(StructuredGaussian):
     def col_factor(self) -> torch.Tensor:
         """``B``: ``(p, p)`` lower triangular, or ``(p,)`` when diagonal."""
         if self._col_factor is None:
+            assert self._col_raw is not None  # one of the two is given
             self._col_factor = _factor_from_raw(self._col_raw)
         return self._col_factor
 
@@ -154,7 +158,7 @@ class MatrixNormal(StructuredGaussian):
             return F.softplus(raw if raw.dim() == 1 else raw.diagonal())
         return factor if factor.dim() == 1 else factor.diagonal()
 
-    def log_det_covariance(self):
+    def log_det_covariance(self) -> torch.Tensor:
         drawn = self._drawn_log_det  # computed with a draw, its gradient joined to the draw's
         if drawn is not None and (drawn.requires_grad or not torch.is_grad_enabled()):
             return drawn  # unless drawn without the gradient asked for now
@@ -171,7 +175,7 @@ class MatrixNormal(StructuredGaussian):
         return var.reshape(-1)
 
     @staticmethod
-    def gram(factor):
+    def gram(factor: torch.Tensor) -> torch.Tensor:
         return torch.diag_embed(factor.pow(2)) if factor.dim() == 1 else factor @ factor.mT
 
     def _dense_covariance(self):
@@ -305,5 +309,5 @@ class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):
     site_class = MatrixNormalSite
     variants = {"": {}, "diag_rows": {"row": "diagonal"}, "diag_cols": {"col": "diagonal"}}
 
-    def __init__(self, model, *, row: str = "full", col: str = "full", **kwargs):
+    def __init__(self, model: Callable, *, row: str = "full", col: str = "full", **kwargs: Any):
         super().__init__(model, row=row, col=col, **kwargs)

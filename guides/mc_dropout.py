@@ -49,6 +49,8 @@ weights are divided by ``1 - p``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -61,7 +63,7 @@ from guides.base import PerSiteGuide
 from guides.checks import is_number
 from guides.gaussian import DiagonalNormal, expand_to
 from guides.kernels import squared_norm
-from guides.site import SitePosterior, param
+from guides.site import SitePosterior, SiteSpec, param
 
 _LOG_2PI = math.log(2 * math.pi)
 
@@ -86,7 +88,9 @@ class MCDropoutWeight(TorchDistribution):
     supports_local_conv = True
     supports_flipout = False
 
-    def __init__(self, loc: torch.Tensor, p: float, sigma: float, validate_args=None):
+    def __init__(
+        self, loc: torch.Tensor, p: float, sigma: float, validate_args: bool | None = None
+    ):
         if loc.dim() < 2:
             raise ValueError(f"MC dropout needs a weight of 2 or more dimensions, got {loc.shape}")
         check_dropout(p, sigma)
@@ -117,7 +121,7 @@ class MCDropoutWeight(TorchDistribution):
 
     # ---- torch.distributions interface ----
     @property
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.real, len(self.event_shape))
 
     @property
@@ -133,7 +137,7 @@ class MCDropoutWeight(TorchDistribution):
         """``E[W] = (1 - p) M`` (what an estimator serves when it needs no draw)."""
         return self.mean
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
         new = self.__class__.__new__(self.__class__) if _instance is None else _instance
         new.__dict__.update(self.__dict__)
         new._batch_shape = torch.Size(batch_shape)
@@ -152,7 +156,7 @@ class MCDropoutWeight(TorchDistribution):
         value = self.loc * self._mask_view(masks)
         return value if eps is None else value + self.sigma * eps
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape
         masks = self.sample_masks(shape)
         eps = torch.randn(shape + self.event_shape, dtype=self.loc.dtype, device=self.loc.device)
@@ -180,7 +184,7 @@ class MCDropoutWeight(TorchDistribution):
         norm = x.pow(2).sum(-1, keepdim=True).sqrt()
         return out + self.sigma * norm * torch.randn_like(out)
 
-    def local_conv(self, func, arguments: dict) -> torch.Tensor:
+    def local_conv(self, func: Callable, arguments: dict) -> torch.Tensor:
         """A convolution ``func`` (``F.conv1d/2d/3d``, its bound ``arguments``) with an
         input-channel keep-mask per example: ``conv(x_n * z_n, M) + bias + conv(x_n, sigma E)``
         with one ``E`` for the batch. Each example's output has exactly its distribution under
@@ -323,7 +327,7 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     OBJECTIVE = "mc_dropout"  # a nearly degenerate q: -n log sigma in the ELBO
     variants = {"": {}, "p05": {"p": 0.5}}
 
-    def __init__(self, model, *, input_p: float | None = None, **options):
+    def __init__(self, model: Callable, *, input_p: float | None = None, **options: Any):
         if input_p is not None:
             check_dropout(input_p, options.get("sigma", 1e-3), "input_p")
         super().__init__(model, **options)
@@ -339,7 +343,7 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     def input_site(self) -> str | None:
         """The first weight (two or more dimensions) in the model's order: the layer that reads
         the network's input, whose dropout probability is ``input_p``."""
-        for name, site in self.prototype_trace.iter_stochastic_nodes():
+        for name, site in self._prototype().iter_stochastic_nodes():
             if site["value"].dim() >= 2:
                 return name
         return None
@@ -347,7 +351,7 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     def site_options_for(self, name: str, cls) -> dict:
         options = super().site_options_for(name, cls)
         if cls is self.site_class and name == self.input_site():
-            shape = self.prototype_trace.nodes[name]["value"].shape
+            shape = self._prototype().nodes[name]["value"].shape
             options = {**options, "p": self.input_dropout(options.get("p", 0.1), shape)}
         return options
 
@@ -359,6 +363,6 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
         return p if len(shape) == 2 else 0.0
 
     @classmethod
-    def site_spec(cls, **options):
+    def site_spec(cls, **options: Any) -> SiteSpec:
         check_dropout(options.get("p", 0.1), options.get("sigma", 1e-3))  # before any fit
         return cls.site_class, options

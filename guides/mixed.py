@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping
+from typing import Any
 
+import torch
 from torch import nn
 
 from guides.base import PerSiteGuide, serving_class
@@ -90,7 +92,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         options: Mapping | None = None,
         *,
         body: str | type = "map",
-        **guide_options,
+        **guide_options: Any,
     ) -> AutoMixed:
         """A Bayesian last layer: ``family`` on the sites of the model's last layer and ``body``
         (default the point mass: MAP) on every other site. With ``init_module=`` a trained
@@ -132,7 +134,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
                 f"its sites are {self._site_names}"
             )
 
-    def site_class_for(self, name, shape) -> type[SitePosterior]:
+    def site_class_for(self, name: str, shape: torch.Size) -> type[SitePosterior]:
         for pattern, site_cls, _ in self._rules:
             if fnmatch.fnmatchcase(name, pattern):
                 what = f"pattern {pattern!r} ({site_cls.family!r} family)"
@@ -142,13 +144,13 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
             "add a catch-all pattern such as '*': 'diagonal'."
         )
 
-    def constrained_class_for(self, name) -> type[SitePosterior]:
+    def constrained_class_for(self, name: str) -> type[SitePosterior]:
         for pattern, site_cls, _ in self._rules:
             if fnmatch.fnmatchcase(name, pattern):
                 return site_cls.constrained_class()
         return super().constrained_class_for(name)
 
-    def site_options_for(self, name, cls) -> dict:
+    def site_options_for(self, name: str, cls: type[SitePosterior]) -> dict:
         for pattern, site_cls, options in self._rules:
             if fnmatch.fnmatchcase(name, pattern):
                 return options if cls is site_cls else {}  # a fallback takes no options

@@ -25,6 +25,7 @@ same network (no spread) unless other sites are random.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 
 import pyro.distributions as dist
 import torch
@@ -45,13 +46,13 @@ class PointMass(dist.Delta):
         """The point itself."""
         return self.v
 
-    def sample(self, sample_shape=()) -> torch.Tensor:
+    def sample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         """Copies of the point, detached (a view of the parameter would still require grad
         under ``torch.no_grad``)."""
         shape = torch.Size(sample_shape) + self.v.shape
         return self.v.detach().expand(shape).clone()
 
-    def push_forward(self, transform) -> PointMass:
+    def push_forward(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> PointMass:
         """The point mass at ``transform(v)``: a constrained site's value without the inverse
         transform's round trip (which may miss ``v`` by a rounding error, where a ``Delta`` has
         density zero)."""

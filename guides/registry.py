@@ -15,12 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from guides.checks import is_number
-
-if TYPE_CHECKING:  # the base class registers its subclasses: read here for the types only
-    from guides.base import PerSiteGuide
 
 #: What a fit's ELBO can be a bound of (:meth:`guides.base.PerSiteGuide.objective`): the
 #: evidence of the model as written; that of WHVI's own model (its ``N(0, I)`` prior on ``g``,
@@ -77,7 +74,7 @@ class Recipe:
         return self.lr_scale
 
 
-def recipe(guide) -> Recipe:
+def recipe(guide: Any) -> Recipe:
     """The recipe of a family name, a guide class, a ``guides.family(...)`` spec or a guide
     instance (its class's ``RECIPE``); a guide of another library gets ``Recipe()``."""
     if isinstance(guide, str):
@@ -92,11 +89,11 @@ def recipe(guide) -> Recipe:
     return found if isinstance(found, Recipe) else Recipe()
 
 
-_FAMILIES: dict[str, type[PerSiteGuide]] = {}
+_FAMILIES: dict[str, type[Any]] = {}
 _COMPOSITES: set[str] = set()
 
 
-def register(name: str, cls: type[PerSiteGuide], composite: bool = False) -> None:
+def register(name: str, cls: type[Any], composite: bool = False) -> None:
     """Register ``cls`` under ``name`` (done by ``class X(PerSiteGuide, family=name)``)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a family name must be a Python identifier, got {name!r}")
@@ -137,19 +134,19 @@ def available() -> list[str]:
     return sorted(n for n in _FAMILIES if n not in _COMPOSITES)
 
 
-def families() -> dict[str, type[PerSiteGuide]]:
+def families() -> dict[str, type[Any]]:
     """``{name: guide class}`` of every family, in :func:`available` order."""
     return {name: _FAMILIES[name] for name in available()}
 
 
-def get(name: str) -> type[PerSiteGuide]:
+def get(name: str) -> type[Any]:
     """The guide class registered under ``name``, e.g. ``get("tridiagonal")``."""
     if not isinstance(name, str) or name not in _FAMILIES:
         raise ValueError(f"Unknown guide family {name!r}; known families are {available()}")
     return _FAMILIES[name]
 
 
-def build(model, spec: dict):
+def build(model: Callable, spec: dict) -> Any:
     """A new guide of ``model`` from a spec written by ``guide.spec()`` (plain data): the
     family's class found by name, built with the saved options; its parameters are created on
     its first call and then loaded from a state dict by the caller."""
@@ -158,7 +155,7 @@ def build(model, spec: dict):
     return get(spec["family"]).from_spec(model, spec)
 
 
-def instantiate(guide: Any, model, options: dict):
+def instantiate(guide: Any, model: Callable, options: dict) -> Any:
     """The guide ``zoo.fit`` (or ``zoo.lightning``) was given, built: a family name or a class
     as ``cls(model, **options)``, a callable ``model -> guide``, or an instance as is."""
     import inspect
@@ -207,7 +204,7 @@ class Family:
         return f"guides.family({name!r}{options})"
 
 
-def family(guide: str | type, **options) -> Family:
+def family(guide: str | type, **options: Any) -> Family:
     """A family name (or guide class) with its options, as ``zoo.fit``, ``zoo.compare`` and
     ``BayesianModule`` take a guide: ``zoo.fit(model, guides.family("lowrank", rank=5), data)``
     builds ``AutoLowRank(model, rank=5)`` (a name is looked up now; the options are checked

@@ -89,6 +89,11 @@ class SitePosterior(PyroModule):
         raise NotImplementedError
 
 
+#: What a family's ``site_spec`` returns: its site class (``None``: a family over several sites,
+#: which serves its sites itself) and the options the class is built with.
+SiteSpec = tuple[type["SitePosterior"] | None, dict]
+
+
 def param(value: torch.Tensor, constraint=constraints.real) -> torch.Tensor:
     """A Pyro parameter to assign to a site's attribute: ``self.loc = param(x)`` stores
     ``PyroParam(x, constraint)``, whose attribute then reads as the constrained tensor (the

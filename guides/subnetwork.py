@@ -25,6 +25,7 @@ built (pass ``rank=`` for a low-rank plus diagonal covariance instead, ``O(S ran
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -140,7 +141,7 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
     @classmethod
     def from_fit(
         cls,
-        fit,
+        fit: Any,
         size: int = 256,
         select: str = "variance",
         *,

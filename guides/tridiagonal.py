@@ -30,6 +30,9 @@ Two parameterisations:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from pyro.poutine.runtime import get_plates
@@ -45,7 +48,7 @@ from guides.posch_joint import (
     posch_joint_draw,
     posch_ratios,
 )
-from guides.site import SitePosterior, inverse_softplus, param
+from guides.site import SitePosterior, SiteSpec, inverse_softplus, param
 
 GAMMA_LIMIT = 10.0
 
@@ -68,7 +71,13 @@ class TridiagonalNormal(StructuredGaussian):
         ``(n - 1,)`` sub-diagonal of ``L`` (``L[i + 1, i] = sub[i]``).
     """
 
-    def __init__(self, loc, diag, sub, validate_args=None):
+    def __init__(
+        self,
+        loc: torch.Tensor,
+        diag: torch.Tensor,
+        sub: torch.Tensor,
+        validate_args: bool | None = None,
+    ):
         self.diag = diag
         self.sub = sub
         super().__init__(loc, validate_args=validate_args)
@@ -79,7 +88,7 @@ class TridiagonalNormal(StructuredGaussian):
     def _mahalanobis(self, diff):
         return bidiagonal_solve(self.diag, self.sub, diff).pow(2).sum(-1)
 
-    def log_det_covariance(self):
+    def log_det_covariance(self) -> torch.Tensor:
         return 2 * self.diag.abs().log().sum()
 
     def _flat_variance(self):
@@ -149,7 +158,7 @@ class PoschNormal(TridiagonalNormal):
         self._draw = draw
         StructuredGaussian.__init__(self, loc, validate_args=validate_args)
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         if self._draw is not None and not sample_shape and not self.batch_shape:
             value, eps, self._log_q, self._log_m_sum = self._draw
             self._draw = None
@@ -199,14 +208,14 @@ class PoschNormal(TridiagonalNormal):
         return self._factors
 
     @property
-    def diag(self) -> torch.Tensor:
+    def diag(self) -> torch.Tensor:  # type: ignore[override]  # computed here, not given
         return self._ab()[0]
 
     @property
-    def sub(self) -> torch.Tensor:
+    def sub(self) -> torch.Tensor:  # type: ignore[override]
         return self._ab()[1]
 
-    def log_det_covariance(self):
+    def log_det_covariance(self) -> torch.Tensor:
         n = self.num_elements
         head, lam_plus = self._ratio_terms()
         log_r = head.log().sum() + (n - head.shape[0]) * lam_plus.log()
@@ -351,7 +360,7 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     site_class = PoschSite
     variants = {"": {}, "free": {"parameterization": "free"}}
 
-    def __init__(self, model, *, parameterization: str = "posch", **kwargs):
+    def __init__(self, model: Callable, *, parameterization: str = "posch", **kwargs: Any):
         super().__init__(model, parameterization=parameterization, **kwargs)
         self.parameterization = parameterization
 
@@ -366,23 +375,21 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
 
     def share_site_work(self) -> list[PoschSite]:
         """The Posch sites' ratio sequences are computed together, and on a GPU (or a small
-        network) the sites are drawn together too (:func:`share_posch_work`): a few dozen small
-        operations for all of them instead of per site."""
+        network) their draws too (:func:`share_posch_work`): a few dozen small operations."""
         sites = [self.site_posterior(n) for n in self._site_names]
         posch = [s for s in sites if isinstance(s, PoschSite)]
         groups: dict[float, list[PoschSite]] = {}
         for site in posch:
             groups.setdefault(site.min_abs_mean, []).append(site)
         layouts = self.__dict__.setdefault("_posch_layouts", {})
-        # Under an enclosing plate (Pyro's vectorised particles) each site draws a batch, which
-        # the joint draw does not serve: it would be computed and thrown away.
+        # under an enclosing plate (vectorised particles) a joint draw would be thrown away
         joint = False if get_plates() else None
         for min_abs_mean, group in groups.items():
             share_posch_work(group, min_abs_mean, layouts, joint)
         return posch
 
     @classmethod
-    def site_spec(cls, parameterization: str = "posch", **options):
+    def site_spec(cls, parameterization: str = "posch", **options: Any) -> SiteSpec:
         if parameterization == "posch":
             return PoschSite, options
         if parameterization == "free":

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from pyro.distributions import TorchDistribution
@@ -189,7 +191,7 @@ class WalshHadamardWeight(TorchDistribution):
 
     # ---- torch.distributions interface ----
     @property
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.real, len(self.event_shape))
 
     @property
@@ -216,7 +218,7 @@ class WalshHadamardWeight(TorchDistribution):
         cov = jac @ tril @ tril.T @ jac.T
         return cov.expand(self.batch_shape + cov.shape)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
         new = self.__class__.__new__(self.__class__) if _instance is None else _instance
         new.__dict__.update(self.__dict__)
         new._batch_shape = torch.Size(batch_shape)
@@ -229,7 +231,7 @@ class WalshHadamardWeight(TorchDistribution):
         self._drawn = (value, torch.zeros_like(self.loc), self.loc)
         return value
 
-    def rsample(self, sample_shape=()) -> torch.Tensor:
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape + self.loc.shape
         eps = torch.randn(shape, dtype=self.loc.dtype, device=self.loc.device)
         g = self._latent(eps)

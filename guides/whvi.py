@@ -45,6 +45,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +58,7 @@ from guides.registry import Recipe
 from guides.site import (
     DiagonalSite,
     SitePosterior,
+    SiteSpec,
     inverse_softplus,
     param,
     register_strict_lower,
@@ -208,7 +211,14 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
     variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
     OBJECTIVE = "whvi_model"  # its own N(0, I) prior on g and learned scales
 
-    def __init__(self, model, *, init_loc_fn="kaiming", init_module=None, **options):
+    def __init__(
+        self,
+        model: Callable,
+        *,
+        init_loc_fn: str | Callable = "kaiming",
+        init_module: torch.nn.Module | None = None,
+        **options: Any,
+    ):
         if callable(init_loc_fn) or init_module is not None:
             raise ValueError(
                 "AutoWHVI cannot start at given weights: its mean S1 H diag(g) H S2 / D spans "
@@ -220,7 +230,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         super().__init__(model, init_loc_fn=init_loc_fn, **options)
 
     @classmethod
-    def site_spec(cls, **options) -> tuple[type[SitePosterior] | None, dict]:
+    def site_spec(cls, **options: Any) -> SiteSpec:
         """The site class and options, ``covariance`` and ``learn_scales`` checked when the
         guide is built (``learn_scales="no"`` is refused, not read as true)."""
         check_choice("covariance", options.get("covariance", "full"), COVARIANCES)

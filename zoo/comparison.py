@@ -7,17 +7,22 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:  # imported where the table is made
+    import pandas as pd
 
 from zoo.arguments import check_model_factory
 from zoo.baselines.ensembles import check_ensemble, ensemble
 from zoo.baselines.laplace_fitting import laplace
-from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
 from zoo.results.laplace_torch import LaplaceOptions
 from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time
+from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit as run_fit
 from zoo.training.options import (
     Engine,
@@ -38,8 +43,8 @@ nan = float("nan")
 def compare(
     model_factory: Callable | None,
     guides: Sequence | Mapping | None = None,
-    train=None,
-    test=None,
+    train: Data | None = None,
+    test: Data | None = None,
     *,
     num_samples: int = 100,
     chart: str | os.PathLike | None = None,
@@ -47,7 +52,7 @@ def compare(
     progress: bool = True,
     reference: Posterior | None = None,
     epochs: int | None = None,
-    num_steps=None,
+    num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
     seed: int | None = 0,
@@ -55,7 +60,7 @@ def compare(
     loss: Loss | Mapping | None = None,
     engine: Engine | Mapping | None = None,
     run: Run | Mapping | None = None,
-):
+) -> pd.DataFrame | tuple[pd.DataFrame, dict[str, Posterior]]:
     """Fit each family with the same data, seed and options, or take posteriors already
     fitted, and tabulate them on the same test data: one row each.
 

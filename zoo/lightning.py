@@ -117,8 +117,9 @@ class BayesianModule(L.LightningModule):
         self.per_example, self.num_samples, self.seed = optim.per_example, num_samples, seed
         self.losses: list[float] = []
         self._val: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._draws = None
-        self.threads, self._threads_before = threads, None
+        self._draws: dict[str, torch.Tensor] | None = None
+        self.threads = threads
+        self._threads_before: int | None = None
 
     # ---- the thread rule, from a stage's first batch to its teardown ------------------------
     def _apply_threads(self, batch) -> None:
@@ -154,7 +155,8 @@ class BayesianModule(L.LightningModule):
         loss = self.objective.loss(x, y, self.num_data, step=self.global_step)
         self.losses.append(loss.item())
         self.log("train/elbo", -loss.detach(), prog_bar=True, sync_dist=True)
-        if self.global_step % max(self.trainer.log_every_n_steps, 1) == 0:
+        every = getattr(self.trainer, "log_every_n_steps", 50)  # the Trainer's argument
+        if self.global_step % max(every, 1) == 0:
             self.log("train/kl", self.kl(x, y), sync_dist=True)
         return differentiated(loss, self.num_data, self.per_example)
 

@@ -23,9 +23,11 @@ from tqdm.auto import tqdm
 from guides import family as guide_family
 from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
+from zoo.data.checks import Data
 from zoo.models.likelihoods import from_task
 from zoo.results.ensembles import Ensemble
 from zoo.runtime.serial import one_at_a_time
+from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
 from zoo.training.options import (
     Engine,
@@ -43,16 +45,16 @@ from zoo.training.recipes import resolve_device
 @one_at_a_time
 def ensemble(
     model_factory: Callable,
-    data,
+    data: Data,
     members: int = 5,
-    family="map",
+    family: str | type | Callable = "map",
     seed: int = 0,
     progress: bool = True,
     processes: int | str = 1,
     *,
     noise: str | float | None = None,
     epochs: int | None = None,
-    num_steps=None,
+    num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
     optim: Optim | Mapping | None = None,

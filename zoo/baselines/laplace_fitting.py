@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from zoo.arguments import check_positive
-from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.models.base import BayesianModel
 from zoo.results.laplace_approximation import LaplaceFit
 from zoo.results.laplace_torch import (
     LaplaceOptions,
@@ -25,6 +26,7 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time
+from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
 from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuses_flat_keywords
 
@@ -32,14 +34,14 @@ from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuse
 @refuses_flat_keywords
 @one_at_a_time
 def laplace(
-    model,
-    data,
+    model: BayesianModel,
+    data: Data,
     *,
-    at=None,
+    at: FitResult | str | None = None,
     options: LaplaceOptions | dict | None = None,
     progress: bool = True,
     epochs: int | None = None,
-    num_steps=None,
+    num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
     seed: int | None = 0,

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
 from zoo.baselines.laplace_fitting import map_point, split_noise
+from zoo.data.checks import Data
+from zoo.models.base import BayesianModel
 from zoo.results.laplace_torch import (
     LaplaceOptions,
     check_laplace_model,
@@ -27,14 +29,15 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time
+from zoo.training.convergence import Convergence
 from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuses_flat_keywords
 
 
 @refuses_flat_keywords
 @one_at_a_time
 def subnetwork_guide(
-    model,
-    data,
+    model: BayesianModel,
+    data: Data,
     size: int | None = None,
     *,
     at: FitResult | None = None,
@@ -43,7 +46,7 @@ def subnetwork_guide(
     prior_precision: str | float = "marglik",
     progress: bool = True,
     epochs: int | None = None,
-    num_steps=None,
+    num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
     lr: float | None = None,
     seed: int | None = 0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from zoo.cli.parser import (
@@ -87,10 +88,12 @@ def _load_data(args):
 
 def _model_factory(args, train):
     import zoo
-    from zoo.data.checks import as_tensors
+    from zoo.data.checks import gather_tensors
 
-    x, _ = as_tensors(train)
-    hidden = args.hidden if args.hidden is not None else TOY_HIDDEN if args.data == "toy" else [100]
+    x, _ = gather_tensors(train)
+    hidden: Sequence[int] = (
+        args.hidden if args.hidden is not None else TOY_HIDDEN if args.data == "toy" else [100]
+    )
     if args.data == "toy":
         return lambda: zoo.models.BayesianMLP(1, hidden, 1, noise=args.noise)
     if args.model == "lenet5":
@@ -229,11 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     check_arguments(args.parser, args)
+    command: argparse.ArgumentParser = args.parser  # the command's own, for its usage line
     try:
         return args.func(args)
-    except FileNotFoundError as err:  # a data set that is not on disk and cannot be downloaded
-        args.parser.error(str(err))
-    except BrokenTorchvisionError as err:  # torchvision missing or built for another torch
-        args.parser.error(str(err))
-    except ValueError as err:  # the library's refusals (a resume of another fit, a bad file)
-        args.parser.error(str(err))
+    except (
+        FileNotFoundError,  # a data set that is not on disk and cannot be downloaded
+        BrokenTorchvisionError,  # torchvision missing or built for another torch
+        ValueError,  # the library's refusals (a resume of another fit, a bad file)
+    ) as err:
+        command.error(str(err))

@@ -80,7 +80,8 @@ class Batches:
             self._shard_loader(seed)
 
     def _shard_loader(self, seed: int) -> None:
-        dataset = self.loader.dataset
+        old = self.data_loader
+        dataset = old.dataset
         if isinstance(dataset, IterableDataset):
             raise ValueError(
                 "an IterableDataset cannot be split across processes by the fit (it has no "
@@ -89,7 +90,6 @@ class Batches:
         self.sampler = DistributedSampler(
             dataset, num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=seed
         )
-        old = self.loader
         self.loader = DataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -142,7 +142,7 @@ class Batches:
             return
         if self.sampler is not None:
             self.sampler.set_epoch(number)
-        for index, batch in enumerate(self.loader):
+        for index, batch in enumerate(self.data_loader):
             xb, yb = split_batch(batch)
             if self.check_batches:  # an IterableDataset: no pass before training could run
                 try:
@@ -156,12 +156,21 @@ class Batches:
                     ) from None
             yield xb.to(self.device, non_blocking=True), yb.to(self.device, non_blocking=True)
 
+    @property
+    def data_loader(self) -> DataLoader:
+        """The loader of data not held as tensors (``loader``; an error when ``tensors`` hold
+        them)."""
+        if self.loader is None:
+            raise RuntimeError("these batches are tensors on the device, not a DataLoader")
+        return self.loader
+
     def first(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A small batch (for the prototype trace and the shape check)."""
         if self.tensors is not None:
             x, y = self.tensors
             return x[:2], y[:2]
-        probe = DataLoader(self.loader.dataset, batch_size=2, collate_fn=self.loader.collate_fn)
+        loader = self.data_loader
+        probe = DataLoader(loader.dataset, batch_size=2, collate_fn=loader.collate_fn)
         xb, yb = split_batch(next(iter(probe)))
         return xb.to(self.device), yb.to(self.device)
 
@@ -209,7 +218,7 @@ def fit_batches(
     if len(batches) == 0:
         raise ValueError("the data set is empty: fit needs at least one example")
     if batches.steps_per_epoch == 0:
-        loader = batches.loader
+        loader = batches.data_loader
         raise ValueError(
             f"the data give no minibatch per epoch: a DataLoader with batch_size="
             f"{loader.batch_size} and drop_last={loader.drop_last} over {len(batches)} "
@@ -217,7 +226,7 @@ def fit_batches(
             "drop_last=False"
         )
     if tensors is None and not batches.check_batches:
-        check_dataset(model, batches.loader.dataset, batches.loader.collate_fn)
+        check_dataset(model, batches.data_loader.dataset, batches.data_loader.collate_fn)
     x0, y0 = batches.first()
     check_input_shape(model, x0, y0)
     if isinstance(model, BayesianModel):

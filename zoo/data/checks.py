@@ -4,12 +4,20 @@ forms to tensors. The minibatches themselves are :mod:`zoo.data.batches`'."""
 
 from __future__ import annotations
 
+from collections.abc import Sized
+from typing import cast
+
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
 
 from zoo.models.base import BayesianModel
 from zoo.models.likelihoods import check_labels, shape_n
 from zoo.models.statistics import evaluation_mode
+
+#: The data every entry point takes: ``(x, y)`` tensors (a tuple or a list of two), a ``Dataset``
+#: of ``(x, y)`` items (a ``TensorDataset`` of two tensors is read as the tensors), or a
+#: ``DataLoader`` of ``(x, y)`` batches.
+Data = tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor] | Dataset | DataLoader
 
 __all__ = [
     "as_tensors",
@@ -79,7 +87,8 @@ def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Te
             dataset = loader.dataset
             if not isinstance(dataset, IterableDataset):
                 size = loader.batch_size or 1
-                locate_bad_item(dataset, offset, min(offset + size, len(dataset)), err)
+                end = min(offset + size, len(cast(Sized, dataset)))
+                locate_bad_item(dataset, offset, end, err)
             raise
         pairs.append(split_batch(batch))
         offset += pairs[-1][0].shape[0]

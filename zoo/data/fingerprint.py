@@ -115,10 +115,10 @@ def _update(digest, t: torch.Tensor) -> None:
     if t.dim() == 0:
         t = t.reshape(1)
     if t.is_contiguous() and t.device.type == "cpu":
-        digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
+        digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
         return
     row_bytes = max(1, t[0].numel() * t.element_size())
     rows = max(1, BLOCK_BYTES // row_bytes)
     for start in range(0, t.shape[0], rows):
         block = t[start : start + rows].contiguous().cpu()
-        digest.update(memoryview(block.reshape(-1).view(torch.uint8).numpy()))
+        digest.update(block.reshape(-1).view(torch.uint8).numpy().data)

@@ -100,12 +100,12 @@ def _image_dataset(cls, root, train, download, stats, limit, layout="image") -> 
 
 
 def mnist(
-    root=None,
+    root: str | os.PathLike | None = None,
     train: bool = True,
     download: bool = True,
     limit: int | None = None,
     layout: str = "image",
-):
+) -> TensorDataset:
     """MNIST as a standardised ``TensorDataset`` of images and labels (``limit``: the first
     ``limit`` examples).
 
@@ -121,12 +121,12 @@ def mnist(
 
 
 def fashion_mnist(
-    root=None,
+    root: str | os.PathLike | None = None,
     train: bool = True,
     download: bool = True,
     limit: int | None = None,
     layout: str = "image",
-):
+) -> TensorDataset:
     """Fashion-MNIST as a standardised ``TensorDataset``, laid out as :func:`mnist`'s."""
     return _image_dataset(
         torchvision_datasets().FashionMNIST, root, train, download, _FASHION_STATS, limit, layout
@@ -146,7 +146,12 @@ def files_where(cls: type, root: Path) -> str:
     return f"raw files in {Path(root) / cls.__name__ / 'raw'}"
 
 
-def cifar10(root=None, train: bool = True, download: bool = True, limit: int | None = None):
+def cifar10(
+    root: str | os.PathLike | None = None,
+    train: bool = True,
+    download: bool = True,
+    limit: int | None = None,
+) -> TensorDataset:
     """CIFAR-10 as a standardised ``TensorDataset`` of ``(N, 3, 32, 32)`` images."""
     return _image_dataset(
         torchvision_datasets().CIFAR10, root, train, download, _CIFAR_STATS, limit

@@ -30,6 +30,7 @@ total variance over draws: epistemic plus observation noise, as
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 
@@ -82,13 +83,19 @@ def reference_coverage(
 def distances(pred: Prediction, ref: Prediction) -> dict[str, float]:
     """Every distance of the task: ``agreement`` and ``total_variation`` (classification), or
     ``w2``, ``sd_ratio`` and ``reference_coverage`` (regression)."""
+    # ``ref``'s type is checked by each distance (``_same_inputs``), with the error it names
     if isinstance(pred, ClassificationPrediction):
-        return {"agreement": agreement(pred, ref), "total_variation": total_variation(pred, ref)}
-    if isinstance(pred, RegressionPrediction):
+        c_ref = cast(ClassificationPrediction, ref)
         return {
-            "w2": w2(pred, ref),
-            "sd_ratio": sd_ratio(pred, ref),
-            "reference_coverage": reference_coverage(pred, ref),
+            "agreement": agreement(pred, c_ref),
+            "total_variation": total_variation(pred, c_ref),
+        }
+    if isinstance(pred, RegressionPrediction):
+        r_ref = cast(RegressionPrediction, ref)
+        return {
+            "w2": w2(pred, r_ref),
+            "sd_ratio": sd_ratio(pred, r_ref),
+            "reference_coverage": reference_coverage(pred, r_ref),
         }
     raise TypeError(f"no distances for a {type(pred).__name__}")
 

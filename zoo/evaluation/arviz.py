@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -77,7 +78,12 @@ def chain_diagnostics(quantities: dict) -> dict[str, float]:
     return out
 
 
-def summary(idata: az.InferenceData, var_names=None, kind: str = "stats", **kwargs):
+def summary(
+    idata: az.InferenceData,
+    var_names=None,
+    kind: Literal["all", "stats", "diagnostics"] = "stats",
+    **kwargs,
+):
     """``az.summary`` with ``kind="stats"`` by default (fast for large models)."""
     return az.summary(idata, var_names=var_names, kind=kind, **kwargs)
 
@@ -88,7 +94,7 @@ def layer_summary(idata: az.InferenceData):
     import pandas as pd
 
     rows = []
-    for name, da in idata.posterior.data_vars.items():
+    for name, da in idata["posterior"].data_vars.items():
         values = np.asarray(da).reshape(da.shape[0] * da.shape[1], -1)
         mean, sd = values.mean(0), values.std(0)
         rows.append(
@@ -119,13 +125,13 @@ def plot_ppc(idata: az.InferenceData, **kwargs):
     observations): one bar per class, the observed count beside the replicated counts' median
     with their central 90% over the draws (:func:`zoo.plots.class_ppc`), since ArviZ's
     histograms choose bin widths that can merge neighbouring classes."""
-    observed = idata.observed_data["obs"].values
+    observed = idata["observed_data"]["obs"].values
     if observed.dtype.kind in "iub":
         from zoo.evaluation.plots import class_ppc
 
-        replicated = idata.posterior_predictive["obs"].values
+        replicated = idata["posterior_predictive"]["obs"].values
         return class_ppc(observed.ravel(), replicated.reshape(-1, observed.size), **kwargs)
-    kwargs.setdefault("num_pp_samples", min(50, idata.posterior_predictive.sizes["draw"]))
+    kwargs.setdefault("num_pp_samples", min(50, idata["posterior_predictive"].sizes["draw"]))
     ax = az.plot_ppc(idata, **kwargs)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
     return _detached(ax.figure)

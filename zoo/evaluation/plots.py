@@ -11,16 +11,22 @@ figure once, as an image, and no figure stays open in ``pyplot``'s registry. Sav
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: Columns of a ``zoo.compare`` table that :func:`comparison_chart` draws by default.
 COMPARISON_METRICS = ("accuracy", "nll", "ece", "brier", "rmse", "coverage_95", "steps_per_second")
 
 
-def new_figure(**options) -> Figure:
+def new_figure(**options: Any) -> Figure:
     """``plt.figure(**options)`` taken out of pyplot's registry at once (see the module doc)."""
     fig = plt.figure(**options)
     plt.close(fig)
@@ -47,11 +53,11 @@ def regression_band(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
     x_grid: torch.Tensor,
-    prediction,
+    prediction: Any,  # a RegressionPrediction, or a posterior whose predict makes one
     truth: torch.Tensor | None = None,
     level: float = 0.95,
     title: str | None = None,
-    ax=None,
+    ax: Axes | None = None,
 ) -> Figure:
     """Predictive mean and central ``level`` band (epistemic + aleatoric) over 1-D inputs.
 
@@ -102,8 +108,8 @@ def reliability_diagram(
     probs: torch.Tensor,
     labels: torch.Tensor,
     n_bins: int = 15,
-    title=None,
-    ax=None,
+    title: str | None = None,
+    ax: Axes | None = None,
     legend: bool = True,
 ) -> Figure:
     """Accuracy against confidence per equal-width bin, with the ECE in the title; below it the
@@ -120,7 +126,7 @@ def reliability_diagram(
         fig = new_figure(figsize=(7.5, 5.5), layout="constrained")
         ax, axc = fig.subplots(2, 1, sharex=True, height_ratios=(3, 1))
     else:
-        fig = ax.figure
+        fig = cast(Figure, ax.figure)
     acc = torch.nan_to_num(rel["accuracy"]).numpy()
     ax.bar(centers, acc, width=width, edgecolor="k", color="C0", alpha=0.8, label="accuracy")
     gap = torch.nan_to_num(rel["confidence"] - rel["accuracy"]).numpy()
@@ -152,15 +158,15 @@ def reliability_diagram(
 def entropy_histograms(
     in_scores: torch.Tensor,
     out_scores: torch.Tensor,
-    label="predictive entropy",
-    names=("in-distribution", "out-of-distribution"),
+    label: str = "predictive entropy",
+    names: tuple[str, str] = ("in-distribution", "out-of-distribution"),
     bins: int = 40,
-    ax=None,
+    ax: Axes | None = None,
 ) -> Figure:
     """Histograms of an uncertainty score on in- and out-of-distribution inputs."""
     fig, ax = _figure_and_axis(ax, (6, 3.5))
     hi = float(max(in_scores.max(), out_scores.max()))
-    edges = torch.linspace(0, hi if hi > 0 else 1.0, bins + 1).numpy()
+    edges = torch.linspace(0, hi if hi > 0 else 1.0, bins + 1).tolist()
     ax.hist(in_scores.cpu().numpy(), bins=edges, alpha=0.6, density=True, label=names[0])
     ax.hist(out_scores.cpu().numpy(), bins=edges, alpha=0.6, density=True, label=names[1])
     ax.set_xlabel(label)
@@ -170,7 +176,10 @@ def entropy_histograms(
 
 
 def class_probability_boxplots(
-    sample_probs: torch.Tensor, label: int | None = None, title=None, ax=None
+    sample_probs: torch.Tensor,
+    label: int | None = None,
+    title: str | None = None,
+    ax: Axes | None = None,
 ) -> Figure:
     """Posch & Pilz's box plots: the ``S`` sampled probabilities of each class for one input
     (``sample_probs`` is ``(S, C)``)."""
@@ -185,7 +194,12 @@ def class_probability_boxplots(
     return fig
 
 
-def class_ppc(observed, replicated, num_classes: int | None = None, ax=None) -> Figure:
+def class_ppc(
+    observed: torch.Tensor | np.ndarray,
+    replicated: torch.Tensor | np.ndarray,
+    num_classes: int | None = None,
+    ax: Axes | None = None,
+) -> Figure:
     """Posterior predictive check of class labels, one bin per class: the observed count of each
     class (bars) and the count in each replicated data set (``replicated``: ``(S, N)`` labels
     drawn from the posterior predictive), as its median with the central 90% over the ``S``
@@ -223,7 +237,7 @@ def class_ppc(observed, replicated, num_classes: int | None = None, ax=None) -> 
 
 
 def training_curves(
-    losses: dict[str, list[float]] | list[float], smooth: int = 20, ax=None
+    losses: dict[str, list[float]] | list[float], smooth: int = 20, ax: Axes | None = None
 ) -> Figure:
     """``-ELBO`` per step (a moving average over ``smooth`` steps), one line per fit."""
     if not isinstance(losses, dict):
@@ -236,19 +250,21 @@ def training_curves(
         ax.plot(range(k, len(t) + 1), avg.numpy(), label=name)
     ax.set_xlabel("step")
     ax.set_ylabel("-ELBO (full-data scale)")
-    values = torch.tensor([v for vs in losses.values() for v in vs], dtype=torch.float64)
-    values = values[torch.isfinite(values)]
+    every = torch.tensor([v for vs in losses.values() for v in vs], dtype=torch.float64)
+    every = every[torch.isfinite(every)]
     # A log axis only where the losses span a decade or more: under a decade a log axis shows
     # no labelled tick at all; a sign change needs symlog.
-    if values.numel() and values.min() > 0 and values.max() >= 10 * values.min():
+    if every.numel() and every.min() > 0 and every.max() >= 10 * every.min():
         ax.set_yscale("log")
-    elif values.numel() and values.min() <= 0 < values.max() and values.abs().max() >= 10:
+    elif every.numel() and every.min() <= 0 < every.max() and every.abs().max() >= 10:
         ax.set_yscale("symlog")
     ax.legend(fontsize="small")
     return fig
 
 
-def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> Figure:
+def comparison_chart(
+    table: pd.DataFrame, metrics: Sequence[str] | None = None, axes: Sequence[Axes] | None = None
+) -> Figure:
     """Bar charts of columns of a ``zoo.compare`` table, one panel per metric (default: those
     of :data:`COMPARISON_METRICS` in the table). ``axes``: one existing axis per metric."""
     metrics = list(metrics or [c for c in COMPARISON_METRICS if c in table])
@@ -260,7 +276,7 @@ def comparison_chart(table, metrics: Sequence[str] | None = None, axes=None) -> 
         axes = fig.subplots(1, len(metrics), squeeze=False)[0]
     elif len(axes) != len(metrics):
         raise ValueError(f"got {len(axes)} axes for {len(metrics)} metrics")
-    fig = axes[0].figure
+    fig = cast(Figure, axes[0].figure)
     names = [str(i) for i in table.index]
     for ax, metric in zip(axes, metrics):
         ax.bar(names, table[metric].to_numpy(), color=[f"C{i}" for i in range(len(names))])
@@ -277,11 +293,11 @@ def band_against_reference(
     x_train: torch.Tensor,
     y_train: torch.Tensor,
     x_grid: torch.Tensor,
-    prediction,
-    reference,
+    prediction: Any,  # a RegressionPrediction, or a posterior whose predict makes one
+    reference: Any,
     level: float = 0.95,
     title: str | None = None,
-    ax=None,
+    ax: Axes | None = None,
 ) -> Figure:
     """A predictive's central ``level`` band and mean (blue) over a reference predictive's
     (grey: an HMC reference's, :func:`zoo.reference`), both ``zoo.RegressionPrediction`` on the
@@ -315,7 +331,7 @@ def uncertainty_map(
     values: torch.Tensor,
     title: str | None = None,
     vmax: float | None = None,
-    ax=None,
+    ax: Axes | None = None,
 ) -> Figure:
     """A per-input uncertainty (e.g. ``prediction.entropy``, in nats) over a 2-D grid, with the
     training points coloured by class. ``grid``: the ``(H, W)`` coordinate arrays of
@@ -327,7 +343,8 @@ def uncertainty_map(
     mesh = ax.pcolormesh(
         gx, gy, values.reshape(gx.shape).cpu(), cmap="viridis", vmin=0, vmax=vmax, shading="auto"
     )
-    ax.scatter(*x_train.cpu().T[:2], c=y_train.cpu(), cmap="coolwarm", s=6, edgecolors="w", lw=0.3)
+    x0, x1 = x_train.cpu().T[:2]
+    ax.scatter(x0, x1, c=y_train.cpu(), cmap="coolwarm", s=6, edgecolors="w", lw=0.3)
     fig.colorbar(mesh, ax=ax, shrink=0.8)
     ax.set_xticks([])
     ax.set_yticks([])

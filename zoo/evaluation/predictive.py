@@ -6,6 +6,7 @@ import functools
 from pathlib import Path
 
 import torch
+from pyro.infer.autoguide import AutoGuide
 from torch.overrides import TorchFunctionMode
 from tqdm import tqdm
 
@@ -98,7 +99,7 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
 @torch.no_grad()
 def predict(
     model: BayesianModel,
-    guide,
+    guide: AutoGuide | None,
     x: torch.Tensor,
     num_samples: int = 100,
     batch_size: int | None = None,
@@ -154,6 +155,7 @@ def predict(
         x0 = x
         ranks = Ranks.of_process_group() if distributed else Ranks()
         if params is None:
+            assert guide is not None  # fitted_guide_device refused anything else
             with seeded(seed, device):
                 params = guide.sample_posterior(num_samples)
         else:

@@ -135,7 +135,7 @@ class TracedLoss(WiredLoss):
         eager loss, ``UNCHECKED`` when the eager loss is not finite."""
         if optimised:
             graph = self._checked(x, y, data_scale, kl_weight, True)
-            if graph is not None or self.refused.startswith("torch.jit.trace failed"):
+            if graph is not None or (self.refused or "").startswith("torch.jit.trace failed"):
                 return graph
         return self._checked(x, y, data_scale, kl_weight, False)  # the re-planned draws differ
 

@@ -25,6 +25,7 @@ each rank's loss is scaled the same way and the gradients are averaged
 
 from __future__ import annotations
 
+import torch
 from pyro.poutine.messenger import Messenger
 
 DATA_PLATE = "data"
@@ -43,8 +44,9 @@ class ElboScale(Messenger):
 
     def __init__(self, data_scale: float = 1.0, kl_weight: float = 1.0):
         super().__init__()
-        self.data_scale = float(data_scale)
-        self.kl_weight = float(kl_weight)
+        # floats, or 0-d tensors while a compiled loss reads them as its inputs
+        self.data_scale: float | torch.Tensor = float(data_scale)
+        self.kl_weight: float | torch.Tensor = float(kl_weight)
 
     def _process_message(self, msg):
         if msg["type"] != "sample":

@@ -160,19 +160,23 @@ def wire(
     if estimator == "reparam":
         return model, guide
     record = RecordGuideSites(skip_sampling)
-    return _with_estimator(model, estimator, record), record(guide)
+    return _WithEstimator(model, estimator, record), record(guide)
 
 
-def _with_estimator(model: Callable, estimator: str, record: RecordGuideSites) -> Callable:
-    def run(*args, **kwargs):
-        mode = LayerNoise(estimator, record.sites)
+class _WithEstimator:
+    """``model`` run under :class:`LayerNoise` with the recorded guide's sites; ``served``:
+    the sites the last call served."""
+
+    def __init__(self, model: Callable, estimator: str, record: RecordGuideSites):
+        self.model, self.estimator, self.record = model, estimator, record
+        self.served: set[str] = set()
+
+    def __call__(self, *args, **kwargs):
+        mode = LayerNoise(self.estimator, self.record.sites)
         with mode:
-            out = model(*args, **kwargs)
-        run.served = mode.served
+            out = self.model(*args, **kwargs)
+        self.served = mode.served
         return out
-
-    run.served = set()
-    return run
 
 
 def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> tuple:
@@ -184,12 +188,13 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     """
     from pyro import poutine
 
-    run, recording_guide = wire(model, guide, estimator)
+    record = RecordGuideSites()
+    run = _WithEstimator(model, estimator, record)
     with torch.no_grad():
-        guide_trace = poutine.trace(recording_guide).get_trace(*args)
+        guide_trace = poutine.trace(record(guide)).get_trace(*args)
         model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
     served = frozenset(run.served)
-    skip = set()
+    skip: set[str] = set()
     if elbo == "meanfield" and estimator == "local":
         for name in served:
             if has_closed_form_kl(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"]):

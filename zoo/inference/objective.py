@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import pyro
 import torch
@@ -112,12 +113,15 @@ class Objective:
         self.eager: EagerLoss | None = None
         self._eager_reason: str | None = "not set up yet"
         self._example_flops: float | None = None
+        self._setup_batch: tuple[torch.Tensor, torch.Tensor | None] | None = None
         #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
         self.minibatch_size = 0
         self._warned = False
 
     @classmethod
-    def from_loss(cls, model: Callable, guide: Callable, loss, *, jit: str | bool) -> Objective:
+    def from_loss(
+        cls, model: Callable, guide: Callable, loss: Any, *, jit: str | bool
+    ) -> Objective:
         """The objective a ``zoo.Loss`` group ``loss`` describes (its ``elbo``, ``estimator``,
         ``num_particles`` and ``kl_weight``), evaluated as ``jit`` says: how ``zoo.fit`` and
         ``zoo.lightning.BayesianModule`` build theirs."""
@@ -147,7 +151,7 @@ class Objective:
         with torch.no_grad(), direct_parameters(), pyro.validation_enabled(False):
             if getattr(self.guide, "prototype_trace", True) is None:
                 self.guide(x, y)
-            skip = frozenset()
+            skip: frozenset[str] = frozenset()
             if self.estimator != "reparam":
                 self.served, skip = estimators.plan(
                     self.model, self.guide, self.estimator, self.elbo, x, y
@@ -197,6 +201,8 @@ class Objective:
         (:func:`zoo.runtime.threads.example_flops` on the batch given to :meth:`setup`), counted
         once."""
         if self._example_flops is None:
+            if self._setup_batch is None:
+                raise RuntimeError("call setup(x, y) (or loss) first")
             self._example_flops = example_flops(self.model, *self._setup_batch)
             self._setup_batch = None  # counted: the batch is not kept
         return self._example_flops
@@ -219,9 +225,11 @@ class Objective:
     def jit_state(self) -> str:
         """How the loss has been evaluated: ``"compiled"``, or ``"eager"`` with the reason."""
         reason = self._eager_reason
-        if reason is None and self.backend is not None:
+        if reason is None and self.backend is not None:  # set up with a backend
             reason = self.backend.refused
-        return self.backend.name if reason is None else f"eager ({reason})"
+            if reason is None:
+                return self.backend.name
+        return f"eager ({reason})"
 
     def kl_weight_at(self, step: int) -> float:
         """The KL weight at optimiser step ``step``."""
@@ -249,6 +257,7 @@ class Objective:
         """
         if self._wired is None:
             self.setup(x, y)
+        assert self.eager is not None  # made by setup
         data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
         small = x.shape[0] < self.minibatch_size
         if self.backend is not None and not (validate or eager or small) and y is not None:
@@ -267,21 +276,20 @@ class Objective:
         with frozen_statistics():
             if self._wired is None:
                 self.setup(x, y)
+            assert self.eager is not None  # made by setup
             return self.eager(x, y, 0.0, 1.0).detach()
 
     def _refused(self) -> None:
         """A graph failed: an error under ``jit=True``, one warning under ``"auto"``."""
         family = getattr(self.guide, "family", None) or type(self.guide).__name__
         which = f"{family} guide, estimator={self.estimator!r}, elbo={self.elbo!r}"
+        refused = self.backend.refused if self.backend is not None else None
         if self.jit is True:
-            raise RuntimeError(
-                f"jit=True cannot compile this loss ({which}): {self.backend.refused}"
-            )
+            raise RuntimeError(f"jit=True cannot compile this loss ({which}): {refused}")
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"the loss ({which}) is evaluated eagerly: {self.backend.refused} (jit=False "
-                "silences this)",
+                f"the loss ({which}) is evaluated eagerly: {refused} (jit=False silences this)",
                 RuntimeWarning,
                 stacklevel=4,
             )

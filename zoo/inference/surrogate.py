@@ -31,7 +31,10 @@ Pyro's ELBO at once).
 
 from __future__ import annotations
 
+import functools
 import numbers
+import operator
+from typing import Any
 
 import pyro
 import torch
@@ -50,7 +53,8 @@ class _Groups:
     in a traced graph, its value in an eager step, so both reduce the same sites together."""
 
     def __init__(self):
-        self.groups: dict[tuple, tuple[object, list, list]] = {}
+        # (is observed, scale or its id) -> (scale, added terms, subtracted terms)
+        self.groups: dict[tuple, tuple[Any, list[torch.Tensor], list[torch.Tensor]]] = {}
 
     def add(self, site: dict, term: torch.Tensor, sign: int) -> None:
         scale = site["scale"]
@@ -61,21 +65,24 @@ class _Groups:
 
     def total(self) -> torch.Tensor:
         """``sum_g scale_g * (sum of the added terms - sum of the subtracted ones)``."""
-        total = None
+        total: torch.Tensor | None = None
         for scale, plus, minus in self.groups.values():
-            value = _summed(plus)
+            value = _summed(plus) if plus else None
             if minus:
-                value = -_summed(minus) if value is None else value - _summed(minus)
+                less = _summed(minus)
+                value = -less if value is None else value - less
+            assert value is not None  # a group is made by its first term
             if not (isinstance(scale, numbers.Number) and scale == 1):
                 value = value * scale
             total = value if total is None else total + value
+        if total is None:
+            raise ValueError("the trace has no log-density term to sum (no sample site)")
         return total
 
 
-def _summed(terms: list[torch.Tensor]) -> torch.Tensor | None:
-    """The sum of every element of ``terms``: one ``stack`` and one ``sum`` for 0-d terms."""
-    if not terms:
-        return None
+def _summed(terms: list[torch.Tensor]) -> torch.Tensor:
+    """The sum of every element of ``terms`` (at least one): one ``stack`` and one ``sum`` for
+    0-d terms."""
     if len(terms) == 1:
         return terms[0] if terms[0].dim() == 0 else terms[0].sum()
     if all(term.dim() == 0 for term in terms):
@@ -197,12 +204,12 @@ class _Reduced:
         vectorised trace holds them all) over ``num_particles``."""
         if self.num_particles == 1:
             return values[0]
-        return (values[0] if len(values) == 1 else sum(values)) / self.num_particles
+        return functools.reduce(operator.add, values) / self.num_particles
 
 
 def _generator_states(args) -> dict:
     """torch's CPU generator state, and the CUDA one of the inputs' device, to restore."""
-    states = {"cpu": torch.get_rng_state()}
+    states: dict[str | torch.device, torch.Tensor] = {"cpu": torch.get_rng_state()}
     devices = {a.device for a in args if torch.is_tensor(a) and a.device.type == "cuda"}
     for device in devices:
         states[device] = torch.cuda.get_rng_state(device)

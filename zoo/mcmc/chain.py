@@ -152,9 +152,11 @@ def check_resumable(state: dict, settings: ChainSettings, chain: int, x, y, mode
             f"({', '.join(f'{k}={saved.get(k)!r} now {now[k]!r}' for k in differ)}): pass the "
             "same ones to resume it, or another checkpoint folder to start afresh"
         )
-    saved = state["data"]
-    now = _legacy_fingerprint(x, y) if isinstance(saved, list) else data_fingerprint((x, y))
-    if saved != now:
+    saved_data = state["data"]
+    now_data = (
+        _legacy_fingerprint(x, y) if isinstance(saved_data, list) else data_fingerprint((x, y))
+    )
+    if saved_data != now_data:
         raise ValueError(
             f"the checkpoint of chain {chain} was run on other data (size or values differ): "
             "pass the same data to resume it, or another checkpoint folder to start afresh"

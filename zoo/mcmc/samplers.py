@@ -12,9 +12,11 @@ class here.
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pyro.infer.autoguide.initialization import init_to_sample
 from pyro.infer.mcmc import NUTS as PyroNUTS
@@ -39,29 +41,29 @@ class Sampler(ABC):
 
     def settings(self) -> dict:
         """The settings as plain data, with the sampler's name under ``"sampler"``."""
-        return {"sampler": self.name, **asdict(self)}
+        return {"sampler": self.name, **asdict(self)}  # type: ignore[call-overload]  # subclasses are dataclasses
 
     @abstractmethod
-    def kernel(self, model, adapted: dict | None = None):
+    def kernel(self, model: Callable, adapted: dict | None = None) -> Any:
         """A Pyro MCMC kernel on ``model``: adapting during warm-up, or (``adapted``, from
         :meth:`adapted`) at what a warm-up adapted, with adaptation off."""
 
     @abstractmethod
-    def adapted(self, kernel) -> dict:
+    def adapted(self, kernel: Any) -> dict:
         """What ``kernel``'s warm-up adapted, as plain data (tensors, numbers, lists)."""
 
     @abstractmethod
-    def restore(self, kernel, adapted: dict) -> None:
+    def restore(self, kernel: Any, adapted: dict) -> None:
         """Put :meth:`adapted`'s values back into a kernel built with them, after its
         ``setup``."""
 
     @abstractmethod
-    def transition(self, kernel, z: dict) -> tuple[dict, dict[str, float]]:
+    def transition(self, kernel: Any, z: dict) -> tuple[dict, dict[str, float]]:
         """One transition from ``z`` (unconstrained): the new position and its statistics."""
 
     @classmethod
     @abstractmethod
-    def check_adapted(cls, state: dict, path) -> None:
+    def check_adapted(cls, state: dict, path: str | os.PathLike) -> None:
         """Refuse a chain file ``state`` (read from ``path``) whose adapted values this sampler
         never writes (``ValueError`` naming the file and the entry)."""
 
@@ -115,7 +117,7 @@ class NUTS(Sampler):
         if not isinstance(self.jit, bool):
             raise ValueError(f"jit must be True or False, got {self.jit!r}")
 
-    def kernel(self, model, adapted: dict | None = None):
+    def kernel(self, model: Callable, adapted: dict | None = None) -> Any:
         """Pyro's NUTS kernel on ``model``."""
         options = {}
         if adapted is not None:
@@ -131,7 +133,7 @@ class NUTS(Sampler):
             **options,
         )
 
-    def adapted(self, kernel) -> dict:
+    def adapted(self, kernel: Any) -> dict:
         """The adapted step size and inverse mass matrix (``[[site names], tensor]`` pairs)."""
         return {
             "step_size": float(kernel.step_size),
@@ -140,14 +142,14 @@ class NUTS(Sampler):
             ],
         }
 
-    def restore(self, kernel, adapted: dict) -> None:
+    def restore(self, kernel: Any, adapted: dict) -> None:
         """Set the inverse mass matrix (the step size went to the kernel's constructor)."""
         kernel.mass_matrix_adapter.inverse_mass_matrix = {
             tuple(names): value for names, value in adapted["inverse_mass_matrix"]
         }
 
     @classmethod
-    def check_adapted(cls, state: dict, path) -> None:
+    def check_adapted(cls, state: dict, path: str | os.PathLike) -> None:
         """A positive step size and ``[[names], finite tensor]`` pairs of inverse mass matrix."""
         files.require(state, ("step_size", "inverse_mass_matrix"), path)
         step = state["step_size"]
@@ -161,7 +163,7 @@ class NUTS(Sampler):
             )
         file_checks.check_tensors({str(n): v for n, v in matrix}, path, "inverse mass matrix")
 
-    def transition(self, kernel, z: dict) -> tuple[dict, dict[str, float]]:
+    def transition(self, kernel: Any, z: dict) -> tuple[dict, dict[str, float]]:
         """One NUTS transition and its statistics: the momentum and the doublings are read
         from the transition's own sample sites (a :class:`_Transition` handler); what Pyro
         keeps of the rest is read by :func:`_pyro_state`."""

@@ -19,16 +19,19 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 from tqdm import tqdm
 
 from zoo.arguments import check_int, check_positive, check_seed, is_int, refuses_moved_keywords
-from zoo.data.checks import check_data, gather_tensors
+from zoo.data.checks import Data, check_data, gather_tensors
 from zoo.mcmc import chain as hmc
 from zoo.mcmc.samplers import NUTS, Sampler, check_sampler
+from zoo.models.base import BayesianModel
 from zoo.results.hmc import Reference
 from zoo.runtime import children
 from zoo.runtime.serial import one_at_a_time
@@ -68,8 +71,8 @@ MOVED = {key: f"sampler=zoo.NUTS({key}=...)" for key in ("target_accept", "max_t
 @one_at_a_time
 @refuses_moved_keywords(MOVED)
 def reference(
-    model,
-    data,
+    model: BayesianModel,
+    data: Data,
     *,
     sampler: Sampler = NUTS(),
     chains: int = 4,
@@ -81,7 +84,7 @@ def reference(
     processes: int | str = "auto",
     budget: Budget = Budget(),
     progress: bool = True,
-):
+) -> Reference:
     """Sample the posterior of ``model`` given all of ``data`` with ``sampler`` (Pyro's NUTS by
     default).
 
@@ -190,7 +193,8 @@ def _in_memory(data, budget: Budget) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset):
         first = dataset[0]
         item = sum(torch.as_tensor(t).numel() * torch.as_tensor(t).element_size() for t in first)
-        _refuse_bytes(item * len(dataset), len(dataset), budget)
+        count = len(cast(Sized, dataset))  # a map-style dataset has a length
+        _refuse_bytes(item * count, count, budget)
     x, y = gather_tensors(data)
     _refuse_bytes(x.numel() * x.element_size() + y.numel() * y.element_size(), len(x), budget)
     return x, y

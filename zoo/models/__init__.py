@@ -43,7 +43,7 @@ _CLASSES = {
 
 def build(spec: dict) -> BayesianModel:
     """The model that ``model.spec()`` describes (plain data), e.g. from a saved fit."""
-    cls = _CLASSES.get(spec.get("class"))
+    cls = _CLASSES.get(spec.get("class", ""))
     if cls is None:
         raise ValueError(f"unknown model class {spec.get('class')!r}; known: {sorted(_CLASSES)}")
     args = dict(spec["args"])

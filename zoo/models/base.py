@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import pyro
 import torch
@@ -88,7 +88,7 @@ class BayesianModel(nn.Module):
         noise: float | str = "learned",
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
-        deterministic=(),
+        deterministic: Iterable[str] = (),
     ):
         warn_if_seeded_elsewhere("building a zoo model")  # its layers drew from that stream
         super().__init__()
@@ -253,7 +253,7 @@ def swapped_parameters(net: nn.Module, weights: Mapping[str, torch.Tensor]):
     saved = {name: module._parameters[leaf] for name, (module, leaf) in owners.items()}
     try:
         for name, (module, leaf) in owners.items():
-            module._parameters[leaf] = weights[name]
+            module._parameters[leaf] = weights[name]  # type: ignore[assignment]  # a draw, not a Parameter
         yield net
     finally:
         for name, (module, leaf) in owners.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -70,4 +72,4 @@ class CifarNet(BayesianModel):
 
     def spec(self) -> dict | None:
         # read off the network: models pickled by version 1 have no record of their arguments
-        return self._class_spec(**{"num_classes": self.net.fc1.out_features})
+        return self._class_spec(**{"num_classes": cast(nn.Linear, self.net.fc1).out_features})

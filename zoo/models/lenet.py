@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,7 +68,9 @@ class LeNet5(BayesianModel):
         Outputs of the last layer.
     """
 
-    def __init__(self, hidden: int = 100, prior: Prior | float | None = None, num_classes=10):
+    def __init__(
+        self, hidden: int = 100, prior: Prior | float | None = None, num_classes: int = 10
+    ):
         super().__init__(
             LeNet5Network(hidden, num_classes),
             task="classification",
@@ -77,5 +81,8 @@ class LeNet5(BayesianModel):
     def spec(self) -> dict | None:
         # read off the network: models pickled by version 1 have no record of their arguments
         return self._class_spec(
-            **{"hidden": self.net.fc1.out_features, "num_classes": self.net.fc2.out_features}
+            **{
+                "hidden": cast(nn.Linear, self.net.fc1).out_features,
+                "num_classes": cast(nn.Linear, self.net.fc2).out_features,
+            }
         )

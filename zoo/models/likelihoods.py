@@ -158,6 +158,9 @@ class Gaussian(_GaussianBase):
         Scale of the ``HalfNormal`` prior of a learned noise.
     """
 
+    noise: torch.Tensor  # a buffer (0-d): the fixed noise, or
+    noise_prior_scale: torch.Tensor  # the learned noise's prior scale
+
     def __init__(self, noise: float | str = "learned", noise_prior_scale: float = 1.0):
         super().__init__()
         self.learned = noise == "learned"
@@ -165,11 +168,11 @@ class Gaussian(_GaussianBase):
             raise ValueError(
                 f"noise must be a positive float, 'learned' or 'heteroscedastic', got {noise!r}"
             )
-        if not self.learned and not noise > 0:
+        if not isinstance(noise, str) and not noise > 0:  # a string here is "learned"
             raise ValueError(f"noise must be positive, got {noise}")
         if not noise_prior_scale > 0:
             raise ValueError(f"noise_prior_scale must be positive, got {noise_prior_scale}")
-        value = noise_prior_scale if self.learned else noise
+        value = noise if not isinstance(noise, str) else noise_prior_scale
         self.register_buffer("noise_prior_scale" if self.learned else "noise", _scalar(value))
 
     #: A fixed noise this many times smaller than the targets' sd draws a warning.
@@ -268,7 +271,7 @@ def from_task(
 
 def from_spec(spec: dict) -> Likelihood:
     """The likelihood that :meth:`Likelihood.spec` describes."""
-    cls = _CLASSES.get(spec.get("class"))
+    cls = _CLASSES.get(spec.get("class", ""))
     if cls is None:
         raise ValueError(f"unknown likelihood {spec.get('class')!r}; known: {sorted(_CLASSES)}")
     return cls(**spec["args"])

@@ -106,8 +106,8 @@ class BayesianMLP(BayesianModel):
 
     def _args_from_net(self) -> dict:
         """The constructor's arguments read off the network (a model pickled by version 1)."""
-        layers = [m for m in self.net if isinstance(m, nn.Linear)]
-        acts = [n for n, cls in _ACTIVATIONS.items() for m in self.net if type(m) is cls]
+        layers = [m for m in self.net.children() if isinstance(m, nn.Linear)]
+        acts = [n for n, cls in _ACTIVATIONS.items() for m in self.net.children() if type(m) is cls]
         return {
             "in_features": layers[0].in_features,
             "hidden": [m.out_features for m in layers[:-1]],

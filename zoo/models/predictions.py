@@ -4,7 +4,8 @@ derived from them. The likelihood of the model decides which type (``zoo.models.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,6 +32,11 @@ class Prediction:
 
     def log_likelihood(self, y: torch.Tensor) -> torch.Tensor:
         """``log p(y_n | x_n, w_s)`` of each sampled network, ``(S, N)``."""
+        if self.likelihood is None:
+            raise ValueError(
+                f"this {type(self).__name__} holds no observation distribution (built without "
+                "likelihood=); predict through a model to get one"
+            )
         return self.likelihood.log_prob(y.to(self.outputs.device))
 
     @property
@@ -43,7 +49,7 @@ class ClassificationPrediction(Prediction):
     """A categorical predictive. ``sample_probs``: ``(S, N, C)`` class probabilities of each
     sampled network."""
 
-    sample_probs: torch.Tensor | None = None
+    sample_probs: torch.Tensor = field(kw_only=True)
     task = "classification"
 
     @property
@@ -81,8 +87,8 @@ class RegressionPrediction(Prediction):
     """A Gaussian predictive. ``sample_means``, ``sample_scales``: ``(S, N[, D])`` mean and
     observation-noise standard deviation of each sampled network."""
 
-    sample_means: torch.Tensor | None = None
-    sample_scales: torch.Tensor | None = None
+    sample_means: torch.Tensor = field(kw_only=True)
+    sample_scales: torch.Tensor = field(kw_only=True)
     task = "regression"
 
     @property
@@ -145,7 +151,7 @@ def mixture(predictions: list[Prediction]) -> Prediction:
             f"{sorted({type(p).__name__ for p in predictions})} with output shapes "
             f"{sorted(shapes)}"
         )
-    fields = {}
+    fields: dict[str, Any] = {}
     for name in kind.__dataclass_fields__:
         values = [getattr(p, name) for p in predictions]
         if name == "likelihood":
@@ -164,6 +170,7 @@ def _mixed_distribution(dists: list) -> torch.distributions.Distribution | None:
     first = dists[0]
     if isinstance(first, torch.distributions.Independent):
         base = _mixed_distribution([d.base_dist for d in dists])
+        assert base is not None  # as the first's is not
         return torch.distributions.Independent(base, first.reinterpreted_batch_ndims)
     if isinstance(first, torch.distributions.Categorical):
         return type(first)(logits=torch.cat([d.logits for d in dists]))

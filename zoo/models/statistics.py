@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ _FROZEN = contextvars.ContextVar("frozen_statistics", default=False)
 
 
 @contextlib.contextmanager
-def frozen_statistics():
+def frozen_statistics() -> Iterator[None]:
     """Within this block, no network of a :class:`~zoo.models.BayesianModel` updates its running
     statistics (training mode still normalises with the batch's). Per thread and task."""
     token = _FROZEN.set(True)

@@ -69,7 +69,8 @@ def model_payload(model) -> dict:
     state = model.state_dict()
     for key in frozen:
         state.pop(key, None)
-    spec = model.spec() if hasattr(model, "spec") else None
+    spec_of = getattr(model, "spec", None)
+    spec = spec_of() if spec_of is not None else None
     return {"spec": spec, "state": state, "class": type(model).__name__}
 
 

@@ -73,6 +73,8 @@ class TransformerNetwork(nn.Module):
     ``in_features``) plus fixed positions, ``layers`` encoder blocks, a final layer norm, the
     mean over positions, a linear layer to ``num_classes``."""
 
+    positions: torch.Tensor  # a buffer, (max_len, d_model)
+
     def __init__(
         self,
         in_features=None,
@@ -150,10 +152,10 @@ class TransformerClassifier(BayesianModel):
         net = TransformerNetwork(
             in_features, vocab_size, num_classes, d_model, heads, layers, ff, max_len
         )
-        shape = None
+        shape: tuple[int, ...] | None = None
         if seq_len is not None:
             check_sizes("seq_len", [seq_len])
-            shape = (seq_len,) if vocab_size is not None else (seq_len, in_features)
+            shape = (seq_len,) if in_features is None else (seq_len, in_features)
         super().__init__(
             net,
             task="classification",

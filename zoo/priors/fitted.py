@@ -54,6 +54,7 @@ from collections.abc import Iterable, Mapping
 import pyro
 import pyro.distributions as dist
 import torch
+from pyro.distributions import TorchDistribution
 from torch import nn
 
 from zoo.priors.fixed import IsotropicNormal, Prior
@@ -88,7 +89,7 @@ class GroupedScalePrior(Prior):
         self._factor: dict[str, float] = {}
         self._index: dict[str, int] = {}
 
-    def bind(self, site_shapes, fan_ins) -> None:
+    def bind(self, site_shapes: Mapping[str, torch.Size], fan_ins: Mapping[str, int]) -> None:
         groups = scale_groups(site_shapes, self.per)
         if self.site_group and self.site_group != groups:
             raise ValueError(
@@ -111,7 +112,7 @@ class GroupedScalePrior(Prior):
                 f"{sorted(self._index) or 'none yet'})"
             )
 
-    def distribution(self, shape, fan_in):
+    def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         raise TypeError(
             f"{type(self).__name__} gives each site's prior from its fitted scale: call "
             "site_distribution(name, shape, fan_in, latent) (the model does)"
@@ -175,7 +176,7 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
         #: Unconstrained values, one per group: ``value = min_scale + exp(raw_scale)``.
         self.raw_scale = nn.Parameter(torch.zeros(0))
 
-    def bind(self, site_shapes, fan_ins) -> None:
+    def bind(self, site_shapes: Mapping[str, torch.Size], fan_ins: Mapping[str, int]) -> None:
         super().bind(site_shapes, fan_ins)
         if self.raw_scale.numel() != len(self.groups):
             start = math.log(self.init_scale - self.min_scale)
@@ -198,7 +199,9 @@ class LearnedNormalPrior(GroupedScalePrior, builtin=True):
         self._require_bound(name)
         return float(self.values().detach()[self._index[name]]) * self._factor[name]
 
-    def site_distribution(self, name, shape, fan_in, latent):
+    def site_distribution(
+        self, name: str, shape: torch.Size, fan_in: int, latent: Mapping[str, torch.Tensor]
+    ) -> TorchDistribution:
         self._require_bound(name)
         return self._site_prior(self.values()[self._index[name]] * self._factor[name], shape)
 
@@ -236,6 +239,9 @@ class HierarchicalNormalPrior(GroupedScalePrior, builtin=True):
     initialisation has gain ``1/sqrt(3)``) and 95% of its mass between 0.14 and 7.1.
     """
 
+    hyper_loc: torch.Tensor  # buffers (0-d)
+    hyper_scale: torch.Tensor
+
     def __init__(
         self,
         per: str = "layer",
@@ -261,7 +267,9 @@ class HierarchicalNormalPrior(GroupedScalePrior, builtin=True):
         hyper = self.hyperprior()
         return {name: pyro.sample(name, hyper) for name in self.site_names()}
 
-    def site_distribution(self, name, shape, fan_in, latent: Mapping[str, torch.Tensor]):
+    def site_distribution(
+        self, name: str, shape: torch.Size, fan_in: int, latent: Mapping[str, torch.Tensor]
+    ) -> TorchDistribution:
         self._require_bound(name)
         value = latent[SITE_PREFIX + self.site_group[name]]
         return self._site_prior(value * self._factor[name], shape)

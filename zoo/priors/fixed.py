@@ -10,7 +10,8 @@ A prior returns, per site, a distribution whose event shape is the whole weight 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pyro.distributions as dist
 import torch
@@ -37,7 +38,13 @@ class IsotropicNormal(TorchDistribution):
     has_rsample = True
 
     def __init__(
-        self, loc, scale, event_shape, batch_shape=(), validate_args=None, zero_loc: bool = False
+        self,
+        loc: float | torch.Tensor,
+        scale: float | torch.Tensor,
+        event_shape: Sequence[int],
+        batch_shape: Sequence[int] = (),
+        validate_args: bool | None = None,
+        zero_loc: bool = False,
     ):
         self.loc, self.scale = torch.as_tensor(loc), torch.as_tensor(scale)
         # Known at construction (no device sync): log_prob then skips ``value - loc``.
@@ -49,28 +56,28 @@ class IsotropicNormal(TorchDistribution):
         return t.reshape(t.shape + (1,) * len(self.event_shape))
 
     @property
-    def support(self):
+    def support(self) -> constraints.Constraint:
         return constraints.independent(constraints.real, len(self.event_shape))
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
         return IsotropicNormal(
             self.loc, self.scale, self.event_shape, batch_shape, zero_loc=self.zero_loc
         )
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return self._per_element(self.loc).expand(self.batch_shape + self.event_shape)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return self._per_element(self.scale).pow(2).expand(self.batch_shape + self.event_shape)
 
-    def rsample(self, sample_shape=()):
-        shape = self._extended_shape(sample_shape)
+    def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
+        shape = self._extended_shape(torch.Size(sample_shape))
         noise = torch.randn(shape, dtype=self.scale.dtype, device=self.scale.device)
         return self._per_element(self.loc) + self._per_element(self.scale) * noise
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         k = len(self.event_shape)
         n = math.prod(self.event_shape)
         diff = value if self.zero_loc else value - self._per_element(self.loc)
@@ -155,6 +162,8 @@ class NormalPrior(Prior, builtin=True):
     """Isotropic ``N(loc, scale^2)`` on every weight; ``scale`` is a standard deviation."""
 
     _zero_loc = False  # set per instance; the class default serves priors pickled before it
+    loc: torch.Tensor  # buffers (0-d)
+    scale: torch.Tensor
 
     def __init__(self, scale: float = 1.0, loc: float = 0.0):
         super().__init__()
@@ -164,7 +173,7 @@ class NormalPrior(Prior, builtin=True):
         self.register_buffer("scale", torch.tensor(float(scale)))
         self._zero_loc = float(loc) == 0.0
 
-    def distribution(self, shape, fan_in):
+    def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         return IsotropicNormal(self.loc, self.scale, shape, zero_loc=self._zero_loc)
 
     def extra_repr(self) -> str:
@@ -173,6 +182,8 @@ class NormalPrior(Prior, builtin=True):
 
 class LayerwiseNormalPrior(Prior, builtin=True):
     """``N(0, gain^2 / fan_in)`` per layer (a bias uses its layer's fan-in)."""
+
+    gain: torch.Tensor  # a buffer (0-d)
 
     def __init__(self, gain: float = 1.0):
         super().__init__()
@@ -183,7 +194,7 @@ class LayerwiseNormalPrior(Prior, builtin=True):
     def extra_repr(self) -> str:
         return f"gain={self.gain.item():.4g}"
 
-    def distribution(self, shape, fan_in):
+    def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         scale = self.gain / math.sqrt(max(fan_in, 1))
         return IsotropicNormal(torch.zeros_like(self.gain), scale, shape, zero_loc=True)
 
@@ -199,13 +210,19 @@ class ScaleMixtureNormal(TorchDistribution):
     support = constraints.real
     has_rsample = False
 
-    def __init__(self, pi, sigma1, sigma2, validate_args=None):
+    def __init__(
+        self,
+        pi: float | torch.Tensor,
+        sigma1: float | torch.Tensor,
+        sigma2: float | torch.Tensor,
+        validate_args: bool | None = None,
+    ):
         self.pi, self.sigma1, self.sigma2 = torch.broadcast_tensors(
             torch.as_tensor(pi), torch.as_tensor(sigma1), torch.as_tensor(sigma2)
         )
         super().__init__(self.pi.shape, validate_args=validate_args)
 
-    def expand(self, batch_shape, _instance=None):
+    def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
         batch_shape = torch.Size(batch_shape)
         return ScaleMixtureNormal(
             self.pi.expand(batch_shape),
@@ -213,21 +230,21 @@ class ScaleMixtureNormal(TorchDistribution):
             self.sigma2.expand(batch_shape),
         )
 
-    def log_prob(self, value):
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
         lp1 = dist.Normal(0.0, self.sigma1).log_prob(value) + torch.log(self.pi)
         lp2 = dist.Normal(0.0, self.sigma2).log_prob(value) + torch.log1p(-self.pi)
         return torch.logaddexp(lp1, lp2)
 
     @property
-    def mean(self):
+    def mean(self) -> torch.Tensor:
         return torch.zeros_like(self.pi)
 
     @property
-    def variance(self):
+    def variance(self) -> torch.Tensor:
         return self.pi * self.sigma1**2 + (1 - self.pi) * self.sigma2**2
 
-    def sample(self, sample_shape=()):
-        shape = self._extended_shape(sample_shape)
+    def sample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
+        shape = self._extended_shape(torch.Size(sample_shape))
         with torch.no_grad():
             first = torch.rand(shape, device=self.pi.device) < self.pi.expand(shape)
             scale = torch.where(first, self.sigma1.expand(shape), self.sigma2.expand(shape))
@@ -241,6 +258,10 @@ class ScaleMixturePrior(Prior, builtin=True):
     closed-form KL to a Gaussian: ``elbo="meanfield"`` falls back to a Monte Carlo term for it.
     """
 
+    pi: torch.Tensor  # buffers (0-d)
+    sigma1: torch.Tensor
+    sigma2: torch.Tensor
+
     def __init__(self, pi: float = 0.5, sigma1: float = 1.0, sigma2: float = math.exp(-6)):
         super().__init__()
         if not 0 < pi < 1 or sigma1 <= 0 or sigma2 <= 0:
@@ -249,7 +270,7 @@ class ScaleMixturePrior(Prior, builtin=True):
         self.register_buffer("sigma1", torch.tensor(float(sigma1)))
         self.register_buffer("sigma2", torch.tensor(float(sigma2)))
 
-    def distribution(self, shape, fan_in):
+    def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         base = ScaleMixtureNormal(self.pi, self.sigma1, self.sigma2)
         return base.expand(shape).to_event(len(shape))
 

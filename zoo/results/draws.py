@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -80,7 +81,7 @@ class Draws(DrawnPosterior):
     device : torch.device
     """
 
-    model: object
+    model: Any
     draws: dict[str, torch.Tensor]
     options: dict = field(default_factory=dict)
     wall_time: float = 0.0

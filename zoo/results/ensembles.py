@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -38,6 +39,7 @@ class Ensemble(Posterior):
     members: list[FitResult]
     options: dict = field(default_factory=dict)
 
+    DEFAULT_SAMPLES: ClassVar[int] = 100
     kind = "ensemble"
 
     def __post_init__(self):
@@ -52,7 +54,7 @@ class Ensemble(Posterior):
         )
 
     @property
-    def model(self):
+    def model(self) -> Any:
         """The first member's model (every member's has the same sites and likelihood)."""
         return self.members[0].model
 
@@ -104,7 +106,7 @@ class Ensemble(Posterior):
         norm statistics included; :meth:`draws_per_member` networks, member ``k`` seeded
         ``seed + k``) side by side, ``S = K m`` sampled networks in all, the same
         ``Prediction`` type as a fit's."""
-        per = self.draws_per_member(options.num_samples)
+        per = self.draws_per_member(options.num_samples or self.DEFAULT_SAMPLES)
         parts = []
         for k, member in enumerate(self.members):
             seed = None if options.seed is None else options.seed + k

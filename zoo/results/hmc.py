@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +36,7 @@ class Reference(DrawnPosterior):
     device : torch.device
     """
 
-    model: object
+    model: Any
     draws: dict[str, torch.Tensor]
     stats: dict[str, torch.Tensor]
     wall_time: float = 0.0

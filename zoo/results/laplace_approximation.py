@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
 
 import torch
 
@@ -45,13 +46,14 @@ class LaplaceFit(Posterior):
         Seconds of the MAP fit (when one was run) and the Laplace fit together.
     """
 
-    model: object
-    laplace: object
+    model: Any
+    laplace: Any  # laplace-torch's BaseLaplace (imported only where it is used)
     options: LaplaceOptions
     map_weights: dict
     wall_time: float = 0.0
     info: dict = field(default_factory=dict)
 
+    DEFAULT_SAMPLES: ClassVar[int] = 100
     kind = "laplace"
 
     def __repr__(self) -> str:

@@ -20,7 +20,9 @@ import contextlib
 import copy
 import math
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -81,8 +83,14 @@ class LaplaceOptions:
     def of(cls, options: LaplaceOptions | dict | None) -> LaplaceOptions:
         """``options`` as the group: ``None`` for the defaults, a mapping of its fields (an
         unknown key refused, naming the fields), or the group itself."""
-        if options is None or isinstance(options, cls):
-            return options or cls()
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if not isinstance(options, Mapping):
+            raise TypeError(
+                f"options must be a zoo.LaplaceOptions or a dict of its fields, got {options!r}"
+            )
         unknown = set(options) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(
@@ -114,7 +122,7 @@ class LaplaceOptions:
             )
         p = self.prior_precision
         if p != "marglik":
-            if not is_number(p) or not p > 0:
+            if isinstance(p, str) or not is_number(p) or not p > 0:
                 raise ValueError(
                     f"LaplaceOptions(prior_precision={p!r}): 'marglik' (fitted by marginal "
                     "likelihood) or a positive number"
@@ -265,7 +273,7 @@ def build(
     curvature class, replaces the one chosen here."""
     Laplace = import_laplace()
     net = network_at(model, weights).to(next(iter(weights.values())).device)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if options.weights == "subnetwork":
         if indices is None:
             raise ValueError("a subnetwork Laplace needs its indices (subnetwork_indices)")
@@ -296,8 +304,9 @@ def posterior_sites(la) -> list[tuple[str, torch.Size]]:
     from laplace.lllaplace import LLLaplace
 
     if isinstance(la, LLLaplace):  # la.model is laplace-torch's feature extractor
-        layer = la.model.last_layer
-        prefix = next(n for n, m in la.model.model.named_modules() if m is layer)
+        extractor: Any = la.model
+        layer = extractor.last_layer
+        prefix = next(n for n, m in extractor.model.named_modules() if m is layer)
         return [(f"{prefix}.{n}", p.shape) for n, p in layer.named_parameters()]
     return [(n, p.shape) for n, p in la.model.named_parameters() if p.requires_grad]
 
@@ -336,7 +345,7 @@ def linearised_outputs(la, weights: dict, draws: dict, x: torch.Tensor) -> torch
     samples = []
     for s in range(next(iter(draws.values())).shape[0]):
         tangent = {n: draws[n][s].to(x.device) - primal[n] for n in names}
-        out, change = jvp(outputs, (primal,), (tangent,))
+        out, change, *_ = jvp(outputs, (primal,), (tangent,))
         samples.append((out + change).reshape(x.shape[0], -1))
     return torch.stack(samples).detach()
 

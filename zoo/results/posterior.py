@@ -15,17 +15,20 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from zoo.arguments import check_bool, check_positive, check_seed
-from zoo.data.checks import check_labelled_data, gather_tensors
+from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.predictions import Prediction
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
 from zoo.storage import files
+
+if TYPE_CHECKING:  # imported where it is used
+    import arviz as az
 
 __all__ = ["Posterior", "PredictOptions"]
 
@@ -37,8 +40,9 @@ class PredictOptions:
 
     Attributes
     ----------
-    num_samples : int
-        ``S``, the sampled networks (or functions) of the predictive.
+    num_samples : int or None
+        ``S``, the sampled networks (or functions) of the predictive (``None``: every draw a
+        reference holds).
     batch_size, sample_batch_size : int or None
         Inputs and draws per pass (``None``: the predictive's choice,
         :func:`zoo.evaluation.predictive.predict`).
@@ -54,7 +58,7 @@ class PredictOptions:
         the outputs gathered once; every rank returns the same prediction.
     """
 
-    num_samples: int
+    num_samples: int | None
     batch_size: int | None = None
     sample_batch_size: int | None = None
     seed: int | None = 0
@@ -82,10 +86,19 @@ class Posterior:
     DEFAULT_SAMPLES: ClassVar[int | None] = 100
     ARVIZ_SAMPLES: ClassVar[int | None] = 200
 
-    model: object
-    device: torch.device
-    options: dict
-    wall_time: float
+    if TYPE_CHECKING:  # each kind holds these as fields or properties of its own
+
+        @property
+        def model(self) -> Any: ...  # a zoo model, or the Pyro model of a fit
+
+        @property
+        def device(self) -> torch.device: ...
+
+        @property
+        def options(self) -> Any: ...  # a dict, or a kind's options group
+
+        @property
+        def wall_time(self) -> float: ...
 
     # -- what a kind provides ------------------------------------------------------------
 
@@ -199,7 +212,14 @@ class Posterior:
         return self.predict_with(x, options)
 
     def predict_options(
-        self, num_samples, batch_size, seed, progress, threads, distributed, sample_batch_size
+        self,
+        num_samples: int | None,
+        batch_size: int | None,
+        seed: int | None,
+        progress: bool,
+        threads: int | str | None,
+        distributed: bool,
+        sample_batch_size: int | None,
     ) -> PredictOptions:
         """:meth:`predict`'s arguments checked and bound (``num_samples`` defaulted)."""
         check_positive(
@@ -217,7 +237,7 @@ class Posterior:
     @one_at_a_time
     def evaluate(
         self,
-        data,
+        data: Data,
         num_samples: int | None = None,
         batch_size: int | None = None,
         seed: int | None = 0,
@@ -245,14 +265,14 @@ class Posterior:
     @one_at_a_time
     def to_arviz(
         self,
-        data=None,
+        data: Data | None = None,
         num_samples: int | None = None,
         var_names: Sequence[str] | str | None = None,
         seed: int | None = 0,
         progress: bool = True,
         threads: int | str | None = "auto",
         distributed: bool = False,
-    ):
+    ) -> az.InferenceData:
         """An ArviZ ``InferenceData`` of the posterior.
 
         Groups: ``posterior``, the draws of :meth:`chains` (``num_samples`` of them,
@@ -292,6 +312,7 @@ class Posterior:
             pred = self.predict_draws(x, flat, options)
             y = y.to(pred.outputs.device)
             log_lik = pred.log_likelihood(y)
+            assert pred.likelihood is not None  # a model's predictions carry theirs
             with seeded(seed, pred.outputs.device):
                 replicated = pred.likelihood.sample()
 

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "WATCH_EVERY",
@@ -107,7 +108,7 @@ def supervise(
     code raises :class:`ChildFailed`; so does one that uses no CPU time for ``stalled_after``
     seconds (it waits on something that will not come: the wait has a limit). Whatever way this
     returns or raises (Ctrl-C included), no process of ``procs`` is left running."""
-    pending, running = list(procs), []
+    pending, running = list(procs), list[Any]()
     progress: dict[int, tuple[float | None, float]] = {}  # pid -> (CPU seconds, since when)
     try:
         while pending or running:

@@ -154,7 +154,7 @@ class Ranks:
         self.fabric = fabric
         self.rank = fabric.global_rank if fabric is not None else 0
         self.world_size = fabric.world_size if fabric is not None else 1
-        self.device = fabric.device if fabric is not None else None
+        self.device: torch.device | None = fabric.device if fabric is not None else None
 
     @classmethod
     def of_process_group(cls) -> Ranks:
@@ -225,10 +225,11 @@ class Ranks:
         returns the same mean loss. ``error``: this rank's step failed (the others learn which
         rank, then all raise). A parameter that no rank gave a gradient keeps ``None``."""
         if not self.distributed:
+            assert loss is not None, "one process raises its step's error itself"
             return loss
         dev = params[0].device
         meta = torch.zeros(2 + self.world_size + len(params), dtype=torch.float64, device=dev)
-        if error is None:
+        if loss is not None and error is None:
             meta[0] = loss.detach().double()
         meta[1] = 1.0  # ranks that contributed a loss
         meta[2 + self.rank] = float(error is not None)
@@ -246,6 +247,7 @@ class Ranks:
                 f"in its output); rank {self.rank} stops too"
             )
         _unflatten_gradients(params, meta[2 + self.world_size :] > 0, buckets, self.world_size)
+        assert loss is not None  # a rank whose step failed raised above
         return (meta[0] / self.world_size).to(loss.dtype)
 
     def average_(self, tensors: list[torch.Tensor], step: int | None = None) -> None:
@@ -300,7 +302,7 @@ def _flat_gradients(params: list[torch.Tensor], has: list[bool]) -> dict:
     """One flat buffer of gradients per dtype (zeros where a parameter has none here)."""
     buckets: dict[torch.dtype, list[torch.Tensor]] = {}
     for p, h in zip(params, has):
-        g = p.grad if h else torch.zeros_like(p)
+        g = p.grad if h and p.grad is not None else torch.zeros_like(p)
         buckets.setdefault(p.dtype, []).append(g.reshape(-1))
     return {dtype: torch.cat(gs) for dtype, gs in buckets.items()}
 

@@ -41,13 +41,13 @@ SMALL_STEP_FLOPS = 20_000_000
 
 
 def threads_for(
-    threads: int | str | None, device: torch.device, flops: Callable[[], int]
+    threads: int | str | None, device: torch.device, flops: Callable[[], float]
 ) -> int | None:
     """The intra-op thread count for a step: ``None`` to leave torch's setting. ``threads`` is
     ``"auto"`` (the table's rule; ``flops`` is called only then, on the CPU), a positive int,
     or ``None``."""
     if threads != "auto":
-        return threads
+        return None if threads is None else int(threads)
     if device.type != "cpu":
         return None
     return 1 if flops() < SMALL_STEP_FLOPS else None

@@ -24,6 +24,7 @@ import pickle
 import random
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -181,7 +182,9 @@ def plain_data(value):
 # ---- random number generators as plain data -------------------------------------------------
 def rng_state(generator: torch.Generator) -> dict:
     """The states of torch's, Python's and NumPy's global generators and of ``generator``."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # noqa: NPY002
+    numpy_state = np.random.get_state()  # noqa: NPY002
+    assert isinstance(numpy_state, tuple)  # legacy=True: the tuple form
+    kind, keys, pos, has_gauss, cached = numpy_state
     version, internal, gauss_next = random.getstate()
     return {
         **torch_rng_state(),
@@ -193,7 +196,7 @@ def rng_state(generator: torch.Generator) -> dict:
 
 def torch_rng_state() -> dict:
     """torch's global generators: ``"torch"`` (CPU) and, where CUDA is, ``"cuda"`` (all)."""
-    state = {"torch": torch.get_rng_state()}
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

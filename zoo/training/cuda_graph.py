@@ -81,17 +81,20 @@ class GraphedStep:
     ):
         self.objective, self.optimizer, self.num_data = objective, optimizer, num_data
         self.accumulate = int(accumulate)
-        self.params = objective.backend.params
+        if objective.backend is None:
+            raise ValueError("the graph step replays the compiled loss: set up the objective first")
+        self.backend = objective.backend
+        self.params = self.backend.params
         self.device = self.params[0].device
         self.capture = self.device.type == "cuda" if capture is None else capture
-        dtype = objective.backend.dtype
+        dtype = self.backend.dtype
         self.data_scale = torch.zeros((), dtype=dtype, device=self.device)
         self.kl_weight = torch.zeros((), dtype=dtype, device=self.device)
         self.loss = torch.zeros((), dtype=dtype, device=self.device)
         self.norm = torch.zeros((), dtype=dtype, device=self.device)
         self.inputs: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self.fn = None
-        self.graph = None
+        self.fn: Callable | None = None
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.calls = 0
         #: Why the capture failed (``None``: it has not); the steps then run eagerly.
         self.failed: str | None = None
@@ -114,7 +117,7 @@ class GraphedStep:
             full = self.objective.minibatch_size
             if len(batches) < self.accumulate or any(len(a) < full for a, _ in batches):
                 return False
-            fn = self.objective.backend.function_for(x, y, self.num_data / len(x), 1.0)
+            fn = self.backend.function_for(x, y, self.num_data / len(x), 1.0)
             if fn is None:
                 return False
             self.fn = fn
@@ -125,6 +128,7 @@ class GraphedStep:
 
     def loss_of(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The compiled loss of a static minibatch at the static scales."""
+        assert self.fn is not None  # set by accepts()
         return self.fn(*self.params, x, y, self.data_scale, self.kl_weight)
 
     def step(self, batches, kl_weight: float, body: Callable) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,6 +136,7 @@ class GraphedStep:
         which computes the loss, the gradients, the norm, the skip flag and the update) eagerly
         during the warm-up, then captured and replayed. Returns the static ``(loss, norm)``
         (overwritten by the next step: copy what you keep)."""
+        assert self.inputs is not None  # set by accepts()
         for (x, y), (sx, sy) in zip(batches, self.inputs):
             sx.copy_(x, non_blocking=True)
             sy.copy_(y, non_blocking=True)
@@ -196,6 +201,7 @@ class GraphedStep:
         and updated parameters match (:data:`CHECK_RTOL`); either way the eager step is the one
         that counts, so the fit goes on from it."""
         saved = self._state()
+        assert self.graph is not None  # recorded
         with forked(self.device):  # the eager step below draws what the replay drew
             self.graph.replay()
             replayed = [self.loss.clone(), *(p.detach().clone() for p in self.params)]

@@ -25,8 +25,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # the result a diverged fit hands back
+    from zoo.results.variational import FitResult
 
 #: With ``on_divergence="skip"``, this many non-finite steps in a row stop the fit.
 MAX_CONSECUTIVE_SKIPS = 100
@@ -41,7 +45,7 @@ class FitDivergedError(FloatingPointError):
     finite step: its guide is back at parameters that gave a finite loss and gradients (the
     message says which step's)."""
 
-    def __init__(self, message: str, result=None):
+    def __init__(self, message: str, result: FitResult | None = None):
         super().__init__(message)
         self.result = result
 

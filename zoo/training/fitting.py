@@ -21,6 +21,7 @@ from pyro.infer.autoguide import AutoGuide
 import guides as guide_registry
 from zoo.arguments import check_checkpoint_path, check_length, check_positive, check_seed
 from zoo.data.batches import batch_order, fit_batches
+from zoo.data.checks import Data
 from zoo.data.fingerprint import data_fingerprint
 from zoo.inference.objective import Objective
 from zoo.models import stored
@@ -69,7 +70,7 @@ from zoo.training.step import Stepper
 def fit(
     model: Callable,
     guide: str | type | Callable | AutoGuide,
-    data,
+    data: Data,
     *,
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
@@ -163,7 +164,10 @@ def fit(
     length = resolve_length(
         data,
         model,
-        **given,
+        epochs=epochs,
+        num_steps=num_steps,
+        batch_size=batch_size,
+        lr=lr,
         lr_schedule=optim.lr_schedule,
         auto=auto,
         recipe=guide_registry.recipe(guide),  # the family's (guides.registry.Recipe)
@@ -198,7 +202,10 @@ class Settings:
 def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
     """``fit`` in this process, which is rank ``ranks.rank`` of ``ranks.world_size``."""
     s = settings
-    dev = ranks.device if ranks.distributed else resolve_device(s.engine.device)
+    if ranks.distributed and ranks.device is not None:  # the launcher's device for this rank
+        dev = ranks.device
+    else:
+        dev = resolve_device(s.engine.device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
     seed = s.seed
@@ -228,6 +235,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         opt, plan, sched, tracker, total = _optimiser(objective, batches, s, dev, ranks)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
+            assert seed is not None  # drawn above for every distributed run
             ranks.broadcast_(p for _, p in named_parameters(guide, model))
             _seed_rank(ranks.seed(seed), dev)
         result = FitResult(model=model, guide=guide, device=dev)
@@ -237,6 +245,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
             state = restore(resumed, model, opt, sched, generator, s.run.resume)
             check_position(s.run.resume, state, plan.steps_per_epoch(batches.steps_per_epoch))
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
+                assert seed is not None
                 _seed_rank(ranks.seed(seed + state.step), dev)  # another layout: fresh draws
         else:
             state = LoopState(epoch_start_state=generator.get_state())

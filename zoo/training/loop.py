@@ -4,6 +4,7 @@ the convergence rule, around a :class:`zoo.training.step.Stepper` that takes the
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,13 +42,22 @@ class CheckpointError(OSError):
     """A checkpoint could not be written (a full disk, a folder gone): the fit stops there and
     ``err.result`` holds it as it was (every step taken), to save elsewhere or use."""
 
-    def __init__(self, path, step: int, cause: OSError, result: FitResult):
+    def __init__(self, path: str | os.PathLike, step: int, cause: OSError, result: FitResult):
         message = (
             f"could not write the checkpoint {str(path)!r} at step {step} "
             f"({cause.strerror or cause}); the fit stopped there: the error's .result holds "
             "the fit so far (result.save(...) to another place keeps it)"
         )
         super().__init__(*((cause.errno, message) if cause.errno else (message,)))
+        self.result = result
+
+
+class DataLengthError(ValueError):
+    """The data gave fewer minibatches in an epoch than their length said: the fit stops there
+    and ``err.result`` holds it as it was."""
+
+    def __init__(self, message: str, result: FitResult):
+        super().__init__(message)
         self.result = result
 
 
@@ -154,14 +164,13 @@ class Trainer:
         taken of this epoch (an ``IterableDataset`` shorter than its ``__len__``, a loader that
         changed). Going round again would spin for ever."""
         state = self.state
-        err = ValueError(
+        raise DataLengthError(
             f"epoch {state.epoch} of the data gave {seen} minibatch(es), but the fit had taken "
             f"{state.done_in_epoch} of this epoch and expected {self.steps_per_epoch} "
             "(len of the data's loader): the data give fewer batches than their length says, "
-            "or changed since the fit began; make __len__ match what __iter__ yields"
+            "or changed since the fit began; make __len__ match what __iter__ yields",
+            self.result,
         )
-        err.result = self.result
-        raise err
 
     def _converged(self, resumed: bool = False) -> bool:
         """The convergence rule's verdict at a window's end (``num_steps="auto"``), replayed

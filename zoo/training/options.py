@@ -26,6 +26,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 
@@ -244,7 +245,7 @@ class Engine:
         check_threads(self.threads)
         check_jit(self.jit)
         every = self.check_every
-        if every != "auto" and (not is_int(every) or every < 1):
+        if every != "auto" and (isinstance(every, str) or not is_int(every) or every < 1):
             raise ValueError(f"check_every must be 'auto' or a positive integer, got {every!r}")
         if not isinstance(self.cuda_graph, bool) and self.cuda_graph != "auto":
             raise ValueError(f"cuda_graph must be 'auto', True or False, got {self.cuda_graph!r}")
@@ -321,7 +322,10 @@ class Run:
 GROUPS: dict[str, type] = {"optim": Optim, "loss": Loss, "engine": Engine, "run": Run}
 
 
-def group(cls: type, value):
+G = TypeVar("G", Optim, Loss, Engine, Run)
+
+
+def group(cls: type[G], value: G | Mapping | None) -> G:
     """``value`` as a ``cls`` group: ``None`` gives the defaults, a mapping its fields."""
     if value is None:
         return cls()

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -91,7 +92,7 @@ class Length:
     num_steps: int | None
     batch_size: int
     lr: float
-    lr_schedule: object
+    lr_schedule: str | Callable[[int], float] | None
     recipe: str
 
 
@@ -133,7 +134,7 @@ def resolve_length(
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
-    if epochs is None and (num_steps is None or auto) and small:
+    if epochs is None and (num_steps is None or auto) and small and n is not None:
         default_schedule = None if auto else REGRESSION_FIT["lr_schedule"]
         return Length(
             epochs=1,

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -91,7 +92,7 @@ class Stepper:
         state: LoopState,
         *,
         num_data: int,
-        scheduler=None,
+        scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
         clip_grad_norm: float | None = None,
         per_example: bool = False,
         ranks: Ranks | None = None,
@@ -104,7 +105,7 @@ class Stepper:
         self.found_inf: torch.Tensor | None = None
         if plan.device_skip:  # read by the fused kernels: 1.0 skips the update
             self.found_inf = torch.zeros((), dtype=torch.float32, device=params[0].device)
-            optimizer.found_inf = self.found_inf
+            setattr(optimizer, "found_inf", self.found_inf)  # noqa: B010 (not an Optimizer field)
         self.graph = None
         if plan.cuda_graph:
             self.graph = GraphedStep(objective, optimizer, num_data, accumulate=plan.accumulate)
@@ -125,7 +126,7 @@ class Stepper:
         on_divergence: str = "raise",
         state: LoopState | None = None,
         plan: StepPlan | None = None,
-        **options,
+        **options: Any,
     ) -> Stepper:
         """A stepper over every parameter of ``optimizer``: how ``zoo.fit`` builds its own and
         how a hand-written loop gets the same step. The host reads the losses every
@@ -253,12 +254,13 @@ class Stepper:
         """``sum_i (B_i / sum B) L_i`` over the step's minibatches, each ``L_i`` a full-data
         ``-ELBO`` estimate (likelihood scaled by ``N / B_i``): unbiased, and for ``k``
         minibatches the gradient of their union as one minibatch."""
-        loss = None
+        loss: torch.Tensor | None = None
         for (x, y), share in zip(inputs, shares(inputs)):
             part = loss_of(x, y)
             weighted = part if share == 1 else part * share
             differentiated(weighted, self.num_data, self.per_example).backward()
             loss = weighted.detach() if loss is None else loss + weighted.detach()
+        assert loss is not None, "a step has at least one minibatch"
         return loss
 
     def _may_update(self, loss: torch.Tensor, norm: torch.Tensor) -> bool:
