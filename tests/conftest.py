@@ -49,6 +49,13 @@ def mnist_root() -> Path:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "slow: runs child processes, notebooks, HMC or MNIST (marked in the file: pytestmark)",
+        "slow: runs child processes, notebooks, HMC or MNIST, or checks convergence, Monte Carlo "
+        'error or memory growth over seconds (the quick tier, -m "not slow", leaves them out)',
     )
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    # Under pytest-xdist the workers share the cores: each takes its share, and so do the
+    # processes it starts (OpenMP threads that outnumber the cores spin and slow every test).
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    threads = max(1, min(4, (os.cpu_count() or 1) // workers))
+    torch.set_num_threads(threads)
+    if workers > 1:
+        os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -335,6 +335,7 @@ def test_fit_takes_at_most_twelve_parameters_and_its_groups_are_shared():
                 assert field.name in fit_flags, (cls.__name__, field.name)
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_the_optional_modules_resolve_as_attributes_of_zoo():
     """``import zoo`` then ``zoo.lightning.BayesianModule``, as the README writes it."""
     import subprocess
@@ -364,6 +365,7 @@ HEAVY_MODULES = (
 
 
 @pytest.mark.parametrize("entry", ["import zoo", "python -m zoo --help"])
+@pytest.mark.slow  # quick tier: under three minutes
 def test_importing_zoo_loads_no_heavy_stack(entry):
     import subprocess
     import sys

@@ -360,14 +360,21 @@ def test_guide_works_with_pyro_svi():
     assert last < first
 
 
+#: The diagonal family in the quick tier, every family in the full suite (Monte Carlo: slow).
+PREDICTIVE_CASES = [
+    pytest.param(label, marks=() if label == "diagonal" else pytest.mark.slow) for label in GUIDES
+]
+
+
+@pytest.mark.parametrize("label", PREDICTIVE_CASES)
 @pytest.mark.parametrize("parallel", [False, True], ids=["loop", "vectorised"])
-def test_pyro_predictive_draws_from_the_guide(make_guide, parallel):
+def test_pyro_predictive_draws_from_the_guide(label, parallel):
     """Pyro's own Predictive (what a Pyro user reaches for) samples every site from the guide:
     the draws' mean and spread match the guide's mean and marginal standard deviation."""
     pyro.set_rng_seed(0)
     model = BayesianMLP(3, (4,), 2, task="classification")
     x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
-    guide = make_guide(model)
+    guide = build(label, model)
     with torch.no_grad():
         guide(x, y)
     n = 1000

@@ -181,6 +181,7 @@ def fitted_gaussian(make, x, y):
     ],
     ids=["joint", "subnetwork of every weight"],
 )
+@pytest.mark.slow  # quick tier: under three minutes
 def test_a_full_joint_reaches_the_exact_posterior_of_a_conjugate_regression(conjugate, make):
     """Bayesian linear regression with correlated inputs: the posterior over the weight and the
     bias (two sites) is one Gaussian with correlations between them, which no per-site family

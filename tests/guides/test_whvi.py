@@ -168,6 +168,7 @@ def test_log_prob_is_q_over_p_of_g_plus_the_sites_prior_and_kl_is_on_g():
     assert torch.allclose(q.log_prob(m), at_mean.sum() + prior.log_prob(m))
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_the_model_prior_cancels_and_the_conjugate_posterior_of_g_is_reached():
     """y = W x + noise with one row of WHVI weights and fixed scales: y is linear in g, so
     q(g) can equal the exact Gaussian posterior under p(g) = N(0, I), whatever prior the

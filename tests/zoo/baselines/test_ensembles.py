@@ -170,6 +170,7 @@ def _children_of(pid: int) -> list[int]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.slow  # quick tier: under three minutes
 def test_a_killed_ensemble_leaves_no_member_running():
     """SIGKILL of the process running ``zoo.ensemble(processes=2)`` (no clean-up runs) ends
     its members' processes too."""
@@ -201,6 +202,7 @@ def test_a_killed_ensemble_leaves_no_member_running():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork")
+@pytest.mark.slow  # quick tier: under three minutes
 def test_members_run_after_the_caller_used_torchs_thread_pool():
     """A forked child that runs torch's OpenMP pool with several threads after its parent used
     the pool hangs; members run on one thread, so an ensemble in processes finishes after

@@ -113,6 +113,7 @@ def test_a_plain_data_save_loads_with_the_same_predictive(tmp_path):
         zoo.load(tmp_path / "cut.pt")
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_weight_draws_follow_the_sites_and_the_linearisation_is_laplace_torchs():
     """All weights of a 3-8-1 regression net, diagonal Hessian: :meth:`LaplaceFit.sample`
     puts laplace-torch's vector into the right sites (its mean is the MAP weights, each site's

@@ -40,6 +40,7 @@ def test_every_plot_writes_a_png(tmp_path):
     )
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_importing_plots_leaves_the_backend_alone():
     import subprocess
     import sys

@@ -418,6 +418,7 @@ def _resident_mib() -> float:
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_many_compiled_fits_keep_no_memory():
     """A seed sweep in one process must not grow it: each fit's traced graphs go with the fit.
     ``torch.jit.trace`` kept about 2.4 MiB per fit of this size for the process's life."""

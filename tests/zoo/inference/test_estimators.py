@@ -47,6 +47,7 @@ def perturbed_guide(family, model, x, y, seed=0):
     + [(f, e, "meanfield") for f, e in CASES]
     + [("diagonal", "reparam", "trace")],
 )
+@pytest.mark.slow  # quick tier: under three minutes
 def test_elbo_and_gradient_are_unbiased(family, estimator, elbo):
     """Mean of 1,000 loss estimates and gradients = the closed-form ELBO and its gradient,
     with the wiring zoo.fit uses (including weights left undrawn where the KL is closed-form)."""
@@ -212,6 +213,7 @@ def test_weights_are_not_drawn_only_when_the_kl_is_closed_form():
 
 
 @pytest.mark.parametrize("family", ["diagonal", "matrix_normal"])
+@pytest.mark.slow  # quick tier: under three minutes
 def test_meanfield_local_fit_reaches_the_exact_elbo_optimum_region(family):
     """Trained with local reparameterisation and a closed-form KL (weights never drawn), the
     fit's ELBO comes within 1 nat of the same family fitted with plain reparameterisation."""

@@ -148,6 +148,7 @@ CHILD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_sigkill_mid_fit_then_resume(tmp_path):
     ckpt = tmp_path / "ckpt.pt"
     script = CHILD.format(tests=os.path.dirname(__file__), ckpt=str(ckpt))

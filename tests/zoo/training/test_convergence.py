@@ -85,6 +85,7 @@ def _fit(num_steps, **options):
     )
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_auto_cuts_the_rate_then_stops_a_converged_fit_and_says_why():
     rule = Convergence(window=100, tolerance=1e-3, patience=2, cap=5000)
     fit = _fit(rule)
@@ -109,6 +110,7 @@ def test_the_cap_holds():
     assert fit.steps == 120 and fit.options["stopped"] == "cap"
 
 
+@pytest.mark.slow  # quick tier: under three minutes
 def test_a_resumed_fit_keeps_its_windows_and_its_rate(tmp_path):
     rule = Convergence(window=100, tolerance=1e-3, patience=2, cap=5000)
     whole = _fit(rule)
