@@ -40,6 +40,19 @@ def test_the_pages_have_examples_and_every_skip_says_why():
     assert skipped <= {"docs/index.md", "docs/guide/scaling.md"}, skipped
 
 
+def test_the_examples_fit_the_pages_code_column():
+    """The site's code column shows about 72 characters beside the navigation and the page's
+    contents; a longer line scrolls sideways (seen in a headless browser)."""
+    wide = [
+        f"{page}: {line}"
+        for page in PAGES
+        for code, _ in blocks(page)
+        for line in code.splitlines()
+        if len(line) > 72
+    ]
+    assert not wide, "\n".join(wide)
+
+
 def test_a_skip_marker_reads_as_one():
     text = "<!-- docs-test: skip (it needs four GPUs to run) -->\n```python\nx = 1\n```\n"
     assert [m[2] for m in BLOCK.finditer(text)] == ["it needs four GPUs to run"]
