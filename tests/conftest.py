@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyro
@@ -10,6 +12,20 @@ REPO = Path(__file__).resolve().parents[1]
 #: Seconds after which a child process, notebook or wait of a test is taken to hang, not to be
 #: slow: no test limits how fast a loaded machine runs (set ZOO_TEST_HANG_AFTER to change it).
 HANG_AFTER = float(os.environ.get("ZOO_TEST_HANG_AFTER", 3600))
+
+
+def run_script(script: Path) -> subprocess.CompletedProcess:
+    """``python script`` in its own folder (the scratch folder it was written to: examples write
+    files) with the checkout importable and matplotlib off screen; output captured, the wait
+    bounded by :data:`HANG_AFTER`."""
+    return subprocess.run(
+        [sys.executable, str(script)],
+        cwd=script.parent,
+        capture_output=True,
+        text=True,
+        timeout=HANG_AFTER,
+        env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"},
+    )
 
 
 @pytest.fixture(autouse=True)

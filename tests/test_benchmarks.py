@@ -7,6 +7,7 @@ epochs of MNIST) take minutes and are not run here.
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -22,13 +23,14 @@ from tests.conftest import HANG_AFTER, REPO
 pytestmark = pytest.mark.slow  # runs the benchmark scripts
 
 
-def _run(*args: str, timeout: float = HANG_AFTER) -> str:
+def _run(*args: str, timeout: float = HANG_AFTER, env: dict | None = None) -> str:
     proc = subprocess.run(
         [sys.executable, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
@@ -93,7 +95,9 @@ def test_posch_joint_prints_both_paths_and_the_rules_choice():
 
 def test_threads_prints_a_row_per_size_with_the_rules_choice():
     args = ["--sizes", "tiny", "lenet5", "--rounds", "1", "--steps", "2", "--no-contended"]
-    out = _run("benchmarks/threads.py", *args)
+    # one thread against all of the machine's: not the share a pytest-xdist worker gives out
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    out = _run("benchmarks/threads.py", *args, env=env)
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert rows["tiny, 32"].rstrip().endswith("| 1, compiled |")  # small: one thread, compiled
     assert rows["lenet5, 128"].rstrip().endswith(", eager |")

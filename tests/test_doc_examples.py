@@ -2,14 +2,11 @@
 fresh process per page (in a scratch folder: the blocks write files). A block the tests cannot
 run says why, in a ``<!-- docs-test: skip (why) -->`` line right above it."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import HANG_AFTER, REPO
+from tests.conftest import REPO, run_script
 
 SKIP = re.compile(r"<!-- docs-test: skip \((.+?)\) -->\n```python\n", flags=re.S)
 BLOCK = re.compile(r"(<!-- docs-test: skip \((.+?)\) -->\n)?```python\n(.*?)```", flags=re.S)
@@ -65,12 +62,5 @@ def test_every_python_block_of_the_page_runs_as_written(page, tmp_path):
     code = [c for c, why in blocks(page) if why is None]
     script = tmp_path / "page.py"
     script.write_text("\n\n".join(code))
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=HANG_AFTER,
-        env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"},
-    )
+    run = run_script(script)
     assert run.returncode == 0, f"{page}:\n{run.stderr[-4000:]}"

@@ -83,6 +83,9 @@ def test_one_version():
     changelog = (REPO / "CHANGELOG.md").read_text()
     latest = re.search(r"^## (\S+)", changelog, re.M).group(1)
     assert latest == zoo.__version__, (latest, zoo.__version__)
+    # the release on top is dated when it is cut, or says it is not yet
+    top = re.search(r"^## .*$", changelog, re.M).group(0)
+    assert re.fullmatch(r"## \S+ \((unreleased|\d{4}-\d{2}-\d{2})\)", top), top
     assert 'dynamic = ["version"]' in (REPO / "pyproject.toml").read_text()
 
 

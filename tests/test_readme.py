@@ -2,14 +2,11 @@
 in one fresh process (in a scratch folder: the blocks write files)."""
 
 import ast
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import HANG_AFTER, REPO
+from tests.conftest import REPO, run_script
 
 pytestmark = pytest.mark.slow  # runs the README's code
 
@@ -29,14 +26,7 @@ def test_every_python_block_of_the_readme_runs_as_written(tmp_path):
     assert len(blocks) >= 6, "the README's examples are its python blocks"
     script = tmp_path / "readme.py"
     script.write_text("\n\n".join(blocks))
-    run = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=HANG_AFTER,
-        env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"},
-    )
+    run = run_script(script)
     assert run.returncode == 0, run.stderr[-4000:]
     assert (tmp_path / "toy.pt").exists() and (tmp_path / "run.ckpt").exists()
     out = run.stdout
