@@ -212,6 +212,14 @@ def test_a_subnetwork_laplace_is_laplace_torchs_on_the_largest_weights(tmp_path)
         zoo.LaplaceOptions(weights="subnetwork", hessian="full", subnetwork_size=50_000)
 
 
+def test_options_are_a_group_a_mapping_or_none():
+    assert zoo.LaplaceOptions.of(None) == zoo.LaplaceOptions()
+    assert zoo.LaplaceOptions.of({"hessian": "diag"}).hessian == "diag"
+    for bad in (5, "kron", ["hessian"]):
+        with pytest.raises(TypeError, match="zoo.LaplaceOptions or a dict of its fields"):
+            zoo.LaplaceOptions.of(bad)
+
+
 @pytest.mark.parametrize("prior_precision", [2.0, "marglik"])
 def test_the_default_subnetwork_is_the_papers_largest_variance_rule(prior_precision):
     """``weights="subnetwork"`` chooses by Daxberger et al.'s rule: the ``S`` weights of largest

@@ -17,6 +17,13 @@ def test_mutual_information_is_zero_when_samples_agree_and_positive_otherwise():
     assert (lower <= upper).all() and lower.shape == (1, 3)
 
 
+def test_a_prediction_without_a_likelihood_says_so_when_asked_for_one():
+    probs = torch.tensor([[0.7, 0.2, 0.1]]).expand(5, 1, 3)
+    pred = ClassificationPrediction(probs.log(), sample_probs=probs)
+    with pytest.raises(ValueError, match="holds no observation distribution"):
+        pred.log_likelihood(torch.tensor([0]))
+
+
 def test_regression_moments():
     means = torch.tensor([[0.0], [2.0]])
     scales = torch.tensor([[1.0], [1.0]])

@@ -7,6 +7,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import zoo
 from zoo.models import BayesianMLP
+from zoo.training.loop import DataLengthError
 
 
 def data(n=300):
@@ -39,6 +40,7 @@ def test_data_that_give_fewer_batches_than_their_length_stop_the_fit():
         zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", Short(), num_steps=20,
                 batch_size=8, run=zoo.Run(progress=False))  # fmt: skip
     assert e.value.result.steps == 4  # the steps taken are not lost
+    assert isinstance(e.value, DataLengthError)
 
 
 def test_a_checkpoint_that_cannot_be_written_keeps_the_steps_taken(tmp_path, monkeypatch):
