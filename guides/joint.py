@@ -41,7 +41,7 @@ from guides.joint_gaussian import (
     check_size,
     indices,
 )
-from guides.registry import available, get, is_composite
+from guides.registry import get, is_per_site, per_site_families
 from guides.site import SitePosterior
 
 
@@ -119,11 +119,10 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         if not isinstance(family, str) or not isinstance(options, Mapping):
             raise InvalidArgument(f"rest must be a family name or (name, options), got {rest!r}")
         rest_cls = get(family)
-        if is_composite(family) or getattr(rest_cls, "options_in_init", False):
+        if not is_per_site(rest_cls):
             raise InvalidArgument(
                 f"rest={family!r} is a family over several sites; the sites outside the joint "
-                f"set take a per-site family: one of "
-                f"{[n for n in available() if not getattr(get(n), 'options_in_init', False)]}"
+                f"set take a per-site family: one of {per_site_families()}"
             )
         self._rest_site, self._rest_options = rest_cls.site_spec(**dict(options))
         check_family_options(rest_cls, self._rest_site, self._rest_options)

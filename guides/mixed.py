@@ -11,7 +11,7 @@ from torch import nn
 
 from guides.base import PerSiteGuide, serving_class
 from guides.checks import check_family_options
-from guides.registry import available, get
+from guides.registry import available, get, is_per_site, per_site_families
 from guides.site import SitePosterior
 
 
@@ -64,11 +64,10 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
                     f"{available()} or a PerSiteGuide subclass"
                 )
             site_cls, site_options = guide_cls.site_spec(**options)
-            if site_cls is None or getattr(guide_cls, "options_in_init", False):
-                per_site = [n for n in available() if not getattr(get(n), "options_in_init", 0)]
+            if site_cls is None or not is_per_site(guide_cls):
                 raise ValueError(
                     f"pattern {pattern!r} maps to {family!r}, a family over several sites; "
-                    f"AutoMixed gives each site a per-site family: one of {per_site}"
+                    f"AutoMixed gives each site a per-site family: one of {per_site_families()}"
                 )
             check_family_options(guide_cls, site_cls, site_options)
             self._rules.append((pattern, site_cls, site_options))

@@ -134,6 +134,20 @@ def available() -> list[str]:
     return sorted(n for n in _FAMILIES if n not in _COMPOSITES)
 
 
+def is_per_site(cls: type[Any]) -> bool:
+    """Whether guide class ``cls`` is a per-site family, whose options are its site class's:
+    one that can serve some sites of another guide (a rule of ``guides.AutoMixed``, the rest of
+    ``guides.AutoJoint``). A family over several sites (``joint``, ``mixed``) or one built from
+    its own arguments (``subnetwork``) is not."""
+    name = getattr(cls, "family", None) or ""
+    return not (getattr(cls, "options_in_init", False) or is_composite(name))
+
+
+def per_site_families() -> list[str]:
+    """Names of :func:`available` that are per-site families (:func:`is_per_site`)."""
+    return [name for name in available() if is_per_site(_FAMILIES[name])]
+
+
 def families() -> dict[str, type[Any]]:
     """``{name: guide class}`` of every family, in :func:`available` order."""
     return {name: _FAMILIES[name] for name in available()}

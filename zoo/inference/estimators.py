@@ -159,6 +159,12 @@ def wire(
     holds the sites the last call served."""
     if estimator == "reparam":
         return model, guide
+    return _with_estimator(model, guide, estimator, skip_sampling)
+
+
+def _with_estimator(
+    model: Callable, guide: Callable, estimator: str, skip_sampling: frozenset[str] = frozenset()
+) -> tuple[_WithEstimator, Callable]:
     record = RecordGuideSites(skip_sampling)
     return _WithEstimator(model, estimator, record), record(guide)
 
@@ -188,10 +194,9 @@ def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> 
     """
     from pyro import poutine
 
-    record = RecordGuideSites()
-    run = _WithEstimator(model, estimator, record)
+    run, recording_guide = _with_estimator(model, guide, estimator)
     with torch.no_grad():
-        guide_trace = poutine.trace(record(guide)).get_trace(*args)
+        guide_trace = poutine.trace(recording_guide).get_trace(*args)
         model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
     served = frozenset(run.served)
     skip: set[str] = set()

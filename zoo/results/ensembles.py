@@ -12,11 +12,10 @@ import copy
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from zoo.arguments import check_positive, check_seed
 from zoo.models.predictions import Prediction, mixture
 from zoo.results.posterior import Posterior, PredictOptions
 from zoo.results.variational import FitResult, check_fit_payload, fit_from_payload
@@ -39,7 +38,6 @@ class Ensemble(Posterior):
     members: list[FitResult]
     options: dict = field(default_factory=dict)
 
-    DEFAULT_SAMPLES: ClassVar[int] = 100
     kind = "ensemble"
 
     def __post_init__(self):
@@ -93,9 +91,7 @@ class Ensemble(Posterior):
     def chains(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
         """``{site: (K, m, *shape)}``: the members as chains, member ``k``'s
         ``m = draws_per_member(num_samples)`` draws seeded ``seed + k``."""
-        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
-        check_positive(num_samples=num_samples)
-        check_seed(seed)
+        num_samples = self.sample_size(num_samples, seed)
         per = self.draws_per_member(num_samples)
         parts = [m.sample(per, None if seed is None else seed + k)
                  for k, m in enumerate(self.members)]  # fmt: skip
@@ -106,7 +102,7 @@ class Ensemble(Posterior):
         norm statistics included; :meth:`draws_per_member` networks, member ``k`` seeded
         ``seed + k``) side by side, ``S = K m`` sampled networks in all, the same
         ``Prediction`` type as a fit's."""
-        per = self.draws_per_member(options.num_samples or self.DEFAULT_SAMPLES)
+        per = self.draws_per_member(self.sample_size(options.num_samples, options.seed))
         parts = []
         for k, member in enumerate(self.members):
             seed = None if options.seed is None else options.seed + k

@@ -5,11 +5,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
-from zoo.arguments import check_positive, check_seed
 from zoo.data.checks import check_inputs
 from zoo.models import stored
 from zoo.models.predictions import Prediction
@@ -53,7 +52,6 @@ class LaplaceFit(Posterior):
     wall_time: float = 0.0
     info: dict = field(default_factory=dict)
 
-    DEFAULT_SAMPLES: ClassVar[int] = 100
     kind = "laplace"
 
     def __repr__(self) -> str:
@@ -133,9 +131,7 @@ class LaplaceFit(Posterior):
         posterior ``N(w*, (H + P)^-1)`` (laplace-torch's ``sample``); sites it does not cover
         (the body of a last-layer approximation, a learned noise) repeat their MAP values.
         ``seed`` fixes the draws (``None``: torch's global generator)."""
-        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
-        check_positive(num_samples=num_samples)
-        check_seed(seed)
+        num_samples = self.sample_size(num_samples, seed)
         generator = None
         if seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)

@@ -211,6 +211,17 @@ class Posterior:
         )
         return self.predict_with(x, options)
 
+    def sample_size(self, num_samples: int | None, seed: int | None) -> int:
+        """:meth:`sample`'s arguments checked: ``num_samples``, or the kind's
+        :data:`DEFAULT_SAMPLES` when not given (a kind without one takes every draw it holds
+        and does not call this)."""
+        size = self.DEFAULT_SAMPLES if num_samples is None else num_samples
+        if size is None:
+            raise ValueError(f"{type(self).__name__} has no default number of draws: pass one")
+        check_positive(num_samples=size)
+        check_seed(seed)
+        return size
+
     def predict_options(
         self,
         num_samples: int | None,

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from pyro.infer.autoguide import AutoGuide
 
-from zoo.arguments import check_positive, check_seed, is_number
+from zoo.arguments import is_number
 from zoo.evaluation.predictive import fitted_guide_device
 from zoo.models import stored
 from zoo.models.statistics import frozen_statistics
@@ -100,9 +100,7 @@ class FitResult(Posterior):
         """``{site: (S, *site_shape)}``: ``S`` draws of the fitted guide
         (``guide.sample_posterior``), seeded by ``seed`` without touching the caller's
         random state (``None``: the global generators)."""
-        num_samples = self.DEFAULT_SAMPLES if num_samples is None else num_samples
-        check_positive(num_samples=num_samples)
-        check_seed(seed)
+        num_samples = self.sample_size(num_samples, seed)
         device = fitted_guide_device(self.guide)
         with torch.no_grad(), frozen_statistics(), seeded(seed, device):
             return self.guide.sample_posterior(num_samples)
