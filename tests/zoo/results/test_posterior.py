@@ -140,6 +140,18 @@ def test_bad_prediction_arguments_are_refused_before_work(posterior):
             posterior.predict(x, **bad)
 
 
+def test_sample_size_is_the_kinds_default_or_the_given_number_checked(posterior):
+    if posterior.DEFAULT_SAMPLES is None:  # every draw it holds: no default number
+        with pytest.raises(ValueError, match="no default number of draws: pass one"):
+            posterior.sample_size(None, 0)
+    else:
+        assert posterior.sample_size(None, 0) == posterior.DEFAULT_SAMPLES
+    assert posterior.sample_size(7, None) == 7
+    for num_samples, seed in ((0, 0), (2.5, 0), (3, -1)):
+        with pytest.raises(ValueError):
+            posterior.sample_size(num_samples, seed)
+
+
 def test_from_draws_predicts_as_the_posterior_it_came_from():
     """The draws of a fit, given back as a posterior, give the fit's own prediction (an
     independent path: the fit samples its guide, the draws are evaluated as given)."""
