@@ -67,12 +67,15 @@ class PerSiteGuide(AutoGuide):
         A Pyro model, e.g. a ``zoo.models`` network called as ``model(x, y=None)``.
     init_scale : float
         Initial marginal standard deviation of every weight (not a variance).
-    init_loc_fn : {"kaiming"} or callable
+    init_loc_fn : {"auto", "kaiming"} or callable
         Initial means, as Pyro's ``init_loc_fn``: a callable gets the prototype-trace site dict
         and returns the initial value (``pyro.infer.autoguide.init_to_median`` and the other
         Pyro init strategies work). ``"kaiming"`` draws PyTorch's default layer init
         ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` for tensors (a bias uses the fan-in of the weight
-        of the same layer) and the prior median for scalars and constrained sites.
+        of the same layer) and the prior median for scalars and constrained sites. ``"auto"``
+        (the default) takes the means the model offers, ``model.initial_means()`` (a
+        converted trained network's weights, ``zoo.models.from_module``), at the sites it
+        offers them, and ``"kaiming"`` elsewhere.
     init_module : torch.nn.Module, optional
         A plain network whose parameters (``fc1.weight``, ...) give the initial means of the
         sites of the same names, e.g. a pretrained deterministic net.
@@ -106,7 +109,7 @@ class PerSiteGuide(AutoGuide):
         model: Callable,
         *,
         init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "auto",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
         **family_options: Any,
@@ -114,8 +117,10 @@ class PerSiteGuide(AutoGuide):
         super().__init__(model, create_plates=create_plates)
         if not init_scale > 0:
             raise ValueError(f"init_scale must be positive, got {init_scale}")
-        if not (callable(init_loc_fn) or init_loc_fn == "kaiming"):
-            raise ValueError(f"init_loc_fn must be 'kaiming' or a callable, got {init_loc_fn!r}")
+        if not (callable(init_loc_fn) or init_loc_fn in ("auto", "kaiming")):
+            raise ValueError(
+                f"init_loc_fn must be 'auto', 'kaiming' or a callable, got {init_loc_fn!r}"
+            )
         self.init_scale = float(init_scale)
         self.init_loc_fn = init_loc_fn
         self._init_values = (
@@ -194,6 +199,9 @@ class PerSiteGuide(AutoGuide):
         value = site["value"].detach()
         if name in self._init_values:
             init = self._init_values[name].to(dtype=value.dtype, device=value.device)
+            to_site = getattr(self.model, "to_site", None)  # a padding row is not in the site
+            if callable(to_site) and init.shape != value.shape:
+                init = to_site(name, init)
             if init.shape != value.shape:
                 raise ValueError(
                     f"init_module's {name!r} has shape {tuple(init.shape)} but the model's "
@@ -202,13 +210,27 @@ class PerSiteGuide(AutoGuide):
             return init.clone()
         if callable(self.init_loc_fn):
             return torch.as_tensor(self.init_loc_fn(site)).to(value).detach().clone()
+        offered = self._offered_means() if self.init_loc_fn == "auto" else {}
+        if name in offered and offered[name].shape == value.shape:
+            return offered[name].to(value).detach().clone()
         fn = site["fn"]
         if value.dim() == 0 or not is_real(fn.support):
             return prior_median(fn, value)
         shapes = {n: s["value"].shape for n, s in self._prototype().iter_stochastic_nodes()}
         return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
 
+    def _offered_means(self) -> dict[str, torch.Tensor]:
+        """The model's own initial means (``model.initial_means()``, for ``"auto"``), read
+        once per set-up."""
+        cache = self.__dict__.get("_offered")
+        if cache is None:
+            offer = getattr(self.model, "initial_means", None)
+            cache = (offer() if callable(offer) else None) or {}
+            self.__dict__["_offered"] = cache
+        return cache
+
     def _setup_prototype(self, *args, **kwargs):
+        self.__dict__.pop("_offered", None)
         super()._setup_prototype(*args, **kwargs)
         self.__dict__.pop("_site_cache", None)
         self.sites = PyroModule()
@@ -234,6 +256,7 @@ class PerSiteGuide(AutoGuide):
                 raise ValueError(f"{label} at site {name!r}: {err}") from None
             deep_setattr(self.sites, name, module)
             self._site_names.append(name)
+        self.__dict__.pop("_offered", None)  # a copy of the weights: not kept
         check_fixed_priors(self, self.prototype_trace, args, kwargs)
         self.prototype_trace = _slim(self.prototype_trace)
 

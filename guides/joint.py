@@ -83,7 +83,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         rank: int | None = None,
         rest: str | tuple = "map",
         init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "auto",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
     ):

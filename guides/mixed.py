@@ -40,7 +40,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         families: Mapping,
         *,
         init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "auto",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
     ):

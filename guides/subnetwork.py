@@ -68,7 +68,7 @@ class AutoSubnetwork(AutoJoint, family="subnetwork"):
         *,
         rank: int | None = None,
         init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "auto",
         init_module: nn.Module | None = None,
         create_plates: Callable | None = None,
     ):

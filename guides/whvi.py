@@ -195,7 +195,8 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         About the initial standard deviation of every weight.
     init_loc_fn, init_module, create_plates
         See :class:`guides.base.PerSiteGuide`; given weights (a callable ``init_loc_fn``, an
-        ``init_module``) are refused: no WHVI mean takes them.
+        ``init_module``) are refused: no WHVI mean takes them, and a converted trained
+        network's weights (the ``"auto"`` default's) are not used either.
     """
 
     RECIPE = Recipe(
@@ -215,7 +216,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         self,
         model: Callable,
         *,
-        init_loc_fn: str | Callable = "kaiming",
+        init_loc_fn: str | Callable = "auto",
         init_module: torch.nn.Module | None = None,
         **options: Any,
     ):
@@ -227,7 +228,8 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
                 "from its own Kaiming draw, projected: leave init_loc_fn and init_module out, "
                 "or fit another family (guides.available()) from those weights"
             )
-        super().__init__(model, init_loc_fn=init_loc_fn, **options)
+        # "auto" too starts from its own draw: a trained network's weights are no WHVI mean
+        super().__init__(model, init_loc_fn="kaiming", **options)
 
     @classmethod
     def site_spec(cls, **options: Any) -> SiteSpec:

@@ -12,6 +12,7 @@ from zoo.baselines.laplace_fitting import laplace
 from zoo.baselines.subnetworks import subnetwork_guide
 from zoo.comparison import compare
 from zoo.evaluation.predictive import predict
+from zoo.evaluation.prior import prior_predictive
 from zoo.inference.elbo import ElboScale
 from zoo.inference.objective import Objective
 from zoo.mcmc.samplers import NUTS, Sampler
@@ -73,6 +74,7 @@ __all__ = [
     "metrics",
     "models",
     "predict",
+    "prior_predictive",
     "priors",
     "reference",
     "subnetwork_guide",

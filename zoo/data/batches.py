@@ -210,6 +210,8 @@ def fit_batches(
     ``ranks``: a :class:`zoo.runtime.distributed.Ranks`) and the generator that shuffles them."""
     tensors = as_tensors(data)
     if tensors is not None:
+        if len(tensors[0]) and len(tensors[0]) == len(tensors[1]):  # the output's width first
+            check_input_shape(model, tensors[0][:2].to(device), tensors[1][:2].to(device))
         check_data(model, *tensors)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
@@ -225,6 +227,8 @@ def fit_batches(
             "examples (on this rank) drops them all; pass a smaller batch_size or "
             "drop_last=False"
         )
+    if tensors is None:
+        _probe_first_batch(model, batches)
     if tensors is None and not batches.check_batches:
         check_dataset(model, batches.data_loader.dataset, batches.data_loader.collate_fn)
     x0, y0 = batches.first()
@@ -232,3 +236,14 @@ def fit_batches(
     if isinstance(model, BayesianModel):
         model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
     return batches, generator
+
+
+def _probe_first_batch(model, batches: Batches) -> None:
+    """The network run on the first batch of a data set before its items are checked, so that
+    the labels are checked against the output's width (a broken first item is left to
+    :func:`zoo.data.checks.check_dataset`, which names it)."""
+    try:
+        x0, y0 = batches.first()
+    except Exception:  # noqa: BLE001 (any error of the user's items: reported by the check)
+        return
+    check_input_shape(model, x0, y0)

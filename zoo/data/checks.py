@@ -180,8 +180,8 @@ def check_targets(model, y: torch.Tensor, offset: int = 0) -> None:
 def check_labelled_data(model, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> None:
     """Held-out ``(x, y)`` for evaluation: the checks fit runs on its data (values, labels) and
     the input and target shapes, probed on two examples on ``device``."""
+    check_input_shape(model, x[:2].to(device), y[:2].to(device))  # first: the class count
     check_data(model, x, y)
-    check_input_shape(model, x[:2].to(device), y[:2].to(device))
 
 
 def check_inputs(model, x: torch.Tensor, device: torch.device | None = None) -> None:
@@ -231,13 +231,13 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
         )
     try:
         with torch.no_grad(), evaluation_mode(model):
-            params = {name: p for name, p in model.net.named_parameters()}
-            out = model.network(x, params)
+            out = model.network(x, model.net_means())
     except (RuntimeError, IndexError) as err:
         raise ValueError(
             f"the model cannot take inputs of shape {shape_n(x.shape[1:])} and dtype "
             f"{x.dtype}: {err}"
         ) from None
+    model.check_output(out)
     if y is not None:
         model.likelihood.check_target_shape(y, out)
 

@@ -27,7 +27,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from guides.site import fan_in
-from zoo.models import statistics
+from zoo.models import semantics, statistics
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import Prior, resolve_prior
 from zoo.runtime.rng import warn_if_seeded_elsewhere
@@ -67,6 +67,11 @@ class BayesianModel(nn.Module):
         the ELBO (under a flat prior), as a learned prior's scales are. They keep
         their values and their ``requires_grad`` (set it to ``False`` to keep one fixed, a
         trained body under a Bayesian last layer, say). Every other parameter is a site.
+    init : {"fresh", "module"}, default "fresh"
+        Where a guide's initial means come from when it is not told
+        (:meth:`initial_means`): ``"module"``, ``net``'s own weights (a trained network's,
+        :func:`zoo.models.from_module`'s default); ``"fresh"``, drawn anew by the guide
+        (PyTorch's default layer initialisation), as for the zoo's own networks.
 
     Notes
     -----
@@ -76,6 +81,15 @@ class BayesianModel(nn.Module):
     that holds an ``nn.Embedding`` or ``nn.EmbeddingBag`` (:attr:`takes_tokens`).
     Networks with PyTorch's fused recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``, which
     ``torch.func.vmap`` cannot batch) run their draws one after another.
+
+    What the network means is kept (:mod:`zoo.models.semantics`): a normalisation layer whose
+    parameters are all deterministic and not trainable (a frozen, trained body) stays in
+    evaluation mode, so its running statistics are read, never overwritten by a fit; the
+    ``padding_idx`` row of an ``nn.Embedding`` or ``nn.EmbeddingBag`` is fixed at zero and is
+    not part of the site (``site_shapes`` has one row fewer; :meth:`to_site` and
+    :meth:`to_parameter` convert). The network's output is checked against the likelihood on
+    its first call (:meth:`check_output`): ``(B, C)`` logits for classification, ``(B,)`` or
+    ``(B, D)`` for regression.
     """
 
     def __init__(
@@ -89,6 +103,7 @@ class BayesianModel(nn.Module):
         noise_prior_scale: float = 1.0,
         input_shape: tuple[int, ...] | None = None,
         deterministic: Iterable[str] = (),
+        init: str = "fresh",
     ):
         warn_if_seeded_elsewhere("building a zoo model")  # its layers drew from that stream
         super().__init__()
@@ -110,13 +125,24 @@ class BayesianModel(nn.Module):
         if unknown:
             raise ValueError(f"deterministic names parameters the network lacks: {unknown}")
         self.deterministic = tuple(n for n in names if n in fixed)
+        if init not in ("fresh", "module"):
+            raise ValueError(
+                f"init must be 'module' (the network's weights are the initial means) or "
+                f"'fresh' (drawn anew), got {init!r}"
+            )
+        self.init = init
         for name, p in names.items():
             if name not in fixed:
                 p.requires_grad_(False)
         self.likelihood = likelihood
         self.prior = resolve_prior(prior, likelihood.task)
         self.input_shape = tuple(input_shape) if input_shape is not None else None
-        self.site_shapes = {name: p.shape for name, p in names.items() if name not in fixed}
+        self._padding = semantics.padding_rows(net, set(names) - set(fixed))
+        self.site_shapes = {
+            name: semantics.site_shape(p.shape, self._padding.get(name))
+            for name, p in names.items()
+            if name not in fixed
+        }
         if not self.site_shapes:
             raise ValueError(
                 "the network has no parameters to place a prior on"
@@ -130,6 +156,8 @@ class BayesianModel(nn.Module):
         if "likelihood" not in state.get("_modules", {}):  # pickled before likelihood objects
             _likelihood_from_v1(state)
         state.setdefault("deterministic", ())
+        state.setdefault("init", "fresh")
+        state.setdefault("_padding", {})
         super().__setstate__(state)
         if "_statistics" not in self.__dict__:  # pickled before running statistics
             self._read_network()
@@ -138,6 +166,8 @@ class BayesianModel(nn.Module):
         """What the forward pass needs to know of the network: the names of its running
         statistics, and whether ``vmap`` can batch it (no fused recurrent layer)."""
         self._statistics = statistics.running_buffers(self.net)
+        self._fixed_norms = semantics.fixed_norm_layers(self.net, self.deterministic)
+        self._out_features: int | None = None
         self._vectorised = not any(isinstance(m, nn.RNNBase) for m in self.net.modules())
 
     @property
@@ -145,6 +175,45 @@ class BayesianModel(nn.Module):
         """Whether the network may take integer token indices as inputs (it holds an
         ``nn.Embedding`` or ``nn.EmbeddingBag``); other networks take floating-point inputs."""
         return any(isinstance(m, (nn.Embedding, nn.EmbeddingBag)) for m in self.net.modules())
+
+    def train(self, mode: bool = True) -> BayesianModel:
+        """PyTorch's ``train``, except that the fixed normalisation layers of a frozen body
+        (see the class notes) stay in evaluation mode."""
+        super().train(mode)
+        for layer in self._fixed_norms:
+            self.net.get_submodule(layer).train(False)
+        return self
+
+    # ---- sites and the network's parameters ----
+    def to_site(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """``value``, shaped like the network's parameter ``name`` (leading dims allowed), as
+        the site holds it: without a ``padding_idx`` row."""
+        row = self._padding.get(name)
+        return value if row is None else semantics.without_row(value, row)
+
+    def to_parameter(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """A site's ``value`` as the network's parameter ``name``: the zero ``padding_idx``
+        row put back (the inverse of :meth:`to_site`)."""
+        row = self._padding.get(name)
+        return value if row is None else semantics.with_zero_row(value, row)
+
+    def net_means(self) -> dict[str, torch.Tensor]:
+        """The network's own weights at every site, site-shaped (detached copies)."""
+        params = dict(self.net.named_parameters())
+        return {n: self.to_site(n, params[n].detach()).clone() for n in self.site_shapes}
+
+    def initial_means(self) -> dict[str, torch.Tensor] | None:
+        """The initial posterior means a guide takes when it is not told otherwise: the
+        network's weights (:meth:`net_means`) for ``init="module"``, else ``None`` (the guide
+        draws them)."""
+        return self.net_means() if self.init == "module" else None
+
+    def check_output(self, out: torch.Tensor) -> None:
+        """Refuse a network output that the likelihood cannot read (a tuple, a tensor of the
+        wrong rank: ``(B, 1, C)`` would broadcast every example against every label); record
+        the output width (the class count for classification)."""
+        semantics.check_output(out, self.likelihood.task, type(self.net).__name__)
+        self._out_features = int(out.shape[-1]) if out.dim() > 1 else 1
 
     @property
     def task(self) -> str:
@@ -194,12 +263,18 @@ class BayesianModel(nn.Module):
         first = next(iter(self.site_shapes))
         lead = weights[first].shape[: weights[first].dim() - len(self.site_shapes[first])]
         if not lead:
+            weights = {name: self.to_parameter(name, w) for name, w in weights.items()}
             if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace
                 with swapped_parameters(self.net, weights):
-                    return self.net(x)
-            return statistics.single_call(self.net, weights, x, self._statistics)
+                    return self._shaped(self.net(x), 0)
+            return self._shaped(
+                statistics.single_call(self.net, weights, x, self._statistics), 0
+            )
         num = math.prod(lead)
-        flat = {name: w.reshape((num,) + self.site_shapes[name]) for name, w in weights.items()}
+        flat = {
+            name: self.to_parameter(name, w.reshape((num,) + self.site_shapes[name]))
+            for name, w in weights.items()
+        }
         names = self._statistics
         if not self._vectorised:
             out = statistics.looped_call(
@@ -209,13 +284,23 @@ class BayesianModel(nn.Module):
             out = statistics.batched_call(self.net, flat, x, num, names)
         else:
             out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
+        out = self._shaped(out, 1)
         return out.reshape(lead + out.shape[1:])
+
+    def _shaped(self, out, lead: int) -> torch.Tensor:
+        """The network's output with ``lead`` draw dims: a tensor (else a clear error), a
+        regression output ``(..., B)`` read as one output per example ``(..., B, 1)``."""
+        if not torch.is_tensor(out):
+            semantics.check_output(out, self.likelihood.task, type(self.net).__name__)
+        if self.likelihood.task == "regression" and out.dim() == lead + 1:
+            return out.unsqueeze(-1)
+        return out
 
     @property
     def out_features(self) -> int | None:
-        """Number of network outputs (classes for classification), when it can be read."""
-        last = [shape for name, shape in self.site_shapes.items() if name.endswith("weight")][-1]
-        return int(last[0])
+        """Number of network outputs (classes for classification): the width of the output
+        of the network's first checked call (:meth:`check_output`), else ``None``."""
+        return self._out_features
 
     def extra_repr(self) -> str:
         return f"sites={len(self.site_shapes)}"

@@ -18,24 +18,46 @@ under a Bayesian last layer).
 
 What the copy changes
 ---------------------
-The module is deep-copied, never modified. Dropout layers of the copy become ``nn.Identity``
-and attention's own dropout is set to 0: the posterior carries the uncertainty (MC dropout is
-the ``"mc_dropout"`` family), and random operations inside ``torch.func.vmap`` over the draws
-would draw one mask for all of them. The copy is put in training mode; ``zoo.fit`` trains in it
-and predictions run in evaluation mode (:mod:`zoo.models.statistics`).
+The module is deep-copied, never modified. Every stochastic layer of the copy is removed, by
+one rule: the layers of :data:`STOCHASTIC_LAYERS` (PyTorch's dropout classes, torchvision's
+``StochasticDepth``, timm's ``DropPath`` and ``DropBlock2d``, matched by class name) become
+``nn.Identity``, and attention's own dropout is set to 0. The posterior carries the uncertainty
+(MC dropout is the ``"mc_dropout"`` family), and random operations inside ``torch.func.vmap``
+over the draws would draw one mask for all of them. Randomness written inside a ``forward``
+(``F.dropout(x, training=self.training)``) cannot be seen: it follows the model's mode. The copy
+is put in training mode; ``zoo.fit`` trains in it and predictions run in evaluation mode
+(:mod:`zoo.models.statistics`), except a frozen body's normalisation layers, which stay in
+evaluation mode (:mod:`zoo.models.semantics`).
+
+A trained network
+-----------------
+The module's weights are the initial posterior means of every family by default
+(``init="module"``): a trained network starts the fit where it is, and ``init="fresh"`` starts
+from new draws. The default prior is ``N(0, 2 / fan_in)`` per layer
+(:class:`~zoo.priors.LayerwiseNormalPrior` with :data:`~zoo.priors.HE_GAIN`), He et al.'s
+variance-preserving scale, whose prior predictive is far from certain on noise, where
+``N(0, 1)`` on every weight of a deep net is near-certain (``benchmarks/prior_predictive.py``);
+:class:`~zoo.priors.CentredNormalPrior` centres a prior on the trained weights (empirical
+Bayes). A frozen body (``requires_grad=False``) keeps its batch-norm statistics, and an
+embedding's ``padding_idx`` row stays zero and is not a site (:mod:`zoo.models.semantics`).
 """
 
 from __future__ import annotations
 
 import copy
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.likelihoods import Likelihood, from_task
-from zoo.priors import Prior
+from zoo.priors import HE_GAIN, LayerwiseNormalPrior, Prior
+
+#: Class names of the stochastic layers that a converted copy replaces by ``nn.Identity``
+#: (besides every subclass of PyTorch's dropout base): torchvision's stochastic depth, timm's
+#: drop-path and drop-block.
+STOCHASTIC_LAYERS = ("StochasticDepth", "DropPath", "DropBlock2d")
 
 #: Layers whose affine parameters are deterministic by default.
 NORM_LAYERS = tuple(
@@ -60,54 +82,114 @@ def from_module(
     *,
     bayesian: Iterable[str] | None = None,
     deterministic: Iterable[str] = (),
+    init: str = "module",
+    output: int | str | Callable | None = None,
 ) -> BayesianModel:
     """A :class:`BayesianModel` with a sample site over the parameters of ``module``.
 
-    Any ``nn.Module`` converts: ResNets with batch norm, transformers, embeddings, recurrent
-    nets. The module docstring (:mod:`zoo.models.convert`) states which parameters are sites
-    by default and what the copy changes. Use ``init_module=module`` in a guide to start the
-    posterior means at ``module``'s weights::
+    Any ``nn.Module`` converts, trained or not: ResNets with batch norm, transformers,
+    embeddings, recurrent nets. The module docstring (:mod:`zoo.models.convert`) states which
+    parameters are sites, what the copy changes and what a trained network keeps. A trained
+    network made Bayesian starts where it is::
 
-        model = zoo.models.from_module(my_net, task="classification")
-        fit = zoo.fit(model, guides.AutoDiagonal(model, init_module=my_net), data)
+        model = zoo.models.from_module(my_trained_net)
+        fit = zoo.fit(model, "diagonal", data)  # the means start at my_trained_net's weights
 
-    A Bayesian last layer on a trained, fixed body is one call::
+    A Bayesian last layer on a trained, fixed body (its batch norm keeps its statistics)::
 
-        body_fixed = my_net.requires_grad_(False)  # the body keeps its trained weights
-        model = zoo.models.from_module(my_net, bayesian=["fc.*"])
+        model = zoo.models.from_module(my_net.requires_grad_(False), bayesian=["fc.*"])
 
     Parameters
     ----------
     module : nn.Module
         The network; site names are its parameter names (``features.0.weight``, ...).
-    task, prior, noise, input_shape, likelihood
+    task, noise, input_shape, likelihood
         See :class:`BayesianModel` (``likelihood`` replaces ``task`` and ``noise``). ``noise``
         defaults to ``"learned"`` (a latent standard deviation; standardise the targets).
+    prior : Prior, float or str, optional
+        As :class:`BayesianModel` takes it; default ``LayerwiseNormalPrior(HE_GAIN)``,
+        ``N(0, 2 / fan_in)`` per layer, for every task.
     bayesian : iterable of str, optional
         Name patterns of the parameters that are sample sites; every other parameter is
         deterministic. Default: every parameter outside a normalisation layer.
     deterministic : iterable of str, optional
         Name patterns of parameters that are deterministic although ``bayesian`` (or the
         default) would make them sites.
+    init : {"module", "fresh"}, default "module"
+        ``"module"``: every family's initial means are ``module``'s weights (a guide's own
+        ``init_module=`` or ``init_loc_fn="kaiming"`` still wins); ``"fresh"``: drawn anew as
+        for the zoo's own networks.
+    output : int, str or callable, optional
+        For a network that returns a tuple, list or dict: the index or key of the output the
+        likelihood reads (``output=0`` for a bare ``nn.LSTM``), or a function of the whole
+        output. The output must be ``(B, C)`` logits for classification and ``(B,)`` or
+        ``(B, D)`` for regression: checked on the first call.
 
     Raises
     ------
     TypeError
-        ``module`` is not an ``nn.Module``, or a pattern list is a single string.
+        ``module`` is not an ``nn.Module``, a pattern list is a single string, or ``output``
+        is not an index, a key or a callable.
     ValueError
-        A pattern matches no parameter, or no parameter is left to be a site.
+        A pattern matches no parameter, no parameter is left to be a site, ``init`` is not
+        one of its values, or ``input_shape`` has a size below 1.
     """
     if not isinstance(module, nn.Module):
         raise TypeError(f"from_module needs an nn.Module, got {type(module).__name__}")
+    if output is not None and not (isinstance(output, (int, str)) or callable(output)):
+        raise TypeError(
+            f"output must be an index, a key or a function of the network's output, got "
+            f"{type(output).__name__}"
+        )
+    if input_shape is not None:
+        _check_input_shape(input_shape)
     fixed = deterministic_parameters(module, bayesian, deterministic)
     net = copy.deepcopy(module)
-    _drop_dropout(net)
+    _drop_stochastic_layers(net)
+    if output is not None:
+        net.register_forward_hook(OutputSelector(output))
     net.train()
     if likelihood is None:
         likelihood = from_task(task, noise)
+    if prior is None:
+        prior = LayerwiseNormalPrior(HE_GAIN)
     return BayesianModel(
-        net, likelihood=likelihood, prior=prior, input_shape=input_shape, deterministic=fixed
+        net,
+        likelihood=likelihood,
+        prior=prior,
+        input_shape=input_shape,
+        deterministic=fixed,
+        init=init,
     )
+
+
+class OutputSelector:
+    """A forward hook that returns one part of a network's output: ``out[index]`` (an index
+    or a key), or ``select(out)`` for a callable."""
+
+    def __init__(self, select: int | str | Callable):
+        self.select = select
+
+    def __call__(self, module: nn.Module, inputs, out):
+        if callable(self.select):
+            return self.select(out)
+        try:
+            return out[self.select]
+        except (IndexError, KeyError, TypeError) as err:
+            raise ValueError(
+                f"output={self.select!r} does not select from {type(module).__name__}'s "
+                f"output, a {type(out).__name__} ({err})"
+            ) from None
+
+
+def _check_input_shape(shape) -> None:
+    if not isinstance(shape, (tuple, list)) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in shape
+    ):
+        raise ValueError(
+            f"input_shape must be a tuple of sizes of at least 1 (one example's shape, without "
+            f"the batch), got {shape!r}"
+        )
 
 
 def deterministic_parameters(
@@ -162,10 +244,18 @@ def _in_norm_layer(module: nn.Module, name: str) -> bool:
     return isinstance(module.get_submodule(owner), NORM_LAYERS)
 
 
-def _drop_dropout(net: nn.Module) -> None:
-    """Dropout layers of ``net`` replaced by ``nn.Identity``, attention's dropout set to 0."""
+def is_stochastic(layer: nn.Module) -> bool:
+    """Whether ``layer`` is a stochastic layer that conversion removes (the rule of the module
+    docstring)."""
+    return isinstance(layer, nn.modules.dropout._DropoutNd) or any(
+        cls.__name__ in STOCHASTIC_LAYERS for cls in type(layer).__mro__
+    )
+
+
+def _drop_stochastic_layers(net: nn.Module) -> None:
+    """Stochastic layers of ``net`` replaced by ``nn.Identity``, attention's dropout set to 0."""
     for name, sub in list(net.named_modules()):
-        if isinstance(sub, nn.modules.dropout._DropoutNd) and name:
+        if is_stochastic(sub) and name:
             parent, _, leaf = name.rpartition(".")
             setattr(net.get_submodule(parent), leaf, nn.Identity())
         elif isinstance(sub, nn.MultiheadAttention):

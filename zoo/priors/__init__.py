@@ -1,6 +1,8 @@
 """Weight priors: fixed scales (:mod:`zoo.priors.fixed`: the :class:`Prior` interface,
 ``N(0, s^2)``, ``N(0, g^2 / fan_in)``, the scale mixture) and scales fitted to the data
-(:mod:`zoo.priors.fitted`: type-II maximum likelihood and a hierarchical prior), and
+(:mod:`zoo.priors.fitted`: type-II maximum likelihood and a hierarchical prior), a prior
+centred on given weights (:mod:`zoo.priors.centred`: empirical Bayes around a trained
+network), and
 :func:`resolve_prior`, which turns what a model's ``prior=`` takes into one of them.
 
 Each prior is an ``nn.Module`` whose numbers are buffers or parameters, so ``model.to(device)``
@@ -11,6 +13,7 @@ whose event shape is the whole weight tensor.
 from __future__ import annotations
 
 from zoo.arguments import is_number
+from zoo.priors.centred import CentredNormalPrior
 from zoo.priors.fitted import (
     PER,
     SITE_PREFIX,
@@ -21,6 +24,7 @@ from zoo.priors.fitted import (
 )
 from zoo.priors.fixed import (
     BUILT_IN,
+    HE_GAIN,
     REGRESSION_GAIN,
     IsotropicNormal,
     LayerwiseNormalPrior,
@@ -34,10 +38,12 @@ from zoo.priors.fixed import (
 
 __all__ = [
     "BUILT_IN",
+    "HE_GAIN",
     "NAMED",
     "PER",
     "REGRESSION_GAIN",
     "SITE_PREFIX",
+    "CentredNormalPrior",
     "GroupedScalePrior",
     "HierarchicalNormalPrior",
     "IsotropicNormal",

@@ -282,10 +282,13 @@ def from_spec(spec: dict) -> Prior:
     return BUILT_IN[spec["class"]](**spec["args"])
 
 
-#: The gain of the regression default ``LayerwiseNormalPrior``: ``N(0, 2 / fan_in)`` per layer,
-#: He et al.'s variance-preserving scale for ReLU layers (README, "Regression defaults", and
-#: ``benchmarks/regression.py``).
-REGRESSION_GAIN = math.sqrt(2.0)
+#: He et al.'s variance-preserving gain for ReLU layers: ``LayerwiseNormalPrior(HE_GAIN)`` is
+#: ``N(0, 2 / fan_in)`` per layer, the default prior of a converted network
+#: (``zoo.models.from_module``; ``benchmarks/prior_predictive.py``).
+HE_GAIN = math.sqrt(2.0)
+#: The gain of the regression default ``LayerwiseNormalPrior``: :data:`HE_GAIN` (README,
+#: "Regression defaults", and ``benchmarks/regression.py``).
+REGRESSION_GAIN = HE_GAIN
 
 
 def default_prior(task: str) -> Prior:
