@@ -212,12 +212,18 @@ class PerSiteGuide(AutoGuide):
             return torch.as_tensor(self.init_loc_fn(site)).to(value).detach().clone()
         offered = self._offered_means() if self.init_loc_fn == "auto" else {}
         if name in offered and offered[name].shape == value.shape:
-            return offered[name].to(value).detach().clone()
+            return self.loc_for_mean(name, offered[name].to(value).detach().clone())
         fn = site["fn"]
         if value.dim() == 0 or not is_real(fn.support):
             return prior_median(fn, value)
         shapes = {n: s["value"].shape for n, s in self._prototype().iter_stochastic_nodes()}
         return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
+
+    def loc_for_mean(self, name: str, mean: torch.Tensor) -> torch.Tensor:
+        """The initial location parameter of site ``name`` under which the posterior's mean
+        network is ``mean`` (a trained network's weights, offered by the model): ``mean``
+        itself, unless a family's mean is not its location (MC dropout's)."""
+        return mean
 
     def _offered_means(self) -> dict[str, torch.Tensor]:
         """The model's own initial means (``model.initial_means()``, for ``"auto"``), read

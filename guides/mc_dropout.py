@@ -43,7 +43,8 @@ weight draws, each with its own masks: MC dropout.
 Relation to ``torch.nn.Dropout``, which divides the kept inputs by ``1 - p``: a network trained
 with it computes ``(x * z) W_torch^T / (1 - p)``, which is this family with
 ``M = W_torch / (1 - p)``. To start from such a network, give ``init_module`` a copy whose
-weights are divided by ``1 - p``.
+weights are divided by ``1 - p``. A converted network's own weights (``init_loc_fn="auto"``,
+``zoo.models.from_module``) are taken as the mean network: ``M = W / (1 - p)``.
 """
 
 from __future__ import annotations
@@ -354,6 +355,14 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
             shape = self._prototype().nodes[name]["value"].shape
             options = {**options, "p": self.input_dropout(options.get("p", 0.1), shape)}
         return options
+
+    def loc_for_mean(self, name: str, mean: torch.Tensor) -> torch.Tensor:
+        """``M = W / (1 - p)`` for a weight: the masks keep a fraction ``1 - p`` of ``M``, so
+        the mean network is the trained one (biases are their means)."""
+        if mean.dim() < 2:
+            return mean
+        p = self.site_options_for(name, self.site_class).get("p", 0.1)
+        return mean / (1.0 - p)
 
     def input_dropout(self, p: float, shape: torch.Size) -> float:
         """The first layer's dropout probability: ``input_p`` if given, else ``p`` for input

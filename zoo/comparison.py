@@ -83,7 +83,11 @@ def compare(
         "family": "map"})`` runs :func:`zoo.ensemble`; so is the Laplace approximation
         (laplace-torch installed): ``("Laplace, last-layer KFAC", "laplace", {"weights":
         "last_layer", "hessian": "kron"})`` takes :class:`zoo.LaplaceOptions`' fields and runs
-        :func:`zoo.laplace` (a MAP fit with the row's fit options, then laplace-torch).
+        :func:`zoo.laplace` (a MAP fit with the row's fit options, then laplace-torch; with
+        ``"at": "module"`` among them, post-hoc at the weights of a converted trained network,
+        no MAP fit). Every other row of a converted trained network starts at its weights
+        (``zoo.models.from_module``'s ``init="module"``), except an ensemble's members, which
+        start from fresh draws (:func:`zoo.ensemble`).
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader); ``train`` is needed
         only for rows to fit.
@@ -203,7 +207,9 @@ def _fit_row(model_factory, family, options, train, args, progress) -> Posterior
         own = {k: args.pop(k) for k in ("seed",) if k in args}
         return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
     if family == "laplace":
-        return laplace(model_factory(), train, options=options, progress=progress, **args)
+        options = dict(options)
+        at = options.pop("at", None)  # "module": post-hoc at a trained network's weights
+        return laplace(model_factory(), train, at=at, options=options, progress=progress, **args)
     guide = guide_family(family, **options) if options else family
     return run_fit(model_factory(), guide, train, **args)
 
@@ -294,7 +300,10 @@ def check_row(spec) -> None:
                 )
             check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
         elif family == "laplace":
-            LaplaceOptions.of(options)
+            at = options.get("at")
+            if at not in (None, "module"):
+                raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
+            LaplaceOptions.of({k: v for k, v in options.items() if k != "at"})
         elif isinstance(family, str):
             _check_family_name(family)
     except (TypeError, ValueError) as err:

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from guides.registry import Family
 from guides import family as guide_family
 from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
@@ -107,7 +108,11 @@ def ensemble(
 
     Notes
     -----
-    Every argument is checked before the first member is fitted.
+    Every argument is checked before the first member is fitted. Members start from fresh
+    initial weights, each its own seeded draw (the paper's source of diversity), also when
+    ``model_factory`` converts a trained network (``zoo.models.from_module``): its
+    deterministic parameters (batch norm's) and running statistics are kept, its sites are
+    drawn anew. A guide factory of your own (a callable) decides for itself.
     """
     check_model_factory(model_factory, "ensemble")
     check_ensemble(members, family, seed, processes, noise)
@@ -118,6 +123,8 @@ def ensemble(
     device = resolve_device(group(Engine, args.get("engine")).device)
     count = workers(processes, members, device)
     member_args = [{**args, "run": member_run(args["run"], k)} for k in range(members)]
+    name = family if isinstance(family, str) else None
+    family = fresh_start(family)
     if count > 1:
         fits = fit_members(model_factory, family, data, seed, member_args, count, progress)
     else:
@@ -125,11 +132,23 @@ def ensemble(
             fit(model_factory(), family, data, seed=seed + k, **member_args[k])
             for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress)
         ]
-    name = family if isinstance(family, str) else fits[0].options.get("guide", fits[0].family)
+    name = name or fits[0].options.get("guide", fits[0].family)
     settings = {"members": members, "family": name, "seed": seed}
     if noise is not None:
         settings["noise"] = noise
     return Ensemble(fits, settings)
+
+
+def fresh_start(family):
+    """``family`` with fresh initial means (``init_loc_fn="kaiming"``) where the members'
+    guides are built by name or class: each member draws its own (seeded ``seed + k``), also
+    for a converted trained network, whose weights every member would otherwise share. A
+    guide factory of the user's is left as it is."""
+    if isinstance(family, str) or isinstance(family, type):
+        return guide_family(family, init_loc_fn="kaiming")
+    if isinstance(family, Family) and "init_loc_fn" not in family.options:
+        return guide_family(family.guide, **{**family.options, "init_loc_fn": "kaiming"})
+    return family
 
 
 def member_run(run: Run, k: int) -> Run:

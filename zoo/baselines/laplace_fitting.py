@@ -128,9 +128,7 @@ def map_point(model, data, at, fit_args: dict, batch_size: int):
     x, y = gather_tensors(data)
     map_steps = None
     if at == "module":
-        weights = {
-            n: p.detach().clone() for n, p in model.net.named_parameters() if n in model.site_shapes
-        }
+        weights = model.net_means()
     else:
         if at is None:
             at = fit(model, "map", data, **fit_args)

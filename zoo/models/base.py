@@ -167,6 +167,8 @@ class BayesianModel(nn.Module):
         statistics, and whether ``vmap`` can batch it (no fused recurrent layer)."""
         self._statistics = statistics.running_buffers(self.net)
         self._fixed_norms = semantics.fixed_norm_layers(self.net, self.deterministic)
+        for layer in self._fixed_norms:
+            self.net.get_submodule(layer).train(False)
         self._out_features: int | None = None
         self._vectorised = not any(isinstance(m, nn.RNNBase) for m in self.net.modules())
 

@@ -195,7 +195,7 @@ def network_at(model, weights: dict) -> torch.nn.Module:
     with torch.no_grad():
         for name, p in net.named_parameters():
             if name in model.site_shapes:
-                p.copy_(weights[name].to(p))
+                p.copy_(model.to_parameter(name, weights[name]).to(p))
             p.requires_grad_(name in model.site_shapes)
     return net.eval()
 
@@ -365,6 +365,13 @@ def check_laplace_model(model, options: LaplaceOptions) -> None:
         )
     if options.predictive == "probit" and likelihood.task != "classification":
         raise ValueError("predictive='probit' is for classification; use 'glm' or 'nn'")
+    padded = sorted(getattr(model, "_padding", {}))
+    if padded and options.weights != "last_layer":
+        raise ValueError(
+            f"the sites {padded} leave out an embedding's padding_idx row, which laplace-torch's "
+            "Gaussian over the network's parameters would cover: use weights='last_layer', or "
+            "make the embedding deterministic (from_module(net, deterministic=[...]))"
+        )
     sites = set(model.site_shapes) - {"noise"}
     if options.hessian == "full":
         count = sum(math.prod(s) for n, s in model.site_shapes.items() if n in sites)
