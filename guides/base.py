@@ -41,7 +41,7 @@ from pyro.nn import PyroModule
 from torch import nn
 from torch.distributions import Transform, biject_to
 
-from guides import registry
+from guides import initial, registry
 from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
 from guides.site import (
     DiagonalSite,
@@ -49,10 +49,7 @@ from guides.site import (
     SiteSpec,
     check_fixed_priors,
     check_global_continuous,
-    fan_in,
     is_real,
-    kaiming_uniform_like,
-    prior_median,
 )
 
 _LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
@@ -66,7 +63,9 @@ class PerSiteGuide(AutoGuide):
     model : callable
         A Pyro model, e.g. a ``zoo.models`` network called as ``model(x, y=None)``.
     init_scale : float
-        Initial marginal standard deviation of every weight (not a variance).
+        Initial marginal standard deviation of every weight (not a variance); a site started at
+        a trained network's weights (``"auto"``) starts with at most a tenth of their root mean
+        square (:data:`guides.initial.TRAINED_RELATIVE_SCALE`).
     init_loc_fn : {"auto", "kaiming"} or callable
         Initial means, as Pyro's ``init_loc_fn``: a callable gets the prototype-trace site dict
         and returns the initial value (``pyro.infer.autoguide.init_to_median`` and the other
@@ -139,6 +138,9 @@ class PerSiteGuide(AutoGuide):
     OBJECTIVE = "model"
     #: How the family is fitted when the caller does not say (:class:`guides.registry.Recipe`).
     RECIPE = registry.Recipe()
+    #: Whether the family starts at the weights a model offers (``init_loc_fn="auto"``): a
+    #: fit from a trained network's weights then runs at a lower default rate (``zoo.fit``).
+    STARTS_AT_WEIGHTS = True
 
     def objective(self) -> str:
         """What ``-loss`` of a fit with this guide bounds (:data:`guides.registry.OBJECTIVES`): the
@@ -195,55 +197,21 @@ class PerSiteGuide(AutoGuide):
         return self.family_options if cls is self.site_class else {}
 
     # ---- prototype ----
-    def _initial_value(self, name: str, site: dict) -> torch.Tensor:
-        value = site["value"].detach()
-        if name in self._init_values:
-            init = self._init_values[name].to(dtype=value.dtype, device=value.device)
-            to_site = getattr(self.model, "to_site", None)  # a padding row is not in the site
-            if callable(to_site) and init.shape != value.shape:
-                init = to_site(name, init)
-            if init.shape != value.shape:
-                raise ValueError(
-                    f"init_module's {name!r} has shape {tuple(init.shape)} but the model's "
-                    f"site has shape {tuple(value.shape)}"
-                )
-            return init.clone()
-        if callable(self.init_loc_fn):
-            return torch.as_tensor(self.init_loc_fn(site)).to(value).detach().clone()
-        offered = self._offered_means() if self.init_loc_fn == "auto" else {}
-        if name in offered and offered[name].shape == value.shape:
-            return self.loc_for_mean(name, offered[name].to(value).detach().clone())
-        fn = site["fn"]
-        if value.dim() == 0 or not is_real(fn.support):
-            return prior_median(fn, value)
-        shapes = {n: s["value"].shape for n, s in self._prototype().iter_stochastic_nodes()}
-        return kaiming_uniform_like(value.shape, fan_in(name, shapes), value)
-
     def loc_for_mean(self, name: str, mean: torch.Tensor) -> torch.Tensor:
         """The initial location parameter of site ``name`` under which the posterior's mean
         network is ``mean`` (a trained network's weights, offered by the model): ``mean``
         itself, unless a family's mean is not its location (MC dropout's)."""
         return mean
 
-    def _offered_means(self) -> dict[str, torch.Tensor]:
-        """The model's own initial means (``model.initial_means()``, for ``"auto"``), read
-        once per set-up."""
-        cache = self.__dict__.get("_offered")
-        if cache is None:
-            offer = getattr(self.model, "initial_means", None)
-            cache = (offer() if callable(offer) else None) or {}
-            self.__dict__["_offered"] = cache
-        return cache
-
     def _setup_prototype(self, *args, **kwargs):
-        self.__dict__.pop("_offered", None)
         super()._setup_prototype(*args, **kwargs)
         self.__dict__.pop("_site_cache", None)
         self.sites = PyroModule()
         self._site_names = []
+        means = initial.Means(self, self._init_values, self.init_loc_fn)
         for name, site in self._prototype().iter_stochastic_nodes():
             check_global_continuous(type(self).__name__, name, site)
-            init = self._initial_value(name, site)
+            init = means.value(name, site)
             if is_real(site["fn"].support):
                 self._transforms[name] = None
                 cls = self.site_class_for(name, init.shape)
@@ -256,13 +224,12 @@ class PerSiteGuide(AutoGuide):
                 init = transform.inv(init)
                 cls, options = self.constrained_class_for(name), {}
             try:
-                module = cls(init, self.init_scale, **options)
+                module = cls(init, means.scale(name, self.init_scale), **options)
             except ValueError as err:  # a family that cannot serve this site says which
                 label = self.family or type(self).__name__
                 raise ValueError(f"{label} at site {name!r}: {err}") from None
             deep_setattr(self.sites, name, module)
             self._site_names.append(name)
-        self.__dict__.pop("_offered", None)  # a copy of the weights: not kept
         check_fixed_priors(self, self.prototype_trace, args, kwargs)
         self.prototype_trace = _slim(self.prototype_trace)
 

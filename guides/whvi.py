@@ -209,6 +209,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
     )
 
     site_class = WHVISite
+    STARTS_AT_WEIGHTS = False  # its own draw, projected: no weight is a mean it can take
     variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
     OBJECTIVE = "whvi_model"  # its own N(0, I) prior on g and learned scales
 

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow  # executes the notebooks
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_ten_notebooks():
-    assert len(NOTEBOOKS) == 10
+def test_there_are_eleven_notebooks():
+    assert len(NOTEBOOKS) == 11
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -79,7 +79,7 @@ __all__ = [
     "reference",
     "subnetwork_guide",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 #: Modules read as ``zoo.<name>`` without importing them first; each loads its heavy stack
 #: (Lightning, matplotlib, ArviZ) on first use only.

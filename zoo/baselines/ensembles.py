@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from guides.registry import Family
 from guides import family as guide_family
+from guides.registry import Family
 from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
 from zoo.data.checks import Data

@@ -269,9 +269,7 @@ class BayesianModel(nn.Module):
             if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace
                 with swapped_parameters(self.net, weights):
                     return self._shaped(self.net(x), 0)
-            return self._shaped(
-                statistics.single_call(self.net, weights, x, self._statistics), 0
-            )
+            return self._shaped(statistics.single_call(self.net, weights, x, self._statistics), 0)
         num = math.prod(lead)
         flat = {
             name: self.to_parameter(name, w.reshape((num,) + self.site_shapes[name]))

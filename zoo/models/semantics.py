@@ -89,9 +89,9 @@ def check_output(out, task: str, network: str) -> None:
     if task == "classification" and out.dim() != 2:
         raise ValueError(
             f"{network} returns outputs of shape {shape_n(tuple(out.shape[1:]))}; "
-            "classification takes logits of shape (batch, classes): a (batch, 1, classes) output would score every example "
-            "against every label. Reshape it in the network (out.flatten(1), out[:, -1]) or "
-            "choose a part with from_module(net, output=...)"
+            "classification takes logits of shape (batch, classes): a (batch, 1, classes) "
+            "output would score every example against every label. Reshape it in the network "
+            "(out.flatten(1), out[:, -1]) or choose a part with from_module(net, output=...)"
         )
     if task == "regression" and out.dim() not in (1, 2):
         raise ValueError(

@@ -76,8 +76,10 @@ class CentredNormalPrior(Prior):
             if not bool(torch.isfinite(w).all()):
                 raise ValueError(f"the centre of {name!r} holds values that are not finite")
             w = w.detach().clone()
-            s = (delta * w.abs()).clamp_min(min_scale) if delta is not None else torch.full_like(
-                w, float(scale)
+            s = (
+                (delta * w.abs()).clamp_min(min_scale)
+                if delta is not None
+                else torch.full_like(w, float(scale))
             )
             self.locs.register_buffer(str(k), w)
             self.scales.register_buffer(str(k), s)
@@ -85,7 +87,7 @@ class CentredNormalPrior(Prior):
         self.delta = delta
         self.scale = float(scale)
 
-    def bind(self, site_shapes, fan_ins) -> None:
+    def bind(self, site_shapes: Mapping[str, torch.Size], fan_ins: Mapping[str, int]) -> None:
         missing = [n for n in site_shapes if n not in self._keys]
         shapes = {n: self.locs.get_buffer(k).shape for n, k in self._keys.items()}
         wrong = {
@@ -105,10 +107,12 @@ class CentredNormalPrior(Prior):
             "on model.net_means() (a padding row is not part of a site)"
         )
 
-    def distribution(self, shape, fan_in) -> TorchDistribution:
+    def distribution(self, shape: torch.Size, fan_in: int) -> TorchDistribution:
         raise TypeError("CentredNormalPrior is per site: site_distribution(name, ...)")
 
-    def site_distribution(self, name, shape, fan_in, latent) -> TorchDistribution:
+    def site_distribution(
+        self, name: str, shape: torch.Size, fan_in: int, latent: Mapping[str, torch.Tensor]
+    ) -> TorchDistribution:
         key = self._keys[name]
         loc, scale = self.locs.get_buffer(key), self.scales.get_buffer(key)
         return dist.Normal(loc, scale).to_event(loc.dim())

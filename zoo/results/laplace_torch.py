@@ -365,13 +365,11 @@ def check_laplace_model(model, options: LaplaceOptions) -> None:
         )
     if options.predictive == "probit" and likelihood.task != "classification":
         raise ValueError("predictive='probit' is for classification; use 'glm' or 'nn'")
-    padded = sorted(getattr(model, "_padding", {}))
-    if padded and options.weights != "last_layer":
-        raise ValueError(
-            f"the sites {padded} leave out an embedding's padding_idx row, which laplace-torch's "
-            "Gaussian over the network's parameters would cover: use weights='last_layer', or "
-            "make the embedding deterministic (from_module(net, deterministic=[...]))"
-        )
+    if (padded := sorted(getattr(model, "_padding", {}))) and options.weights != "last_layer":
+        raise ValueError(f"the sites {padded} leave out an embedding's padding_idx row, which "
+                         "laplace-torch's Gaussian over the network's parameters would cover: "
+                         "use weights='last_layer', or make the embedding deterministic "
+                         "(from_module(net, deterministic=[...]))")  # fmt: skip
     sites = set(model.site_shapes) - {"noise"}
     if options.hessian == "full":
         count = sum(math.prod(s) for n, s in model.site_shapes.items() if n in sites)

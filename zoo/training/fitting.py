@@ -60,6 +60,7 @@ from zoo.training.recipes import (
     Length,
     resolve_device,
     resolve_length,
+    starts_trained,
     warn_if_short,
 )
 from zoo.training.step import Stepper
@@ -171,6 +172,7 @@ def fit(
         lr_schedule=optim.lr_schedule,
         auto=auto,
         recipe=guide_registry.recipe(guide),  # the family's (guides.registry.Recipe)
+        trained=starts_trained(model, guide),
     )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     settings = Settings(length, seed, optim, loss, engine, run, convergence)

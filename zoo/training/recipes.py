@@ -20,6 +20,12 @@ default to ``None``, resolved here from the data size alone, before any training
 ``benchmarks/task_rate.py`` measures the minibatch default against other rates on short and
 long budgets (``benchmarks/README.md``).
 
+A fit that starts at a trained network's weights (:func:`starts_trained`: a converted network,
+``zoo.models.from_module``'s ``init="module"``, or a guide given ``init_module``) runs each
+default rate times :data:`TRAINED_LR_FACTOR` (1/30: 3e-3 becomes 1e-4): at the default rate a
+fine-tune leaves the trained minimum (even a point estimate's NLL and ECE get worse), at 1e-4
+it keeps the network's accuracy, NLL and calibration (``benchmarks/trained_network.py``).
+
 Either default rate is multiplied by the family's ``lr_scale`` (its
 :class:`guides.registry.Recipe`, declared on its class as ``RECIPE``; the full-batch recipe's
 by its ``full_batch_lr_scale`` where the family declares one) when ``lr`` is not given;
@@ -28,7 +34,8 @@ by its ``full_batch_lr_scale`` where the family declares one) when ``lr`` is not
 ``device="auto"`` is CUDA when there is one, else the CPU (:func:`resolve_device`).
 
 ``result.options["recipe"]`` says which applied (``"small regression data"``,
-``"default"``, or ``"given"`` when the caller set the length).
+``"default"``, or ``"given"`` when the caller set the length; ``", trained start"`` added
+when :data:`TRAINED_LR_FACTOR` applied).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_LR",
     "DEFAULT_SCHEDULE",
+    "TRAINED_LR_FACTOR",
     "MIN_DEFAULT_STEPS",
     "PLAIN_RECIPE",
     "REGRESSION_FIT",
@@ -71,6 +79,8 @@ DEFAULT_BATCH_SIZE = 128
 #: The learning rate of every other fit when neither ``lr`` nor ``lr_schedule`` is given, and
 #: its schedule (``zoo.Optim.lr_schedule``'s ``"exponential"``: ``0.1 ** (step / total)``).
 DEFAULT_LR = 3e-3
+#: The factor of every default rate for a fit that starts at a trained network's weights.
+TRAINED_LR_FACTOR = 1 / 30
 DEFAULT_SCHEDULE = "exponential"
 #: The constant rate of a minibatch fit whose length a convergence rule decides.
 CONVERGENCE_LR = 1e-3
@@ -123,6 +133,7 @@ def resolve_length(
     lr_schedule,
     auto: bool = False,
     recipe: Recipe = PLAIN_RECIPE,
+    trained: bool = False,
 ) -> Length:
     """The length, batch size, learning rate and schedule of a fit on ``data`` (see the module
     docstring); given values are kept as they are. ``auto``: ``num_steps`` is the cap of a
@@ -130,7 +141,10 @@ def resolve_length(
     full-batch recipe's batch and rate, at a constant rate unless ``lr_schedule`` is given (a
     schedule over the cap would still be high where the rule stops). ``recipe``: the
     family's (:class:`guides.registry.Recipe`), whose :meth:`~guides.registry.Recipe.scale`
-    multiplies the default rate when ``lr`` is not given."""
+    multiplies the default rate when ``lr`` is not given. ``trained``: the fit starts at a
+    trained network's weights (:func:`starts_trained`), and a default rate is multiplied by
+    :data:`TRAINED_LR_FACTOR`."""
+    factor, start = (TRAINED_LR_FACTOR, ", trained start") if trained and lr is None else (1, "")
     n = data_size(data)
     loader = isinstance(data, DataLoader)
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
@@ -142,15 +156,17 @@ def resolve_length(
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
-            lr=lr if lr is not None else REGRESSION_FIT["lr"] * recipe.scale(full_batch=True),
+            lr=lr
+            if lr is not None
+            else REGRESSION_FIT["lr"] * recipe.scale(full_batch=True) * factor,
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
-            recipe="small regression data" + (", length auto" if auto else ""),
+            recipe="small regression data" + (", length auto" if auto else "") + start,
         )
     kind = "default" if epochs is None and num_steps is None else "given"
     if lr is None and auto:
-        lr = CONVERGENCE_LR * recipe.scale(full_batch=False)
+        lr = CONVERGENCE_LR * recipe.scale(full_batch=False) * factor
     elif lr is None:
-        lr = DEFAULT_LR * recipe.scale(full_batch=False)
+        lr = DEFAULT_LR * recipe.scale(full_batch=False) * factor
         lr_schedule = lr_schedule if lr_schedule is not None else DEFAULT_SCHEDULE
     return Length(
         epochs=epochs if epochs is not None else 1,
@@ -158,8 +174,34 @@ def resolve_length(
         batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
         lr=lr,
         lr_schedule=lr_schedule,
-        recipe=kind,
+        recipe=kind + start,
     )
+
+
+def starts_trained(model, guide) -> bool:
+    """Whether a fit of ``guide`` (as ``zoo.fit`` takes it) on ``model`` starts at a trained
+    network's weights: the model offers them (``model.init == "module"``, a converted
+    network) and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
+    that cannot start at given weights, ``STARTS_AT_WEIGHTS = False``: WHVI), or a guide is
+    given ``init_module``. A guide factory of the user's cannot be asked: ``False``."""
+    from guides.registry import Family, get
+
+    offered = getattr(model, "init", None) == "module"
+    if isinstance(guide, Family):
+        if "init_module" in guide.options:
+            return True
+        auto = guide.options.get("init_loc_fn", "auto") == "auto"
+        return offered and auto and getattr(guide.cls, "STARTS_AT_WEIGHTS", False)
+    if isinstance(guide, str):
+        return offered and getattr(get(guide), "STARTS_AT_WEIGHTS", False)
+    if isinstance(guide, type):
+        return offered and getattr(guide, "STARTS_AT_WEIGHTS", False)
+    if isinstance(guide, torch.nn.Module):  # an instance
+        if getattr(guide, "_init_values", None):
+            return True
+        auto = getattr(guide, "init_loc_fn", None) == "auto"
+        return offered and auto and getattr(guide, "STARTS_AT_WEIGHTS", False)
+    return False
 
 
 def warn_if_short(recipe: str, steps: int, n: int, batch_size: int) -> None:

@@ -425,3 +425,15 @@ def test_a_member_noise_that_cannot_apply_is_refused_before_any_fit(factory, noi
     x, y = classification()
     with pytest.raises(ValueError, match=match):
         zoo.compare(factory, [("e", "ensemble", {"noise": noise})], (x, y), (x, y))
+
+
+def test_ensemble_members_start_from_their_own_draws():
+    from tests.trained import trained_cnn
+    from zoo.models import from_module
+
+    net, (x, y), _ = trained_cnn()
+    ens = zoo.ensemble(lambda: from_module(net), (x[:64], y[:64]), members=2, num_steps=1,
+                       progress=False)  # fmt: skip
+    first, second = (m.guide.median()["5.weight"] for m in ens.members)
+    assert not torch.allclose(first, second, atol=1e-2)
+    assert not torch.allclose(first, net[5].weight, atol=1e-2)

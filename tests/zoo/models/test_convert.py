@@ -6,7 +6,11 @@ from torch import nn
 
 import guides
 import zoo
+from tests.families import PRIMARY
+from tests.trained import trained_cnn
 from zoo.models import from_module
+
+QUIET = zoo.Run(progress=False)
 
 
 class Head(nn.Module):
@@ -170,3 +174,80 @@ def test_the_matrix_families_view_every_shape_as_the_table_says():
     assert (layout.blocks, layout.size, layout.cols) == (5, 4, 4)
     layout = whvi.site_posterior("conv.weight").layout  # 3 x 10: one block of D = 16
     assert (layout.blocks, layout.size, layout.cols) == (1, 16, 10)
+
+
+@pytest.fixture
+def trained():
+    return trained_cnn()
+
+
+def _metrics(probs, y):
+    return zoo.metrics.accuracy(probs, y), zoo.metrics.nll(probs, y)
+
+
+@pytest.mark.parametrize("family", sorted(set(PRIMARY) - {"whvi"}))
+def test_every_family_starts_at_the_trained_weights(trained, family):
+    net, (x, y), _ = trained
+    model = from_module(net)
+    guide = guides.get(family)(model)
+    with zoo.models.frozen_statistics():
+        guide(x[:4], y[:4])
+    means = model.net_means()
+    median = guide.median()
+    if family == "mc_dropout":  # the mean network is the trained one: M (1 - p) = W
+        sites = {n: guide.site_posterior(n) for n in median}
+        median = {n: s.loc * (1 - s.p) if s.loc.dim() > 1 else s.loc for n, s in sites.items()}
+    for name in model.site_shapes:
+        torch.testing.assert_close(median[name], means[name], msg=f"{family}: {name}")
+
+
+def test_whvi_starts_from_its_own_draw_and_fresh_starts_anew(trained):
+    net, (x, y), _ = trained
+    whvi = guides.get("whvi")(from_module(net))
+    fresh = guides.get("diagonal")(from_module(net, init="fresh"))
+    kaiming = guides.get("diagonal")(from_module(net), init_loc_fn="kaiming")
+    for guide in (whvi, fresh, kaiming):
+        with zoo.models.frozen_statistics():
+            guide(x[:4], y[:4])
+        assert not torch.allclose(guide.median()["5.weight"], net[5].weight, atol=1e-3)
+
+
+def test_a_short_default_fit_keeps_the_trained_accuracy_and_nll(trained):
+    net, data, (xt, yt) = trained
+    with torch.no_grad():
+        acc0, nll0 = _metrics(net(xt).softmax(-1), yt)
+    assert acc0 > 0.9  # the network learned the task
+    fit = zoo.fit(from_module(net), "diagonal", data, num_steps=30, run=QUIET)
+    pred = fit.predict(xt, num_samples=20, progress=False)
+    acc, nll = _metrics(pred.probs, yt)
+    assert acc >= acc0 - 0.02 and nll <= nll0 + 0.05, (acc0, nll0, acc, nll)
+    fresh = zoo.fit(from_module(net, init="fresh"), "diagonal", data, num_steps=30, run=QUIET)
+    _, nll_fresh = _metrics(fresh.predict(xt, num_samples=20, progress=False).probs, yt)
+    assert nll_fresh > nll + 0.05  # a fresh start (the old default) has not caught up
+
+
+def test_stochastic_layers_are_removed_by_one_rule():
+    from torchvision.ops import StochasticDepth
+
+    net = nn.Sequential(nn.Linear(4, 4), StochasticDepth(0.5, "row"), nn.Dropout(0.3))
+    net.append(nn.Linear(4, 2))
+    model = from_module(net)
+    assert isinstance(model.net[1], nn.Identity) and isinstance(model.net[2], nn.Identity)
+    assert isinstance(net[1], StochasticDepth)  # the user's module is unchanged
+    x = torch.randn(8, 4)
+    params = model.net_means()
+    with torch.no_grad():  # training mode: a random layer left would differ between calls
+        torch.testing.assert_close(model.network(x, params), model.network(x, params))
+
+
+@pytest.mark.parametrize("shape", [(-3,), (0, 4), "28", (2.5,)])
+def test_a_bad_input_shape_is_refused(shape):
+    with pytest.raises(ValueError, match="input_shape must be a tuple of sizes"):
+        from_module(nn.Linear(3, 2), input_shape=shape)
+
+
+def test_init_must_be_module_or_fresh():
+    with pytest.raises(ValueError, match="init must be 'module'"):
+        from_module(nn.Linear(3, 2), init="trained")
+    with pytest.raises(ValueError, match="init_loc_fn must be 'auto', 'kaiming'"):
+        guides.AutoDiagonal(from_module(nn.Linear(3, 2)), init_loc_fn="module")

@@ -190,3 +190,29 @@ def test_a_short_default_fit_warns_and_says_what_to_pass():
             run=zoo.Run(progress=False),
         )
     assert MIN_DEFAULT_STEPS > -(-n // 128)
+
+
+def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_rate():
+    from torch import nn
+
+    from zoo.training.recipes import TRAINED_LR_FACTOR, starts_trained
+
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    trained, fresh = zoo.models.from_module(net), zoo.models.from_module(net, init="fresh")
+    assert starts_trained(trained, "diagonal") and starts_trained(trained, guides.AutoLowRank)
+    assert not starts_trained(trained, "whvi")  # starts from its own draw
+    assert not starts_trained(fresh, "diagonal")
+    assert not starts_trained(trained, guides.family("diagonal", init_loc_fn="kaiming"))
+    assert starts_trained(fresh, guides.family("diagonal", init_module=net))
+    assert starts_trained(trained, guides.AutoDiagonal(trained))
+    assert not starts_trained(trained, lambda model: guides.AutoDiagonal(model))  # unknown
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    quiet = zoo.Run(progress=False)
+    fit = zoo.fit(trained, "diagonal", (x, y), num_steps=2, run=quiet)
+    assert fit.options["lr"] == pytest.approx(DEFAULT_LR * TRAINED_LR_FACTOR)
+    assert fit.options["recipe"].endswith("trained start")
+    given = zoo.fit(trained, "diagonal", (x, y), num_steps=2, lr=0.05, run=quiet)
+    assert given.options["lr"] == 0.05 and "trained" not in given.options["recipe"]
+    regression = zoo.models.from_module(nn.Linear(4, 1), task="regression")
+    small = zoo.fit(regression, "diagonal", (x, x.sum(1)), run=quiet)
+    assert small.options["lr"] == pytest.approx(REGRESSION_FIT["lr"] * TRAINED_LR_FACTOR)
