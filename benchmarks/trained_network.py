@@ -3,6 +3,7 @@ the default prior of a converted network sane? (issue 68)
 
     python benchmarks/trained_network.py finetune --steps 100       # every family
     python benchmarks/trained_network.py prior                      # the prior predictives
+    python benchmarks/trained_network.py scratch --epochs 10        # ResNet-20 from scratch
 
 ``finetune``: a CNN with batch norm (conv 16 - BN - pool - conv 32 - BN - pool - linear 10) is
 trained in a plain PyTorch loop (Adam 1e-3, batch 128, ``--epochs`` over ``--train`` MNIST
@@ -17,10 +18,15 @@ weights (``guides.initial.TRAINED_RELATIVE_SCALE``: every site at 0.01), and at 
 of a fresh start (3e-3 decaying tenfold) instead of the trained start's
 (``zoo.training.recipes.TRAINED_LR_FACTOR``).
 
-``prior``: the mean over 16 Gaussian-noise inputs and 16 prior draws of the largest class
-probability (1: certain; 1/C: no preference) of networks converted with ``from_module``, under
-the converted default ``N(0, 2 / fan_in)`` and under ``N(0, 1)``; batch norm normalises with
-the batch's statistics (``zoo.prior_predictive``'s default).
+``prior``: the mean over 16 Gaussian-noise inputs and ``--draws`` (16) prior draws of the
+largest class probability (1: certain; 1/C: no preference) of networks converted with
+``from_module``, under the converted default ``N(0, 2 / fan_in)`` and under ``N(0, 1)``; batch
+norm normalises with the batch's statistics (``zoo.prior_predictive``'s default).
+
+``scratch``: the zoo's ResNet-20 (one input channel) fitted from scratch with the diagonal
+family's default call for ``--epochs`` over ``--train`` digits under ``N(0, 1)`` (the zoo's
+classification default) and ``N(0, 2 / fan_in)`` (a converted network's): the KL term and the
+expected log-likelihood of the ELBO at the start and at the end, and the test metrics.
 """
 
 from __future__ import annotations
@@ -83,40 +89,37 @@ def finetune(args) -> None:
     net = _train(x, y, args.epochs)
     with torch.no_grad():
         rows = [_row("the network", net(xt).softmax(-1), yt, time.perf_counter() - start)]
-    calls = {f: (lambda f=f: zoo.fit(zoo.models.from_module(net), f, (x, y),
-                                     num_steps=args.steps, run=QUIET))
-             for f in guides.available()}  # fmt: skip
-    calls["diagonal, init='fresh'"] = lambda: zoo.fit(
-        zoo.models.from_module(net, init="fresh"),
-        "diagonal",
-        (x, y),
-        num_steps=args.steps,
-        run=QUIET,
-    )
-    calls["diagonal, init_scale 1e-3"] = lambda: zoo.fit(
-        zoo.models.from_module(net),
-        guides.family("diagonal", init_scale=1e-3),
-        (x, y),
-        num_steps=args.steps,
-        run=QUIET,
-    )
-    calls["last layer (lowrank), frozen body"] = lambda: zoo.fit(
-        zoo.models.from_module(_frozen(net), bayesian=["9.*"]),
-        "lowrank",
-        (x, y),
-        num_steps=args.steps,
-        run=QUIET,
-    )
-    calls["Laplace post hoc (last layer, KFAC)"] = lambda: zoo.laplace(
-        zoo.models.from_module(net), (x, y), at="module", options={"hessian": "kron"}
-    )
+    print("| row | accuracy | NLL | ECE | seconds |\n| --- | --- | --- | --- | --- |")
+    print(_line(rows[0], rows[0]), flush=True)
+
+    def fit(family, model=None, **kw):
+        model = model or zoo.models.from_module(net)
+        return zoo.fit(model, family, (x, y), num_steps=args.steps, run=QUIET, **kw)
+
+    calls = {f: (lambda f=f: fit(f)) for f in args.families or guides.available()}
+    extras = {
+        "diagonal, init='fresh'": lambda: fit(
+            "diagonal", zoo.models.from_module(net, init="fresh")
+        ),
+        "diagonal, the fresh start's rate (3e-3)": lambda: fit(
+            "diagonal", lr=3e-3, optim=zoo.Optim(lr_schedule="exponential")
+        ),
+        "diagonal, init_scale 1e-3": lambda: fit(guides.family("diagonal", init_scale=1e-3)),
+        "diagonal, no relative scale": lambda: _without_relative_scale(lambda: fit("diagonal")),
+        "last layer (lowrank), frozen body": lambda: fit(
+            "lowrank", zoo.models.from_module(_frozen(net), bayesian=["9.*"])
+        ),
+        "Laplace post hoc (last layer, KFAC)": lambda: zoo.laplace(
+            zoo.models.from_module(net), (x, y), at="module", options={"hessian": "kron"}
+        ),
+    }
+    if not args.no_extras:
+        calls.update(extras)
     for label, call in calls.items():
-        if args.families and label.split(",")[0] not in args.families:
-            continue
         start = time.perf_counter()
         result = call()
         seconds = time.perf_counter() - start
-        probs = result.predict(xt, num_samples=50, progress=False).probs
+        probs = result.predict(xt, num_samples=50, progress=False, seed=0).probs
         rows.append(_row(label, probs, yt, seconds))
         print(_line(rows[-1], rows[0]), flush=True)
 
@@ -172,23 +175,69 @@ def prior(args) -> None:
         noise = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1))
         cells = []
         for prior_ in (None, 1.0):
-            pred = zoo.prior_predictive(from_module(net, prior=prior_), noise, num_samples=16)
+            model = from_module(net, prior=prior_)
+            pred = zoo.prior_predictive(model, noise, num_samples=args.draws)
             cells.append(f"{float(pred.sample_probs.max(-1).values.mean()):.3f}")
         print(f"| {label} | {cells[0]} | {cells[1]} |", flush=True)
 
 
+def scratch(args) -> None:
+    from zoo.priors import HE_GAIN, LayerwiseNormalPrior
+
+    root = args.data_root or os.environ.get("ZOO_DATA")
+    x, y = _tensors(zoo.data.mnist(root), args.train)
+    xt, yt = _tensors(zoo.data.mnist(root, train=False), args.test)
+    print("| prior | KL at the start | KL at the end | expected log-likelihood at the end | "
+          "accuracy | NLL | ECE | seconds |")  # fmt: skip
+    print("| --- " * 8 + "|")
+    for label, prior in [("N(0, 1)", 1.0), ("N(0, 2 / fan_in)", LayerwiseNormalPrior(HE_GAIN))]:
+        torch.manual_seed(0)
+        model = zoo.models.ResNet(20, in_channels=1, input_size=28, prior=prior)
+        start = time.perf_counter()
+        fit = zoo.fit(model, "diagonal", (x, y), epochs=args.epochs, run=QUIET)
+        seconds = time.perf_counter() - start
+        kl0, kl1 = _kl(fit, model, init=True), _kl(fit, model, init=False)
+        data_term = -sum(fit.losses[-20:]) / 20 + kl1
+        probs = fit.predict(xt, num_samples=20, progress=False, seed=0).probs
+        r = _row(label, probs, yt, seconds)
+        print(f"| {label} | {kl0:,.0f} | {kl1:,.0f} | {data_term:,.0f} | {r['accuracy']:.4f} | "
+              f"{r['nll']:.4f} | {r['ece']:.4f} | {seconds:.0f} |", flush=True)  # fmt: skip
+
+
+def _kl(fit, model, init: bool) -> float:
+    """The closed-form KL of the diagonal guide (fitted, or as a fresh guide starts) to the
+    prior, summed over the sites."""
+    from torch.distributions import kl_divergence
+
+    import guides
+
+    guide = fit.guide
+    if init:
+        guide = guides.AutoDiagonal(model)
+        with zoo.models.frozen_statistics(), torch.no_grad():
+            guide(torch.zeros(2, 1, 28, 28), torch.zeros(2, dtype=torch.long))
+    total = 0.0
+    with torch.no_grad():
+        for name, shape in model.site_shapes.items():
+            prior = model.prior.site_distribution(name, shape, model._fan_in[name], {})
+            total += float(kl_divergence(guide.get_posterior(name), prior))
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["finetune", "prior"])
+    parser.add_argument("what", choices=["finetune", "prior", "scratch"])
     parser.add_argument("--train", type=int, default=10000)
     parser.add_argument("--test", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--steps", type=int, default=100)
-    parser.add_argument("--families", nargs="*")
+    parser.add_argument("--families", nargs="*", help="default: guides.available()")
+    parser.add_argument("--no-extras", action="store_true", help="the families' rows only")
+    parser.add_argument("--draws", type=int, default=16, help="prior draws (prior)")
     parser.add_argument("--data-root")
     args = parser.parse_args()
     print(f"load: {os.getloadavg()[0]:.2f} (1-minute), torch threads {torch.get_num_threads()}")
-    (finetune if args.what == "finetune" else prior)(args)
+    {"finetune": finetune, "prior": prior, "scratch": scratch}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -495,3 +495,23 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
 def test_joint_elbo_prints_a_many_draw_estimate():
     out = _run("benchmarks/joint_elbo.py", "--depth", "1", "--families", "diagonal", "--draws", "3")
     assert re.search(r"depth 1 diagonal: -ELBO \d+\.\d \+- \d+\.\d over 3 draws", out), out
+
+
+def test_trained_network_prints_its_three_tables(mnist_root):
+    env = {**os.environ, "ZOO_DATA": str(mnist_root)}
+    small = ["--train", "256", "--test", "64", "--epochs", "1"]
+    out = _run("benchmarks/trained_network.py", "finetune", *small, "--steps", "2",
+               "--families", "diagonal", "map", env=env)  # fmt: skip
+    for row in (
+        "the network",
+        "diagonal",
+        "map",
+        "diagonal, init='fresh'",
+        "last layer (lowrank), frozen body",
+        "Laplace post hoc (last layer, KFAC)",
+    ):
+        assert f"| {row} |" in out, row  # fmt: skip
+    out = _run("benchmarks/trained_network.py", "prior", "--draws", "2")
+    assert "| torchvision ResNet-18 |" in out and "| LeNet-5 (zoo's network, converted) |" in out
+    out = _run("benchmarks/trained_network.py", "scratch", *small, env=env)
+    assert "| N(0, 1) |" in out and "| N(0, 2 / fan_in) |" in out

@@ -331,18 +331,20 @@ def swapped_parameters(net: nn.Module, weights: Mapping[str, torch.Tensor]):
     """``net`` with the tensors ``weights`` in place of its parameters of the same names inside
     the block (its own parameters back afterwards): the route for ``torch.jit.trace`` (Pyro's
     ``JitTrace_ELBO``), under which ``torch.func.functional_call`` refuses to run."""
-    owners = {}
-    for name in weights:
-        path, _, leaf = name.rpartition(".")
-        owners[name] = (net.get_submodule(path), leaf)
-    saved = {name: module._parameters[leaf] for name, (module, leaf) in owners.items()}
+    canonical = {id(p): n for n, p in net.named_parameters()}  # a tied weight's one name
+    owners = []  # (module, leaf, site): every name a site's parameter has, tied ones too
+    for alias, p in net.named_parameters(remove_duplicate=False):
+        if canonical[id(p)] in weights:
+            path, _, leaf = alias.rpartition(".")
+            owners.append((net.get_submodule(path), leaf, canonical[id(p)]))
+    saved = [module._parameters[leaf] for module, leaf, _ in owners]
     try:
-        for name, (module, leaf) in owners.items():
+        for module, leaf, name in owners:
             module._parameters[leaf] = weights[name]  # type: ignore[assignment]  # a draw, not a Parameter
         yield net
     finally:
-        for name, (module, leaf) in owners.items():
-            module._parameters[leaf] = saved[name]
+        for (module, leaf, _), value in zip(owners, saved):
+            module._parameters[leaf] = value
 
 
 def _likelihood_from_v1(state: dict) -> None:

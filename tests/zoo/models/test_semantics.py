@@ -1,6 +1,8 @@
 """What a converted network means, kept (zoo.models.semantics): a frozen body's batch-norm
 statistics, padding rows, and the output contract checked on the first call."""
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -9,6 +11,7 @@ import guides
 import zoo
 from tests.trained import trained_cnn
 from zoo.models import from_module
+from zoo.models.base import swapped_parameters
 
 QUIET = zoo.Run(progress=False)
 
@@ -116,3 +119,33 @@ def test_regression_outputs_of_shape_batch_are_one_output_per_example():
     y = x.sum(1)
     fit = zoo.fit(from_module(net, task="regression"), "diagonal", (x, y), num_steps=3, run=QUIET)
     assert fit.predict(x, num_samples=2, progress=False).mean.shape == (40,)
+
+
+class Tied(nn.Module):
+    """An embedding and an output layer sharing one weight (a language model's tying)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.out = nn.Linear(8, 20, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, tokens):
+        return self.out(self.emb(tokens).mean(1))
+
+
+def test_tied_weights_are_one_site_and_the_compiled_loss_uses_the_draw_everywhere():
+    torch.manual_seed(0)
+    model = from_module(Tied())
+    assert list(model.site_shapes) == ["emb.weight"]
+    tokens, y = torch.randint(0, 20, (64, 5)), torch.randint(0, 20, (64,))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the compiled and eager losses agree: no warning
+        fit = zoo.fit(model, "diagonal", (tokens, y), num_steps=3, run=QUIET)
+    assert fit.options["jit"] == "compiled"
+    draw = {"emb.weight": torch.randn(20, 8)}
+    with torch.no_grad(), zoo.models.frozen_statistics():
+        eager = model.network(tokens, draw)
+        with swapped_parameters(model.net, draw):
+            swapped = model.net(tokens)
+    torch.testing.assert_close(swapped, eager)
