@@ -11,9 +11,11 @@ names and shapes, and its state dict; it is rebuilt through the family registry 
 parameters loaded. A model of ``zoo.models`` is saved as its spec (class, arguments, prior,
 likelihood) and its buffers; a network of the user's is passed again as ``model=``.
 
-Files of version 1 were pickled objects. :func:`read` opens them only with
+Fit files of version 1 were pickled objects. :func:`read` opens them only with
 ``allow_pickle=True``, which runs code from the file: use it for files you trust, then save
-again to rewrite them in this format.
+again to rewrite them in this format. A pickled file that does not declare itself such a fit
+(its header read from the pickle's opcodes, :mod:`zoo.storage.declared`) is refused under any
+flag, before anything is unpickled.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 import torch
 
 from zoo.storage import checks as file_checks
+from zoo.storage.declared import declared
 
 FORMAT = "bnn-zoo"
 #: The format's version: 1, pickled objects; 2, plain data (a checksum from some release of
@@ -124,12 +127,18 @@ def read(
     except pickle.UnpicklingError as err:
         if "global" not in str(err).lower():  # not objects: bytes no writer produces
             raise ValueError(_damaged(path, label, err)) from None
+        header = declared(path)  # read from the opcodes: nothing is unpickled
+        if not _old_fit(header) or "fit" not in kinds:
+            raise ValueError(
+                f"{path} holds pickled Python objects and is no fit file of bnn-zoo's format 1 "
+                f"(it declares {_described(header)}), the only kind the library ever pickled; "
+                "unpickling it would run code from it, so it is refused under any flag"
+            ) from None
         if not allow_pickle:
             raise ValueError(
-                f"{path} holds pickled Python objects (a {label} file of bnn-zoo before version "
-                f"{VERSION}, or not a bnn-zoo file). Opening it runs code from the file: if you "
-                f"trust it, pass allow_pickle=True, then save it again to rewrite it as plain "
-                "data"
+                f"{path} holds pickled Python objects: a fit file of bnn-zoo's format 1 (before "
+                f"version 0.3.0). Opening it runs code from the file: if you trust it, pass "
+                "allow_pickle=True, then save it again to rewrite it as plain data"
             ) from None
         payload = torch.load(path, map_location=map_location, weights_only=False)
     except Exception as err:  # truncated, bit-flipped or empty: whatever the reader hits
@@ -142,6 +151,22 @@ def read(
         raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
     file_checks.verify(payload, path)
     return payload
+
+
+def _old_fit(header: dict) -> bool:
+    """Whether a pickled file's header (:func:`zoo.storage.declared.declared`) is that of a
+    fit file of format 1, the only files the library wrote as pickled objects."""
+    return (
+        header.get("format") == FORMAT
+        and header.get("kind") == "fit"
+        and (header.get("version") == 1)
+    )
+
+
+def _described(header: dict) -> str:
+    if header.get("format") != FORMAT:
+        return "no bnn-zoo header" if not header else f"the format {header.get('format')!r}"
+    return f"a {header.get('kind')!r} file of format {header.get('version')!r}"
 
 
 def _damaged(path, label: str, err: Exception) -> str:
