@@ -74,6 +74,33 @@ def model_payload(model) -> dict:
     return {"spec": spec, "state": state, "class": type(model).__name__}
 
 
+def model_fingerprint(model) -> dict:
+    """What defines ``model``, as plain data for a checkpoint's identity (a resume with
+    another model is refused): its class, its sites' shapes, the network's structure (a digest
+    of its ``repr``: the layers, their activations, batch norm's ``momentum`` and ``eps``), the
+    prior (its spec, or its class and a digest of its fixed numbers, the buffers) and the
+    likelihood's spec. Code inside a ``forward`` is not seen."""
+    fingerprint: dict = {"class": type(model).__name__}
+    net = getattr(model, "net", None)
+    if isinstance(net, torch.nn.Module):
+        fingerprint["network"] = file_checks.digest(repr(net))[:16]
+    shapes = getattr(model, "site_shapes", None)
+    if shapes is not None:
+        fingerprint["sites"] = {name: list(shape) for name, shape in shapes.items()}
+    prior = getattr(model, "prior", None)
+    if isinstance(prior, torch.nn.Module):
+        spec = prior.spec() if hasattr(prior, "spec") else None
+        buffers = {n: b.detach().cpu() for n, b in prior.named_buffers()}
+        fingerprint["prior"] = spec or {
+            "class": type(prior).__name__,
+            "buffers": file_checks.digest(buffers)[:16],
+        }
+    likelihood = getattr(model, "likelihood", None)
+    if hasattr(likelihood, "spec"):
+        fingerprint["likelihood"] = likelihood.spec()
+    return fingerprint
+
+
 def restore_model(payload: dict, model=None):
     """The saved model, or ``model`` (checked against the saved sites by the caller), with the
     saved state loaded."""

@@ -37,8 +37,12 @@ from zoo.storage.declared import declared
 FORMAT = "bnn-zoo"
 #: The format's version: 1, pickled objects; 2, plain data (a checksum from some release of
 #: 0.3.0 on); 3, plain data whose checksum (and a checkpoint's identity) every file carries, so
-#: a file of version 3 without them was changed and is refused.
-VERSION = 3
+#: a file of version 3 without them was changed and is refused; 4, a checkpoint's identity
+#: records the model too.
+VERSION = 4
+#: The first version of each kind that appeared after version 1: an earlier one declared by
+#: such a file is a changed file (no checksum would be checked).
+FIRST_VERSION = {"draws": 3}
 #: The first version whose files must carry a checksum.
 CHECKSUMMED = 3
 
@@ -147,8 +151,17 @@ def read(
         raise ValueError(f"{path} is not a bnn-zoo {label} file")
     if payload.get("kind") not in kinds:
         raise ValueError(f"{path} is a bnn-zoo {payload.get('kind')} file, not a {label} file")
-    if payload.get("version", 0) > VERSION:
+    version = payload.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"{path}: its format version {version!r} is not a whole number")
+    if version > VERSION:
         raise ValueError(f"{path} was written by a newer bnn-zoo (format {payload['version']})")
+    first = FIRST_VERSION.get(payload["kind"], 0)
+    if version < first:
+        raise ValueError(
+            f"{path} declares format {version}, but {payload['kind']} files were first written "
+            f"in format {first}: the file was changed; use another copy, or write it again"
+        )
     file_checks.verify(payload, path)
     return payload
 

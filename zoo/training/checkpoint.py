@@ -268,13 +268,22 @@ def _check_optimizer_state(optimizer, path) -> None:
 
 
 def fit_identity(
-    data_print: dict, batch_size: int, length, optim, loss, engine, seed=None, order=None
+    data_print: dict,
+    batch_size: int,
+    length,
+    optim,
+    loss,
+    engine,
+    seed=None,
+    order=None,
+    model_print: dict | None = None,
 ) -> dict:
     """The identity a checkpoint records: ``data`` (:func:`zoo.data.fingerprint.data_fingerprint`)
     and ``settings``: the values of ``zoo.fit``'s arguments that change what a step computes,
     the ``seed`` (a resumed fit continues the checkpoint's random streams: another seed would be
     a label on the same fit) and the minibatches' ``order`` (:func:`zoo.data.batches.batch_order`:
-    a loader's sampler, ``shuffle=True`` or not). A callable schedule or KL weight is recorded
+    a loader's sampler, ``shuffle=True`` or not), and ``model``, what defines the model
+    (:func:`zoo.models.stored.model_fingerprint`). A callable schedule or KL weight is recorded
     as ``"callable"``, which cannot be compared further."""
     optimizer = optim.optimizer
     settings = {
@@ -294,7 +303,34 @@ def fit_identity(
         "seed": seed,
         "order": files.plain_data(order),
     }
-    return {"data": data_print, "settings": settings}
+    identity = {"data": data_print, "settings": settings}
+    if model_print is not None:
+        identity["model"] = files.plain_data(model_print)
+    return identity
+
+
+def _check_complete(path, saved: Mapping, now: Mapping, version: int) -> None:
+    """Refuse an identity that lacks an entry its format's files all have: a checkpoint of
+    format 3 on records the data and every setting, of format 4 on the model too (a missing
+    one would be a check switched off)."""
+    if version < files.CHECKSUMMED:
+        return
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("settings"), Mapping):
+        missing = ["settings"]
+    else:
+        missing = [f"settings.{k}" for k in now["settings"] if k not in saved["settings"]]
+    wanted = ("data", "model") if version >= MODEL_IDENTITY else ("data",)
+    missing += [key for key in wanted if not isinstance(saved, Mapping) or key not in saved]
+    if missing:
+        raise ValueError(
+            f"resume={str(path)!r} has an identity without {', '.join(missing)}, which every "
+            f"checkpoint of format {version} records: the file was changed; start the fit "
+            "again or use another checkpoint"
+        )
+
+
+#: The first format whose checkpoints record the model in their identity.
+MODEL_IDENTITY = 4
 
 
 def _named(value):
@@ -314,11 +350,16 @@ def check_identity(path, saved: Mapping | None, now: Mapping, version: int = 2) 
                 "start the fit again or use another checkpoint"
             )
         return
+    _check_complete(path, saved, now, version)
     differ = []
     old, new = saved.get("settings", {}), now["settings"]
     for key in new:
         if key in old and old[key] != new[key]:
             differ.append(f"{key}={old[key]!r} in the checkpoint, {new[key]!r} now")
+    model_old, model_new = saved.get("model"), now.get("model")
+    if model_old is not None and model_new is not None and model_old != model_new:
+        parts = sorted(k for k in {*model_old, *model_new} if model_old.get(k) != model_new.get(k))
+        differ.append(f"the model differs (its {', '.join(parts)})")
     data_old, data_new = saved.get("data"), now["data"]
     if data_old is not None and data_old != data_new:
         what = (

@@ -220,7 +220,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         # result.options too (a saved fit says what it was fitted to).
         identity = fit_identity(
             data_fingerprint(data), batches.batch_size, s.length, s.optim, s.loss, s.engine,
-            seed=s.seed, order=batch_order(data),
+            seed=s.seed, order=batch_order(data), model_print=stored.model_fingerprint(model),
         )  # fmt: skip
         resumed = read_checkpoint(s.run.resume, guide) if s.run.resume else None
         if resumed is not None:

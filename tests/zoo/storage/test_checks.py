@@ -197,8 +197,23 @@ def test_a_file_of_this_format_without_its_checksum_is_refused(tmp_path, saved):
     payload = torch.load(path, weights_only=True)
     del payload["checksum"]
     torch.save(payload, path)
-    with pytest.raises(ValueError, match="has no checksum, which every file of format 3"):
+    with pytest.raises(ValueError, match="has no checksum, which every file of format 4"):
         zoo.load(path)
     payload["version"] = 2  # a file written before: read without one
     torch.save(payload, path)
     assert isinstance(zoo.load(path), zoo.FitResult)
+
+
+def test_a_draws_file_relabelled_as_an_older_format_is_refused(tmp_path):
+    model = zoo.models.BayesianMLP(2, (4,), task="regression", noise=0.1)
+    draws = {name: torch.zeros(3, *shape) for name, shape in model.site_shapes.items()}
+    path = zoo.from_draws(model, draws).save(tmp_path / "draws.pt")
+    payload = torch.load(path, weights_only=True)
+    payload["version"] = 1  # no checksum would be checked for a file of format 1
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="declares format 1, but draws files were first"):
+        zoo.load(path)
+    payload["version"] = "3"
+    torch.save(payload, path)
+    with pytest.raises(ValueError, match="format version '3' is not a whole number"):
+        zoo.load(path)

@@ -212,3 +212,52 @@ def test_a_checkpoint_without_its_identity_is_refused(checkpoint):
     rewrite(checkpoint, lambda payload: payload.pop("identity"))
     with pytest.raises(ValueError, match="has no identity"):
         fit("lowrank", resume=checkpoint)
+
+
+@pytest.mark.parametrize(
+    "other, part",
+    [
+        (lambda: BayesianMLP(3, (8,), noise=1.0, prior=0.01), "prior"),
+        (lambda: BayesianMLP(3, (8,), noise=1.0, activation="tanh"), "network"),
+        (lambda: BayesianMLP(3, (8,), noise=0.5), "likelihood"),
+    ],
+    ids=["prior", "activation", "noise"],
+)
+def test_a_resume_with_another_model_of_the_same_shapes_is_refused(checkpoint, other, part):
+    with pytest.raises(ValueError, match=f"the model differs \\(its {part}"):
+        fit("lowrank", model_=other(), resume=checkpoint)
+
+
+def test_a_resume_with_another_batch_norm_is_refused(tmp_path):
+    from torch import nn
+
+    def net(momentum=0.1, eps=1e-5):
+        return nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8, eps=eps, momentum=momentum),
+                             nn.ReLU(), nn.Linear(8, 1))  # fmt: skip
+
+    torch.manual_seed(0)
+    base = net()
+    path = tmp_path / "bn.ckpt"
+    convert = zoo.models.from_module
+    fit("diagonal", model_=convert(base, task="regression"), num_steps=4, checkpoint=path)
+    for changed in (net(momentum=0.5), net(eps=1e-3)):
+        changed.load_state_dict(base.state_dict())
+        with pytest.raises(ValueError, match="the model differs \\(its network"):
+            fit("diagonal", model_=convert(changed, task="regression"), resume=path)
+    assert fit("diagonal", model_=convert(base, task="regression"), resume=path).steps == 20
+
+
+@pytest.mark.parametrize(
+    "remove, named",
+    [
+        (lambda identity: identity["settings"].pop("seed"), "settings.seed"),
+        (lambda identity: identity.pop("data"), "data"),
+        (lambda identity: identity.pop("model"), "model"),
+        (lambda identity: identity.pop("settings"), "settings"),
+    ],
+    ids=["seed", "data", "model", "settings"],
+)
+def test_a_partial_identity_is_refused_naming_what_is_missing(checkpoint, remove, named):
+    rewrite(checkpoint, lambda payload: remove(payload["identity"]))
+    with pytest.raises(ValueError, match=f"identity without {named}.*the file was changed"):
+        fit("lowrank", resume=checkpoint)
