@@ -20,6 +20,7 @@ from zoo.data.checks import (
     split_batch,
 )
 from zoo.models.base import BayesianModel
+from zoo.models.statistics import frozen_statistics, training_mode
 
 __all__ = ["Batches", "fit_batches"]
 
@@ -233,6 +234,7 @@ def fit_batches(
         check_dataset(model, batches.data_loader.dataset, batches.data_loader.collate_fn)
     x0, y0 = batches.first()
     check_input_shape(model, x0, y0)
+    check_batch_of_one(model, batches, x0[:1])
     if isinstance(model, BayesianModel):
         model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
     return batches, generator
@@ -247,3 +249,41 @@ def _probe_first_batch(model, batches: Batches) -> None:
     except Exception:  # noqa: BLE001 (any error of the user's items: reported by the check)
         return
     check_input_shape(model, x0, y0)
+
+
+def smallest_batch(batches: Batches) -> int:
+    """The fewest examples a minibatch of an epoch holds on this rank: the last one's when the
+    data do not divide into full batches (and it is kept)."""
+    loader = batches.loader
+    if loader is not None and loader.drop_last:
+        return batches.batch_size
+    rest = batches.per_rank % batches.batch_size
+    return rest or min(batches.batch_size, batches.per_rank)
+
+
+def check_batch_of_one(model, batches: Batches, x1: torch.Tensor) -> None:
+    """Refuse, before any step, a fit whose epochs hold a minibatch of one example when the
+    network cannot normalise one in training mode (``BatchNorm1d`` over ``(1, C)``: PyTorch's
+    "Expected more than 1 value per channel" after the steps before it), saying which batch
+    size would not leave one."""
+    if smallest_batch(batches) != 1 or not isinstance(model, BayesianModel):
+        return
+    try:
+        with torch.no_grad(), frozen_statistics(), training_mode(model):
+            model.network(x1, model.net_means())
+    except ValueError as err:
+        if "more than 1 value per channel" not in str(err):
+            raise
+        n, b = batches.per_rank, batches.batch_size
+        if b == 1:
+            advice = "use batch_size=2 or more"
+        else:
+            advice = (
+                f"{n} examples at batch_size={b} leave a last batch of 1: use "
+                f"batch_size={b + 1} or {b - 1}, drop one example, or pass a DataLoader with "
+                "drop_last=True"
+            )
+        raise ValueError(
+            f"a minibatch of one example reaches the network's batch norm, which cannot "
+            f"normalise a single value per channel in training mode; {advice}"
+        ) from None

@@ -115,6 +115,7 @@ def restore_model(payload: dict, model=None):
 
         model = build(payload["spec"])
     if isinstance(model, torch.nn.Module) and payload["state"]:
+        _check_network_state(payload["state"], model)  # before the model holds any of it
         try:
             missing, unexpected = model.load_state_dict(payload["state"], strict=False)
         except RuntimeError as err:  # a shape that differs
@@ -123,7 +124,6 @@ def restore_model(payload: dict, model=None):
             ) from None
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
-        _check_network_state(payload["state"], model)
     return model
 
 
@@ -139,6 +139,8 @@ def _check_network_state(state: dict, model) -> None:
             "parameters, running statistics): the file was changed or saved for another model"
         )
     file_checks.check_tensors({k: state[k] for k in keys}, "the saved model", "state", False)
+    statistics = [f"net.{n}" for n in getattr(model, "_statistics", ())]
+    file_checks.check_statistics({k: state[k] for k in statistics}, "the saved model", "state")
 
 
 def site_signature(guide) -> dict[str, tuple[int, ...]]:

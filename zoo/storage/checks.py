@@ -101,6 +101,22 @@ def check_tensors(tensors, path, entry: str, floating: bool = True) -> None:
             )
 
 
+#: Running statistics that are never negative: a variance and a count.
+NON_NEGATIVE = ("running_var", "num_batches_tracked")
+
+
+def check_statistics(tensors: dict, path, entry: str) -> None:
+    """Refuse running statistics no fit writes: a negative ``running_var`` (a variance) or
+    ``num_batches_tracked`` (a count), besides what :func:`check_tensors` refuses."""
+    check_tensors(tensors, path, entry, floating=False)
+    for name, value in tensors.items():
+        if name.rpartition(".")[2] in NON_NEGATIVE and bool((value < 0).any()):
+            raise ValueError(
+                f"{path}: {entry}[{name!r}] holds negative values, which a running variance or "
+                "a count of batches never has: the file was changed; use another copy"
+            )
+
+
 def _count(shape, path, what: str) -> int:
     if not isinstance(shape, (list, tuple)) or not all(is_int(s) and s >= 0 for s in shape):
         raise ValueError(f"{path}: {what} has shape {shape!r}, not a list of sizes")

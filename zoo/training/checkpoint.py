@@ -216,6 +216,7 @@ def restore(payload: dict, model, optimizer, scheduler, generator, path=None) ->
         params = dict(model.named_parameters())
         expected = {n: p for n, p in params.items() if p.requires_grad}  # what is written
         file_checks.check_state(expected, trainable, "the model's trainable parameters")
+        file_checks.check_tensors(trainable, path, "model state (trainable parameters)")
         with torch.no_grad():
             for name, value in trainable.items():
                 params[name].copy_(value)
@@ -243,7 +244,7 @@ def _restore_statistics(state: dict, model, path) -> None:
     expected = {f"net.{n}": b for n, b in zip(model._statistics, buffers)}
     saved = {k: v for k, v in state.items() if k in expected}
     file_checks.check_state(expected, saved, f"{path}: the network's running statistics")
-    file_checks.check_tensors(saved, path, "model state (running statistics)", floating=False)
+    file_checks.check_statistics(saved, path, "model state (running statistics)")
     with torch.no_grad():
         for name, value in saved.items():
             expected[name].copy_(value)

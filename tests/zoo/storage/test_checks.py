@@ -217,3 +217,74 @@ def test_a_draws_file_relabelled_as_an_older_format_is_refused(tmp_path):
     torch.save(payload, path)
     with pytest.raises(ValueError, match="format version '3' is not a whole number"):
         zoo.load(path)
+
+
+def _bn_fit(tmp_path):
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+    path = tmp_path / "bn.ckpt"
+    fit = zoo.fit(zoo.models.from_module(net), "diagonal", (x, y), num_steps=4, batch_size=32,
+                  run=zoo.Run(progress=False, checkpoint=path))  # fmt: skip
+    return net, (x, y), fit, path
+
+
+@pytest.mark.parametrize(
+    "name, value, phrase",
+    [
+        ("net.1.running_var", -1.0, "negative values"),
+        ("net.1.num_batches_tracked", -3, "negative values"),
+        ("net.1.running_mean", float("nan"), "NaN or infinite"),
+    ],
+)
+def test_batch_norm_state_no_fit_writes_is_refused(tmp_path, name, value, phrase):
+    net, data, fit, checkpoint = _bn_fit(tmp_path)
+    saved = fit.save(tmp_path / "fit.pt")
+    for path, key in ((saved, "model"), (checkpoint, "model")):
+        payload = torch.load(path, weights_only=True)
+        state = payload[key]["state"]
+        state[name] = torch.full_like(state[name], value)
+        files.atomic_save(payload, path)  # rewritten with its checksum, as one who knows would
+    fresh = zoo.models.from_module(net)
+    with pytest.raises(ValueError, match=phrase):
+        zoo.load(saved, model=fresh)
+    assert torch.isfinite(fresh.net[1].running_mean).all()  # refused before loading any of it
+    assert (fresh.net[1].running_var >= 0).all()
+    with pytest.raises(ValueError, match=phrase):
+        zoo.fit(zoo.models.from_module(net), "diagonal", data, num_steps=8, batch_size=32,
+                run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+
+
+def test_a_checkpoint_with_a_nan_trainable_weight_is_refused_before_a_step(tmp_path):
+    net, data, _, checkpoint = _bn_fit(tmp_path)
+    payload = torch.load(checkpoint, weights_only=True)
+    trainable = payload["model"]["trainable"]
+    assert "net.1.weight" in trainable  # batch norm's scale: deterministic, trained
+    trainable["net.1.weight"] = torch.full_like(trainable["net.1.weight"], float("nan"))
+    files.atomic_save(payload, checkpoint)
+    steps = []
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        zoo.fit(zoo.models.from_module(net), "diagonal", data, num_steps=8, batch_size=32,
+                run=zoo.Run(progress=False, resume=checkpoint,
+                            callbacks=[lambda view: steps.append(view.step)]))  # fmt: skip
+    assert steps == []
+
+
+@pytest.mark.parametrize(
+    "n, batch_size, phrase", [(65, 64, "batch_size=65 or 63"), (8, 1, "2 or more")]
+)
+def test_a_minibatch_of_one_for_batch_norm_is_refused_before_a_step(n, batch_size, phrase):
+    from torch import nn
+
+    net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(n, 3), torch.randint(0, 2, (n,))
+    with pytest.raises(ValueError, match=f"minibatch of one example.*{phrase}"):
+        zoo.fit(zoo.models.from_module(net), "diagonal", (x, y), batch_size=batch_size,
+                num_steps=3, run=zoo.Run(progress=False))  # fmt: skip
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                         batch_size=batch_size, drop_last=True)  # fmt: skip
+    if batch_size > 1:  # dropping the last batch is a way out
+        zoo.fit(zoo.models.from_module(net), "diagonal", loader, num_steps=3,
+                run=zoo.Run(progress=False))  # fmt: skip
