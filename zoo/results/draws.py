@@ -5,6 +5,7 @@ run, a loop of one's own), and what every posterior of stored draws shares
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +18,10 @@ from zoo.results.posterior import Posterior
 from zoo.storage import checks as file_checks
 from zoo.storage import files
 
-__all__ = ["Draws", "DrawnPosterior", "from_draws"]
+__all__ = ["MANY_DRAWS", "Draws", "DrawnPosterior", "from_draws"]
+
+#: Draws past which a posterior of stored draws warns when a call uses all of them by default.
+MANY_DRAWS = 10_000
 
 
 class DrawnPosterior(Posterior):
@@ -38,10 +42,17 @@ class DrawnPosterior(Posterior):
 
     def flat_draws(self, num_samples: int | None = None) -> dict[str, torch.Tensor]:
         """``{site: (S, *shape)}``: every chain's draws in chain order, or ``num_samples`` of
-        them evenly spaced over that order (so every chain contributes)."""
+        them evenly spaced over that order (so every chain contributes). Every draw of more
+        than :data:`MANY_DRAWS` taken by default warns: each is one network to evaluate."""
         check_positive(num_samples=num_samples)
         flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in self.draws.items()}
         total = next(iter(flat.values())).shape[0]
+        if num_samples is None and total > MANY_DRAWS:
+            warnings.warn(
+                f"using all {total:,} draws (num_samples=None), one network each: pass "
+                "num_samples= to use fewer, evenly spaced over the chains",
+                stacklevel=3,
+            )
         if num_samples is None or num_samples >= total:
             return flat
         index = torch.linspace(0, total - 1, num_samples).round().long()
@@ -139,7 +150,10 @@ def from_draws(
     -----
     Every site, shape, dtype and value is checked before the posterior is made: a missing or
     unknown site, a shape that is not the site's, draws of different counts, or a value that
-    is not finite is refused with a ``ValueError`` naming the site.
+    is not finite is refused with a ``ValueError`` naming the site. Floating draws of any
+    precision (NumPy's default float64, float16) are converted to the model's dtype, as its
+    network computes in it. Predictions use every draw unless ``num_samples`` asks for
+    fewer; past :data:`MANY_DRAWS` draws, a call that uses them all by default warns.
     """
     check_bool(chains=chains)
     shapes = getattr(model, "site_shapes", None)
@@ -156,7 +170,9 @@ def from_draws(
             f"the draws must hold every latent site of the model and nothing else: missing "
             f"{sorted(missing)}, unknown {sorted(unknown)} (the model's sites: {sorted(shapes)})"
         )
-    device = next((p.device for p in getattr(model, "parameters", list)()), torch.device("cpu"))
+    first = next(iter(getattr(model, "parameters", list)()), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None else torch.get_default_dtype()
     lead = 2 if chains else 1
     tensors, counts = {}, set()
     for name, value in draws.items():
@@ -170,7 +186,7 @@ def from_draws(
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"draws[{name!r}] holds values that are not finite")
         counts.add(tuple(t.shape[:lead]))
-        tensors[name] = (t if chains else t.unsqueeze(0)).to(device)
+        tensors[name] = (t if chains else t.unsqueeze(0)).to(device=device, dtype=dtype)
     if len(counts) > 1 or 0 in next(iter(counts)):
         raise ValueError(f"every site needs the same positive number of draws, got {counts}")
     return Draws(model, tensors, {"label": str(label)}, float(wall_time), device)
@@ -222,6 +238,8 @@ def restore_drawn_model(payload: dict, path, model, map_location):
     }
     missing = sorted(set(shapes) - set(draws))
     counts = {tuple(v.shape[:2]) for v in draws.values()}
+    if any(0 in count for count in counts):
+        raise ValueError(f"{path}: the file holds no draws (draw counts {sorted(counts)})")
     if wrong or missing or len(counts) > 1:
         raise ValueError(
             f"{path}: the draws do not fit the model (site: (saved, model) {wrong}; missing "

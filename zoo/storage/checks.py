@@ -101,6 +101,44 @@ def check_tensors(tensors, path, entry: str, floating: bool = True) -> None:
             )
 
 
+def check_entry_types(payload: dict, path, entry: str = "file") -> None:
+    """Refuse the common entries of a result file (and of each ensemble member's) that are
+    not of the type every writer gives them: ``options`` and ``info`` dicts, ``wall_time`` a
+    non-negative finite number (also in ``history``), ``model`` a dict whose ``spec`` is a dict
+    or ``None`` and whose ``state`` is a dict; a Python error naming no file otherwise."""
+    for key in ("options", "info"):
+        if key in payload and not isinstance(payload[key], dict):
+            _wrong(path, entry, key, payload[key], "a mapping")
+    for holder, where in ((payload, ""), (payload.get("history"), "history.")):
+        if isinstance(holder, dict) and "wall_time" in holder:
+            value = holder["wall_time"]
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and value >= 0):
+                _wrong(path, entry, f"{where}wall_time", value, "a non-negative number of seconds")
+    model = payload.get("model")
+    if "model" in payload:
+        if not isinstance(model, dict):
+            _wrong(path, entry, "model", model, "a mapping (spec, state)")
+        elif model.get("spec") is not None and not isinstance(model.get("spec"), dict):
+            _wrong(path, entry, "model.spec", model["spec"], "a mapping or None")
+        elif "state" in model and not isinstance(model["state"], dict):
+            _wrong(path, entry, "model.state", model["state"], "a mapping of tensors")
+    members = payload.get("members")
+    if isinstance(members, list):
+        for k, member in enumerate(members):
+            if not isinstance(member, dict):
+                _wrong(path, entry, f"members[{k}]", member, "a mapping")
+            check_entry_types(member, path, f"member {k}")
+
+
+def _wrong(path, entry: str, key: str, value, want: str) -> None:
+    shown = f"{value!r}" if isinstance(value, (int, float)) else f"a {type(value).__name__}"
+    raise ValueError(
+        f"{path}: the {entry}'s {key} entry is {shown}, not {want} as every writer puts it: "
+        "the file was changed; use another copy, or write it again"
+    )
+
+
 #: Running statistics that are never negative: a variance and a count.
 NON_NEGATIVE = ("running_var", "num_batches_tracked")
 

@@ -163,6 +163,8 @@ def read(
             f"in format {first}: the file was changed; use another copy, or write it again"
         )
     file_checks.verify(payload, path)
+    if version >= 2:  # plain data: pickled files of format 1 hold objects
+        file_checks.check_entry_types(payload, path)
     return payload
 
 
