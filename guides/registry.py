@@ -13,6 +13,7 @@ spec, but they are not families of their own and are not listed by :func:`availa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -63,8 +64,8 @@ class Recipe:
         for name in ("lr_scale", "full_batch_lr_scale"):
             value = getattr(self, name)
             if name == "lr_scale" or value is not None:
-                if not is_number(value) or not value > 0:
-                    raise ValueError(f"Recipe({name}={value!r}): a positive number")
+                if not is_number(value) or not value > 0 or not math.isfinite(value):
+                    raise ValueError(f"Recipe({name}={value!r}): a finite positive number")
 
     def scale(self, full_batch: bool) -> float:
         """The factor of the task's default rate: ``full_batch_lr_scale`` under the full-batch

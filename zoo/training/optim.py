@@ -113,9 +113,32 @@ def make_scheduler(optimizer, lr_schedule, total: int = 1, cuts=None):
         from zoo.arguments import check_factor
 
         check_factor("lr_schedule", factor, sorted({0, max(int(total) - 1, 0)}))
+        if callable(lr_schedule):  # a user's: every step's factor checked as it comes
+            factor = _checked(factor)
     if cuts is not None:
         factor = _times(factor, cuts.lr_factor)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor) if factor else None
+
+
+def _checked(schedule: Callable[[int], float]) -> Callable[[int], float]:
+    """``schedule`` whose every factor is checked when it is used: a value that is not a
+    finite number >= 0 stops the fit at that step, named (a negative factor climbs the loss;
+    ``None`` or a string is no factor), before the optimiser takes it."""
+
+    def factor(step: int) -> float:
+        value = schedule(step)
+        if torch.is_tensor(value) and value.numel() == 1:
+            value = value.item()
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value < 0:
+            raise ValueError(
+                f"lr_schedule gave {value!r} at step {step}: it must return a finite number "
+                ">= 0 at every step (a negative factor turns the step round: it climbs the "
+                "loss); the fit stopped before taking it"
+            )
+        return value
+
+    return factor
 
 
 def _times(schedule: Callable[[int], float] | None, cut: Callable[[int], float]):

@@ -116,7 +116,7 @@ def check_schedule(schedule) -> None:
         return
     from zoo.training.optim import SCHEDULES
 
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ValueError(
             f"lr_schedule must be a callable step -> factor or one of {sorted(SCHEDULES)}, "
             f"got {schedule!r}"

@@ -32,6 +32,37 @@ def test_a_learning_rate_schedule_that_is_not_a_finite_factor_is_refused(schedul
         fit(optim=zoo.Optim(lr_schedule=schedule))
 
 
+@pytest.mark.parametrize(
+    "schedule, shown",
+    [(lambda i: -1.0 if 3 <= i <= 8 else 1.0, "-1.0 at step 3"),
+     (lambda i: None if i == 5 else 1.0, "None at step 5")],
+    ids=["negative-mid-run", "none-mid-run"],
+)  # fmt: skip
+def test_every_steps_factor_is_checked_and_the_fit_stops_before_taking_a_bad_one(schedule, shown):
+    steps = []
+    with pytest.raises(ValueError, match=f"lr_schedule gave {shown}.*stopped before taking it"):
+        zoo.fit(BayesianMLP(3, (4,), noise=1.0), "diagonal", data(), num_steps=12, batch_size=40,
+                optim=zoo.Optim(lr_schedule=schedule),
+                run=zoo.Run(progress=False, callbacks=[lambda view: steps.append(1)]))  # fmt: skip
+    assert len(steps) <= int(shown.split()[-1])  # no step ran at the bad factor
+
+
+@pytest.mark.parametrize("schedule", [["cosine"], {"name": "cosine"}, 3])
+def test_a_schedule_that_is_neither_a_name_nor_a_callable_is_refused(schedule):
+    with pytest.raises(ValueError, match="lr_schedule must be a callable step -> factor or one"):
+        fit(optim=zoo.Optim(lr_schedule=schedule))
+
+
+@pytest.mark.parametrize("scale", [math.inf, math.nan, 0, -1])
+def test_a_recipe_scale_that_is_not_finite_and_positive_is_refused(scale):
+    import guides
+
+    with pytest.raises(ValueError, match="a finite positive number"):
+        guides.Recipe(lr_scale=scale)
+    with pytest.raises(ValueError, match="a finite positive number"):
+        guides.Recipe(full_batch_lr_scale=scale)
+
+
 def test_a_schedule_that_raises_is_named():
     with pytest.raises(ValueError, match="lr_schedule raised ZeroDivisionError at step 0"):
         fit(optim=zoo.Optim(lr_schedule=lambda i: 1 / i))
