@@ -17,6 +17,7 @@ from zoo.data.checks import (
     check_finite,
     check_input_shape,
     check_targets,
+    check_tokens,
     split_batch,
 )
 from zoo.models.base import BayesianModel
@@ -148,6 +149,7 @@ class Batches:
             if self.check_batches:  # an IterableDataset: no pass before training could run
                 try:
                     check_finite(xb, "x", "it")
+                    check_tokens(self.model, xb, "it")
                     check_finite(yb, "y", "it")
                     check_targets(self.model, yb)
                 except ValueError as err:

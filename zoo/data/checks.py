@@ -29,6 +29,7 @@ __all__ = [
     "check_labelled_data",
     "check_labels",
     "check_targets",
+    "check_tokens",
     "gather_tensors",
     "split_batch",
 ]
@@ -110,6 +111,43 @@ def check_finite(t: torch.Tensor, label: str, where: str = "the data", offset: i
             )
 
 
+def vocabulary(model) -> int | None:
+    """The number of rows of the network's first embedding (``nn.Embedding`` or
+    ``nn.EmbeddingBag`` in module order: the one that reads the input tokens), or ``None``."""
+    net = getattr(model, "net", None)
+    if not isinstance(model, BayesianModel) or net is None:
+        return None
+    for module in net.modules():
+        if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)):
+            return int(module.num_embeddings)
+    return None
+
+
+def check_tokens(model, x: torch.Tensor, where: str = "the data", offset: int = 0) -> None:
+    """Token indices for a network with an embedding: at least one position per example and
+    every id in ``[0, num_embeddings)``; an error names the first bad item (``offset`` + its
+    row), the id and the vocabulary's size. Floating-point inputs are not tokens: left alone."""
+    vocab = vocabulary(model)
+    if vocab is None or x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+        return
+    if x.dim() >= 2 and x.shape[1] == 0:
+        raise ValueError(
+            f"X in {where} holds empty sequences (shape {tuple(x.shape)}): every example "
+            "needs at least one token; pad short sequences with the embedding's padding_idx"
+        )
+    if x.numel() == 0:
+        return
+    bad = (x < 0) | (x >= vocab)
+    if bad.any():
+        row = int(bad.reshape(x.shape[0], -1).any(-1).nonzero()[0]) if x.dim() else 0
+        value = int(x.reshape(x.shape[0], -1)[row][bad.reshape(x.shape[0], -1)[row]][0])
+        raise ValueError(
+            f"X in {where} holds the token id {value} at item {offset + row}, outside the "
+            f"embedding's vocabulary [0, {vocab}): ids must be 0 to {vocab - 1} (map unknown "
+            "tokens to an id of their own, or build the embedding with more rows)"
+        )
+
+
 def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> None:
     """One pass over a map-style ``Dataset``, in order, before training: every item must be an
     ``(x, y)`` pair of finite values whose targets the model's likelihood takes; an error
@@ -127,6 +165,7 @@ def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> No
             raise
         xb, yb = split_batch(batch)
         check_finite(xb, "x", "the data set", offset)
+        check_tokens(model, xb, "the data set", offset)
         check_finite(yb, "y", "the data set", offset)
         check_targets(model, yb, offset)
         offset += xb.shape[0]
@@ -166,6 +205,7 @@ def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
     if x.shape[0] == 0:
         raise ValueError("the data set is empty: it has no examples")
     check_finite(x, "X")
+    check_tokens(model, x)
     check_finite(y, "y")
     check_targets(model, y)
 
@@ -192,6 +232,7 @@ def check_inputs(model, x: torch.Tensor, device: torch.device | None = None) -> 
     if x.dim() == 0 or x.shape[0] == 0:
         raise ValueError(f"x has no examples (shape {tuple(x.shape)})")
     check_finite(x, "x")
+    check_tokens(model, x, "x")
     probe = x[:2] if device is None else x[:2].to(device)
     check_input_shape(model, probe)
 
@@ -209,6 +250,8 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
         )
     if not tokens and not x.is_floating_point():
         raise TypeError(f"X must be a floating-point tensor, got {x.dtype}; use X.float()")
+    if tokens:
+        check_tokens(model, x)  # the first rows, before the embedding sees them
     if weight is not None and weight.dtype in HALF:
         raise TypeError(
             f"the model's weights are {weight.dtype}: fits and predictions run in float32 or "
@@ -232,7 +275,7 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
     try:
         with torch.no_grad(), evaluation_mode(model):
             out = model.network(x, model.net_means())
-    except (RuntimeError, IndexError) as err:
+    except (RuntimeError, IndexError, ValueError) as err:  # the network's own refusal
         raise ValueError(
             f"the model cannot take inputs of shape {shape_n(x.shape[1:])} and dtype "
             f"{x.dtype}: {err}"

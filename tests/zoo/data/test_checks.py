@@ -346,3 +346,48 @@ def test_a_regression_model_warns_on_integer_targets():
     with pytest.warns(UserWarning, match="int64 with 3 distinct values.*task='classification'"):
         zoo.fit(zoo.models.BayesianMLP(3, (4,), noise=1.0), "diagonal", (x, labels),
                 num_steps=2, run=zoo.Run(progress=False))  # fmt: skip
+
+
+class _Tokens(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(10, 4)
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, tokens):
+        return self.fc(self.emb(tokens).mean(1))
+
+
+@pytest.mark.parametrize(
+    "make, phrase",
+    [
+        (lambda t: t.index_put_((torch.tensor([7]), torch.tensor([2])), torch.tensor(10)),
+         "token id 10 at item 7, outside the embedding's vocabulary \\[0, 10\\)"),
+        (lambda t: t.index_put_((torch.tensor([0]), torch.tensor([0])), torch.tensor(-2)),
+         "token id -2 at item 0"),
+        (lambda t: t[:, :0], "empty sequences"),
+        (lambda t: t[:, 0], "cannot take inputs of shape \\(N,\\) and dtype torch.int64"),
+        (lambda t: t[:, :, None], "returns outputs of shape \\(N, 1, 3\\)"),
+    ],
+    ids=["too-large", "negative", "empty", "one-dim", "three-dims"],
+)  # fmt: skip
+def test_token_ids_are_checked_against_the_vocabulary_before_any_work(make, phrase):
+    import zoo
+
+    tokens = torch.randint(0, 10, (20, 5), generator=torch.Generator().manual_seed(0))
+    y = torch.randint(0, 3, (20,))
+    bad = make(tokens.clone())
+    model = zoo.models.from_module(_Tokens())
+    steps = []
+    with pytest.raises(ValueError, match=phrase):
+        zoo.fit(model, "diagonal", (bad, y), num_steps=2,
+                run=zoo.Run(progress=False, callbacks=[lambda v: steps.append(1)]))  # fmt: skip
+    assert steps == []
+    fit = zoo.fit(model, "diagonal", (tokens, y), num_steps=1, run=zoo.Run(progress=False))
+    if bad.dim() == 2 and bad.shape[1]:
+        with pytest.raises(ValueError, match=phrase):
+            fit.predict(bad, num_samples=2, progress=False)
+    dataset = torch.utils.data.TensorDataset(bad, y)
+    with pytest.raises(ValueError, match=phrase):
+        zoo.fit(model, "diagonal", torch.utils.data.DataLoader(dataset, batch_size=8),
+                num_steps=2, run=zoo.Run(progress=False))  # fmt: skip
