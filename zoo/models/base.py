@@ -80,7 +80,9 @@ class BayesianModel(nn.Module):
     and resumed with a fit. Inputs are floating-point, or integer token indices for a network
     that holds an ``nn.Embedding`` or ``nn.EmbeddingBag`` (:attr:`takes_tokens`).
     Networks with PyTorch's fused recurrent layers (``nn.LSTM``, ``nn.GRU``, ``nn.RNN``, which
-    ``torch.func.vmap`` cannot batch) run their draws one after another.
+    ``torch.func.vmap`` cannot batch) run their draws one after another, and so does a network
+    whose ``forward`` reads a value of a tensor (``.item()``, a branch on a weight) from the
+    first time ``vmap`` refuses it.
 
     What the network means is kept (:mod:`zoo.models.semantics`): a normalisation layer whose
     parameters are all deterministic and not trainable (a frozen, trained body) stays in
@@ -276,14 +278,21 @@ class BayesianModel(nn.Module):
             for name, w in weights.items()
         }
         names = self._statistics
-        if not self._vectorised:
+        out = None
+        if self._vectorised:
+            try:
+                if statistics.updates_statistics(self.net, names):
+                    out = statistics.batched_call(self.net, flat, x, num, names)
+                else:
+                    out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
+            except RuntimeError as err:  # an operation vmap cannot batch: .item(), a branch
+                if "vmap" not in str(err):
+                    raise
+                self._vectorised = False  # one draw after another from now on
+        if out is None:
             out = statistics.looped_call(
                 lambda p: statistics.single_call(self.net, p, x, names), flat, num
             )
-        elif statistics.updates_statistics(self.net, names):
-            out = statistics.batched_call(self.net, flat, x, num, names)
-        else:
-            out = vmap(lambda p: functional_call(self.net, p, (x,)))(flat)
         out = self._shaped(out, 1)
         return out.reshape(lead + out.shape[1:])
 

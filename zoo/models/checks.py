@@ -13,14 +13,15 @@ import torch
 from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 
-__all__ = ["BYTES_PER_WEIGHT", "check_model", "check_sizes"]
+__all__ = ["BYTES_PER_WEIGHT", "check_model", "check_sizes", "memory_bytes"]
 
 #: Bytes a fit holds per weight, at least: the network's float32 placeholder and a guide's
 #: location and scale (each family has two or more parameters per weight).
 BYTES_PER_WEIGHT = 12
 
 
-def _memory_bytes() -> int | None:
+def memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or ``None`` where it cannot be read."""
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (AttributeError, OSError, ValueError):
@@ -36,7 +37,7 @@ def check_sizes(name: str, sizes: Sequence, weights: int | None = None) -> None:
             raise ValueError(f"{name} must be whole numbers of at least 1, got {list(sizes)}")
     if weights is None:
         weights = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
-    memory = _memory_bytes()
+    memory = memory_bytes()
     if memory is not None and weights * BYTES_PER_WEIGHT > memory:
         raise ValueError(
             f"{name} {list(sizes)} make a network of {weights:.3g} weights, which needs at least "

@@ -46,11 +46,13 @@ from __future__ import annotations
 
 import copy
 import fnmatch
+import inspect
 from collections.abc import Callable, Iterable
 
 from torch import nn
 
 from zoo.models.base import BayesianModel
+from zoo.models.checks import BYTES_PER_WEIGHT, memory_bytes
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import HE_GAIN, LayerwiseNormalPrior, Prior
 
@@ -143,7 +145,9 @@ def from_module(
         )
     if input_shape is not None:
         _check_input_shape(input_shape)
+    _check_forward(module)
     fixed = deterministic_parameters(module, bayesian, deterministic)
+    _check_memory(module, fixed)
     net = copy.deepcopy(module)
     _drop_stochastic_layers(net)
     if output is not None:
@@ -180,6 +184,41 @@ class OutputSelector:
                 f"output={self.select!r} does not select from {type(module).__name__}'s "
                 f"output, a {type(out).__name__} ({err})"
             ) from None
+
+
+def _check_forward(module: nn.Module) -> None:
+    """Refuse a ``forward`` that cannot be called with one input (the model calls
+    ``net(x)``): one that needs more, or takes none."""
+    try:
+        signature = inspect.signature(module.forward)
+    except (TypeError, ValueError):
+        return
+    params = list(signature.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return
+    required = [p.name for p in params if p.default is p.empty and p.kind is not p.VAR_KEYWORD]
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) > 1 or not positional:
+        shown = ", ".join(p.name for p in params)
+        raise TypeError(
+            f"{type(module).__name__}.forward takes ({shown}), but the Bayesian model calls it "
+            "with one input, net(x): give the other arguments defaults, or wrap the network in "
+            "a module whose forward takes x alone (a mask or lengths can travel inside x)"
+        )
+
+
+def _check_memory(module: nn.Module, fixed: list[str]) -> None:
+    """Refuse a network whose sites' posterior cannot fit in this machine's memory
+    (:data:`~zoo.models.checks.BYTES_PER_WEIGHT` a weight), with the GiB it needs."""
+    count = sum(p.numel() for n, p in module.named_parameters() if n not in fixed)
+    memory = memory_bytes()
+    if memory is not None and count * BYTES_PER_WEIGHT > memory:
+        raise ValueError(
+            f"{type(module).__name__} has {count:.3g} weights in sample sites, whose posterior "
+            f"needs at least {count * BYTES_PER_WEIGHT / 2**30:,.0f} GiB ({BYTES_PER_WEIGHT} "
+            f"bytes a weight) where this machine has {memory / 2**30:,.0f} GiB: make fewer "
+            "parameters sites (bayesian=[...], a Bayesian last layer) or use a larger machine"
+        )
 
 
 def _check_input_shape(shape) -> None:

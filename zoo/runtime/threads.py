@@ -76,13 +76,20 @@ def example_flops(model: Callable, x: torch.Tensor, *args) -> float:
 
 
 def _meta_flops(net: torch.nn.Module, x: torch.Tensor) -> int:
-    params = {
-        name: torch.empty_like(value, device="meta")
-        for name, value in [*net.named_parameters(), *net.named_buffers()]
-    }
+    """The count on the ``meta`` device; a network that reads a value of its weights or
+    input (``.item()``, a branch on a tensor: a meta tensor has none) is counted on its own
+    weights and ``x`` instead, with copies of its buffers (its running statistics unchanged)."""
+    tensors = [*net.named_parameters(), *net.named_buffers()]
+    params = {name: torch.empty_like(value, device="meta") for name, value in tensors}
     counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        torch.func.functional_call(net, params, (torch.empty_like(x, device="meta"),))
+    try:
+        with torch.no_grad(), counter:
+            torch.func.functional_call(net, params, (torch.empty_like(x, device="meta"),))
+    except (RuntimeError, NotImplementedError):  # a data-dependent operation
+        own = {name: value.detach().clone() for name, value in tensors}
+        counter = FlopCounterMode(display=False)
+        with forked(x.device), torch.no_grad(), counter:
+            torch.func.functional_call(net, own, (x,))
     return int(counter.get_total_flops())
 
 

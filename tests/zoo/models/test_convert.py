@@ -251,3 +251,48 @@ def test_init_must_be_module_or_fresh():
         from_module(nn.Linear(3, 2), init="trained")
     with pytest.raises(ValueError, match="init_loc_fn must be 'auto', 'kaiming'"):
         guides.AutoDiagonal(from_module(nn.Linear(3, 2)), init_loc_fn="module")
+
+
+class _Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, mask):
+        return self.fc(x * mask)
+
+
+class _Branchy(nn.Module):
+    """A forward that reads a weight's value: no meta tensor or vmap can run it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        sign = 1.0 if self.fc.weight.sum().item() > 0 else -1.0
+        return sign * self.fc(x)
+
+
+def test_a_forward_that_needs_a_second_argument_is_refused_when_converted():
+    with pytest.raises(TypeError, match=r"_Masked.forward takes \(x, mask\).*one input"):
+        from_module(_Masked())
+    with pytest.raises(TypeError, match="MultiheadAttention.forward takes"):
+        from_module(nn.MultiheadAttention(4, 2))
+
+
+def test_a_forward_that_reads_a_weights_value_fits_and_predicts():
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    model = from_module(_Branchy())
+    fit = zoo.fit(model, "diagonal", (x, y), num_steps=2, loss=zoo.Loss(num_particles=3),
+                  run=QUIET)  # fmt: skip
+    batched = fit.predict(x, num_samples=4, sample_batch_size=4, seed=0, progress=False)
+    one_by_one = fit.predict(x, num_samples=4, seed=0, progress=False)
+    torch.testing.assert_close(batched.probs, one_by_one.probs)
+
+
+def test_a_network_too_large_for_memory_is_refused_with_the_gib_it_needs():
+    huge = nn.Linear(10**6, 10**6, device="meta")  # 1e12 weights, no memory held
+    with pytest.raises(ValueError, match=r"needs at least [\d,]+ GiB .* where this machine"):
+        from_module(huge)
+    assert from_module(huge, bayesian=["bias"]).site_shapes == {"bias": (10**6,)}
