@@ -63,6 +63,11 @@ def mnist_root() -> Path:
 
 
 def pytest_configure(config):
+    from zoo.runtime.packages import torchvision_problem
+
+    problem = torchvision_problem()  # one clear stop, not an error per module that imports it
+    if problem is not None:
+        pytest.exit(f"the test suite needs a working torchvision: {problem}", returncode=4)
     config.addinivalue_line(
         "markers",
         "slow: runs child processes, notebooks, HMC or MNIST, or checks convergence, Monte Carlo "

@@ -30,11 +30,13 @@ from zoo.models.base import BayesianModel
 from zoo.models.statistics import frozen_statistics
 from zoo.results.variational import FitResult
 from zoo.runtime.distributed import INSTALL_HINT
+from zoo.runtime.packages import require_torchvision
 from zoo.runtime.rng import seeded
 from zoo.runtime.threads import check_threads, threads_for
 from zoo.training.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
 from zoo.training.options import Loss, Optim, group, refuses_flat_keywords
 
+require_torchvision("zoo.lightning (Lightning)")  # before Lightning imports it
 try:
     import lightning as L
 except ImportError as err:  # pragma: no cover - lightning is in the dev extra

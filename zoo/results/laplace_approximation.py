@@ -12,14 +12,12 @@ import torch
 from zoo.data.checks import check_inputs
 from zoo.models import stored
 from zoo.models.predictions import Prediction
-from zoo.results.laplace_checks import check_laplace_payload, check_options_entry
+from zoo.results.laplace_checks import check_laplace_payload, check_options_entry, plain, tensors
 from zoo.results.laplace_torch import (
     LaplaceOptions,
     build,
     laplace_torch_call,
     linearised_outputs,
-    plain,
-    tensors,
     weight_draws,
 )
 from zoo.results.posterior import Posterior, PredictOptions

@@ -1,7 +1,8 @@
 """What a Laplace file must hold before laplace-torch sees it (:func:`check_laplace_payload`):
 laplace-torch takes a state as it is and fails later with its own index errors, or ends the
 process when it decomposes a non-finite curvature, so every entry is checked here against the
-model, each failure a ``ValueError`` naming the file and the entry."""
+model, each failure a ``ValueError`` naming the file and the entry; and the state as plain
+data for the file (:func:`plain`, :func:`tensors`)."""
 
 from __future__ import annotations
 
@@ -156,3 +157,23 @@ def _check_curvature(H, hessian: str, n: int, path) -> None:
         raise ValueError(
             f"{path}: state['H']'s Kronecker factors cover {covered} weights, the approximation {n}"
         )
+
+
+def tensors(value):
+    """The tensors of a laplace-torch state entry (nested lists and tuples), one by one."""
+    if torch.is_tensor(value):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from tensors(v)
+
+
+def plain(value):
+    """laplace-torch's state entry as plain data (its enums as their strings)."""
+    if torch.is_tensor(value):
+        return value.detach().cpu()
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, str):
+        return str(value.value) if hasattr(value, "value") else str(value)
+    return value

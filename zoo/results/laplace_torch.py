@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from zoo.arguments import is_int, is_number
+from zoo.runtime.packages import require_torchvision
 
 #: The weights laplace-torch approximates, the Hessian structures and predictives it offers
 #: here (laplace-torch's names).
@@ -175,7 +176,9 @@ def laplace_torch_call(what: str):
 
 
 def import_laplace():
-    """laplace-torch's ``Laplace``, or an ``ImportError`` that says how to install it."""
+    """laplace-torch's ``Laplace``, or an ``ImportError`` that says how to install it (a
+    :class:`~zoo.runtime.packages.BrokenTorchvisionError` for a torchvision of another torch)."""
+    require_torchvision("zoo.laplace (laplace-torch)")
     try:
         with dependency_notices_off():
             from laplace import Laplace
@@ -379,22 +382,3 @@ def check_laplace_model(model, options: LaplaceOptions) -> None:
                 f"matrix (more than {FULL_HESSIAN_MAX:,} weights are refused); use "
                 "hessian='kron' or 'diag', or weights='last_layer'"
             )
-
-
-def tensors(value):
-    if torch.is_tensor(value):
-        yield value
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            yield from tensors(v)
-
-
-def plain(value):
-    """laplace-torch's state entry as plain data (its enums as their strings)."""
-    if torch.is_tensor(value):
-        return value.detach().cpu()
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, str):
-        return str(value.value) if hasattr(value, "value") else str(value)
-    return value

@@ -32,6 +32,7 @@ import torch
 
 from zoo.runtime.children import scratch_folder
 from zoo.runtime.devices import chosen_device
+from zoo.runtime.packages import require_torchvision
 
 #: Lightning strategies a fit can run on (data-parallel ones; ``"auto"`` lets Lightning pick).
 STRATEGIES = ("auto", "ddp", "ddp_spawn", "ddp_fork", "ddp_notebook")
@@ -45,7 +46,9 @@ class RankFailedError(RuntimeError):
 
 
 def fabric_class():
-    """Lightning's ``Fabric``, imported on first use with a clear message when it is missing."""
+    """Lightning's ``Fabric``, imported on first use with a clear message when it is missing
+    (or when torchvision, which it imports, is broken)."""
+    require_torchvision("a distributed fit (Lightning)")
     try:
         from lightning.fabric import Fabric
     except ImportError as err:  # pragma: no cover - lightning is in the dev extra

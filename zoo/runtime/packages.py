@@ -9,6 +9,7 @@ checks the pair with an operator call (what ``python -m zoo info`` reports).
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import metadata
 
@@ -99,6 +100,21 @@ def torchvision_problem() -> str | None:
         return f"torchvision's nms gave {kept.tolist()} for two equal boxes, not [0]; {_advice()}"
     mismatch = pair_mismatch(torch.__version__, torchvision.__version__)
     return f"{mismatch}; {_advice()}" if mismatch else None
+
+
+@functools.cache
+def _torchvision_problem_once() -> str | None:
+    return torchvision_problem()
+
+
+def require_torchvision(purpose: str) -> None:
+    """Raise :class:`BrokenTorchvisionError` (what is wrong, both versions, the commands that
+    install a working pair) when torchvision does not work with the imported torch, before
+    ``purpose`` (laplace-torch, Lightning) imports it and fails with torchvision's raw
+    ``operator torchvision::nms does not exist``. The check runs once per process."""
+    problem = _torchvision_problem_once()
+    if problem is not None:
+        raise BrokenTorchvisionError(f"{purpose} imports torchvision, and {problem}")
 
 
 def torchvision_datasets():

@@ -84,3 +84,30 @@ def test_the_readme_and_install_page_print_the_cpu_route_and_info():
         assert packages.CPU_INSTALL in text, page
         assert "python -m zoo info" in text, page
     assert "python -m zoo info" in (REPO / "docs" / "troubleshooting.md").read_text()
+
+
+@pytest.mark.slow  # child processes
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import zoo.lightning",
+        "import torch, zoo; zoo.laplace(zoo.models.BayesianMLP(2, (3,)), "
+        "(torch.randn(8, 2), torch.randint(0, 2, (8,))), at='module')",
+    ],
+    ids=["lightning", "laplace"],
+)
+def test_every_route_to_torchvision_names_a_broken_one(tmp_path, code):
+    """laplace-torch and Lightning import torchvision: a torchvision of another torch is named
+    by the one check (BrokenTorchvisionError), not by torchvision's raw operator error."""
+    fake = tmp_path / "torchvision"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        'raise RuntimeError("operator torchvision::nms does not exist")\n'
+    )
+    env = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=HANG_AFTER, env=env, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("zoo.runtime.packages.BrokenTorchvisionError: zoo."), last
+    assert "does not work with torch" in last and packages.CPU_INSTALL in last
