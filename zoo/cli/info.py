@@ -116,6 +116,15 @@ def data_lines(root: str | None) -> list[Line]:
 
     where = data_root(root)
     source = "--data-root" if root else "$ZOO_DATA" if os.environ.get("ZOO_DATA") else "default"
+    if where.exists() and not where.is_dir():
+        return [
+            Line(
+                "data root",
+                f"{where} ({source}) is a file, not a folder",
+                "pass the folder that holds MNIST/raw (or will: zoo.data.mnist(download=True) "
+                "fetches it there)",
+            )
+        ]
     lines = [Line("data root", f"{where} ({source})")]
     raw = where / "MNIST" / "raw"
     missing = [f for f in MNIST_FILES if not (raw / f).exists()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from collections.abc import Callable
 
 from zoo.cli.values import (
@@ -66,6 +67,14 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"--data toy (1-D regression) needs --model mlp, not {args.model}")
     if args.model in fits and args.data not in fits[args.model]:
         parser.error(f"--model {args.model} takes {' or '.join(fits[args.model])} images")
+    widths = {"mlp": "any number", "lenet5": "one", "lstm": "one"}  # what --hidden sets
+    if args.hidden is not None and args.model not in widths:
+        parser.error(
+            f"--hidden sets the widths of mlp, lenet5 and lstm; --model {args.model} has its own "
+            "architecture: leave --hidden out"
+        )
+    if args.hidden is not None and widths[args.model] == "one" and len(args.hidden) != 1:
+        parser.error(f"--model {args.model} takes one --hidden width, got {args.hidden}")
     if args.model in SEQUENCE_MODELS and args.data not in ("mnist", "fashion_mnist"):
         parser.error(
             f"--model {args.model} reads mnist or fashion_mnist images as sequences of rows, "
@@ -105,8 +114,9 @@ def _probe_family(family: str, options: dict) -> None:
             return
         check_family_options(cls, *cls.site_spec(**options))
         guides.instantiate(family, model, dict(options))(torch.zeros(2, 1), torch.zeros(2))
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"--guide-option for {family}: {err}") from None
+    except (TypeError, ValueError) as err:  # the probe's own sites are not the user's
+        why = re.sub(r" at site '[^']*'", "", str(err))
+        raise ValueError(f"--guide-option for {family}: {why}") from None
 
 
 def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:

@@ -482,3 +482,25 @@ def test_subnetwork_options_and_a_missing_laplace_torch_on_the_command_line(
     err = capsys.readouterr().err.strip().splitlines()  # argparse's usage, then one line
     assert err[-1].startswith("zoo compare: error: ") and "laplace-torch" in err[-1]
     assert "Traceback" not in "\n".join(err)
+
+
+def test_a_bad_guide_option_names_no_site_of_the_probe(capsys):
+    message = usage_error(
+        ["fit", "--model", "lstm", "--guide", "lowrank", "--guide-option", "rank=0"], capsys
+    )
+    assert "rank must be a positive integer, got 0" in message
+    assert "fc1" not in message and "site" not in message  # the probe's, not the LSTM's
+
+
+@pytest.mark.parametrize(
+    "argv, phrase",
+    [
+        (["--model", "resnet20", "--hidden", "30"], "--model resnet20 has its own architecture"),
+        (["--model", "alexnet", "--hidden", "30"], "--model alexnet has its own architecture"),
+        (["--model", "transformer", "--hidden", "8"], "--model transformer has its own"),
+        (["--model", "lenet5", "--hidden", "30", "40"], "takes one --hidden width, got [30, 40]"),
+        (["--model", "lstm", "--hidden", "30", "40"], "takes one --hidden width"),
+    ],
+)
+def test_hidden_widths_a_model_does_not_take_are_refused(argv, phrase, capsys):
+    assert phrase in usage_error(["fit", "--data", "mnist", *argv], capsys)

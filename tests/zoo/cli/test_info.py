@@ -46,3 +46,11 @@ def test_a_missing_required_package_is_fatal(capsys, monkeypatch):
     monkeypatch.setattr(info, "installed_version", lambda n: None if n == "arviz" else real(n))
     status, out = printed(capsys)
     assert status == 1 and "arviz:" in out and "not installed" in out
+
+
+def test_a_data_root_that_is_a_file_is_named_as_one(capsys, tmp_path):
+    file = tmp_path / "mnist.tar"
+    file.write_text("not a folder")
+    status, out = printed(capsys, "--data-root", str(file))
+    assert "is a file, not a folder" in out and "pass the folder that holds MNIST/raw" in out
+    assert str(file / "MNIST") not in out  # no advice to look for a folder inside the file
