@@ -13,7 +13,7 @@ import torch
 from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 
-__all__ = ["BYTES_PER_WEIGHT", "check_model", "check_sizes", "memory_bytes"]
+__all__ = ["BYTES_PER_WEIGHT", "check_memory", "check_model", "check_sizes", "memory_bytes"]
 
 #: Bytes a fit holds per weight, at least: the network's float32 placeholder and a guide's
 #: location and scale (each family has two or more parameters per weight).
@@ -37,12 +37,19 @@ def check_sizes(name: str, sizes: Sequence, weights: int | None = None) -> None:
             raise ValueError(f"{name} must be whole numbers of at least 1, got {list(sizes)}")
     if weights is None:
         weights = sum((a + 1) * b for a, b in zip(sizes[:-1], sizes[1:]))
+    check_memory(weights, f"{name} {list(sizes)} make a network of", "use smaller layers")
+
+
+def check_memory(weights: int, what: str, advice: str) -> None:
+    """Refuse ``weights`` weights in sample sites that cannot be fitted in this machine's
+    memory at :data:`BYTES_PER_WEIGHT` bytes a weight: ``"{what} {weights} weights, which
+    needs at least ... GiB ...; {advice}"``."""
     memory = memory_bytes()
     if memory is not None and weights * BYTES_PER_WEIGHT > memory:
         raise ValueError(
-            f"{name} {list(sizes)} make a network of {weights:.3g} weights, which needs at least "
+            f"{what} {weights:.3g} weights, which needs at least "
             f"{weights * BYTES_PER_WEIGHT / 2**30:,.0f} GiB to fit ({BYTES_PER_WEIGHT} bytes a "
-            f"weight) where this machine has {memory / 2**30:,.0f} GiB; use smaller layers"
+            f"weight) where this machine has {memory / 2**30:,.0f} GiB; {advice}"
         )
 
 

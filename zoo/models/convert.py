@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterable
 from torch import nn
 
 from zoo.models.base import BayesianModel
-from zoo.models.checks import BYTES_PER_WEIGHT, memory_bytes
+from zoo.models.checks import check_memory
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.priors import HE_GAIN, LayerwiseNormalPrior, Prior
 
@@ -208,17 +208,15 @@ def _check_forward(module: nn.Module) -> None:
 
 
 def _check_memory(module: nn.Module, fixed: list[str]) -> None:
-    """Refuse a network whose sites' posterior cannot fit in this machine's memory
-    (:data:`~zoo.models.checks.BYTES_PER_WEIGHT` a weight), with the GiB it needs."""
+    """Refuse a network whose sites' posterior cannot fit in this machine's memory, with the
+    GiB it needs (:func:`zoo.models.checks.check_memory`)."""
     count = sum(p.numel() for n, p in module.named_parameters() if n not in fixed)
-    memory = memory_bytes()
-    if memory is not None and count * BYTES_PER_WEIGHT > memory:
-        raise ValueError(
-            f"{type(module).__name__} has {count:.3g} weights in sample sites, whose posterior "
-            f"needs at least {count * BYTES_PER_WEIGHT / 2**30:,.0f} GiB ({BYTES_PER_WEIGHT} "
-            f"bytes a weight) where this machine has {memory / 2**30:,.0f} GiB: make fewer "
-            "parameters sites (bayesian=[...], a Bayesian last layer) or use a larger machine"
-        )
+    check_memory(
+        count,
+        f"{type(module).__name__} has, in sample sites,",
+        "make fewer parameters sites (bayesian=[...], a Bayesian last layer) or use a larger "
+        "machine",
+    )
 
 
 def _check_input_shape(shape) -> None:
