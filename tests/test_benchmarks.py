@@ -515,3 +515,6 @@ def test_trained_network_prints_its_three_tables(mnist_root):
     assert "| torchvision ResNet-18 |" in out and "| LeNet-5 (zoo's network, converted) |" in out
     out = _run("benchmarks/trained_network.py", "scratch", *small, env=env)
     assert "| N(0, 1) |" in out and "| N(0, 2 / fan_in) |" in out
+    out = _run("benchmarks/trained_network.py", "relative", *small, "--steps", "2",
+               "--relative-scales", "0.1", "inf", env=env)  # fmt: skip
+    assert "| diagonal, relative scale 0.1 |" in out and "relative scale inf |" in out
