@@ -64,8 +64,8 @@ class PerSiteGuide(AutoGuide):
         A Pyro model, e.g. a ``zoo.models`` network called as ``model(x, y=None)``.
     init_scale : float
         Initial marginal standard deviation of every weight (not a variance); a site started at
-        a trained network's weights (``"auto"``) starts with at most a tenth of their root mean
-        square (:data:`guides.initial.TRAINED_RELATIVE_SCALE`).
+        a trained network's weights (``"auto"``) starts with at most a hundredth of their root
+        mean square (:data:`guides.initial.TRAINED_RELATIVE_SCALE`).
     init_loc_fn : {"auto", "kaiming"} or callable
         Initial means, as Pyro's ``init_loc_fn``: a callable gets the prototype-trace site dict
         and returns the initial value (``pyro.infer.autoguide.init_to_median`` and the other

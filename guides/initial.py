@@ -15,8 +15,9 @@ from guides.site import fan_in, is_real, kaiming_uniform_like, prior_median
 #: A site started at a trained network's weights ``w`` (``"auto"``) starts with the standard
 #: deviation ``min(init_scale, TRAINED_RELATIVE_SCALE * rms(w))``: MOPED's ``delta |w|``
 #: (Krishnan et al. 2020) per site, so that the noise of a layer of small weights (a wide
-#: last layer's) does not drown them (``benchmarks/trained_network.py``).
-TRAINED_RELATIVE_SCALE = 0.1
+#: last layer's) does not drown them, and a deep network's noise summed over its layers does
+#: not flatten the predictive; chosen by ``benchmarks/trained_network.py relative``.
+TRAINED_RELATIVE_SCALE = 0.01
 
 
 class Means:

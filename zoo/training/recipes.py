@@ -22,9 +22,9 @@ long budgets (``benchmarks/README.md``).
 
 A fit that starts at a trained network's weights (:func:`starts_trained`: a converted network,
 ``zoo.models.from_module``'s ``init="module"``, or a guide given ``init_module``) runs each
-default rate times :data:`TRAINED_LR_FACTOR` (1/30: 3e-3 becomes 1e-4): at the default rate a
-fine-tune leaves the trained minimum (even a point estimate's NLL and ECE get worse), at 1e-4
-it keeps the network's accuracy, NLL and calibration (``benchmarks/trained_network.py``).
+default rate times :data:`TRAINED_LR_FACTOR` (1/30: 3e-3 becomes 1e-4): a fine-tune at the
+rate of a fresh start leaves the trained minimum, even a point estimate's; the factor is chosen
+by ``benchmarks/trained_network.py``.
 
 Either default rate is multiplied by the family's ``lr_scale`` (its
 :class:`guides.registry.Recipe`, declared on its class as ``RECIPE``; the full-batch recipe's
