@@ -212,9 +212,11 @@ def fit_batches(
     """``zoo.fit``'s checked, shuffled minibatches on ``device`` (this rank's shard, for
     ``ranks``: a :class:`zoo.runtime.distributed.Ranks`) and the generator that shuffles them."""
     tensors = as_tensors(data)
+    probed = None  # the first rows, once the network has run on them
     if tensors is not None:
         if len(tensors[0]) and len(tensors[0]) == len(tensors[1]):  # the output's width first
-            check_input_shape(model, tensors[0][:2].to(device), tensors[1][:2].to(device))
+            probed = (tensors[0][:2].to(device), tensors[1][:2].to(device))
+            check_input_shape(model, *probed)
         check_data(model, *tensors)
     generator = torch.Generator()
     generator.manual_seed(seed if seed is not None else int(torch.randint(2**31, ())))
@@ -231,26 +233,29 @@ def fit_batches(
             "drop_last=False"
         )
     if tensors is None:
-        _probe_first_batch(model, batches)
+        probed = _probe_first_batch(model, batches)
     if tensors is None and not batches.check_batches:
         check_dataset(model, batches.data_loader.dataset, batches.data_loader.collate_fn)
-    x0, y0 = batches.first()
-    check_input_shape(model, x0, y0)
+    if probed is None:
+        probed = batches.first()
+        check_input_shape(model, *probed)
+    x0, y0 = probed
     check_batch_of_one(model, batches, x0[:1])
     if isinstance(model, BayesianModel):
         model.likelihood.check_scale(tensors[1] if tensors is not None else y0)
     return batches, generator
 
 
-def _probe_first_batch(model, batches: Batches) -> None:
-    """The network run on the first batch of a data set before its items are checked, so that
-    the labels are checked against the output's width (a broken first item is left to
-    :func:`zoo.data.checks.check_dataset`, which names it)."""
+def _probe_first_batch(model, batches: Batches):
+    """``(x0, y0)``, the first batch of a data set with the network run on it before its items
+    are checked, so that the labels are checked against the output's width; ``None`` for a
+    broken first item, left to :func:`zoo.data.checks.check_dataset`, which names it."""
     try:
-        x0, y0 = batches.first()
+        first = batches.first()
     except Exception:  # noqa: BLE001 (any error of the user's items: reported by the check)
-        return
-    check_input_shape(model, x0, y0)
+        return None
+    check_input_shape(model, *first)
+    return first
 
 
 def smallest_batch(batches: Batches) -> int:
