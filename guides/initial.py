@@ -28,8 +28,8 @@ class Means:
     def __init__(self, guide: Any, given: dict[str, torch.Tensor], init_loc_fn: str | Callable):
         self.guide, self.given, self.init_loc_fn = guide, given, init_loc_fn
         offer = getattr(guide.model, "initial_means", None)
-        use = init_loc_fn == "auto" and callable(offer)
-        self.offered: dict[str, torch.Tensor] = (offer() if use else None) or {}
+        offered = offer() if init_loc_fn == "auto" and callable(offer) else None
+        self.offered: dict[str, torch.Tensor] = offered or {}
         self._shapes: dict[str, torch.Size] | None = None
 
     def value(self, name: str, site: dict) -> torch.Tensor:

@@ -24,6 +24,7 @@ GUIDES_LAYERS = [
     "gaussian",
     "walsh_hadamard",  # the transform and WHVI's weight distribution
     "site",
+    "initial",  # a guide's initial means and scales
     "joint_gaussian",
     "base",
     "joint",  # one Gaussian across sites: a guide the subnetwork family builds on

@@ -89,15 +89,16 @@ def model_fingerprint(model) -> dict:
         fingerprint["sites"] = {name: list(shape) for name, shape in shapes.items()}
     prior = getattr(model, "prior", None)
     if isinstance(prior, torch.nn.Module):
-        spec = prior.spec() if hasattr(prior, "spec") else None
+        spec_of = getattr(prior, "spec", None)
+        spec = spec_of() if callable(spec_of) else None
         buffers = {n: b.detach().cpu() for n, b in prior.named_buffers()}
         fingerprint["prior"] = spec or {
             "class": type(prior).__name__,
             "buffers": file_checks.digest(buffers)[:16],
         }
-    likelihood = getattr(model, "likelihood", None)
-    if hasattr(likelihood, "spec"):
-        fingerprint["likelihood"] = likelihood.spec()
+    likelihood_spec = getattr(getattr(model, "likelihood", None), "spec", None)
+    if callable(likelihood_spec):
+        fingerprint["likelihood"] = likelihood_spec()
     return fingerprint
 
 
