@@ -99,12 +99,17 @@ def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Te
     return torch.cat(xs), torch.cat(ys)
 
 
+def first_bad_row(bad: torch.Tensor) -> int:
+    """The first row (item) of a boolean tensor ``(N, ...)`` that holds a ``True``."""
+    return int(bad.reshape(bad.shape[0], -1).any(-1).nonzero()[0]) if bad.dim() else 0
+
+
 def check_finite(t: torch.Tensor, label: str, where: str = "the data", offset: int = 0) -> None:
     """Refuse NaN or infinite values, naming the first item (``offset`` + its row)."""
     if t.is_floating_point() or t.is_complex():
         bad = ~torch.isfinite(t)
         if bad.any():
-            first = int(bad.reshape(t.shape[0], -1).any(-1).nonzero()[0]) if t.dim() else 0
+            first = first_bad_row(bad)
             raise ValueError(
                 f"{label} in {where} contains NaN or infinite values (first at item "
                 f"{offset + first}); remove or impute them before fitting"
@@ -139,7 +144,7 @@ def check_tokens(model, x: torch.Tensor, where: str = "the data", offset: int = 
         return
     bad = (x < 0) | (x >= vocab)
     if bad.any():
-        row = int(bad.reshape(x.shape[0], -1).any(-1).nonzero()[0]) if x.dim() else 0
+        row = first_bad_row(bad)
         value = int(x.reshape(x.shape[0], -1)[row][bad.reshape(x.shape[0], -1)[row]][0])
         raise ValueError(
             f"X in {where} holds the token id {value} at item {offset + row}, outside the "
