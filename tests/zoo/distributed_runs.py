@@ -245,7 +245,30 @@ def resnet(out: Path, steps: int, resume: bool = False) -> dict:
     }
 
 
+def measured(out: Path, steps: int) -> dict:
+    """A fit given no rate on two ranks: each sweeps with the ranks' mean gradients and losses
+    (zoo.training.rate), so both choose the same rate and stay one fit."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(640, 6, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    fit = zoo.fit(
+        BayesianMLP(6, (16,), 2, task="classification"),
+        "diagonal",
+        (x, y),
+        num_steps=steps,
+        batch_size=32,
+        **grouped(DIST),
+    )
+    return {
+        "steps": fit.steps,
+        "lr_test": {k: v for k, v in fit.options["lr_test"].items() if k != "seconds"},
+        "lr": fit.options["lr"],
+        "params": {n: p.detach().clone() for n, p in fit.guide.named_parameters()},
+    }
+
+
 SCENARIOS = {
+    "measured": measured,
     "resnet": resnet,
     "resnet-resume": lambda out, steps: resnet(out, steps, resume=True),
     "forked": forked,

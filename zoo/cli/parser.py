@@ -170,9 +170,9 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
         "--lr",
         type=positive_float,
         default=None,
-        help="Adam learning rate (default: 3e-3 decaying tenfold over the run, 1e-2 for small "
-        "regression data, times the family's lr_scale; a given rate is constant, except on "
-        "small regression data, which decays it)",
+        help="Adam learning rate (default: measured by a range test at the start of the fit, "
+        "its steps charged to the fit, then decaying tenfold; a given rate is constant, except "
+        "on small regression data, which decays it)",
     )
     p.add_argument(
         "--samples", type=positive_int, default=100, help="posterior samples per test input"

@@ -289,7 +289,9 @@ def fit_identity(
     optimizer = optim.optimizer
     settings = {
         "batch_size": int(batch_size),
-        "lr": float(length.lr),
+        # a rate left to the fit ("default", measured by the rate test where the fit is long
+        # enough; "auto") is not a setting: the options record the rate that ran
+        "lr": _rate_setting(length),
         "optimizer": optimizer if isinstance(optimizer, str) else optimizer.__name__,
         "optimizer_options": files.plain_data(dict(optim.optimizer_options or {})),
         "lr_schedule": _named(length.lr_schedule),
@@ -332,6 +334,14 @@ def _check_complete(path, saved: Mapping, now: Mapping, version: int) -> None:
 
 #: The first format whose checkpoints record the model in their identity.
 MODEL_IDENTITY = 4
+
+
+def _rate_setting(length) -> float | str:
+    """The identity's ``lr``: the rate given, or how the fit chose it."""
+    measure = getattr(length, "measure", None)
+    if measure is None:
+        return float(length.lr)
+    return "auto" if measure == "required" else "default"
 
 
 def _named(value):

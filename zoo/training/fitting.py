@@ -34,6 +34,7 @@ from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import intra_op_threads
+from zoo.training import rate
 from zoo.training import rules as step_rules
 from zoo.training.checkpoint import (
     LoopState,
@@ -47,14 +48,7 @@ from zoo.training.checkpoint import (
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
 from zoo.training.loop import Trainer
-from zoo.training.optim import (
-    check_finite_parameters,
-    check_optimizer,
-    make_optimizer,
-    make_scheduler,
-    named_parameters,
-    param_groups,
-)
+from zoo.training.optim import check_finite_parameters, make_scheduler, named_parameters
 from zoo.training.options import Engine, Loss, Optim, Run, group, refuses_flat_keywords
 from zoo.training.recipes import (
     Length,
@@ -76,7 +70,7 @@ def fit(
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
-    lr: float | None = None,
+    lr: float | str | None = None,
     seed: int | None = 0,
     optim: Optim | Mapping | None = None,
     loss: Loss | Mapping | None = None,
@@ -117,11 +111,17 @@ def fit(
         ``result.options["recipe"]`` says which applied.
     batch_size : int, optional
         Minibatch size (a DataLoader keeps its own); default 128, or all of small data.
-    lr : float, optional
-        Learning rate. Default: 3e-3 decaying tenfold over the run when no ``lr_schedule`` is
-        given (the small-data recipe: 1e-2; ``num_steps="auto"``: a constant 1e-3), times the
-        family's scale (:func:`guides.recipe`). A given rate is constant unless
-        ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it anyway).
+    lr : float or "auto", optional
+        Learning rate. Default: measured by a learning-rate range test at the start of the
+        fit, its steps charged to the fit (:mod:`zoo.training.rate`), then decaying tenfold;
+        where the fit is too short to measure (under 64 steps), starts at a trained network's
+        weights or runs under ``num_steps="auto"``, the task's rate instead (3e-3 decaying
+        tenfold, the small-data recipe's 1e-2, a convergence rule's constant 1e-3; a trained
+        start's a thirtieth), each times the family's scale (:func:`guides.recipe`).
+        ``"auto"``: measured, or refused where the fit is too short. A given rate is constant
+        unless ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it
+        anyway). ``result.options["lr_rule"]`` says which applied, ``["lr_test"]`` records the
+        test.
     seed : int or None, default 0
         Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
         caller's global random state is the same after the fit as before. ``None`` draws
@@ -159,8 +159,8 @@ def fit(
     check_checkpoint_path(run.checkpoint)
     step_rules.check_options(engine, engine.distributed)
     num_steps, convergence = resolve_convergence(num_steps)
-    given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size, lr=lr)
-    check_positive(**given)
+    given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size)
+    check_positive(**given, lr=None if lr == "auto" else lr)
     auto = convergence is not None
     length = resolve_length(
         data,
@@ -234,23 +234,31 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
             objective.setup(*batches.first(), batch_size=batches.minibatch_size)
         if s.run.checkpoint is not None:
             stored.guide_payload(guide)  # a guide that cannot be saved fails now, not later
-        opt, plan, sched, tracker, total = _optimiser(objective, batches, s, dev, ranks)
+        opt, plan, total = _optimiser(objective, batches, s, dev, ranks)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws
             assert seed is not None  # drawn above for every distributed run
             ranks.broadcast_(p for _, p in named_parameters(guide, model))
             _seed_rank(ranks.seed(seed), dev)
+        measured = rate.measure(objective, batches, opt, plan, s, total, resumed, generator, ranks)
+        if measured is not None:
+            s = dataclasses.replace(s, length=measured.length)
+            total = measured.total
+        sched, tracker = _schedule(opt, batches, s, total)
         result = FitResult(model=model, guide=guide, device=dev)
         result.options = _options(guide, total, batches, s, objective, plan, seed, ranks)
         result.options["data"] = identity["data"]
+        if measured is not None:
+            result.options["lr_test"] = measured.record
         if resumed is not None:
             state = restore(resumed, model, opt, sched, generator, s.run.resume)
             check_position(s.run.resume, state, plan.steps_per_epoch(batches.steps_per_epoch))
             if ranks.distributed and not restore_rank_generator(resumed, ranks):
                 assert seed is not None
                 _seed_rank(ranks.seed(seed + state.step), dev)  # another layout: fresh draws
-        else:
-            state = LoopState(epoch_start_state=generator.get_state())
+        else:  # the rate test's seconds are the fit's (its steps are, too)
+            spent = measured.record["seconds"] if measured is not None else 0.0
+            state = LoopState(epoch_start_state=generator.get_state(), wall_time=spent)
         stepper = Stepper.build(
             objective,
             opt,
@@ -285,19 +293,21 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
 
 def _optimiser(objective, batches, s: Settings, dev, ranks: Ranks):
     """The fit's optimiser, its step plan (:func:`zoo.training.rules.plan` on the fit's
-    ``zoo.Engine``), schedule and convergence tracker, and the fit's length in optimiser
-    steps."""
-    model, guide, length = objective.model, objective.guide, s.length
-    groups = param_groups(guide, model, length.lr, s.optim.lr_multipliers)
-    opt_cls = check_optimizer(s.optim.optimizer)
-    opt = make_optimizer(opt_cls, groups, length.lr, s.optim.optimizer_options or {})
+    ``zoo.Engine``) and the fit's length in optimiser steps."""
+    length = s.length
+    opt = rate.optimizer_at(length.lr, objective, s.optim)
     plan = step_rules.plan(s.engine, objective, opt, dev, ranks.distributed)
     per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
     total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch
     if s.run.resume is None and ranks.rank == 0:
         warn_if_short(length.recipe, total, len(batches), batches.batch_size)
+    return opt, plan, total
+
+
+def _schedule(opt, batches, s: Settings, total: int):
+    """The fit's learning-rate schedule over ``total`` steps and its convergence tracker."""
     tracker = s.convergence and ConvergenceTracker(s.convergence, len(batches))
-    return opt, plan, make_scheduler(opt, s.optim.lr_schedule, total, tracker), tracker, total
+    return make_scheduler(opt, s.optim.lr_schedule, total, tracker), tracker
 
 
 def _seed_rank(rank_seed: int, dev) -> None:
@@ -317,6 +327,7 @@ def _options(guide, total, batches, s: Settings, objective, plan, seed, ranks) -
         recipe=length.recipe,
         batch_size=batches.batch_size,
         lr=length.lr,
+        lr_rule=length.lr_rule,
         lr_schedule=length.lr_schedule if not callable(length.lr_schedule) else "schedule",
         num_particles=loss.num_particles,
         kl_weight=loss.kl_weight if not callable(loss.kl_weight) else "schedule",

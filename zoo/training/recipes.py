@@ -10,15 +10,19 @@ default to ``None``, resolved here from the data size alone, before any training
   tenfold (each unless given). One epoch of such data is one or two steps, which learn nothing.
 - **Otherwise** one epoch at batch 128 (each unless given) and, when neither ``lr`` nor
   ``lr_schedule`` is given, Adam at :data:`DEFAULT_LR` (3e-3) decaying tenfold over the run
-  (:data:`DEFAULT_SCHEDULE`): a short fit learns faster than at a constant 1e-3 and a long one
-  ends lower. A given ``lr`` runs constant unless ``lr_schedule`` is given too; a given
-  ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
-  (``num_steps="auto"``) runs at the constant :data:`CONVERGENCE_LR` (1e-3): a rule that stops
-  when the ELBO settles needs a rate it can settle at. When the length came from the defaults
-  and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns and says what to pass.
+  (:data:`DEFAULT_SCHEDULE`).
 
-``benchmarks/task_rate.py`` measures the minibatch default against other rates on short and
-long budgets (``benchmarks/README.md``).
+Either default rate is the centre of the learning-rate range test that measures the rate of a
+fit long enough for it (:mod:`zoo.training.rate`; :attr:`Length.measure`), and the rate that
+runs where none is measured. A given ``lr`` runs constant unless ``lr_schedule`` is given
+too; a given ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
+(``num_steps="auto"``) runs at the constant :data:`CONVERGENCE_LR` (1e-3), unmeasured: a rule
+that stops when the ELBO settles needs a rate it can settle at. When the length came from the
+defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns and says what to
+pass.
+
+``benchmarks/fairness.py`` measures the default call against a grid of rates on short and long
+budgets (``benchmarks/README.md``).
 
 A fit that starts at a trained network's weights (:func:`starts_trained`: a converted network,
 ``zoo.models.from_module``'s ``init="module"``, or a guide given ``init_module``) runs each
@@ -104,6 +108,13 @@ class Length:
     lr: float
     lr_schedule: str | Callable[[int], float] | None
     recipe: str
+    #: How the rate is found: ``None`` (``lr`` as it is), ``"default"`` (measured by the rate
+    #: test where the fit is long enough, else ``lr``) or ``"required"`` (``lr="auto"``: measured,
+    #: or refused when the fit is too short); ``lr`` is then the test's centre.
+    measure: str | None = None
+    #: What chose ``lr`` (``result.options["lr_rule"]``): ``"given"``, ``"range test"`` (set
+    #: after the test ran) or ``"default"`` with why it was not measured.
+    lr_rule: str = "given"
 
 
 def data_size(data) -> int | None:
@@ -129,7 +140,7 @@ def resolve_length(
     epochs: int | None,
     num_steps: int | None,
     batch_size: int | None,
-    lr: float | None,
+    lr: float | str | None,
     lr_schedule,
     auto: bool = False,
     recipe: Recipe = PLAIN_RECIPE,
@@ -144,6 +155,9 @@ def resolve_length(
     multiplies the default rate when ``lr`` is not given. ``trained``: the fit starts at a
     trained network's weights (:func:`starts_trained`), and a default rate is multiplied by
     :data:`TRAINED_LR_FACTOR`."""
+    measure, rule = _measure(lr, auto, trained), _rule(lr, auto, trained)
+    if lr == "auto":
+        lr = None
     factor, start = (TRAINED_LR_FACTOR, ", trained start") if trained and lr is None else (1, "")
     n = data_size(data)
     loader = isinstance(data, DataLoader)
@@ -161,6 +175,8 @@ def resolve_length(
             else REGRESSION_FIT["lr"] * recipe.scale(full_batch=True) * factor,
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
             recipe="small regression data" + (", length auto" if auto else "") + start,
+            measure=measure,
+            lr_rule=rule,
         )
     kind = "default" if epochs is None and num_steps is None else "given"
     if lr is None and auto:
@@ -175,7 +191,30 @@ def resolve_length(
         lr=lr,
         lr_schedule=lr_schedule,
         recipe=kind + start,
+        measure=measure,
+        lr_rule=rule,
     )
+
+
+def _rule(lr, auto: bool, trained: bool) -> str:
+    """:attr:`Length.lr_rule` before a rate test (which sets ``"range test"`` when it runs)."""
+    if lr is not None and lr != "auto":
+        return "given"
+    if lr is None and auto:
+        return "default (a convergence rule's constant rate)"
+    if lr is None and trained:
+        return "default (trained start)"
+    return "default (fit too short to measure)"
+
+
+def _measure(lr, auto: bool, trained: bool) -> str | None:
+    """:attr:`Length.measure` of a fit given ``lr``: ``lr="auto"`` requires the rate test; no
+    ``lr`` measures it by default, except under a convergence rule (its constant rate settles)
+    and from a trained start (a fine-tune's rate is :data:`TRAINED_LR_FACTOR`'s, measured by
+    ``benchmarks/trained_network.py``: a sweep from a minimum finds the rate that leaves it)."""
+    if lr == "auto":
+        return "required"
+    return "default" if lr is None and not auto and not trained else None
 
 
 def starts_trained(model, guide) -> bool:

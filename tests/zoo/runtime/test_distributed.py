@@ -315,3 +315,15 @@ def test_ranks_share_batch_norm_statistics_and_resume_them_exactly(tmp_path):
     assert torch.allclose(resumed["losses"], r0["losses"], rtol=1e-5)
     for key in stats:
         assert torch.allclose(resumed["buffers"][key], r0["buffers"][key], atol=1e-6), key
+
+
+def test_two_ranks_measure_one_rate_and_stay_one_fit(tmp_path):
+    """A default fit on two ranks runs the rate test on the ranks' mean gradients and losses:
+    both record the same sweep and choose the same rate, and the fit stays identical."""
+    rc, output = launch("measured", tmp_path, 80)
+    assert rc == 0, output[-3000:]
+    r0, r1 = results(tmp_path, "measured")
+    assert r0["lr_test"] == r1["lr_test"] and r0["lr"] == r1["lr"] == r0["lr_test"]["lr"]
+    assert r0["steps"] + r0["lr_test"]["steps"] == 80
+    for name, value in r0["params"].items():
+        assert torch.equal(value, r1["params"][name]), name

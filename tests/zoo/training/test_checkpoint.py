@@ -52,11 +52,14 @@ def test_a_resume_on_other_data_is_refused(checkpoint):
 
 
 def test_a_resume_with_another_learning_rate_or_optimiser_is_refused(checkpoint):
-    with pytest.raises(ValueError, match="lr=0.003 in the checkpoint, 0.001 now"):
+    with pytest.raises(ValueError, match="lr='default' in the checkpoint, 0.001 now"):
         zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.001,
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
     with pytest.raises(ValueError, match="lr_schedule='exponential' in the checkpoint, None now"):
         zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.003,
+                run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+    with pytest.raises(ValueError, match="lr='default' in the checkpoint, 'auto' now"):
+        zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr="auto",
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
     with pytest.raises(ValueError, match="optimizer='adam' in the checkpoint, 'sgd' now"):
         fit("lowrank", optim=zoo.Optim(optimizer="sgd"), resume=checkpoint)

@@ -161,9 +161,11 @@ def test_a_full_batch_regression_fit_with_no_options_is_fitted():
         (x, y),
         run=zoo.Run(progress=False),
     )
-    assert fit.steps == REGRESSION_FIT["num_steps"]
-    assert fit.options["recipe"] == "small regression data"
-    assert fit.options["batch_size"] == 160 and fit.options["lr"] == REGRESSION_FIT["lr"]
+    test = fit.options["lr_test"]  # the rate is measured, its steps charged to the recipe's
+    assert fit.steps + test["steps"] == fit.fitting()["steps"] == REGRESSION_FIT["num_steps"]
+    assert fit.options["recipe"] == "small regression data, rate measured"
+    assert test["base"] == REGRESSION_FIT["lr"] and fit.options["lr"] == test["lr"]
+    assert fit.options["batch_size"] == 160
     rmse = fit.evaluate((x, y), num_samples=50, progress=False)["rmse"]
     assert rmse < 0.5 * y.std().item()  # fitted, where predicting the mean gives y's sd
 

@@ -1,0 +1,238 @@
+"""zoo.training.rate: the learning-rate range test that chooses a fit's rate when none is given."""
+
+import math
+
+import pytest
+import torch
+
+import guides
+import zoo
+from zoo.data.batches import fit_batches
+from zoo.runtime.distributed import Ranks
+from zoo.training import rate
+from zoo.training.rate import (
+    DIVISOR,
+    HIGH,
+    LOW,
+    MAX_TEST_STEPS,
+    MIN_FIT_STEPS,
+    MIN_TEST_STEPS,
+    choose,
+    smoothed,
+    sweep_length,
+)
+from zoo.training.recipes import DEFAULT_LR
+
+
+def classification(n=640, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return x, y
+
+
+def model():
+    return zoo.models.BayesianMLP(6, (16,), 3, task="classification")
+
+
+def fit(guide="diagonal", data=None, **options):
+    run = zoo.Run(progress=False, **options.pop("run", {}))
+    options.setdefault("num_steps", 80)
+    options.setdefault("batch_size", 32)
+    return zoo.fit(model(), guide, data if data is not None else classification(), run=run,
+                   **options)  # fmt: skip
+
+
+# ---- the rule ------------------------------------------------------------------------------
+
+
+def test_the_sweep_is_a_sixth_of_the_fit_within_bounds():
+    assert sweep_length(MIN_FIT_STEPS - 1) is None
+    assert sweep_length(MIN_FIT_STEPS) == MIN_TEST_STEPS
+    assert sweep_length(600) == min(MAX_TEST_STEPS, 600 // 6)
+    assert sweep_length(10**6) == MAX_TEST_STEPS
+
+
+def test_smoothing_is_a_bias_corrected_moving_average():
+    assert smoothed([5.0, 5.0, 5.0]) == pytest.approx([5.0, 5.0, 5.0])
+    beta, values = 0.8, [1.0, 3.0]
+    second = (beta * (1 - beta) * 1.0 + (1 - beta) * 3.0) / (1 - beta**2)
+    assert smoothed(values, beta) == pytest.approx([1.0, second])
+
+
+def test_the_rate_is_the_smoothed_minimum_divided():
+    rates = [10 ** (k / 4) for k in range(-8, 9)]  # 1e-2 .. 1e2
+    # a valley at 1 (index 8): the loss falls as the rate rises, then climbs steeply
+    losses = [100 - 10 * min(i, 8) + (0 if i <= 8 else 40 * (i - 8) ** 2) for i in range(17)]
+    lr_min, lr = choose(rates, losses)
+    smooth = smoothed(losses)
+    assert lr_min == rates[smooth.index(min(smooth))]
+    assert lr == pytest.approx(lr_min / DIVISOR)
+
+
+def test_a_loss_still_falling_at_the_top_takes_the_top_divided():
+    rates = [10 ** (k / 4) for k in range(-8, 9)]
+    losses = [100.0 - i for i in range(17)]
+    assert choose(rates, losses) == (rates[-1], pytest.approx(rates[-1] / DIVISOR))
+
+
+def test_a_sweep_that_diverges_at_once_takes_its_lowest_rate():
+    rates = [0.1, 0.2, 0.4, 0.8]
+    lr_min, lr = choose(rates, [1.0, math.inf])
+    assert lr_min == 0.1 and lr == pytest.approx(0.1 / DIVISOR)
+
+
+# ---- in a fit ------------------------------------------------------------------------------
+
+
+def test_a_default_fit_measures_its_rate_and_charges_the_steps():
+    result = fit(num_steps=96)
+    test = result.options["lr_test"]
+    assert result.options["lr_rule"] == "range test"
+    assert result.options["recipe"] == "given, rate measured"
+    assert len(test["losses"]) == test["steps"] <= sweep_length(96) == 16
+    assert result.steps + test["steps"] == 96 == result.fitting()["steps"]
+    assert result.options["num_steps"] == 96 - test["steps"]
+    assert result.options["lr"] == test["lr"] > 0
+    assert test["base"] == DEFAULT_LR  # the diagonal family's scale is 1
+    assert test["rates"][0] == pytest.approx(DEFAULT_LR / LOW)
+    assert max(test["rates"]) <= DEFAULT_LR * HIGH * (1 + 1e-9)
+    assert len(test["losses"]) == len(test["data_losses"]) == len(test["rates"])
+    assert all(d < loss for d, loss in zip(test["data_losses"], test["losses"]))  # KL > 0
+    assert test["seconds"] > 0 and result.wall_time >= test["seconds"]
+
+
+def test_the_fit_after_the_test_is_the_fit_given_that_rate():
+    """The sweep puts back the parameters and every generator: what follows is, draw for draw,
+    the fit given the chosen rate for the steps left (decaying tenfold, the default)."""
+    measured = fit(num_steps=96)
+    test = measured.options["lr_test"]
+    given = fit(num_steps=96 - test["steps"], lr=test["lr"],
+                optim=zoo.Optim(lr_schedule="exponential"))  # fmt: skip
+    assert measured.losses == given.losses
+    for name, value in measured.guide.state_dict().items():
+        assert torch.equal(value, given.guide.state_dict()[name]), name
+
+
+def test_the_sweep_puts_back_the_state_it_started_from():
+    torch.manual_seed(0)
+    m = zoo.models.ResNet(8, in_channels=1, input_size=8)  # batch norm's running statistics
+    x = torch.randn(96, 1, 8, 8)
+    y = torch.randint(0, 10, (96,))
+    guide = guides.registry.get("diagonal")(m)
+    objective = zoo.Objective(m, guide)
+    objective.setup(x[:2], y[:2])
+    batches, generator = fit_batches(m, (x, y), 32, torch.device("cpu"), 3, Ranks())
+    before = {k: v.clone() for k, v in {**guide.state_dict(), **m.state_dict()}.items()}
+    shuffle, rng = generator.get_state(), torch.get_rng_state()
+    opt = rate.optimizer_at(1e-3, objective, zoo.Optim())
+    test = rate.run_test(objective, batches, opt, base=1e-3, steps=16, generator=generator)
+    assert 3 <= test.steps <= 16
+    after = {**guide.state_dict(), **m.state_dict()}
+    for name, value in before.items():
+        assert torch.equal(value, after[name]), name
+    assert torch.equal(generator.get_state(), shuffle) and torch.equal(torch.get_rng_state(), rng)
+    assert not opt.state  # the optimiser's moments too: a fresh start
+    assert all(g["lr"] == pytest.approx(test.lr) for g in opt.param_groups)
+
+
+def test_the_choice_is_seeded():
+    a, b = fit(num_steps=80, seed=4), fit(num_steps=80, seed=4)
+    seconds = {"seconds": a.options["lr_test"]["seconds"]}
+    assert a.options["lr_test"] == {**b.options["lr_test"], **seconds}
+    c = fit(num_steps=80, seed=5)
+    assert c.options["lr_test"]["losses"] != a.options["lr_test"]["losses"]
+
+
+def test_a_resumed_fit_takes_its_rate_from_the_checkpoint_and_ends_where_one_run_ends(
+    tmp_path, monkeypatch
+):
+    whole = fit(num_steps=96)
+    path = tmp_path / "fit.ckpt"
+    stop_at = 40
+
+    def stop(view):
+        return view.step >= stop_at
+
+    first = fit(num_steps=96, run={"checkpoint": path, "checkpoint_every": 10, "callbacks": [stop]})
+    assert first.steps == stop_at and first.options["lr_test"] == {
+        **whole.options["lr_test"], "seconds": first.options["lr_test"]["seconds"]}  # fmt: skip
+
+    def no_sweep(*args, **kwargs):
+        raise AssertionError("a resumed fit does not sweep again")
+
+    monkeypatch.setattr(rate, "run_test", no_sweep)
+    resumed = fit(num_steps=96, run={"resume": path})
+    assert resumed.options["lr"] == whole.options["lr"]
+    assert resumed.losses == whole.losses
+    for name, value in whole.guide.state_dict().items():
+        assert torch.allclose(value, resumed.guide.state_dict()[name]), name
+
+
+@pytest.mark.parametrize(
+    "options, rule",
+    [
+        ({"lr": 0.01}, "given"),
+        ({"num_steps": 40}, "default (fit too short to measure)"),
+        ({"num_steps": "auto"}, "default (a convergence rule's constant rate)"),
+    ],
+)
+def test_no_sweep_where_the_rate_is_given_or_cannot_be_measured(options, rule):
+    result = fit(**{"num_steps": 80, **options})
+    assert "lr_test" not in result.options
+    assert result.options["lr_rule"] == rule
+    assert result.fitting()["lr_rule"] == rule
+
+
+def test_auto_on_a_fit_too_short_is_refused_before_any_step():
+    calls = []
+    with pytest.raises(ValueError, match=r'lr="auto" measures .* only 40 step\(s\)'):
+        fit(num_steps=40, lr="auto", run={"callbacks": [lambda v: calls.append(v)]})
+    assert not calls
+    result = fit(num_steps=80, lr="auto")  # long enough: measured
+    assert result.options["lr_rule"] == "range test"
+
+
+def test_auto_on_data_too_small_for_the_test_says_so():
+    """One epoch of 48 examples at batch 16 is 3 steps: the sweep alone would need 16."""
+    with pytest.raises(ValueError, match="at least 64 are needed"):
+        fit("diagonal", classification(48), num_steps=None, epochs=1, batch_size=16, lr="auto")
+
+
+@pytest.mark.parametrize("bad", ["fast", -1, 0, float("nan")])
+def test_a_rate_that_is_neither_a_number_nor_auto_is_refused(bad):
+    with pytest.raises(ValueError, match="lr must be a positive number"):
+        fit(lr=bad)
+
+
+def test_accumulated_steps_sweep_with_the_same_minibatches_a_step():
+    result = fit(num_steps=80, engine=zoo.Engine(accumulate=2))
+    assert result.options["lr_rule"] == "range test"
+    assert result.steps + result.options["lr_test"]["steps"] == 80
+
+
+def test_a_trained_start_keeps_the_fine_tune_rate():
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    converted = zoo.models.from_module(net, task="classification")
+    result = zoo.fit(converted, "diagonal", classification(), num_steps=80, batch_size=32,
+                     run=zoo.Run(progress=False))  # fmt: skip
+    assert "lr_test" not in result.options
+    assert result.options["lr_rule"] == "default (trained start)"
+
+
+def test_a_sweep_that_blows_up_stops_there_and_puts_everything_back():
+    """Rates from 1e3: the loss turns non-finite within a few steps; the sweep stops there
+    (bounded by the first non-finite step, not its length), and the state is put back."""
+    m = model()
+    x, y = classification()
+    guide = guides.registry.get("diagonal")(m)
+    objective = zoo.Objective(m, guide)
+    objective.setup(x[:2], y[:2])
+    batches, generator = fit_batches(m, (x, y), 32, torch.device("cpu"), 0, Ranks())
+    before = {k: v.clone() for k, v in guide.state_dict().items()}
+    opt = rate.optimizer_at(1e4, objective, zoo.Optim())
+    test = rate.run_test(objective, batches, opt, base=1e4, steps=60, generator=generator)
+    assert test.steps < 60 and not math.isfinite(test.losses[-1])
+    assert all(math.isfinite(v) for v in test.losses[:-1])
+    assert all(torch.equal(v, guide.state_dict()[k]) for k, v in before.items())
+    assert math.isfinite(test.lr) and test.lr > 0

@@ -1,0 +1,355 @@
+"""The step size of a fit, measured on its own objective: a learning-rate range test.
+
+A fit given no ``lr`` (and long enough, :func:`sweep_length`) does not run at a constant
+default: before its first step it sweeps (Smith 2017, "Cyclical learning rates for training
+neural networks", section 3.3; the idea of fastai's ``lr_find`` and ``torch-lr-finder``, which
+take a plain network and loss, not a guide and an ELBO) and runs at what the sweep found.
+
+The sweep
+    Up to ``steps`` optimiser steps of the fit's own optimiser, objective and minibatches, from
+    the fit's initial state, at rates rising geometrically from ``base / LOW`` to
+    ``base * HIGH`` (``base``: the task's default rate times the family's scale). Each step
+    records the loss (``-ELBO``) and its data term, ``-E_q[log p(y | w)]`` on the full-data
+    scale: the loss less its KL part, evaluated on the same weight draw. The sweep stops early
+    when either turns non-finite or its smoothed value climbs back well above where it started
+    (:data:`CLIMB`). The parameters, batch norm's running statistics, the optimiser's state and
+    every random generator are then put back: the fit proper starts from the same state and
+    draws as the fit given the chosen ``lr`` would (``tests/zoo/training/test_rate.py``).
+The rule
+    The data term, smoothed by a bias-corrected moving average, falls as the rate rises, then
+    flattens and climbs once the rate is too large for the network's fit. The chosen rate is the
+    rate at its smoothed minimum divided by :data:`DIVISOR`, and at most :data:`STEEP_FACTOR`
+    times the rate where it fell fastest. The data term, not the whole loss: a variational
+    family's KL falls fastest at rates far above those at which the network still learns (it
+    would put the minimum of the whole loss 5 to 40 times past the best rate on MNIST, where a
+    point estimate's is 1.3 times past it). The constants are chosen on the sweeps and grids of
+    ``benchmarks/fairness.py`` (``benchmarks/README.md``).
+The budget
+    The sweep's steps are charged to the fit: a fit of ``T`` steps runs ``T - steps`` after it,
+    at the chosen rate decaying tenfold over them (the default schedule); its seconds count in
+    the fit's ``wall_time``. A fit shorter than :data:`MIN_FIT_STEPS` keeps the task's rate
+    (``lr="auto"`` is refused there, before any step: the sweep would be most of the fit).
+
+``result.options["lr_test"]`` records the sweep: its steps, rates, losses and data terms, the
+rate at the minimum (``lr_min``), the rate it chose (``lr``) and its seconds. A distributed fit
+sweeps on the ranks' mean gradients and losses, so every rank chooses the same rate. A resumed
+fit reads the chosen rate from its checkpoint and does not sweep again.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+import torch
+
+from zoo.inference.elbo import differentiated
+from zoo.inference.objective import Objective, named_parameters
+from zoo.models.statistics import statistics_of
+from zoo.runtime.distributed import Ranks
+from zoo.storage import files
+from zoo.training.optim import check_optimizer, grad_norm, make_optimizer, param_groups
+
+__all__ = [
+    "DIVISOR",
+    "HIGH",
+    "LOW",
+    "MIN_FIT_STEPS",
+    "Measured",
+    "RateTest",
+    "choose",
+    "measure",
+    "optimizer_at",
+    "run_test",
+    "sweep_length",
+]
+
+#: The sweep's rates rise geometrically from ``base / LOW`` to ``base * HIGH``, ``base`` the
+#: task's default rate times the family's scale.
+LOW, HIGH = 10.0, 100.0
+#: The chosen rate is the rate at the smoothed loss's minimum divided by this ...
+DIVISOR = 4.0
+#: ... and at most the rate of the steepest fall times this.
+STEEP_FACTOR = 10.0
+#: The sweep stops when its smoothed loss climbs this many times its fall above its start.
+CLIMB = 2.0
+#: The moving average's weight of the past (per step).
+SMOOTHING = 0.8
+#: The sweep's length: a sixth of the fit's steps, within these bounds.
+FRACTION = 6
+MIN_TEST_STEPS, MAX_TEST_STEPS = 16, 60
+#: A fit of fewer steps keeps the fixed default rate (``lr="auto"`` refuses it).
+MIN_FIT_STEPS = 4 * MIN_TEST_STEPS
+
+
+def sweep_length(total: int) -> int | None:
+    """The sweep's steps for a fit of ``total`` steps, or ``None`` when the fit is too short
+    to measure its rate (fewer than :data:`MIN_FIT_STEPS` steps)."""
+    if total < MIN_FIT_STEPS:
+        return None
+    return int(min(MAX_TEST_STEPS, max(MIN_TEST_STEPS, total // FRACTION)))
+
+
+@dataclass(frozen=True)
+class RateTest:
+    """A finished sweep of ``steps`` steps (at most :func:`sweep_length`'s; fewer when it
+    stopped early): ``rates``, ``losses`` (``-ELBO`` estimates) and ``data_losses`` (their data
+    terms, ``-E_q[log p(y | w)]``) step by step, the rate at the data term's smoothed minimum
+    (``lr_min``), the rate chosen (``lr``, at least the sweep's lowest unless its first steps
+    diverged) and the sweep's wall time (``seconds``). ``base`` is the rate the span is
+    centred on."""
+
+    steps: int
+    base: float
+    rates: list[float]
+    losses: list[float]
+    data_losses: list[float]
+    lr_min: float
+    lr: float
+    seconds: float
+
+    def record(self) -> dict:
+        """The plain record ``result.options["lr_test"]`` holds."""
+        return asdict(self)
+
+
+def smoothed(losses: list[float], beta: float = SMOOTHING) -> list[float]:
+    """The bias-corrected exponential moving average of ``losses``."""
+    out, avg = [], 0.0
+    for i, value in enumerate(losses):
+        avg = beta * avg + (1 - beta) * value
+        out.append(avg / (1 - beta ** (i + 1)))
+    return out
+
+
+def choose(rates: list[float], losses: list[float]) -> tuple[float, float]:
+    """``(lr_min, lr)`` of a sweep (see the module docstring) whose step ``i`` ran at
+    ``rates[i]`` and scored ``losses[i]`` (the data terms): the rate at the smoothed minimum and
+    the rate chosen. Non-finite losses end the usable part of the sweep; fewer than three
+    usable steps give the lowest rate divided by :data:`DIVISOR`."""
+    usable = []
+    for value in losses:
+        if not math.isfinite(value):
+            break
+        usable.append(value)
+    if len(usable) < 3:  # the first rates already diverge: the lowest is all there is
+        return rates[0], rates[0] / DIVISOR
+    smooth = smoothed(usable)
+    best = min(range(len(smooth)), key=smooth.__getitem__)
+    # the steepest fall per step of log-rate, before the minimum
+    falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
+    steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
+    lr = min(rates[best] / DIVISOR, rates[steep] * STEEP_FACTOR)
+    return rates[best], max(lr, rates[0])
+
+
+def _climbed(smooth: list[float]) -> bool:
+    """The smoothed loss is back well above its start after having fallen: the rates are too
+    large."""
+    start, low = smooth[0], min(smooth)
+    return len(smooth) > 3 and smooth[-1] > start + CLIMB * (start - low) and low < start
+
+
+def run_test(
+    objective: Objective,
+    batches,
+    optimizer: torch.optim.Optimizer,
+    *,
+    base: float,
+    steps: int,
+    generator: torch.Generator,
+    accumulate: int = 1,
+    per_example: bool = False,
+    clip_grad_norm: float | None = None,
+    ranks: Ranks | None = None,
+) -> RateTest:
+    """Sweep up to ``steps`` rates from ``base / LOW`` to ``base * HIGH`` with ``optimizer``
+    (the fit's, its groups at ``base`` times their factors) on ``objective``, then put back
+    the state of the sweep's smoothed minimum: the parameters, running statistics and the
+    optimiser's state there (its moments), with the chosen rate in its groups. The shuffling
+    ``generator`` is put back as it was (the fit proper starts its first epoch afresh).
+    ``batches`` are the fit's (:class:`zoo.data.batches.Batches`), ``accumulate`` of them a
+    step; ``ranks`` average the gradients and losses of a distributed fit, so that every rank
+    decides the same."""
+    ranks = ranks if ranks is not None else Ranks()
+    model, guide = objective.model, objective.guide
+    kept = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    factors = [g["lr"] / base for g in optimizer.param_groups]
+    rng = files.rng_state(generator)
+    snapshot = _Snapshot(kept, optimizer)
+    ratio = LOW * HIGH
+    rates = [base / LOW * ratio ** (i / max(steps - 1, 1)) for i in range(steps)]
+    start, losses, fits = time.perf_counter(), [], []
+    stream = _cycle(batches)
+    for i, rate in enumerate(rates):
+        for group, factor in zip(optimizer.param_groups, factors):
+            group["lr"] = rate * factor
+        optimizer.zero_grad(set_to_none=True)
+        inputs = [next(stream) for _ in range(accumulate)]
+        loss, fit = _gradients(objective, inputs, len(batches), per_example)
+        loss = ranks.average_step(loss, params, i)
+        norm = grad_norm(params, clip_grad_norm)
+        row = torch.stack([loss.detach(), fit.to(loss.dtype), norm.to(loss.dtype)]).tolist()
+        value, fit_value, norm_value = row[0], ranks.mean(row[1], i), row[2]
+        if not all(math.isfinite(v) for v in (value, fit_value, norm_value)):
+            losses.append(math.inf)
+            fits.append(math.inf)
+            break
+        optimizer.step()
+        losses.append(value)
+        fits.append(fit_value)
+        if _climbed(smoothed(losses)) or _climbed(smoothed(fits)):
+            break
+    snapshot.put_back()
+    files.set_rng_state(rng, generator)
+    optimizer.zero_grad(set_to_none=True)
+    lr_min, lr = choose(rates[: len(fits)], fits)
+    for group, factor in zip(optimizer.param_groups, factors):
+        group["lr"] = lr * factor
+    return RateTest(
+        steps=len(losses),
+        base=base,
+        rates=rates[: len(losses)],
+        losses=losses,
+        data_losses=fits,
+        lr_min=lr_min,
+        lr=lr,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _gradients(objective, inputs, num_data: int, per_example: bool):
+    """``(loss, data term)`` of a step's minibatches (each a full-data estimate, weighted by
+    its share of the examples), the loss's gradients in ``.grad`` as
+    :class:`zoo.training.step.Stepper` takes them. The data term is the loss less its KL part
+    (``kl_weight`` times the KL estimate), evaluated eagerly on the same weight draws (the
+    generators put back between the two): ``-E_q[log p(y | w)]`` on the full-data scale."""
+    total = sum(len(x) for x, _ in inputs)
+    loss = fit = None
+    for x, y in inputs:
+        share = len(x) / total
+        before = files.torch_rng_state()
+        part = objective.loss(x, y, num_data, step=0, eager=True) * share
+        after = files.torch_rng_state()
+        differentiated(part, num_data, per_example).backward()
+        files.set_torch_rng_state(before)  # the same draws, without the likelihood
+        kl = objective.kl(x, y) * (objective.kl_weight_at(0) * share)
+        files.set_torch_rng_state(after)
+        part = part.detach()
+        loss = part if loss is None else loss + part
+        fit = part - kl if fit is None else fit + part - kl
+    assert loss is not None and fit is not None
+    return loss, fit
+
+
+class _Snapshot:
+    """A copy of the state the sweep starts from: tensors and the optimiser's state."""
+
+    def __init__(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer):
+        self.tensors, self.optimizer = tensors, optimizer
+        self.copies = [t.detach().clone() for t in tensors]
+        self.state = copy.deepcopy(optimizer.state_dict())
+
+    @torch.no_grad()
+    def put_back(self) -> None:
+        for t, c in zip(self.tensors, self.copies):
+            t.copy_(c)
+        self.optimizer.load_state_dict(self.state)
+
+
+def _buffers(model, guide) -> list[torch.Tensor]:
+    """Every floating-point buffer of the model and guide that a step may change (batch norm's
+    running statistics and their count)."""
+    found = list(statistics_of(model))
+    for owner in (model, guide):
+        if isinstance(owner, torch.nn.Module):
+            found += [b for b in owner.buffers()]
+    unique = {id(t): t for t in found}
+    return list(unique.values())
+
+
+def _cycle(batches) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The fit's minibatches epoch after epoch."""
+    epoch = 0
+    while True:
+        empty = True
+        for batch in batches.epoch(epoch):
+            empty = False
+            yield batch
+        if empty:
+            raise RuntimeError("the data gave no minibatch for the rate test")
+        epoch += 1
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A fit's length after its rate test: ``length`` with the chosen ``lr``, the steps left
+    to the fit proper (``total``) and the test's ``record`` (``result.options["lr_test"]``)."""
+
+    length: object
+    total: int
+    record: dict
+
+
+def optimizer_at(lr: float, objective: Objective, optim) -> torch.optim.Optimizer:
+    """The fit's optimiser (``optim``: its ``zoo.Optim``) over the objective's parameters at
+    ``lr`` (times each group's ``lr_multipliers`` factor)."""
+    model, guide = objective.model, objective.guide
+    groups = param_groups(guide, model, lr, optim.lr_multipliers)
+    opt_cls = check_optimizer(optim.optimizer)
+    return make_optimizer(opt_cls, groups, lr, optim.optimizer_options or {})
+
+
+def measure(objective, batches, opt, plan, s, total: int, resumed, generator, ranks):
+    """The rate test of a fit (``s``: its settings, ``total``: its steps) when its length
+    asks for one (:attr:`zoo.training.recipes.Length.measure`): a :class:`Measured`, with the
+    chosen rate set in ``opt``'s groups; ``None`` when the rate is not measured (given, a
+    convergence rule's, a trained start's, a fit too short). A resumed fit takes the rate its
+    checkpoint recorded. ``lr="auto"`` on a fit too short is refused here, before any step."""
+    length = s.length
+    if length.measure is None:
+        return None
+    if resumed is not None:  # the checkpoint's optimiser state holds the rate; its record:
+        record = (resumed.get("options") or {}).get("lr_test")
+        return None if record is None else _measured(length, total, record)
+    steps = sweep_length(total)
+    if steps is None:
+        if length.measure == "required":
+            raise ValueError(
+                f'lr="auto" measures the rate with a range test of at least {MIN_TEST_STEPS} '
+                f"steps charged to the fit, but this fit takes only {total} step(s) (at least "
+                f"{MIN_FIT_STEPS} are needed, so that the test is at most a quarter of the fit): "
+                "give a longer fit (num_steps= or epochs=), or a rate (lr=...)"
+            )
+        return None
+    test = run_test(
+        objective,
+        batches,
+        opt,
+        base=length.lr,
+        steps=steps,
+        generator=generator,
+        accumulate=plan.accumulate,
+        per_example=s.optim.per_example,
+        clip_grad_norm=s.optim.clip_grad_norm,
+        ranks=ranks,
+    )
+    return _measured(length, total, test.record())
+
+
+def _measured(length, total: int, record: dict) -> Measured:
+    """The fit proper after a sweep: the chosen rate, and the steps the sweep left."""
+    left = max(total - int(record["steps"]), 1)
+    measured = dataclasses.replace(
+        length,
+        lr=float(record["lr"]),
+        num_steps=left,
+        recipe=length.recipe + ", rate measured",
+        lr_rule="range test",
+    )
+    return Measured(length=measured, total=left, record=record)
