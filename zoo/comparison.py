@@ -54,7 +54,7 @@ def compare(
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
-    lr: float | None = None,
+    lr: float | str | None = None,
     seed: int | None = 0,
     optim: Optim | Mapping | None = None,
     loss: Loss | Mapping | None = None,
@@ -116,10 +116,12 @@ def compare(
     -------
     pandas.DataFrame
         Indexed by label: ``parameters`` (the numbers that define the posterior; NaN for
-        draws), ``fit_seconds``, ``steps_per_second``, ``final_elbo`` (mean ``ELBO`` of the last
-        epoch, full-data scale; NaN where there is none), ``objective`` (what that number is,
-        :data:`OBJECTIVE_LABELS`: compare ``final_elbo`` only between rows labelled "model's
-        ELBO"), then the test metrics of
+        draws), how it was fitted (:meth:`zoo.Posterior.fitting`: ``steps``, every optimiser
+        update, a rate test's included; ``lr``, the rate the fit ran at; ``lr_rule``, what chose
+        it), ``fit_seconds`` (a rate test's included), ``steps_per_second``, ``final_elbo``
+        (mean ``ELBO`` of the last epoch, full-data scale; NaN where there is none),
+        ``objective`` (what that number is, :data:`OBJECTIVE_LABELS`: compare ``final_elbo``
+        only between rows labelled "model's ELBO"), then the test metrics of
         :meth:`zoo.Posterior.evaluate` (seed 0), then the distances to ``reference`` when one
         is given. MC dropout's ``final_elbo`` contains ``-n log sigma`` (its ``q`` is nearly
         degenerate), a point mass's is a log joint density (no entropy), WHVI's bounds its own
@@ -160,11 +162,15 @@ def compare(
         result = fitted or _fit_row(model_factory, family, options, train, args, progress)
         row_threads = group(Engine, args.get("engine")).threads
         metrics = _evaluate(result, x_test, y_test, num_samples, progress, row_threads, ref_pred)
-        steps = result.steps
+        how = result.fitting()
+        steps = how["steps"]
         table_rows.append(
             {
                 "family": label,
                 "parameters": result.num_variational_parameters(),
+                "steps": steps,
+                "lr": how["lr"],
+                "lr_rule": how["lr_rule"],
                 "fit_seconds": result.wall_time,
                 "steps_per_second": steps / max(result.wall_time, 1e-9) if steps else nan,
                 "final_elbo": result.final_elbo,
@@ -242,6 +248,9 @@ def _reference_row(reference, pred, y) -> dict:
     return {
         "family": "HMC reference",
         "parameters": nan,
+        "steps": 0,
+        "lr": nan,
+        "lr_rule": "NUTS (no rate)",
         "fit_seconds": reference.wall_time,
         "steps_per_second": nan,
         "final_elbo": nan,

@@ -57,7 +57,7 @@ def ensemble(
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
-    lr: float | None = None,
+    lr: float | str | None = None,
     optim: Optim | Mapping | None = None,
     loss: Loss | Mapping | None = None,
     engine: Engine | Mapping | None = None,

@@ -43,7 +43,7 @@ def laplace(
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
-    lr: float | None = None,
+    lr: float | str | None = None,
     seed: int | None = 0,
     optim: Optim | Mapping | None = None,
     loss: Loss | Mapping | None = None,
@@ -90,9 +90,11 @@ def laplace(
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")
     import_laplace()
     start, info = time.perf_counter(), {}
-    weights, loader, map_steps = map_point(model, data, at, fit_args, batch_size)
-    if map_steps is not None:
-        info["map_steps"] = map_steps
+    weights, loader, map_fit = map_point(model, data, at, fit_args, batch_size)
+    if map_fit is not None:  # how the MAP weights were fitted, here or before
+        info["map_fit"] = map_fit.fitting()
+        if at is None:  # the steps this call took, its rate test's included
+            info["map_steps"] = info["map_fit"]["steps"]
     net_weights, noise = split_noise(weights)
     indices = None
     if options.weights == "subnetwork":
@@ -121,22 +123,22 @@ def split_noise(weights: dict) -> tuple[dict, torch.Tensor | None]:
 
 
 def map_point(model, data, at, fit_args: dict, batch_size: int):
-    """``(weights, loader, map_steps)``: the MAP weights of every site from ``at``
+    """``(weights, loader, map_fit)``: the MAP weights of every site from ``at``
     (``None``: a MAP fit run here with ``fit_args``; a ``FitResult``; ``"module"``), the data
-    checked against the model and in a laplace-torch loader, and the steps of the MAP fit run
-    here (``None`` otherwise)."""
+    checked against the model and in a laplace-torch loader, and the MAP fit run here or
+    given (``None`` at a module's weights)."""
     x, y = gather_tensors(data)
-    map_steps = None
+    map_fit = None
     if at == "module":
         weights = model.net_means()
     else:
         if at is None:
             at = fit(model, "map", data, **fit_args)
-            map_steps = at.steps
+        map_fit = at
         weights = {k: v.detach() for k, v in at.guide.median().items()}
     device = next(iter(weights.values())).device
     check_labelled_data(model, x, y, device)
     if model.likelihood.task == "regression":
         y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
     loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
-    return weights, loader, map_steps
+    return weights, loader, map_fit

@@ -48,7 +48,7 @@ def subnetwork_guide(
     epochs: int | None = None,
     num_steps: int | str | Convergence | None = None,
     batch_size: int | None = None,
-    lr: float | None = None,
+    lr: float | str | None = None,
     seed: int | None = 0,
     optim: Optim | Mapping | None = None,
     loss: Loss | Mapping | None = None,

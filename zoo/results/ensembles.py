@@ -70,6 +70,18 @@ class Ensemble(Posterior):
         """Optimiser updates of all members together."""
         return sum(m.steps for m in self.members)
 
+    def fitting(self) -> dict:
+        """See :meth:`zoo.Posterior.fitting`: the members' steps together, the geometric mean
+        of their rates, and their rule with the range of rates where they differ."""
+        parts = [m.fitting() for m in self.members]
+        rates = [p["lr"] for p in parts if p["lr"] > 0]
+        rules = sorted({p["lr_rule"].split(" (")[0] for p in parts})
+        rule = ", ".join(rules) + f" (each of {len(parts)} members)"
+        if rates and max(rates) > min(rates):
+            rule += f", rates {min(rates):.3g} to {max(rates):.3g}"
+        mean = math.exp(sum(math.log(r) for r in rates) / len(rates)) if rates else math.nan
+        return {"steps": sum(p["steps"] for p in parts), "lr": mean, "lr_rule": rule}
+
     def num_variational_parameters(self) -> int:
         """Parameters of all members' guides together."""
         return sum(m.guide.num_variational_parameters() for m in self.members)

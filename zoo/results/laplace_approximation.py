@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -66,6 +67,14 @@ class LaplaceFit(Posterior):
     @property
     def steps(self) -> int:
         return int(self.info.get("map_steps", 0))
+
+    def fitting(self) -> dict:
+        """See :meth:`zoo.Posterior.fitting`: the MAP fit's (``info["map_fit"]``), or
+        ``"post hoc"`` at weights given."""
+        fitted = self.info.get("map_fit")
+        if fitted is None:
+            return {"steps": 0, "lr": math.nan, "lr_rule": "post hoc (MAP weights given)"}
+        return dict(fitted)
 
     def num_variational_parameters(self) -> int:
         """The MAP weights and the Laplace posterior's own numbers (its curvature factors)."""

@@ -163,6 +163,13 @@ class Posterior:
         """Optimiser updates taken to make the posterior (0 where none were)."""
         return 0
 
+    def fitting(self) -> dict:
+        """How the posterior was fitted, as ``zoo.compare`` shows it: ``steps`` (every
+        optimiser update, a rate test's included), ``lr`` (the rate the fit ran at, NaN where
+        none did) and ``lr_rule`` (what chose it: ``"given"``, ``"range test"``, ``"default
+        (...)"``; empty where nothing was fitted)."""
+        return {"steps": self.steps, "lr": math.nan, "lr_rule": ""}
+
     @property
     def objective(self) -> str:
         """What :attr:`final_elbo` bounds (``guides.registry.OBJECTIVES``: ``"model"``, the evidence

@@ -3,6 +3,7 @@ reading one back from its file."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,6 +73,11 @@ class FitResult(Posterior):
     def steps(self) -> int:
         """Optimiser updates taken."""
         return len(self.losses)
+
+    def fitting(self) -> dict:
+        """See :meth:`zoo.Posterior.fitting`: from ``options`` (a fit saved before the rule was
+        recorded says ``"unknown"``)."""
+        return fitting_of(self.options, self.steps)
 
     @property
     def family(self) -> str:
@@ -199,3 +205,18 @@ def _load_v1(payload: dict, model, map_location) -> FitResult:
         device=torch.device(map_location),
         options=dict(payload["options"]),
     )
+
+
+def fitting_of(options: dict, steps: int) -> dict:
+    """:meth:`FitResult.fitting` from a fit's ``options`` and its ``steps`` (the rate test's
+    added)."""
+    test = options.get("lr_test") or {}
+    rule = options.get("lr_rule", "unknown")
+    if test:
+        rule = f"range test ({test.get('steps', 0)} steps)"
+    lr = options.get("lr")
+    return {
+        "steps": int(steps) + int(test.get("steps", 0)),
+        "lr": float(lr) if isinstance(lr, (int, float)) else math.nan,
+        "lr_rule": rule,
+    }
