@@ -39,6 +39,15 @@ the family's span, scaled so that a weight with independent entries of standard 
 gives a mean with entries of about the same standard deviation (the mean is not the initial
 weight, which the family cannot represent in general); ``d = init_scale sqrt(D)`` (each
 weight's initial standard deviation is about ``init_scale``); ``L`` diagonal; ``S1 = S2 = 1``.
+
+Parameterisation: each weight entry is a sum of ``D`` terms ``+-mu_m / D``, so a step of
+``delta`` in every ``mu_m`` moves a weight by about ``delta / sqrt(D)``, and a step in ``S1`` or
+``S2`` (about one) moves it by ``delta`` times the weight, about ``delta / sqrt(n)`` for an
+initial weight of the fan-in's scale. Adam moves every stored number by about its rate per
+step, so the family stores ``mu / sqrt(D)`` (``mean_g``) and ``S1 / sqrt(n)``, ``S2 / sqrt(n)``
+(``row_scale``, ``column_scale``): a step then moves the weights about as far as a step of the
+diagonal family moves its means, and the family learns at the task's rates
+(``benchmarks/fairness.py``). The distribution, the prior and the ELBO are unchanged.
 """
 
 from __future__ import annotations
@@ -114,7 +123,10 @@ class WHVISite(SitePosterior):
         dense = hadamard(d, init_loc.dtype, init_loc.device) if d <= DENSE_MAX else None
         self.register_buffer("dense", dense, persistent=False)
         like = init_loc.detach()
-        self.loc = param(initial_mean(like, layout))  # layout still holds its indices
+        # Stored in units in which one Adam step moves the weights as far as it moves a
+        # diagonal mean (see "Parameterisation" in the module docstring).
+        self.loc_unit, self.scale_unit = math.sqrt(d), math.sqrt(layout.cols)
+        self.mean_g = param(initial_mean(like, layout) / self.loc_unit)  # indices still held
         start = float(inverse_softplus(init_scale * math.sqrt(d)))
         self.rho = param(torch.full((k, d), start, dtype=like.dtype, device=like.device))
         if covariance == "full":  # the strictly lower triangle of each block's U, row by row
@@ -122,14 +134,47 @@ class WHVISite(SitePosterior):
             self.lower = param(like.new_zeros(k, d * (d - 1) // 2))
         s1, s2 = like.new_ones(layout.out), like.new_ones(k, layout.cols)
         if learn_scales:
-            self.s1, self.s2 = param(s1), param(s2)
+            self.row_scale = param(s1 / self.scale_unit)
+            self.column_scale = param(s2 / self.scale_unit)
         else:
-            self.register_buffer("s1", s1)
-            self.register_buffer("s2", s2)
+            self.register_buffer("row_scale", s1 / self.scale_unit)
+            self.register_buffer("column_scale", s2 / self.scale_unit)
 
     @classmethod
     def supports(cls, shape: torch.Size) -> bool:
         return len(shape) >= 2
+
+    @property
+    def loc(self) -> torch.Tensor:
+        """The mean of ``g``, ``(K, D)``."""
+        return self.mean_g * self.loc_unit
+
+    @property
+    def s1(self) -> torch.Tensor:
+        """``S1``, one scale per row (``out``)."""
+        return self.row_scale * self.scale_unit
+
+    @property
+    def s2(self) -> torch.Tensor:
+        """``S2``, one scale per column of each block (``K x n``)."""
+        return self.column_scale * self.scale_unit
+
+    def upgrade_state(self, state: dict, prefix: str) -> None:
+        """A WHVI site saved before the parameterisation in units (the ``loc``, ``s1`` and
+        ``s2`` of release 0.3, learned or fixed) is rewritten in them."""
+        renames = {
+            "loc_unconstrained": ("mean_g_unconstrained", self.loc_unit),
+            "s1_unconstrained": ("row_scale_unconstrained", self.scale_unit),
+            "s2_unconstrained": ("column_scale_unconstrained", self.scale_unit),
+            "s1": ("row_scale", self.scale_unit),
+            "s2": ("column_scale", self.scale_unit),
+        }
+        if prefix + "mean_g_unconstrained" in state:
+            return
+        for old, (new, unit) in renames.items():
+            value = state.pop(prefix + old, None)
+            if value is not None:
+                state[prefix + new] = value / unit
 
     def _apply(self, fn, recurse=True):
         """``.to(device)``, ``.double()``, ...: the model's prior at the site moves along."""

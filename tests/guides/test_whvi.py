@@ -282,3 +282,42 @@ def test_given_weights_and_truthy_strings_are_refused():
         guides.family("whvi", learn_scales="no").build(model) if hasattr(
             guides.family("whvi"), "build"
         ) else guides.instantiate(guides.family("whvi", learn_scales="no"), model, {})
+
+
+@pytest.mark.parametrize("learn_scales", [True, False])
+def test_the_stored_numbers_are_in_units_of_one_step(learn_scales):
+    """mu is stored divided by sqrt(D), S1 and S2 by sqrt(n): an Adam step of size delta on
+    every stored number moves a weight about as far as a diagonal mean's step (the module's
+    "Parameterisation")."""
+    site = random_site((5, 12), learn_scales=learn_scales)
+    d, n = site.loc.shape[-1], 12
+    assert torch.equal(site.loc, site.mean_g * math.sqrt(d))
+    assert torch.equal(site.s1, site.row_scale * math.sqrt(n))
+    assert torch.equal(site.s2, site.column_scale * math.sqrt(n))
+    fresh = WHVISite(torch.randn(5, 12, dtype=torch.float64), 0.3, learn_scales=learn_scales)
+    assert torch.allclose(fresh.s1, torch.ones(5, dtype=torch.float64))
+    # a step of 1e-3 on every stored mean: weights move by about 1e-3 (a diagonal mean's step)
+    before = fresh.distribution().mean
+    with torch.no_grad():
+        fresh.mean_g.add_(1e-3 * torch.sign(torch.randn_like(fresh.mean_g)))
+    moved = (fresh.distribution().mean - before).abs().mean()
+    assert 2e-4 < moved < 2e-3
+
+
+@pytest.mark.parametrize("learn_scales", [True, False])
+def test_a_state_saved_before_the_units_loads_as_the_same_posterior(learn_scales):
+    """A WHVI state of release 0.3 (loc, s1, s2 as they are) is rewritten on loading."""
+    from zoo.models.stored import upgraded
+
+    site = random_site((5, 12), learn_scales=learn_scales)
+    suffix = "_unconstrained" if learn_scales else ""
+    old = {k: v for k, v in site.state_dict().items() if k.startswith(("rho", "lower"))}
+    old["loc_unconstrained"] = site.loc.detach().clone()
+    old[f"s1{suffix}"] = site.s1.detach().clone()
+    old[f"s2{suffix}"] = site.s2.detach().clone()
+    other = WHVISite(torch.zeros(5, 12, dtype=torch.float64), 0.1, learn_scales=learn_scales)
+    other.load_state_dict(upgraded(other, old))
+    assert torch.allclose(other.distribution().mean, site.distribution().mean)
+    assert torch.allclose(other.loc, site.loc) and torch.allclose(other.s2, site.s2)
+    current = site.state_dict()  # today's state passes through untouched
+    assert upgraded(site, current).keys() == current.keys()

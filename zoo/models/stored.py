@@ -5,10 +5,12 @@ together. The file around them is :mod:`zoo.storage.files`."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 import torch
 
 import guides
-from guides.site import direct_parameters
+from guides.site import SitePosterior, direct_parameters
 from zoo.models.statistics import frozen_statistics
 from zoo.storage import checks as file_checks
 from zoo.storage.files import device_of
@@ -53,9 +55,25 @@ def build_guide(model, payload: dict):
     found = {name: list(shape) for name, shape in guide.site_shapes().items()}
     if found != payload["sites"]:
         raise ValueError(_sites_differ(payload["sites"], found))
-    file_checks.check_state(guide.state_dict(), payload["state"], "the guide")
-    guide.load_state_dict(payload["state"])
+    state = upgraded(guide, payload["state"])
+    file_checks.check_state(guide.state_dict(), state, "the guide")
+    guide.load_state_dict(state)
     return guide
+
+
+def upgraded(guide, state: dict) -> dict:
+    """``state`` (a saved guide's) with the entries an earlier release wrote in another
+    parameterisation rewritten by the sites that own them
+    (:meth:`guides.site.SitePosterior.upgrade_state`); a copy, the payload is left alone, with
+    the modules' versions (``_metadata``) that their own loading reads."""
+    metadata = getattr(state, "_metadata", None)
+    state = OrderedDict(state)
+    if metadata is not None:
+        state._metadata = metadata  # type: ignore[attr-defined]
+    for name, module in guide.named_modules():
+        if isinstance(module, SitePosterior):
+            module.upgrade_state(state, f"{name}." if name else "")
+    return state
 
 
 def model_payload(model) -> dict:
