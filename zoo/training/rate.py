@@ -47,12 +47,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective, named_parameters
 from zoo.models.statistics import statistics_of
 from zoo.runtime.distributed import Ranks
 from zoo.storage import files
-from zoo.training.optim import check_optimizer, grad_norm, make_optimizer, param_groups
+from zoo.training.optim import check_optimizer, make_optimizer, param_groups
+from zoo.training.rules import StepPlan
+from zoo.training.step import Stepper
 
 __all__ = [
     "DIVISOR",
@@ -178,12 +179,17 @@ def run_test(
     ranks = ranks if ranks is not None else Ranks()
     model, guide = objective.model, objective.guide
     kept = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
     factors = [g["lr"] / base for g in optimizer.param_groups]
     rng = files.rng_state(generator)
     snapshot = _Snapshot(kept, optimizer)
     ratio = LOW * HIGH
     rates = [base / LOW * ratio ** (i / max(steps - 1, 1)) for i in range(steps)]
+    # the step engine's body, tested on the host every step; a non-finite step is skipped
+    plan = StepPlan(check_every=1, cuda_graph=False, accumulate=accumulate, threads=None)
+    stepper = Stepper.build(objective, optimizer, num_data=len(batches), on_divergence="skip",
+                            plan=plan, clip_grad_norm=clip_grad_norm, per_example=per_example,
+                            ranks=ranks)  # fmt: skip
+    kl = _KLParts(objective, len(batches))
     start, losses, fits = time.perf_counter(), [], []
     stream = _cycle(batches)
     for i, rate in enumerate(rates):
@@ -191,18 +197,13 @@ def run_test(
             group["lr"] = rate * factor
         optimizer.zero_grad(set_to_none=True)
         inputs = [next(stream) for _ in range(accumulate)]
-        loss, fit = _gradients(objective, inputs, len(batches), per_example)
-        loss = ranks.average_step(loss, params, i)
-        norm = grad_norm(params, clip_grad_norm)
-        row = torch.stack([loss.detach(), fit.to(loss.dtype), norm.to(loss.dtype)]).tolist()
-        value, fit_value, norm_value = row[0], ranks.mean(row[1], i), row[2]
-        if not all(math.isfinite(v) for v in (value, fit_value, norm_value)):
-            losses.append(math.inf)
-            fits.append(math.inf)
+        loss, _ = stepper.body(inputs, kl.loss_of)
+        value = float(loss)  # the ranks' mean, read by the body's host test already
+        fit = value - ranks.mean(kl.taken(inputs), i)
+        losses.append(value if math.isfinite(value) else math.inf)
+        fits.append(fit if math.isfinite(fit) else math.inf)
+        if not (math.isfinite(value) and stepper.last_taken):
             break
-        optimizer.step()
-        losses.append(value)
-        fits.append(fit_value)
         if _climbed(smoothed(losses)) or _climbed(smoothed(fits)):
             break
     snapshot.put_back()
@@ -223,28 +224,30 @@ def run_test(
     )
 
 
-def _gradients(objective, inputs, num_data: int, per_example: bool):
-    """``(loss, data term)`` of a step's minibatches (each a full-data estimate, weighted by
-    its share of the examples), the loss's gradients in ``.grad`` as
-    :class:`zoo.training.step.Stepper` takes them. The data term is the loss less its KL part
-    (``kl_weight`` times the KL estimate), evaluated eagerly on the same weight draws (the
-    generators put back between the two): ``-E_q[log p(y | w)]`` on the full-data scale."""
-    total = sum(len(x) for x, _ in inputs)
-    loss = fit = None
-    for x, y in inputs:
-        share = len(x) / total
+class _KLParts:
+    """The loss of a sweep's minibatch, evaluated eagerly, and its KL part on the same weight
+    draw (the generators put back between the two): the loss less it is the data term,
+    ``-E_q[log p(y | w)]`` on the full-data scale."""
+
+    def __init__(self, objective: Objective, num_data: int):
+        self.objective, self.num_data = objective, num_data
+        self.parts: list[float] = []
+
+    def loss_of(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        objective = self.objective
         before = files.torch_rng_state()
-        part = objective.loss(x, y, num_data, step=0, eager=True) * share
+        loss = objective.loss(x, y, self.num_data, step=0, eager=True)
         after = files.torch_rng_state()
-        differentiated(part, num_data, per_example).backward()
-        files.set_torch_rng_state(before)  # the same draws, without the likelihood
-        kl = objective.kl(x, y) * (objective.kl_weight_at(0) * share)
+        files.set_torch_rng_state(before)  # the same draws, the likelihood scaled to zero
+        self.parts.append(float(objective.kl(x, y)) * objective.kl_weight_at(0))
         files.set_torch_rng_state(after)
-        part = part.detach()
-        loss = part if loss is None else loss + part
-        fit = part - kl if fit is None else fit + part - kl
-    assert loss is not None and fit is not None
-    return loss, fit
+        return loss
+
+    def taken(self, inputs: list) -> float:
+        """The KL part of the step just taken on ``inputs`` (its minibatches' shares)."""
+        sizes = [len(x) for x, _ in inputs]
+        parts, self.parts = self.parts[-len(sizes) :], []
+        return sum(p * n / sum(sizes) for p, n in zip(parts, sizes))
 
 
 class _Snapshot:

@@ -175,6 +175,12 @@ class Stepper:
         self.guard.offer(self.state.step)
 
     @property
+    def last_taken(self) -> bool:
+        """Whether the last step's update was taken: its loss and gradient norm were finite
+        when the host tests each step (always ``True`` when the device decides)."""
+        return self._taken
+
+    @property
     def due(self) -> bool:
         """Whether the host should read the steps now: a full group, or every step when the
         host tests each step (its loss is read already)."""
