@@ -15,7 +15,7 @@ from zoo.cli.values import (
     prior_value,
     steps_value,
 )
-from zoo.training.option_values import positive_float, positive_int
+from zoo.training.option_values import positive_float, positive_int, rate_value
 from zoo.training.options import GROUPS
 
 #: The 1-D toy's recipe, shared by ``demo``, ``fit --data toy`` and ``compare --data toy``: 160
@@ -168,11 +168,12 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
     )
     p.add_argument(
         "--lr",
-        type=positive_float,
+        type=rate_value,
         default=None,
         help="Adam learning rate (default: measured by a range test at the start of the fit, "
-        "its steps charged to the fit, then decaying tenfold; a given rate is constant, except "
-        "on small regression data, which decays it)",
+        "its steps charged to the fit, then decaying tenfold; 'auto': measured, or refused on a "
+        "fit under 64 steps; a given rate is constant, except on small regression data, which "
+        "decays it)",
     )
     p.add_argument(
         "--samples", type=positive_int, default=100, help="posterior samples per test input"

@@ -31,6 +31,12 @@ def positive_float(text: str) -> float:
     return value
 
 
+def rate_value(text: str) -> float | str:
+    """``--lr``: ``auto`` (measured by the rate test, refused on a fit too short) or a positive
+    number."""
+    return "auto" if text == "auto" else positive_float(text)
+
+
 def steps_between_value(value: str):
     """``--check-every``: ``auto`` or a positive count."""
     return value if value == "auto" else positive_int(value)

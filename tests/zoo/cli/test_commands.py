@@ -186,6 +186,8 @@ def test_help_shows_the_defaults():
         (["fit", "--data", "toy", "--num-steps", "forever"], "--num-steps"),
         (["fit", "--data", "toy", "--batch-size", "0"], "--batch-size"),
         (["fit", "--data", "toy", "--lr", "-1"], "--lr"),
+        (["fit", "--data", "toy", "--lr", "fast"], "--lr"),
+        (["fit", "--data", "toy", "--num-steps", "10", "--lr", "auto"], 'lr="auto"'),
         (["fit", "--data", "toy", "--limit", "-5"], "--limit"),
         (["fit", "--data", "toy", "--strategy", "dpp"], "dpp"),
         (["demo", "--steps", "0"], "--steps"),
