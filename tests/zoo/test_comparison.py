@@ -115,3 +115,34 @@ def test_a_reference_that_has_not_converged_is_flagged():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_unconverged(mixed, mixed.predict(x, progress=False))
+
+
+def test_each_row_says_how_it_was_fitted():
+    """The steps (a rate test's included), the rate and the rule beside the numbers: a
+    measured row, a given rate, an ensemble's members and a Laplace approximation's MAP fit."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 3, generator=g)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+    def factory():
+        return zoo.models.BayesianMLP(3, (8,), 3, task="classification")
+
+    rows = [
+        "diagonal",
+        ("given", "diagonal", {}, {"lr": 0.02}),
+        ("ensemble", "ensemble", {"members": 2}),
+        ("laplace", "laplace", {}),
+    ]
+    table, fits = zoo.compare(factory, rows, (x, y), (x, y), num_samples=4, num_steps=80,
+                              batch_size=32, return_fits=True, progress=False)  # fmt: skip
+    measured = fits["diagonal"].options["lr_test"]
+    assert table.loc["diagonal", "lr_rule"] == f"range test ({measured['steps']} steps)"
+    assert table.loc["diagonal", "lr"] == measured["lr"]
+    assert (table.loc[["diagonal", "given", "laplace"], "steps"] == 80).all()
+    assert table.loc["given", "lr_rule"] == "given" and table.loc["given", "lr"] == 0.02
+    assert table.loc["ensemble", "steps"] == 160
+    assert table.loc["ensemble", "lr_rule"].startswith("range test (each of 2 members)")
+    assert table.loc["laplace", "lr_rule"].startswith("range test")
+    assert fits["diagonal"].wall_time >= measured["seconds"] > 0
