@@ -11,19 +11,21 @@ The sweep
     ``base * HIGH`` (``base``: the task's default rate times the family's scale). Each step
     records the loss (``-ELBO``) and its data term, ``-E_q[log p(y | w)]`` on the full-data
     scale: the loss less its KL part, evaluated on the same weight draw. The sweep stops early
-    when either turns non-finite or its smoothed value climbs back well above where it started
-    (:data:`CLIMB`). The parameters, batch norm's running statistics, the optimiser's state and
-    every random generator are then put back: the fit proper starts from the same state and
-    draws as the fit given the chosen ``lr`` would (``tests/zoo/training/test_rate.py``).
+    only at a non-finite step (the step engine skips it). The parameters, batch norm's running
+    statistics, the optimiser's state and every random generator are then put back: the fit
+    proper starts from the same state and draws as the fit given the chosen ``lr`` would
+    (``tests/zoo/training/test_rate.py``).
 The rule
     The data term, smoothed by a bias-corrected moving average, falls as the rate rises, then
-    flattens and climbs once the rate is too large for the network's fit. The chosen rate is the
-    rate at its smoothed minimum divided by :data:`DIVISOR`, and at most :data:`STEEP_FACTOR`
-    times the rate where it fell fastest. The data term, not the whole loss: a variational
-    family's KL falls fastest at rates far above those at which the network still learns (it
-    would put the minimum of the whole loss 5 to 40 times past the best rate on MNIST, where a
-    point estimate's is 1.3 times past it). The constants are chosen on the sweeps and grids of
-    ``benchmarks/fairness.py`` (``benchmarks/README.md``).
+    flattens and climbs once the rate is too large for the network's fit. The chosen rate is
+    the rate at its smoothed minimum divided by :data:`DIVISOR`, and at most
+    :data:`STEEP_FACTOR` times the rate where it fell fastest; a data term that never fell
+    below its first value gives no rate to read, and the fit runs at ``base``. The data term,
+    not the whole loss: a variational family's KL falls fastest at rates far above those at
+    which the network still learns (it would put the minimum of the whole loss 5 to 40 times
+    past the best rate on MNIST, where a point estimate's is 1.3 times past it). The
+    constants are chosen on the sweeps and grids of ``benchmarks/fairness.py``
+    (``benchmarks/README.md``).
 The budget
     The sweep's steps are charged to the fit: a fit of ``T`` steps runs ``T - steps`` after it,
     at the chosen rate decaying tenfold over them (the default schedule); its seconds count in
@@ -76,8 +78,6 @@ LOW, HIGH = 10.0, 100.0
 DIVISOR = 4.0
 #: ... and at most the rate of the steepest fall times this.
 STEEP_FACTOR = 10.0
-#: The sweep stops when its smoothed loss climbs this many times its fall above its start.
-CLIMB = 2.0
 #: The moving average's weight of the past (per step).
 SMOOTHING = 0.8
 #: The sweep's length: a sixth of the fit's steps, within these bounds.
@@ -127,11 +127,12 @@ def smoothed(losses: list[float], beta: float = SMOOTHING) -> list[float]:
     return out
 
 
-def choose(rates: list[float], losses: list[float]) -> tuple[float, float]:
+def choose(rates: list[float], losses: list[float]) -> tuple[float, float | None]:
     """``(lr_min, lr)`` of a sweep (see the module docstring) whose step ``i`` ran at
     ``rates[i]`` and scored ``losses[i]`` (the data terms): the rate at the smoothed minimum and
-    the rate chosen. Non-finite losses end the usable part of the sweep; fewer than three
-    usable steps give the lowest rate divided by :data:`DIVISOR`."""
+    the rate chosen (``None`` when the smoothed losses never fell below their first value:
+    the caller's centre rate). Non-finite losses end the usable part of the sweep; fewer than
+    three usable steps give the lowest rate divided by :data:`DIVISOR`."""
     usable = []
     for value in losses:
         if not math.isfinite(value):
@@ -141,18 +142,13 @@ def choose(rates: list[float], losses: list[float]) -> tuple[float, float]:
         return rates[0], rates[0] / DIVISOR
     smooth = smoothed(usable)
     best = min(range(len(smooth)), key=smooth.__getitem__)
+    if best == 0:  # it never fell below its start: no rate to read, the centre it is
+        return rates[0], None
     # the steepest fall per step of log-rate, before the minimum
     falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
     steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
     lr = min(rates[best] / DIVISOR, rates[steep] * STEEP_FACTOR)
     return rates[best], max(lr, rates[0])
-
-
-def _climbed(smooth: list[float]) -> bool:
-    """The smoothed loss is back well above its start after having fallen: the rates are too
-    large."""
-    start, low = smooth[0], min(smooth)
-    return len(smooth) > 3 and smooth[-1] > start + CLIMB * (start - low) and low < start
 
 
 def run_test(
@@ -204,12 +200,11 @@ def run_test(
         fits.append(fit if math.isfinite(fit) else math.inf)
         if not (math.isfinite(value) and stepper.last_taken):
             break
-        if _climbed(smoothed(losses)) or _climbed(smoothed(fits)):
-            break
     snapshot.put_back()
     files.set_rng_state(rng, generator)
     optimizer.zero_grad(set_to_none=True)
-    lr_min, lr = choose(rates[: len(fits)], fits)
+    lr_min, chosen = choose(rates[: len(fits)], fits)
+    lr = base if chosen is None else chosen
     for group, factor in zip(optimizer.param_groups, factors):
         group["lr"] = lr * factor
     return RateTest(

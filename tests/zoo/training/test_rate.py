@@ -76,6 +76,11 @@ def test_a_loss_still_falling_at_the_top_takes_the_top_divided():
     assert choose(rates, losses) == (rates[-1], pytest.approx(rates[-1] / DIVISOR))
 
 
+def test_a_sweep_that_never_falls_reads_no_rate():
+    rates = [10 ** (k / 4) for k in range(-8, 9)]
+    assert choose(rates, [100.0 + i for i in range(17)]) == (rates[0], None)
+
+
 def test_a_sweep_that_diverges_at_once_takes_its_lowest_rate():
     rates = [0.1, 0.2, 0.4, 0.8]
     lr_min, lr = choose(rates, [1.0, math.inf])
