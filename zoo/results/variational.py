@@ -62,6 +62,8 @@ class FitResult(Posterior):
         last = f"{self.losses[-1]:.6g}" if self.losses else "none"
         state = ", interrupted" if self.interrupted else ""
         skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
+        test = (self.options.get("lr_test") or {}).get("steps")
+        skipped += f" after a rate test of {test}" if test else ""
         return (
             f"FitResult(guide={self.options.get('guide', self.family)}, "
             f"model={type(self.model).__name__},\n"

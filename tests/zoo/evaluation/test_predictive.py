@@ -149,7 +149,9 @@ def test_fit_result_repr_is_a_few_lines():
     )
     text = repr(fit)
     assert len(text.splitlines()) <= 4 and len(text) < 400
-    assert "steps=500" in text and "diagonal" in text and "BayesianMLP" in text
+    test = fit.options["lr_test"]["steps"]  # the default rate is measured, its steps charged
+    assert f"steps={500 - test} after a rate test of {test}," in text
+    assert "diagonal" in text and "BayesianMLP" in text
 
 
 def test_a_cuda_device_without_a_gpu_is_a_sentence(monkeypatch):
