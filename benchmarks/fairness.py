@@ -59,9 +59,24 @@ JOINT_MAX = 1500
 INIT_OPTIONS = {"tridiagonal": "init_tau"}
 
 
-def problem(name: str, data_root: str | None = None):
+def problem(name: str, data_root: str | None = None, budget: int = 1):
     """``(train, test, model_factory, fit_options, default_lr)`` of a problem (the schedule of
-    every default rate is a tenfold decay, :func:`schedule`)."""
+    every default rate is a tenfold decay), its budget ``budget`` times the short one: the
+    epochs, or for the full-batch problems the recipe's 3,000 steps, every example a batch
+    (a given length, whose default rate is the task's 3e-3)."""
+    train, test, factory, options, default_lr = _problem(name, data_root)
+    if budget == 1:
+        return train, test, factory, options, default_lr
+    from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
+
+    if "epochs" in options:
+        return train, test, factory, {**options, "epochs": options["epochs"] * budget}, default_lr
+    size = len(train[0])
+    longer = {"num_steps": REGRESSION_FIT["num_steps"] * budget, "batch_size": size}
+    return train, test, factory, longer, DEFAULT_LR
+
+
+def _problem(name: str, data_root: str | None = None):
     import zoo
     from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
 
@@ -110,7 +125,14 @@ def problem(name: str, data_root: str | None = None):
 
 
 def jobs(
-    problems, families, data_root, seeds=(0,), grid=True, inits=INIT_FACTORS, lrs=LR_FACTORS
+    problems,
+    families,
+    data_root,
+    seeds=(0,),
+    grid=True,
+    inits=INIT_FACTORS,
+    lrs=LR_FACTORS,
+    budget: int = 1,
 ) -> list[dict]:
     """Every fit to run: the default call at each of ``seeds``, then (``grid``) the grid at
     seed 0, per problem and family."""
@@ -119,6 +141,7 @@ def jobs(
     out = []
     for name in problems:
         _, _, factory, _, _ = problem(name, data_root)
+        name = name if budget == 1 else f"{name} x{budget}"
         weights = sum(math.prod(s) for s in factory().site_shapes.values())
         names = families or [*guides.available(), "joint", *BASELINES]
         for family in names:
@@ -147,13 +170,14 @@ def run_one(job: dict, data_root=None) -> dict:
     import guides
     import zoo
 
-    train, test, factory, options, default_lr = problem(job["problem"], data_root)
+    name, _, times = job["problem"].partition(" x")
+    train, test, factory, options, default_lr = problem(name, data_root, int(times or 1))
     family, args = job["family"], dict(options)
     args.update(seed=job.get("seed", 0), progress=False, num_samples=100)
     row = job["family"]
     if not job["default"]:
         recipe = guides.recipe("map" if family in BASELINES else family)
-        scale = recipe.scale(full_batch=job["problem"] in FULL_BATCH)
+        scale = recipe.scale(full_batch=job["problem"] in FULL_BATCH)  # the short budget's
         args["lr"] = default_lr * scale * job["lr"]
         args["optim"] = {"lr_schedule": "exponential"}  # the default call's decay, a given rate
         if job["init"] != 1.0:
@@ -161,15 +185,32 @@ def run_one(job: dict, data_root=None) -> dict:
             base = factory_guide_scale(factory, family, option)
             row = (family, family, {option: base * job["init"]})
     start = time.perf_counter()
-    table = zoo.compare(factory, [row], train, test, **args)
+    table, fits = zoo.compare(factory, [row], train, test, return_fits=True, **args)
     result = table.iloc[0].to_dict()
+    fitted = next(iter(fits.values()))
+    test_seconds = _test_seconds(fitted)
     return {
         **job,
         "seconds": time.perf_counter() - start,
+        "fit_seconds": float(result["fit_seconds"]),
+        "test_seconds": test_seconds,
         "nll": float(result["nll"]),
         "metric": float(result.get("accuracy", result.get("rmse", math.nan))),
-        "lr_used": args.get("lr"),
+        "lr_used": float(result["lr"]),
+        "lr_rule": result["lr_rule"],
+        "steps": int(result["steps"]),
     }
+
+
+def _test_seconds(fitted) -> float:
+    """The seconds the rate tests of a row took (its fit's, its members', its MAP fit's)."""
+    members = getattr(fitted, "members", None) or [fitted]
+    seconds = 0.0
+    for member in members:
+        options = getattr(member, "options", None)
+        if isinstance(options, dict):
+            seconds += float((options.get("lr_test") or {}).get("seconds", 0.0))
+    return seconds
 
 
 def factory_guide_scale(factory, family: str, option: str = "init_scale") -> float:
@@ -188,8 +229,7 @@ def factory_guide_scale(factory, family: str, option: str = "init_scale") -> flo
 def summarise(results: list[dict]) -> list[dict]:
     """A row per problem and family: the default call's NLL, the grid's best and its setting."""
     rows = []
-    keys = sorted({(r["problem"], r["family"]) for r in results}, key=lambda k: (
-        PROBLEMS.index(k[0]), k[1]))  # fmt: skip
+    keys = sorted({(r["problem"], r["family"]) for r in results}, key=_order)
     for problem_name, family in keys:
         mine = [r for r in results if (r["problem"], r["family"]) == (problem_name, family)]
         default = next(r for r in mine if r["default"] and r.get("seed", 0) == 0)
@@ -197,10 +237,15 @@ def summarise(results: list[dict]) -> list[dict]:
         spread = float(torch.tensor(seeds).std()) if len(seeds) > 1 else math.nan
         grid = [r for r in mine if not r["default"] and math.isfinite(r["nll"])]
         best = min(grid, key=lambda r: r["nll"]) if grid else None
+        defaults = [r for r in mine if r["default"]]
+        rates = [r["lr_used"] for r in defaults if r.get("lr_used")]
         rows.append(
             {
                 "problem": problem_name,
                 "family": family,
+                "default_lr": _geometric_mean(rates),
+                "default_rule": defaults[0].get("lr_rule", ""),
+                "test_share": _share(defaults),
                 "default_nll": default["nll"],
                 "default_metric": default["metric"],
                 "best_nll": best["nll"] if best else math.nan,
@@ -214,18 +259,45 @@ def summarise(results: list[dict]) -> list[dict]:
     return rows
 
 
+def _order(key):
+    name, _, times = key[0].partition(" x")
+    return int(times or 1), PROBLEMS.index(name), key[1]
+
+
+def _geometric_mean(values: list[float]) -> float:
+    values = [v for v in values if v and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else math.nan
+
+
+def _share(rows: list[dict]) -> float:
+    """The rate tests' share of the default calls' fit seconds."""
+    fit = sum(r.get("fit_seconds", 0.0) for r in rows)
+    return sum(r.get("test_seconds", 0.0) for r in rows) / fit if fit > 0 else math.nan
+
+
+def within(row: dict) -> bool:
+    """The issue's target: the gap at most max(0.05 nats, 2 standard deviations over seeds)."""
+    sd = row["seed_sd"] if math.isfinite(row["seed_sd"]) else 0.0
+    return row["gap"] <= max(0.05, 2 * sd)
+
+
 def table_lines(rows: list[dict]) -> list[str]:
     """The markdown table of :func:`summarise`'s rows."""
     lines = [
-        "| problem | family | default NLL | sd over seeds | grid's best NLL | best lr x / init x "
-        "| gap |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        "| problem | family | default lr (rule) | test's share of the fit | default NLL "
+        "| sd over seeds | grid's best NLL | best lr x / init x | gap | within |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for r in rows:
         sd = f"{r['seed_sd']:.3f} ({r['seeds']})" if r.get("seeds", 1) > 1 else "-"
+        rule = str(r.get("default_rule", "")).split(" (")[0]
+        share = r.get("test_share", math.nan)
+        share_text = f"{share:.0%}" if math.isfinite(share) and share > 0 else "-"
         lines.append(
-            f"| {r['problem']} | {r['family']} | {r['default_nll']:.3f} | {sd} | "
-            f"{r['best_nll']:.3f} | {r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} |"
+            f"| {r['problem']} | {r['family']} | {r.get('default_lr', math.nan):.3g} ({rule}) | "
+            f"{share_text} | {r['default_nll']:.3f} | {sd} | {r['best_nll']:.3f} | "
+            f"{r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} | "
+            f"{'yes' if within(r) else 'no'} |"
         )
     return lines
 
@@ -258,6 +330,9 @@ def main(argv=None) -> dict:
         default=list(LR_FACTORS),
         help="factors of the default rate in the grid",
     )
+    parser.add_argument(
+        "--budget", type=int, default=1, help="times the short budget (epochs, or steps)"
+    )
     parser.add_argument("--merge", help="a saved run whose fits this one adds to")
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
@@ -269,6 +344,7 @@ def main(argv=None) -> dict:
         not args.no_grid,
         args.inits,
         args.lrs,
+        args.budget,
     )
     print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
     context = multiprocessing.get_context("spawn")

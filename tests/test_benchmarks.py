@@ -490,6 +490,34 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
     assert row["best_nll"] == best and row["seeds"] == 2
     recipe = guides.recipe("map")
     assert saved["lr_scales"]["map"] == [recipe.scale(False), recipe.scale(True)]
+    default = next(r for r in saved["results"] if r["default"])
+    assert default["lr_rule"].startswith("range test") and default["test_seconds"] > 0
+    assert default["steps"] == 120  # ten epochs of 1,438 digits at batch 128, the test's included
+    assert row["default_lr"] > 0 and "(range test) |" in out
+
+
+def test_rate_choice_sets_the_rules_side_by_side(tmp_path):
+    out_file = tmp_path / "rate_choice.json"
+    out = _run(
+        "benchmarks/rate_choice.py", "--families", "diagonal", "--seeds", "0",
+        "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())["results"]
+    rules = {r["rule"] for r in saved}
+    assert {"fixed 3e-3", "range test", "MAP warm start, fixed 3e-3"} <= rules
+    assert all(math.isfinite(r["nll"]) for r in saved)
+    assert "| diagonal |" in out
+
+
+def test_fairness_runs_a_longer_budget(tmp_path):
+    out_file = tmp_path / "fairness.json"
+    _run(
+        "benchmarks/fairness.py", "--problems", "digits", "--families", "map", "--seeds", "0",
+        "--lrs", "1", "--budget", "2", "--processes", "1", "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    assert {r["problem"] for r in saved["results"]} == {"digits x2"}
+    assert {r["steps"] for r in saved["results"]} == {240}
 
 
 def test_joint_elbo_prints_a_many_draw_estimate():
