@@ -39,7 +39,8 @@ by its ``full_batch_lr_scale`` where the family declares one) when ``lr`` is not
 
 ``result.options["recipe"]`` says which applied (``"small regression data"``,
 ``"default"``, or ``"given"`` when the caller set the length; ``", trained start"`` added
-when :data:`TRAINED_LR_FACTOR` applied).
+when :data:`TRAINED_LR_FACTOR` applied, ``", rate measured"`` when the rate test ran), and
+``result.options["lr_rule"]`` what chose the rate (:attr:`Length.lr_rule`).
 """
 
 from __future__ import annotations
