@@ -121,7 +121,7 @@ def test_the_fit_after_the_test_is_the_fit_given_that_rate():
 
 def test_the_sweep_puts_back_the_state_it_started_from():
     torch.manual_seed(0)
-    m = zoo.models.ResNet(8, in_channels=1, input_size=8)  # batch norm's running statistics
+    m = zoo.models.ResNet(8, in_channels=1, input_size=8, width=4)  # batch norm's statistics
     x = torch.randn(96, 1, 8, 8)
     y = torch.randint(0, 10, (96,))
     guide = guides.registry.get("diagonal")(m)
@@ -179,7 +179,10 @@ def test_a_resumed_fit_takes_its_rate_from_the_checkpoint_and_ends_where_one_run
     [
         ({"lr": 0.01}, "given"),
         ({"num_steps": 40}, "default (fit too short to measure)"),
-        ({"num_steps": "auto"}, "default (a convergence rule's constant rate)"),
+        (
+            {"num_steps": zoo.Convergence(window=20, cap=80)},
+            "default (a convergence rule's constant rate)",
+        ),  # fmt: skip
     ],
 )
 def test_no_sweep_where_the_rate_is_given_or_cannot_be_measured(options, rule):
