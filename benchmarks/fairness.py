@@ -281,6 +281,13 @@ def within(row: dict) -> bool:
     return row["gap"] <= max(0.05, 2 * sd)
 
 
+def _verdict(row: dict) -> str:
+    """``yes`` or ``no`` (:func:`within`), ``-`` for a row without a grid."""
+    if not math.isfinite(row["gap"]):
+        return "-"
+    return "yes" if within(row) else "no"
+
+
 def table_lines(rows: list[dict]) -> list[str]:
     """The markdown table of :func:`summarise`'s rows."""
     lines = [
@@ -297,7 +304,7 @@ def table_lines(rows: list[dict]) -> list[str]:
             f"| {r['problem']} | {r['family']} | {r.get('default_lr', math.nan):.3g} ({rule}) | "
             f"{share_text} | {r['default_nll']:.3f} | {sd} | {r['best_nll']:.3f} | "
             f"{r['best_lr']:g} / {r['best_init']:g} | {r['gap']:+.3f} | "
-            f"{'yes' if within(r) else 'no'} |"
+            f"{_verdict(r)} |"
         )
     return lines
 
