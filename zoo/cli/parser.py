@@ -170,10 +170,10 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
         "--lr",
         type=rate_value,
         default=None,
-        help="Adam learning rate (default: measured by a range test at the start of the fit, "
-        "its steps charged to the fit, then decaying tenfold; 'auto': measured, or refused on a "
-        "fit under 64 steps; a given rate is constant, except on small regression data, which "
-        "decays it)",
+        help="Adam learning rate (default: measured by a range test at the start of a "
+        "minibatch fit, its steps charged to the fit, then decaying tenfold; 1e-2 decaying on "
+        "small regression data; 'auto': measured, or refused on a fit under 64 steps; a given "
+        "rate is constant, except on small regression data, which decays it)",
     )
     p.add_argument(
         "--samples", type=positive_int, default=100, help="posterior samples per test input"

@@ -114,14 +114,13 @@ def fit(
     lr : float or "auto", optional
         Learning rate. Default: measured by a learning-rate range test at the start of the
         fit, its steps charged to the fit (:mod:`zoo.training.rate`), then decaying tenfold;
-        where the fit is too short to measure (under 64 steps), starts at a trained network's
-        weights or runs under ``num_steps="auto"``, the task's rate instead (3e-3 decaying
-        tenfold, the small-data recipe's 1e-2, a convergence rule's constant 1e-3; a trained
-        start's a thirtieth), each times the family's scale (:func:`guides.recipe`).
-        ``"auto"``: measured, or refused where the fit is too short. A given rate is constant
-        unless ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it
-        anyway). ``result.options["lr_rule"]`` says which applied, ``["lr_test"]`` records the
-        test.
+        a fixed rate instead where the fit is too short to measure (under 64 steps: 3e-3
+        decaying tenfold), for small regression data's full-batch recipe (1e-2 decaying), from
+        a trained network's weights (a thirtieth of those) and under ``num_steps="auto"`` (a
+        constant 1e-3), each times the family's scale (:func:`guides.recipe`). ``"auto"``:
+        measured, or refused where the fit is too short. A given rate is constant unless
+        ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it anyway).
+        ``result.options["lr_rule"]`` says which applied, ``["lr_test"]`` records the test.
     seed : int or None, default 0
         Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
         caller's global random state is the same after the fit as before. ``None`` draws

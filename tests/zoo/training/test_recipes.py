@@ -161,11 +161,10 @@ def test_a_full_batch_regression_fit_with_no_options_is_fitted():
         (x, y),
         run=zoo.Run(progress=False),
     )
-    test = fit.options["lr_test"]  # the rate is measured, its steps charged to the recipe's
-    assert fit.steps + test["steps"] == fit.fitting()["steps"] == REGRESSION_FIT["num_steps"]
-    assert fit.options["recipe"] == "small regression data, rate measured"
-    assert test["base"] == REGRESSION_FIT["lr"] and fit.options["lr"] == test["lr"]
-    assert fit.options["batch_size"] == 160
+    assert fit.steps == REGRESSION_FIT["num_steps"]  # the recipe's rate: no rate test
+    assert fit.options["recipe"] == "small regression data" and "lr_test" not in fit.options
+    assert fit.options["lr_rule"] == "default (small regression data's recipe)"
+    assert fit.options["batch_size"] == 160 and fit.options["lr"] == REGRESSION_FIT["lr"]
     rmse = fit.evaluate((x, y), num_samples=50, progress=False)["rmse"]
     assert rmse < 0.5 * y.std().item()  # fitted, where predicting the mean gives y's sd
 
@@ -218,3 +217,18 @@ def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_ra
     regression = zoo.models.from_module(nn.Linear(4, 1), task="regression")
     small = zoo.fit(regression, "diagonal", (x, x.sum(1)), run=quiet)
     assert small.options["lr"] == pytest.approx(REGRESSION_FIT["lr"] * TRAINED_LR_FACTOR)
+
+
+def test_the_full_batch_recipe_measures_its_rate_when_asked():
+    x, y = regression(160)
+    fit = zoo.fit(
+        zoo.models.BayesianMLP(1, (16,), noise=0.1),
+        "diagonal",
+        (x, y),
+        lr="auto",
+        run=zoo.Run(progress=False),
+    )
+    test = fit.options["lr_test"]
+    assert fit.steps + test["steps"] == REGRESSION_FIT["num_steps"]
+    assert test["base"] == REGRESSION_FIT["lr"] and fit.options["lr"] == test["lr"]
+    assert fit.options["recipe"] == "small regression data, rate measured"
