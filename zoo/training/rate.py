@@ -2,9 +2,10 @@
 
 A minibatch fit given no ``lr`` (long enough, :func:`sweep_length`; not small regression
 data's full-batch recipe, which keeps its own rate: :mod:`zoo.training.recipes`) does not run
-at a constant default: before its first step it sweeps (Smith 2017, "Cyclical learning rates for training
-neural networks", section 3.3; the idea of fastai's ``lr_find`` and ``torch-lr-finder``, which
-take a plain network and loss, not a guide and an ELBO) and runs at what the sweep found.
+at a constant default: before its first step it sweeps (Smith 2017, "Cyclical learning rates
+for training neural networks", section 3.3; the idea of fastai's ``lr_find`` and
+``torch-lr-finder``, which take a plain network and loss, not a guide and an ELBO) and runs at
+what the sweep found.
 
 The sweep
     Up to ``steps`` optimiser steps of the fit's own optimiser, objective and minibatches, from
