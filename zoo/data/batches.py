@@ -277,7 +277,7 @@ def check_batch_of_one(model, batches: Batches, x1: torch.Tensor) -> None:
         return
     try:
         with torch.no_grad(), frozen_statistics(), training_mode(model):
-            model.network(x1, model.net_means())
+            model.network(x1, model.net_means(copy=False))
     except ValueError as err:
         if "more than 1 value per channel" not in str(err):
             raise

@@ -279,7 +279,7 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
         )
     try:
         with torch.no_grad(), evaluation_mode(model):
-            out = model.network(x, model.net_means())
+            out = model.network(x, model.net_means(copy=False))
     except (RuntimeError, IndexError, ValueError) as err:  # the network's own refusal
         raise ValueError(
             f"the model cannot take inputs of shape {shape_n(x.shape[1:])} and dtype "

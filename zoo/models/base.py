@@ -201,10 +201,13 @@ class BayesianModel(nn.Module):
         row = self._padding.get(name)
         return value if row is None else semantics.with_zero_row(value, row)
 
-    def net_means(self) -> dict[str, torch.Tensor]:
-        """The network's own weights at every site, site-shaped (detached copies)."""
+    def net_means(self, copy: bool = True) -> dict[str, torch.Tensor]:
+        """The network's own weights at every site, site-shaped: detached copies, or with
+        ``copy=False`` detached views of the parameters (no memory; to read, never to write:
+        the checks' probes of the network)."""
         params = dict(self.net.named_parameters())
-        return {n: self.to_site(n, params[n].detach()).clone() for n in self.site_shapes}
+        views = {n: self.to_site(n, params[n].detach()) for n in self.site_shapes}
+        return {n: v.clone() for n, v in views.items()} if copy else views
 
     def initial_means(self) -> dict[str, torch.Tensor] | None:
         """The initial posterior means a guide takes when it is not told otherwise: the

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from guides.registry import Recipe
+from guides.registry import Family, Recipe, get
 from zoo.runtime.devices import DEVICE_VARIABLE, chosen_device
 
 __all__ = [
@@ -230,8 +230,6 @@ def starts_trained(model, guide) -> bool:
     network) and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
     that cannot start at given weights, ``STARTS_AT_WEIGHTS = False``: WHVI), or a guide is
     given ``init_module``. A guide factory of the user's cannot be asked: ``False``."""
-    from guides.registry import Family, get
-
     offered = getattr(model, "init", None) == "module"
     if isinstance(guide, Family):
         if "init_module" in guide.options:

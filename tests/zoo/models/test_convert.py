@@ -296,3 +296,20 @@ def test_a_network_too_large_for_memory_is_refused_with_the_gib_it_needs():
     with pytest.raises(ValueError, match=r"needs at least [\d,]+ GiB .* where this machine"):
         from_module(huge)
     assert from_module(huge, bayesian=["bias"]).site_shapes == {"bias": (10**6,)}
+
+
+def test_net_means_copies_unless_asked_for_views():
+    """The checks probe the network on its own weights without copying them (a copy per
+    probe is the network's size again); the means a guide starts from are copies."""
+    embed = torch.nn.Sequential(torch.nn.Embedding(5, 3, padding_idx=0), torch.nn.Flatten(),
+                                torch.nn.Linear(6, 2))  # fmt: skip
+    model = from_module(embed, task="classification")
+    params = dict(model.net.named_parameters())
+    views, copies = model.net_means(copy=False), model.net_means()
+    for name, view in views.items():
+        assert torch.equal(view, copies[name])
+        own = params[name].untyped_storage().data_ptr()
+        assert copies[name].untyped_storage().data_ptr() != own
+        if name != "0.weight":  # the padded embedding's site leaves a row out: a new tensor
+            assert view.untyped_storage().data_ptr() == own
+    assert views["0.weight"].shape == (4, 3)  # the padding row is not part of the site
