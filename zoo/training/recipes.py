@@ -161,7 +161,7 @@ def resolve_length(
     trained network's weights (:func:`starts_trained`), and a default rate is multiplied by
     :data:`TRAINED_LR_FACTOR`."""
     measure, rule = _measure(lr, auto, trained), _rule(lr, auto, trained)
-    if lr == "auto":
+    if isinstance(lr, str):  # "auto" (fit checks the value): measured around the default
         lr = None
     factor, start = (TRAINED_LR_FACTOR, ", trained start") if trained and lr is None else (1, "")
     n = data_size(data)
