@@ -63,11 +63,11 @@ class FitResult(Posterior):
         state = ", interrupted" if self.interrupted else ""
         skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
         test = (self.options.get("lr_test") or {}).get("steps")
-        skipped += f" after a rate test of {test}" if test else ""
+        after = f" after a rate test of {test}" if test else ""
         return (
             f"FitResult(guide={self.options.get('guide', self.family)}, "
             f"model={type(self.model).__name__},\n"
-            f"          steps={self.steps}{skipped}{state}, final loss (-ELBO)={last},\n"
+            f"          steps={self.steps}{skipped}{after}{state}, final loss (-ELBO)={last},\n"
             f"          wall_time={self.wall_time:.1f} s, device={self.device})"
         )
 

@@ -48,7 +48,12 @@ from zoo.training.checkpoint import (
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
 from zoo.training.loop import Trainer
-from zoo.training.optim import check_finite_parameters, make_scheduler, named_parameters
+from zoo.training.optim import (
+    check_finite_parameters,
+    make_scheduler,
+    named_parameters,
+    optimizer_at,
+)
 from zoo.training.options import Engine, Loss, Optim, Run, group, refuses_flat_keywords
 from zoo.training.recipes import (
     Length,
@@ -294,7 +299,7 @@ def _optimiser(objective, batches, s: Settings, dev, ranks: Ranks):
     """The fit's optimiser, its step plan (:func:`zoo.training.rules.plan` on the fit's
     ``zoo.Engine``) and the fit's length in optimiser steps."""
     length = s.length
-    opt = rate.optimizer_at(length.lr, objective, s.optim)
+    opt = optimizer_at(length.lr, objective, s.optim)
     plan = step_rules.plan(s.engine, objective, opt, dev, ranks.distributed)
     per_epoch = plan.steps_per_epoch(batches.steps_per_epoch)
     total = length.num_steps if length.num_steps is not None else length.epochs * per_epoch

@@ -72,6 +72,14 @@ def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mappin
         ) from None
 
 
+def optimizer_at(lr: float, objective, optim) -> torch.optim.Optimizer:
+    """A fit's optimiser (``optim``: its ``zoo.Optim``) over ``objective``'s guide and model
+    parameters at ``lr`` (times each group's ``lr_multipliers`` factor)."""
+    groups = param_groups(objective.guide, objective.model, lr, optim.lr_multipliers)
+    opt_cls = check_optimizer(optim.optimizer)
+    return make_optimizer(opt_cls, groups, lr, optim.optimizer_options or {})
+
+
 def _exponential(total: int) -> Callable[[int], float]:
     return lambda step: 0.1 ** (step / total)
 

@@ -52,10 +52,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 from zoo.inference.objective import Objective, named_parameters
-from zoo.models.statistics import statistics_of
 from zoo.runtime.distributed import Ranks
 from zoo.storage import files
-from zoo.training.optim import check_optimizer, make_optimizer, param_groups
+from zoo.training.recipes import Length
 from zoo.training.rules import StepPlan
 from zoo.training.step import Stepper
 
@@ -68,7 +67,6 @@ __all__ = [
     "RateTest",
     "choose",
     "measure",
-    "optimizer_at",
     "run_test",
     "sweep_length",
 ]
@@ -167,13 +165,12 @@ def run_test(
     ranks: Ranks | None = None,
 ) -> RateTest:
     """Sweep up to ``steps`` rates from ``base / LOW`` to ``base * HIGH`` with ``optimizer``
-    (the fit's, its groups at ``base`` times their factors) on ``objective``, then put back
-    the state of the sweep's smoothed minimum: the parameters, running statistics and the
-    optimiser's state there (its moments), with the chosen rate in its groups. The shuffling
-    ``generator`` is put back as it was (the fit proper starts its first epoch afresh).
-    ``batches`` are the fit's (:class:`zoo.data.batches.Batches`), ``accumulate`` of them a
-    step; ``ranks`` average the gradients and losses of a distributed fit, so that every rank
-    decides the same."""
+    (the fit's, its groups at ``base`` times their factors) on ``objective``, then put back the
+    state the sweep started from: the parameters, every buffer (running statistics), the
+    optimiser's state and every random generator (``generator``, the shuffle's, among them),
+    with the chosen rate in the optimiser's groups. ``batches`` are the fit's
+    (:class:`zoo.data.batches.Batches`), ``accumulate`` of them a step; ``ranks`` average the
+    gradients and losses of a distributed fit, so that every rank decides the same."""
     ranks = ranks if ranks is not None else Ranks()
     model, guide = objective.model, objective.guide
     kept = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
@@ -263,14 +260,11 @@ class _Snapshot:
 
 
 def _buffers(model, guide) -> list[torch.Tensor]:
-    """Every floating-point buffer of the model and guide that a step may change (batch norm's
-    running statistics and their count)."""
-    found = list(statistics_of(model))
-    for owner in (model, guide):
-        if isinstance(owner, torch.nn.Module):
-            found += [b for b in owner.buffers()]
-    unique = {id(t): t for t in found}
-    return list(unique.values())
+    """Every buffer of the model and guide, which a step may change (batch norm's running
+    statistics and their count)."""
+    found = [b for owner in (model, guide) if isinstance(owner, torch.nn.Module)
+             for b in owner.buffers()]  # fmt: skip
+    return list({id(t): t for t in found}.values())
 
 
 def _cycle(batches) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -291,18 +285,9 @@ class Measured:
     """A fit's length after its rate test: ``length`` with the chosen ``lr``, the steps left
     to the fit proper (``total``) and the test's ``record`` (``result.options["lr_test"]``)."""
 
-    length: object
+    length: Length
     total: int
     record: dict
-
-
-def optimizer_at(lr: float, objective: Objective, optim) -> torch.optim.Optimizer:
-    """The fit's optimiser (``optim``: its ``zoo.Optim``) over the objective's parameters at
-    ``lr`` (times each group's ``lr_multipliers`` factor)."""
-    model, guide = objective.model, objective.guide
-    groups = param_groups(guide, model, lr, optim.lr_multipliers)
-    opt_cls = check_optimizer(optim.optimizer)
-    return make_optimizer(opt_cls, groups, lr, optim.optimizer_options or {})
 
 
 def measure(objective, batches, opt, plan, s, total: int, resumed, generator, ranks):

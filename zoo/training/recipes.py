@@ -160,7 +160,7 @@ def resolve_length(
     multiplies the default rate when ``lr`` is not given. ``trained``: the fit starts at a
     trained network's weights (:func:`starts_trained`), and a default rate is multiplied by
     :data:`TRAINED_LR_FACTOR`."""
-    measure, rule = _measure(lr, auto, trained), _rule(lr, auto, trained)
+    measure, rule = _rate_rule(lr, auto, trained)
     if isinstance(lr, str):  # "auto" (fit checks the value): measured around the default
         lr = None
     factor, start = (TRAINED_LR_FACTOR, ", trained start") if trained and lr is None else (1, "")
@@ -203,25 +203,21 @@ def resolve_length(
     )
 
 
-def _rule(lr, auto: bool, trained: bool) -> str:
-    """:attr:`Length.lr_rule` before a rate test (which sets ``"range test"`` when it runs)."""
-    if lr is not None and lr != "auto":
-        return "given"
-    if lr is None and auto:
-        return "default (a convergence rule's constant rate)"
-    if lr is None and trained:
-        return "default (trained start)"
-    return "default (fit too short to measure)"
-
-
-def _measure(lr, auto: bool, trained: bool) -> str | None:
-    """:attr:`Length.measure` of a fit given ``lr``: ``lr="auto"`` requires the rate test; no
-    ``lr`` measures it by default, except under a convergence rule (its constant rate settles)
-    and from a trained start (a fine-tune's rate is :data:`TRAINED_LR_FACTOR`'s, measured by
+def _rate_rule(lr, auto: bool, trained: bool) -> tuple[str | None, str]:
+    """``(Length.measure, Length.lr_rule)`` of a fit given ``lr``, before a rate test (which sets
+    the rule to ``"range test"`` when it runs): ``lr="auto"`` requires the test; no ``lr``
+    measures it by default, except under a convergence rule (its constant rate settles) and
+    from a trained start (a fine-tune's rate is :data:`TRAINED_LR_FACTOR`'s, measured by
     ``benchmarks/trained_network.py``: a sweep from a minimum finds the rate that leaves it)."""
     if lr == "auto":
-        return "required"
-    return "default" if lr is None and not auto and not trained else None
+        return "required", "default (fit too short to measure)"
+    if lr is not None:
+        return None, "given"
+    if auto:
+        return None, "default (a convergence rule's constant rate)"
+    if trained:
+        return None, "default (trained start)"
+    return "default", "default (fit too short to measure)"
 
 
 def starts_trained(model, guide) -> bool:

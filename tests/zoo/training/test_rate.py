@@ -10,6 +10,7 @@ import zoo
 from zoo.data.batches import fit_batches
 from zoo.runtime.distributed import Ranks
 from zoo.training import rate
+from zoo.training.optim import optimizer_at
 from zoo.training.rate import (
     DIVISOR,
     HIGH,
@@ -130,7 +131,7 @@ def test_the_sweep_puts_back_the_state_it_started_from():
     batches, generator = fit_batches(m, (x, y), 32, torch.device("cpu"), 3, Ranks())
     before = {k: v.clone() for k, v in {**guide.state_dict(), **m.state_dict()}.items()}
     shuffle, rng = generator.get_state(), torch.get_rng_state()
-    opt = rate.optimizer_at(1e-3, objective, zoo.Optim())
+    opt = optimizer_at(1e-3, objective, zoo.Optim())
     test = rate.run_test(objective, batches, opt, base=1e-3, steps=16, generator=generator)
     assert 3 <= test.steps <= 16
     after = {**guide.state_dict(), **m.state_dict()}
@@ -238,7 +239,7 @@ def test_a_sweep_that_blows_up_stops_there_and_puts_everything_back():
     objective.setup(x[:2], y[:2])
     batches, generator = fit_batches(m, (x, y), 32, torch.device("cpu"), 0, Ranks())
     before = {k: v.clone() for k, v in guide.state_dict().items()}
-    opt = rate.optimizer_at(1e4, objective, zoo.Optim())
+    opt = optimizer_at(1e4, objective, zoo.Optim())
     test = rate.run_test(objective, batches, opt, base=1e4, steps=60, generator=generator)
     assert test.steps < 60 and not math.isfinite(test.losses[-1])
     assert all(math.isfinite(v) for v in test.losses[:-1])

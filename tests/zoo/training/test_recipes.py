@@ -152,15 +152,16 @@ def test_a_default_minibatch_fit_ends_at_a_tenth_of_its_rate():
     assert optimizer.param_groups[0]["lr"] == pytest.approx(DEFAULT_LR / 10)
 
 
+def full_batch_fit(x, y, **options):
+    """A fit of small regression data given no length: the full-batch recipe."""
+    model = zoo.models.BayesianMLP(1, (16,), noise=0.1)
+    return zoo.fit(model, "diagonal", (x, y), run=zoo.Run(progress=False), **options)
+
+
 def test_a_full_batch_regression_fit_with_no_options_is_fitted():
     """The issue's case: a full-batch fit once ran one step at lr 1e-3 and learned nothing."""
     x, y = regression(160)
-    fit = zoo.fit(
-        zoo.models.BayesianMLP(1, (16,), noise=0.1),
-        "diagonal",
-        (x, y),
-        run=zoo.Run(progress=False),
-    )
+    fit = full_batch_fit(x, y)
     assert fit.steps == REGRESSION_FIT["num_steps"]  # the recipe's rate: no rate test
     assert fit.options["recipe"] == "small regression data" and "lr_test" not in fit.options
     assert fit.options["lr_rule"] == "default (small regression data's recipe)"
@@ -220,14 +221,7 @@ def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_ra
 
 
 def test_the_full_batch_recipe_measures_its_rate_when_asked():
-    x, y = regression(160)
-    fit = zoo.fit(
-        zoo.models.BayesianMLP(1, (16,), noise=0.1),
-        "diagonal",
-        (x, y),
-        lr="auto",
-        run=zoo.Run(progress=False),
-    )
+    fit = full_batch_fit(*regression(160), lr="auto")
     test = fit.options["lr_test"]
     assert fit.steps + test["steps"] == REGRESSION_FIT["num_steps"]
     assert test["base"] == REGRESSION_FIT["lr"] and fit.options["lr"] == test["lr"]
