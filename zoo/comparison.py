@@ -224,9 +224,10 @@ def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[st
     """:meth:`zoo.FitResult.evaluate`'s metrics (the same seed-0 draws), and the distances to
     the reference's prediction when there is one, from one prediction."""
     check_labelled_data(result.model, x, y, result.device)
-    pred = result.predict(x, num_samples=num_samples, progress=progress, seed=0, threads=threads)
-    metrics = result.model.likelihood.metrics(pred, y.to(pred.outputs.device))
-    return metrics if ref_pred is None else {**metrics, **distances(pred, ref_pred)}
+    options = result.predict_options(num_samples, None, 0, progress, threads, False, None)
+    summary = result.summarise(x, y, options)  # online, one block of draws at a time
+    metrics = summary.metrics()
+    return metrics if ref_pred is None else {**metrics, **distances(summary.condensed(), ref_pred)}
 
 
 def _check_same_sites(sampled, model, what: str) -> None:

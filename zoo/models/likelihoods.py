@@ -30,7 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo import metrics
-from zoo.models.predictions import ClassificationPrediction, Prediction, RegressionPrediction
+from zoo.models.predictions import (
+    ClassificationPrediction,
+    Prediction,
+    RegressionPrediction,
+    mixture,
+)
+from zoo.models.summaries import ClassificationSummary, RegressionSummary, Summary
 
 
 class Likelihood(nn.Module):
@@ -73,9 +79,32 @@ class Likelihood(nn.Module):
         """Held-out metrics of ``prediction`` against targets ``y``."""
         raise NotImplementedError
 
+    def summary(self, y: torch.Tensor) -> Summary:
+        """An accumulator of :meth:`metrics` against targets ``y`` over blocks of sampled
+        networks (:mod:`zoo.models.summaries`): by default one that keeps the blocks and
+        scores their mixture; the library's likelihoods keep per-input sums only."""
+        return _Kept(self, y)
+
     def spec(self) -> dict:
         """Plain data that rebuilds this likelihood (:func:`from_spec`)."""
         return {"class": type(self).__name__, "args": {}}
+
+
+class _Kept(Summary):
+    """The blocks themselves, scored as one prediction (a likelihood without running sums)."""
+
+    def __init__(self, likelihood: Likelihood, y: torch.Tensor):
+        super().__init__(y)
+        self.likelihood, self.parts = likelihood, []
+
+    def add(self, prediction: Prediction) -> None:
+        self._counted(prediction, Prediction)
+        self.parts.append(prediction)
+
+    def metrics(self) -> dict[str, float]:
+        self._check()
+        whole = self.parts[0] if len(self.parts) == 1 else mixture(self.parts)
+        return self.likelihood.metrics(whole, self.y)
 
 
 class Categorical(Likelihood):
@@ -92,6 +121,9 @@ class Categorical(Likelihood):
     def predict(self, outputs, params):
         lik = self.distribution(outputs, params)
         return ClassificationPrediction(outputs, likelihood=lik, sample_probs=outputs.softmax(-1))
+
+    def summary(self, y):
+        return ClassificationSummary(y)
 
     def metrics(self, prediction, y):
         probs = prediction.probs
@@ -111,6 +143,9 @@ class _GaussianBase(Likelihood):
         return RegressionPrediction(
             outputs, likelihood=lik, sample_means=lik.mean, sample_scales=lik.stddev
         )
+
+    def summary(self, y):
+        return RegressionSummary(y)
 
     def metrics(self, prediction, y):
         y = y.reshape(prediction.mean.shape)

@@ -1,17 +1,17 @@
-"""A recurrent sequence classifier (LSTM or GRU) whose cells ``torch.func.vmap`` batches over
-weight draws.
+"""A recurrent sequence classifier (LSTM or GRU) on PyTorch's fused recurrent kernels.
 
-PyTorch's ``nn.LSTM`` and ``nn.GRU`` run one fused operation that has no ``vmap`` rule, so a
-network holding them evaluates its draws one after another. :class:`Recurrent` computes the
-same function with matrix products per time step, with the same parameter names
-(``weight_ih_l0``, ``weight_hh_l0``, ``bias_ih_l0``, ``bias_hh_l0``: the gates stacked in
-PyTorch's order, ``(4 h, in)`` for the LSTM's i, f, g, o and ``(3 h, in)`` for the GRU's r, z,
-n) and initialisation, so its state dict loads into ``nn.LSTM``/``nn.GRU`` and back (tested).
+The network holds PyTorch's own ``nn.LSTM`` or ``nn.GRU`` (batch first), whose parameters are
+the sample sites (``rnn.weight_ih_l0``, ``rnn.weight_hh_l0``, ``rnn.bias_ih_l0``,
+``rnn.bias_hh_l0``, ...: the gates stacked in PyTorch's order). Each weight draw runs the fused
+kernel; several draws at once (``num_particles > 1``, ``sample_batch_size > 1``) run it once per
+draw (:func:`zoo.models.statistics.looped_call`), as for a converted ``nn.LSTM``: the fused
+kernel has no ``torch.func.vmap`` rule, and a cell written with per-step matrix products that
+``vmap`` could batch is about twice as slow per step even at four draws
+(``benchmarks/recurrent.py``). The parameter names are those the network had when it was
+written that way, so fits saved then load.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 from torch import nn
@@ -20,67 +20,25 @@ from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
 from zoo.priors import Prior
 
-#: Gates per cell type.
-GATES = {"lstm": 4, "gru": 3}
-
-
-class Recurrent(nn.Module):
-    """``num_layers`` stacked LSTM or GRU layers over ``(B, T, input_size)`` (batch first);
-    returns the last layer's outputs ``(B, T, hidden_size)``, zero initial states."""
-
-    def __init__(self, cell: str, input_size: int, hidden_size: int, num_layers: int = 1):
-        if cell not in GATES:
-            raise ValueError(f"cell must be one of {sorted(GATES)}, got {cell!r}")
-        check_sizes("the recurrent layer's sizes", [input_size, hidden_size, num_layers])
-        super().__init__()
-        self.cell, self.hidden_size, self.num_layers = cell, hidden_size, num_layers
-        bound = 1 / math.sqrt(hidden_size)
-        g = GATES[cell] * hidden_size
-        for k in range(num_layers):
-            size = input_size if k == 0 else hidden_size
-            for name, shape in (
-                ("weight_ih", (g, size)),
-                ("weight_hh", (g, hidden_size)),
-                ("bias_ih", (g,)),
-                ("bias_hh", (g,)),
-            ):
-                self.register_parameter(
-                    f"{name}_l{k}", nn.Parameter(torch.empty(shape).uniform_(-bound, bound))
-                )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for k in range(self.num_layers):
-            w_ih, w_hh = getattr(self, f"weight_ih_l{k}"), getattr(self, f"weight_hh_l{k}")
-            b_ih, b_hh = getattr(self, f"bias_ih_l{k}"), getattr(self, f"bias_hh_l{k}")
-            inputs = x @ w_ih.T + b_ih  # every time step's input projection at once
-            h = x.new_zeros(x.shape[0], self.hidden_size)
-            c = torch.zeros_like(h)
-            outputs = []
-            for t in range(x.shape[1]):
-                if self.cell == "lstm":
-                    i, f, g, o = (inputs[:, t] + h @ w_hh.T + b_hh).chunk(4, dim=-1)
-                    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-                    h = torch.sigmoid(o) * torch.tanh(c)
-                else:
-                    xr, xz, xn = inputs[:, t].chunk(3, dim=-1)
-                    hr, hz, hn = (h @ w_hh.T + b_hh).chunk(3, dim=-1)
-                    r, z = torch.sigmoid(xr + hr), torch.sigmoid(xz + hz)
-                    h = (1 - z) * torch.tanh(xn + r * hn) + z * h
-                outputs.append(h)
-            x = torch.stack(outputs, dim=1)
-        return x
+#: The PyTorch module of each cell type.
+CELLS = {"lstm": nn.LSTM, "gru": nn.GRU}
 
 
 class RecurrentNetwork(nn.Module):
-    """:class:`Recurrent` over the sequence, then a linear layer on the last hidden state."""
+    """``layers`` stacked LSTM or GRU layers (PyTorch's fused ``nn.LSTM``/``nn.GRU``, zero
+    initial states) over ``(B, T, in_features)`` sequences, then a linear layer on the last
+    hidden state: ``(B, num_classes)`` logits."""
 
     def __init__(self, in_features, hidden=64, num_classes=10, cell="lstm", layers=1):
+        if cell not in CELLS:
+            raise ValueError(f"cell must be one of {sorted(CELLS)}, got {cell!r}")
+        check_sizes("the recurrent layer's sizes", [in_features, hidden, layers])
         super().__init__()
-        self.rnn = Recurrent(cell, in_features, hidden, layers)
+        self.rnn = CELLS[cell](in_features, hidden, num_layers=layers, batch_first=True)
         self.fc = nn.Linear(hidden, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.rnn(x)[:, -1])
+        return self.fc(self.rnn(x)[0][:, -1])
 
 
 class RecurrentClassifier(BayesianModel):

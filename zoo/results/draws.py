@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,7 @@ import torch
 
 from zoo.arguments import check_bool, check_positive
 from zoo.models import stored
+from zoo.results import blocks
 from zoo.results.posterior import Posterior
 from zoo.storage import checks as file_checks
 from zoo.storage import files
@@ -45,23 +46,47 @@ class DrawnPosterior(Posterior):
         them evenly spaced over that order (so every chain contributes). Every draw of more
         than :data:`MANY_DRAWS` taken by default warns: each is one network to evaluate."""
         check_positive(num_samples=num_samples)
+        flat = self._every(num_samples)
+        total = next(iter(flat.values())).shape[0]
+        if num_samples is None or num_samples >= total:
+            return flat
+        index = torch.linspace(0, total - 1, num_samples).round().long()
+        return {k: v[index.to(v.device)] for k, v in flat.items()}
+
+    def _every(self, num_samples: int | None) -> dict[str, torch.Tensor]:
+        """Every draw in chain order, as views; a warning when the call takes more than
+        :data:`MANY_DRAWS` of them by default."""
         flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in self.draws.items()}
         total = next(iter(flat.values())).shape[0]
         if num_samples is None and total > MANY_DRAWS:
             warnings.warn(
                 f"using all {total:,} draws (num_samples=None), one network each: pass "
                 "num_samples= to use fewer, evenly spaced over the chains",
-                stacklevel=3,
+                stacklevel=4,
             )
-        if num_samples is None or num_samples >= total:
-            return flat
-        index = torch.linspace(0, total - 1, num_samples).round().long()
-        return {k: v[index.to(v.device)] for k, v in flat.items()}
+        return flat
 
     def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
         """``{site: (S, *shape)}``: :meth:`flat_draws` (``seed`` is accepted for the common
         signature; stored draws are not drawn again)."""
         return self.flat_draws(num_samples)
+
+    def draw_blocks(self, num_samples: int | None, seed: int | None) -> Iterator[dict]:
+        """:meth:`flat_draws` block by block (:mod:`zoo.results.blocks`): views of the stored
+        draws, or the evenly spaced selection copied one block at a time."""
+        check_positive(num_samples=num_samples)
+        every = self._every(num_samples)
+        total = next(iter(every.values())).shape[0]
+        shapes = {k: tuple(v.shape[1:]) for k, v in every.items()}
+        element = next(iter(every.values())).element_size()
+        per = blocks.draws_per_block(blocks.draw_bytes(shapes, element))
+        if num_samples is None or num_samples >= total:
+            yield from blocks.sliced(every, per)
+            return
+        index = torch.linspace(0, total - 1, num_samples).round().long()
+        for start in range(0, num_samples, per):
+            chosen = index[start : start + per]
+            yield {k: v[chosen.to(v.device)] for k, v in every.items()}
 
     def chains(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
         """``{site: (C, D', *shape)}``: every draw, or ``ceil(num_samples / C)`` evenly spaced

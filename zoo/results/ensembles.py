@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,18 +110,16 @@ class Ensemble(Posterior):
                  for k, m in enumerate(self.members)]  # fmt: skip
         return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
 
-    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
-        """The mixture predictive on ``x``: each member's prediction (its own network, batch
-        norm statistics included; :meth:`draws_per_member` networks, member ``k`` seeded
-        ``seed + k``) side by side, ``S = K m`` sampled networks in all, the same
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
+        """The mixture predictive on ``x``: each member's prediction blocks (its own network,
+        batch norm statistics included; :meth:`draws_per_member` networks, member ``k``
+        seeded ``seed + k``) in member order, ``S = K m`` sampled networks in all, the same
         ``Prediction`` type as a fit's."""
         per = self.draws_per_member(self.sample_size(options.num_samples, options.seed))
-        parts = []
         for k, member in enumerate(self.members):
             seed = None if options.seed is None else options.seed + k
             own = dataclasses.replace(options, num_samples=per, seed=seed)
-            parts.append(member.predict_with(x, own))
-        return mixture(parts)
+            yield from member.prediction_blocks(x, own)
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None

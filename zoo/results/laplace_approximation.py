@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -13,6 +14,7 @@ import torch
 from zoo.data.checks import check_inputs
 from zoo.models import stored
 from zoo.models.predictions import Prediction
+from zoo.results import blocks
 from zoo.results.laplace_checks import check_laplace_payload, check_options_entry, plain, tensors
 from zoo.results.laplace_torch import (
     LaplaceOptions,
@@ -82,14 +84,16 @@ class LaplaceFit(Posterior):
         curvature = sum(t.numel() for t in tensors(state["H"]))
         return sum(w.numel() for w in self.map_weights.values()) + curvature
 
-    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
         """The predictive on ``x`` as the library's ``Prediction``: ``num_samples`` function
         samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
         blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
-        which holds a ``(block, outputs, weights)`` Jacobian). ``seed`` fixes the draws
-        (``None``: torch's global generator); ``threads`` as a number sets torch's CPU threads
-        for the passes. laplace-torch predicts on one device: with ``distributed=True`` every
-        rank computes the whole prediction (the same on each)."""
+        which holds a ``(block, outputs, weights)`` Jacobian). The ``"nn"`` predictive draws
+        its weights in blocks of bounded memory (:mod:`zoo.results.blocks`), one prediction
+        each. ``seed`` fixes the draws (``None``: torch's global generator); ``threads`` as a
+        number sets torch's CPU threads for the passes. laplace-torch predicts on one device:
+        with ``distributed=True`` every rank computes the whole prediction (the same on
+        each)."""
         num_samples, batch_size = options.num_samples, options.batch_size
         device = self.device
         generator = None
@@ -98,23 +102,28 @@ class LaplaceFit(Posterior):
         if self.options.weights == "subnetwork" and self.options.predictive == "glm":
             # the linearised network at joint weight draws: laplace-torch's per-input Cholesky
             # of the function covariance fails where the chosen weights do not reach an output
-            return self.predict_draws(x.to(device), self.sample(num_samples, options.seed),
-                                      options)  # fmt: skip
+            yield from super().prediction_blocks(x.to(device), options)
+            return
         if batch_size is None:  # the GLM predictive of all weights holds a Jacobian per input
             glm_all = self.options.weights == "all" and self.options.predictive == "glm"
             batch_size = 16 if glm_all else 1024
         check_inputs(self.model, x, device)
         threads = options.threads if isinstance(options.threads, int) else None
-        blocks = []
-        with intra_op_threads(threads):  # "auto": laplace-torch's passes, torch's own count
-            for start in range(0, x.shape[0], batch_size):
-                chunk = x[start : start + batch_size].to(device)
-                with laplace_torch_call("LaplaceFit.predict"):
-                    blocks.append(self._outputs(chunk, num_samples, generator))
-        outputs = torch.cat(blocks, dim=1)
-        noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
-        params = {"noise": noise.expand(outputs.shape[0])}
-        return self.model.likelihood.predict(outputs, params)
+        sizes = [num_samples]
+        if self.options.predictive == "nn":  # a block of weight draws per laplace-torch call
+            weights = 4 * int(self.laplace.n_params)  # float32 draws of the weights it covers
+            sizes = blocks.block_sizes(num_samples, blocks.draws_per_block(weights))
+        for size in sizes:
+            parts = []
+            with intra_op_threads(threads):  # "auto": laplace-torch's passes, its own count
+                for start in range(0, x.shape[0], batch_size):
+                    chunk = x[start : start + batch_size].to(device)
+                    with laplace_torch_call("LaplaceFit.predict"):
+                        parts.append(self._outputs(chunk, size, generator))
+            outputs = torch.cat(parts, dim=1)
+            noise = self.laplace.sigma_noise.detach().reshape(-1)[:1].to(outputs)
+            params = {"noise": noise.expand(outputs.shape[0])}
+            yield self.model.likelihood.predict(outputs, params)
 
     def _outputs(self, x, num_samples, generator) -> torch.Tensor:
         """``(S, n, out)`` network outputs (logits or means) of one block of inputs."""

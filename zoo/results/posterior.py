@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -21,7 +21,9 @@ import torch
 
 from zoo.arguments import check_bool, check_positive, check_seed
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
-from zoo.models.predictions import Prediction
+from zoo.models.predictions import Prediction, mixture
+from zoo.models.summaries import Summary
+from zoo.results import blocks
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
@@ -118,10 +120,30 @@ class Posterior:
         what :meth:`save` writes beside the file's ``format``, ``version`` and ``kind``."""
         raise NotImplementedError(f"{type(self).__name__} cannot be saved")
 
+    def draw_blocks(self, num_samples: int | None, seed: int | None) -> Iterator[dict]:
+        """:meth:`sample`'s ``num_samples`` draws in consecutive blocks of bounded memory
+        (:mod:`zoo.results.blocks`), each ``{site: (S_j, *site_shape)}``; their concatenation
+        is ``sample(num_samples, seed)``. By default views of the draws :meth:`sample` holds; a
+        kind that draws afresh (a fit's guide) or selects (stored draws) overrides it to hold
+        one block at a time."""
+        draws = self.sample(num_samples, seed)
+        shapes = {k: tuple(v.shape[1:]) for k, v in draws.items()}
+        element = next(iter(draws.values())).element_size()
+        yield from blocks.sliced(draws, blocks.draws_per_block(blocks.draw_bytes(shapes, element)))
+
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
+        """The predictive on ``x`` (checked options) as consecutive predictions of blocks of
+        sampled networks, one block of weight draws held at a time: by default the model's
+        network at each block of :meth:`draw_blocks`. Their :func:`~zoo.models.predictions.mixture`
+        is :meth:`predict_with`'s prediction; :meth:`evaluate` accumulates them online."""
+        for block in self.draw_blocks(options.num_samples, options.seed):
+            yield self.predict_draws(x, block, options)
+
     def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
-        """The predictive on ``x`` (checked options): by default the model's network at
-        ``options.num_samples`` draws of :meth:`sample`."""
-        return self.predict_draws(x, self.sample(options.num_samples, options.seed), options)
+        """The predictive on ``x`` (checked options): the blocks of
+        :meth:`prediction_blocks` side by side (``S = sum_j S_j`` sampled networks)."""
+        parts = list(self.prediction_blocks(x, options))
+        return parts[0] if len(parts) == 1 else mixture(parts)
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
@@ -211,6 +233,12 @@ class Posterior:
         distributed run, shards ``x`` over the ranks and gathers the outputs once.
         ``sample_batch_size > 1`` evaluates that many draws per vectorised pass.
 
+        Memory: the weight draws are made and used in blocks of at most
+        :data:`zoo.results.blocks.DRAW_MEMORY` bytes (:meth:`prediction_blocks`), so a
+        prediction holds one block of weights and the outputs, ``S x N x outputs`` numbers
+        (twice for classification: logits and probabilities); :meth:`evaluate` holds not even
+        those, only per-input running sums.
+
         Returns a :class:`zoo.ClassificationPrediction` or :class:`zoo.RegressionPrediction`
         (the model's likelihood decides)."""
         options = self.predict_options(
@@ -272,13 +300,29 @@ class Posterior:
         predictive *density* of the sample mixture, in the units of ``y``: it can be negative),
         ``coverage_95`` (the share of targets inside the central 95% predictive interval: about
         0.95 for a calibrated predictive, lower when it is overconfident). The data are checked
-        against the model before any prediction."""
+        against the model before any prediction.
+
+        The metrics are accumulated online over blocks of sampled networks
+        (:meth:`prediction_blocks`; :mod:`zoo.models.summaries`): the call holds one block of
+        weight draws and per-input sums (``N x outputs``), never the ``S x N`` outputs, and
+        returns what the whole prediction's metrics are, to float rounding."""
         options = self.predict_options(num_samples, batch_size, seed, progress, threads,
                                        distributed, None)  # fmt: skip
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
-        pred = self.predict_with(x, options)
-        return self.model.likelihood.metrics(pred, y.to(pred.outputs.device))
+        return self.summarise(x, y, options).metrics()
+
+    def summarise(self, x: torch.Tensor, y: torch.Tensor, options: PredictOptions) -> Summary:
+        """The predictive on checked inputs ``x`` against targets ``y`` accumulated online
+        over :meth:`prediction_blocks` (:mod:`zoo.models.summaries`): what :meth:`evaluate`
+        reads its metrics from, and ``zoo.compare`` its distances."""
+        summary = None
+        for part in self.prediction_blocks(x, options):  # one block of networks at a time
+            if summary is None:
+                summary = self.model.likelihood.summary(y.to(part.outputs.device))
+            summary.add(part)
+        assert summary is not None  # a prediction has at least one block
+        return summary
 
     @one_at_a_time
     def to_arviz(

@@ -4,7 +4,7 @@ reading one back from its file."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -14,6 +14,7 @@ from zoo.arguments import is_number
 from zoo.evaluation.predictive import fitted_guide_device
 from zoo.models import stored
 from zoo.models.statistics import frozen_statistics
+from zoo.results import blocks
 from zoo.results.posterior import Posterior
 from zoo.runtime.rng import seeded
 from zoo.storage import checks as file_checks
@@ -107,11 +108,24 @@ class FitResult(Posterior):
     def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
         """``{site: (S, *site_shape)}``: ``S`` draws of the fitted guide
         (``guide.sample_posterior``), seeded by ``seed`` without touching the caller's
-        random state (``None``: the global generators)."""
+        random state (``None``: the global generators): the blocks of :meth:`draw_blocks`
+        side by side."""
+        parts = list(self.draw_blocks(num_samples, seed))
+        if len(parts) == 1:
+            return parts[0]
+        return {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+
+    def draw_blocks(self, num_samples: int | None, seed: int | None) -> Iterator[dict]:
+        """The guide's draws made block by block (:mod:`zoo.results.blocks`): block ``j``
+        of ``draws_per_block`` draws seeded ``block_seed(seed, j)``, so that only one block's
+        weights are held at a time."""
         num_samples = self.sample_size(num_samples, seed)
         device = fitted_guide_device(self.guide)
-        with torch.no_grad(), frozen_statistics(), seeded(seed, device):
-            return self.guide.sample_posterior(num_samples)
+        per = blocks.draws_per_block(guide_draw_bytes(self.guide))
+        for j, size in enumerate(blocks.block_sizes(num_samples, per)):
+            with torch.no_grad(), frozen_statistics(), seeded(blocks.block_seed(seed, j), device):
+                block = self.guide.sample_posterior(size)
+            yield block
 
     def describe(self) -> dict:
         """The family, the steps and the final ELBO."""
@@ -131,6 +145,15 @@ class FitResult(Posterior):
             },
             "options": files.plain_data(self.options),
         }
+
+
+def guide_draw_bytes(guide: AutoGuide) -> int:
+    """Bytes of one joint draw of a fitted guide's latent sites (from its prototype trace)."""
+    trace = guide.prototype_trace
+    if trace is None:  # a guide that was never run has no sites to measure: one block
+        return 1
+    values = [site["value"] for _, site in trace.iter_stochastic_nodes()]
+    return sum(v.numel() * v.element_size() for v in values if isinstance(v, torch.Tensor))
 
 
 def fit_from_payload(payload: dict, path, model: Callable | None, map_location) -> FitResult:

@@ -8,7 +8,6 @@ import guides
 import zoo
 from zoo.inference.compiled import compile_refusal
 from zoo.models import AlexNet, RecurrentClassifier, ResNet, TransformerClassifier, build
-from zoo.models.recurrent import Recurrent
 from zoo.models.transformer import SelfAttention
 
 NETWORKS = {
@@ -72,13 +71,27 @@ def test_attention_is_pytorchs_multihead_attention():
 
 @pytest.mark.parametrize("cell, torch_cls", [("lstm", nn.LSTM), ("gru", nn.GRU)])
 @pytest.mark.parametrize("layers", [1, 2])
-def test_recurrent_cells_are_pytorchs(cell, torch_cls, layers):
+def test_recurrent_classifier_runs_pytorchs_fused_layer_under_each_draw(cell, torch_cls, layers):
+    """The network is PyTorch's own layer (its fused kernel), its sites keep the names fits
+    were saved under, and several draws at once are each draw's own network, stacked."""
     torch.manual_seed(0)
-    ours = Recurrent(cell, 4, 6, layers)
+    model = RecurrentClassifier(4, hidden=6, num_classes=3, cell=cell, layers=layers)
+    assert type(model.net.rnn) is torch_cls and model.net.rnn.batch_first
+    names = [f"rnn.{w}_l{k}" for k in range(layers)
+             for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]  # fmt: skip
+    assert list(model.site_shapes)[: 4 * layers] == names
+    g = torch.Generator().manual_seed(1)
+    draws = {n: 0.3 * torch.randn(3, *s, generator=g) for n, s in model.site_shapes.items()}
+    x = torch.randn(5, 7, 4, generator=g)
+    together = model.network(x, draws)
+    one_by_one = torch.stack([model.network(x, {n: v[k] for n, v in draws.items()})
+                              for k in range(3)])  # fmt: skip
+    torch.testing.assert_close(together, one_by_one)
     theirs = torch_cls(4, 6, num_layers=layers, batch_first=True)
-    theirs.load_state_dict(ours.state_dict())  # the same names and shapes
-    x = torch.randn(3, 7, 4)
-    assert torch.allclose(ours(x), theirs(x)[0], atol=1e-5)
+    theirs.load_state_dict({n[4:]: v[0] for n, v in draws.items() if n.startswith("rnn.")})
+    fc = {n[3:]: v[0] for n, v in draws.items() if n.startswith("fc.")}
+    expected = theirs(x)[0][:, -1] @ fc["weight"].T + fc["bias"]
+    torch.testing.assert_close(together[0], expected, atol=1e-5, rtol=1e-5)
 
 
 def test_bad_sizes_are_refused_before_any_weight():
