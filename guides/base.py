@@ -43,6 +43,7 @@ from torch.distributions import Transform, biject_to
 
 from guides import initial, registry
 from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
+from guides.memory import check_fit_memory, fit_memory
 from guides.site import (
     DiagonalSite,
     SitePosterior,
@@ -50,6 +51,7 @@ from guides.site import (
     check_fixed_priors,
     check_global_continuous,
     is_real,
+    serving_class,
 )
 
 _LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
@@ -209,6 +211,7 @@ class PerSiteGuide(AutoGuide):
         self.sites = PyroModule()
         self._site_names = []
         means = initial.Means(self, self._init_values, self.init_loc_fn)
+        plans = []
         for name, site in self._prototype().iter_stochastic_nodes():
             check_global_continuous(type(self).__name__, name, site)
             init = means.value(name, site)
@@ -223,10 +226,14 @@ class PerSiteGuide(AutoGuide):
                 self._transforms[name] = transform
                 init = transform.inv(init)
                 cls, options = self.constrained_class_for(name), {}
+            plans.append((name, cls, init, means.scale(name, self.init_scale), options))
+        label = self.family or type(self).__name__
+        check_fit_memory(label, [(name, cls, init.shape, scale, options)
+                                 for name, cls, init, scale, options in plans])  # fmt: skip
+        for name, cls, init, scale, options in plans:
             try:
-                module = cls(init, means.scale(name, self.init_scale), **options)
+                module = cls(init, scale, **options)
             except ValueError as err:  # a family that cannot serve this site says which
-                label = self.family or type(self).__name__
                 raise ValueError(f"{label} at site {name!r}: {err}") from None
             deep_setattr(self.sites, name, module)
             self._site_names.append(name)
@@ -330,6 +337,14 @@ class PerSiteGuide(AutoGuide):
         """Number of scalar variational parameters (all sites)."""
         return sum(p.numel() for p in self.parameters())
 
+    def fit_memory(self) -> int:
+        """Bytes a fit of this guide takes at least (:func:`guides.memory.fit_memory`: 16 a
+        variational parameter, 8 a weight); larger than the machine, the guide is refused when
+        it is set up, before its parameters are allocated."""
+        nodes = self._prototype().nodes
+        weights = sum(nodes[name]["value"].numel() for name in self._site_names)
+        return fit_memory(self.num_variational_parameters(), weights)
+
     def _require_setup(self) -> None:
         self._prototype()
 
@@ -342,22 +357,6 @@ class PerSiteGuide(AutoGuide):
                 "it once on example inputs (guide(x, y)) or fit it with zoo.fit first"
             )
         return self.prototype_trace
-
-
-def serving_class(
-    site_cls: type[SitePosterior] | None, name: str, shape, what: str
-) -> type[SitePosterior]:
-    """``site_cls`` if it supports ``shape``, else its ``fallback``; else a clear error."""
-    if site_cls is None:  # a family over several sites serves its sites itself
-        raise TypeError(f"{what} has no per-site class to serve site {name!r}")
-    if site_cls.supports(shape):
-        return site_cls
-    if site_cls.fallback is not None:
-        return site_cls.fallback
-    raise ValueError(
-        f"{what} cannot serve site {name!r} of shape {tuple(shape)}. Use guides.AutoMixed to "
-        f"give that site another family, e.g. {{'{name}': 'diagonal', '*': ...}}."
-    )
 
 
 def _slim(trace):

@@ -74,6 +74,12 @@ class GaussianMixin:
         Mahalanobis norm is 0)."""
         raise NotImplementedError
 
+    def variance_sum(self) -> torch.Tensor:
+        """``tr Cov = sum_i Var[w_i]`` (a scalar): what the KL to an isotropic prior needs of
+        the variances. By default the sum of the marginal variances; a family whose trace is
+        cheaper than its ``n`` variances (the matrix normal's ``tr(A A^T) tr(B B^T)``) says so."""
+        return self.variance.reshape(self.batch_shape + (-1,)).sum(-1)
+
     @property
     def covariance_matrix(self) -> torch.Tensor:
         """Dense ``(n, n)`` covariance in row-major order: for small sites and tests only."""
@@ -247,12 +253,33 @@ def gaussian_kl(q, loc_p: torch.Tensor, scale_p: torch.Tensor, p_batch_shape=())
     family. The result has the broadcast batch shape of ``q`` and the prior.
     """
     k = len(q.event_shape)
+    if not q.batch_shape and _uniform(loc_p) and _uniform(scale_p):  # an isotropic prior
+        return _isotropic_kl(q, loc_p, scale_p).expand(p_batch_shape)
     var_p = scale_p.pow(2)
     terms = (q.variance + (q.mean - loc_p).pow(2)) / var_p + var_p.log()
     terms = terms.expand(torch.broadcast_shapes(terms.shape, q.batch_shape + q.event_shape))
     total = terms.reshape(terms.shape[: terms.dim() - k] + (-1,)).sum(-1)
     kl = 0.5 * (total - q.num_elements - q.log_det_covariance())
     return kl.expand(torch.broadcast_shapes(kl.shape, q.batch_shape, p_batch_shape))
+
+
+def _uniform(t: torch.Tensor) -> bool:
+    """Whether ``t`` is one number seen at every position (a scalar, or expanded from one):
+    read from its strides, never from its values."""
+    return t.numel() == 1 or all(stride == 0 for stride in t.stride())
+
+
+def _isotropic_kl(q, loc_p: torch.Tensor, scale_p: torch.Tensor) -> torch.Tensor:
+    """:func:`gaussian_kl` to ``N(mu I, s^2 I)`` in two passes over the means
+    (``||m - mu||^2 = ||m||^2 - 2 mu sum m + n mu^2``) and the family's trace
+    (:meth:`GaussianMixin.variance_sum`), not the ``n``-element terms: the same number
+    (``tests/guides/test_distributions.py`` checks it against the dense KL)."""
+    n = q.num_elements
+    mu, var_p = loc_p.reshape(-1)[0], scale_p.reshape(-1)[0].pow(2)
+    m = q.mean.reshape(-1)
+    distance = squared_norm(m) - 2 * mu * m.sum() + n * mu.pow(2)
+    total = (q.variance_sum() + distance) / var_p + n * var_p.log()
+    return 0.5 * (total - n - q.log_det_covariance())
 
 
 def gaussian_kl_to_normal(q: GaussianMixin, p: Independent) -> torch.Tensor:

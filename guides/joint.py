@@ -32,7 +32,7 @@ import pyro.distributions as dist
 import torch
 from torch import nn
 
-from guides.base import PerSiteGuide, serving_class
+from guides.base import PerSiteGuide
 from guides.checks import InvalidArgument, check_family_options, is_int
 from guides.joint_gaussian import (
     JointCovariance,
@@ -42,7 +42,7 @@ from guides.joint_gaussian import (
     indices,
 )
 from guides.registry import get, is_per_site, per_site_families
-from guides.site import SitePosterior
+from guides.site import SitePosterior, serving_class
 
 
 class AutoJoint(PerSiteGuide, family="joint", composite=True):

@@ -10,7 +10,8 @@ twice differentiable.
 - Matrix normal: :class:`KroneckerFactorProduct` (``A E B^T`` over triangular factors) and its
   block helpers (:func:`lower_left`, :func:`right_lower_t`, :func:`lower_t_left`,
   :func:`right_lower`, :func:`masked_product`, :func:`factor_mask`,
-  :func:`effective_factor`).
+  :func:`effective_factor`), and :class:`TriangularFactor` (a factor alone, for the local
+  reparameterisation).
 - Tridiagonal: :func:`bidiagonal_solve` (a parallel prefix scan), :class:`PoschSample` (one
   site); every Posch site drawn at once is in :mod:`guides.posch_joint`.
 """
@@ -134,6 +135,32 @@ def effective_factor(raw: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tenso
     diag = F.softplus(raw.detach().diagonal())
     a.diagonal().copy_(diag)
     return a, diag
+
+
+class TriangularFactor(torch.autograd.Function):
+    """The triangular factor of ``raw`` (:func:`effective_factor`: ``raw * mask`` with
+    ``softplus`` on the diagonal) in one pass forward and one backward: the gradient of ``raw``
+    is the factor's gradient times ``mask``, its diagonal times ``sigmoid(diag raw)``. What the
+    matrix normal's local reparameterisation multiplies by (``tril``, ``diag_embed`` and their
+    backward passes under autograd read and write the ``n x n`` factor several times each)."""
+
+    @staticmethod
+    def forward(ctx, raw, mask):
+        ctx.save_for_backward(raw, mask)
+        return effective_factor(raw, mask)[0]
+
+    @staticmethod
+    def backward(ctx, grad):
+        raw, mask = ctx.saved_tensors
+        grad_raw = grad * mask
+        grad_raw.diagonal().mul_(torch.sigmoid(raw.detach().diagonal()))
+        return grad_raw, None
+
+
+def triangular_factor(raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``tril(raw, -1) / sqrt(n) + diag(softplus(diag raw))`` for an ``n x n`` ``raw``, with
+    ``mask`` its :func:`factor_mask` (:class:`TriangularFactor`)."""
+    return TriangularFactor.apply(raw, mask)
 
 
 class KroneckerFactorProduct(torch.autograd.Function):

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from guides.base import PerSiteGuide, serving_class
+from guides.base import PerSiteGuide
 from guides.checks import check_family_options
 from guides.registry import available, get, is_per_site, per_site_families
-from guides.site import SitePosterior
+from guides.site import SitePosterior, serving_class
 
 
 class AutoMixed(PerSiteGuide, family="mixed", composite=True):

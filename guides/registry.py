@@ -46,9 +46,17 @@ class Recipe:
         The scale under the full-batch recipe of small regression data
         (``zoo.REGRESSION_FIT``) where it differs from ``lr_scale``: a family may learn best
         at one scale of a minibatch rate and another of the full-batch one.
+    elbo : {"trace", "meanfield"}, optional
+        The ELBO a fit uses when the caller does not say (``zoo.Loss(elbo=None)``): Monte Carlo
+        KL (``"trace"``, used where this is ``None``) or the closed-form KL.
+    estimator : {"reparam", "local", "flipout", "auto"}, optional
+        How a fit's layers see the weights when the caller does not say
+        (``zoo.Loss(estimator=None)``; ``"reparam"`` where this is ``None``). ``"auto"``: the
+        local reparameterisation on each linear layer where the family's distribution says it
+        is cheaper than a draw (``local_is_cheaper``), a shared draw elsewhere.
     why : str
         The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
-        ``benchmarks/task_rate.py``).
+        ``benchmarks/task_rate.py``), or behind a loss of the family's own.
 
     Notes
     -----
@@ -58,9 +66,17 @@ class Recipe:
 
     lr_scale: float = 1.0
     full_batch_lr_scale: float | None = None
+    elbo: str | None = None
+    estimator: str | None = None
     why: str = ""
 
     def __post_init__(self):
+        for name, value, choices in (
+            ("elbo", self.elbo, ("trace", "meanfield")),
+            ("estimator", self.estimator, ("reparam", "local", "flipout", "auto")),
+        ):
+            if value is not None and value not in choices:
+                raise ValueError(f"Recipe({name}={value!r}): one of {choices} or None")
         for name in ("lr_scale", "full_batch_lr_scale"):
             value = getattr(self, name)
             if name == "lr_scale" or value is not None:

@@ -229,3 +229,19 @@ def check_fixed_priors(guide, trace, args: tuple, kwargs: dict) -> None:
                 "Give the model a fixed prior (prior=None, the task's default, or a number), or "
                 "that site another family through guides.AutoMixed."
             )
+
+
+def serving_class(
+    site_cls: type[SitePosterior] | None, name: str, shape, what: str
+) -> type[SitePosterior]:
+    """``site_cls`` if it supports ``shape``, else its ``fallback``; else a clear error."""
+    if site_cls is None:  # a family over several sites serves its sites itself
+        raise TypeError(f"{what} has no per-site class to serve site {name!r}")
+    if site_cls.supports(shape):
+        return site_cls
+    if site_cls.fallback is not None:
+        return site_cls.fallback
+    raise ValueError(
+        f"{what} cannot serve site {name!r} of shape {tuple(shape)}. Use guides.AutoMixed to "
+        f"give that site another family, e.g. {{'{name}': 'diagonal', '*': ...}}."
+    )

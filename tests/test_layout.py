@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 #: is ``lowrank_kernels``.
 GUIDES_LAYERS = [
     "checks",  # the primitive argument checks of the whole library (zoo.arguments re-exports)
+    "memory",  # what a family's fit takes, counted before allocating
     "registry",
     "lowrank_kernels",
     "kernels",

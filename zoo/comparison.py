@@ -24,15 +24,14 @@ from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit as run_fit
+from zoo.training.keywords import fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
     Loss,
     Optim,
     Run,
-    fit_arguments,
     group,
     grouped,
-    refuses_flat_keywords,
 )
 
 nan = float("nan")

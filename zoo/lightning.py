@@ -33,8 +33,9 @@ from zoo.runtime.distributed import INSTALL_HINT
 from zoo.runtime.packages import require_torchvision
 from zoo.runtime.rng import seeded
 from zoo.runtime.threads import check_threads, threads_for
+from zoo.training.keywords import refuses_flat_keywords
 from zoo.training.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
-from zoo.training.options import Loss, Optim, group, refuses_flat_keywords
+from zoo.training.options import Loss, Optim, group
 
 require_torchvision("zoo.lightning (Lightning)")  # before Lightning imports it
 try:
@@ -112,6 +113,7 @@ class BayesianModule(L.LightningModule):
             raise ValueError(f"num_data must be the training set's size, got {num_data!r}")
         self.model, self.num_data = model, int(num_data)
         self.guide = guides.registry.instantiate(guide, model, {})
+        loss = loss.resolved(guides.registry.recipe(self.guide))  # the family's ELBO, estimator
         self.objective = Objective.from_loss(model, self.guide, loss, jit=False)
         with frozen_statistics():  # the guide's set-up traces the model: not a training step
             self.objective.setup(*_example(model, example))

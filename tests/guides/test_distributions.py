@@ -134,3 +134,21 @@ def test_noise_squared_norm_is_one_dot_for_a_vector():
     assert [e.name for e in prof.events() if e.cpu_parent is None] == ["aten::dot"]
     w = x[0].clone().requires_grad_()  # a tensor with a gradient takes the differentiable path
     assert torch.autograd.gradcheck(noise_squared_norm, (w,))
+
+
+def test_the_isotropic_kl_shortcut_equals_the_per_element_sum(make, shape):
+    """An expanded scalar prior takes the two-pass KL (guides.gaussian._isotropic_kl); the same
+    prior written out per element takes the per-element sum: equal values and gradients."""
+    site = make(shape)
+    loc, scale = torch.tensor(0.1, dtype=torch.float64), torch.tensor(0.7, dtype=torch.float64)
+    expanded = dist.Normal(loc, scale).expand(shape).to_event(2)
+    written = dist.Normal(loc.expand(shape).clone(), scale.expand(shape).clone()).to_event(2)
+    results = []
+    for prior in (expanded, written):
+        site.zero_grad()
+        kl = kl_divergence(site.distribution(), prior)
+        kl.backward()
+        results.append((kl.detach(), [p.grad.clone() for p in site.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-10, atol=1e-10)
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)

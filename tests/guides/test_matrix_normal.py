@@ -195,3 +195,20 @@ def test_sites_saved_before_the_scaled_map_load_with_the_same_factors(route):
     torch.testing.assert_close(got.row_factor, want_a, rtol=1e-12, atol=1e-15)
     torch.testing.assert_close(got.col_factor, want_b, rtol=1e-12, atol=1e-15)
     assert isinstance(old.row_raw_unconstrained, torch.nn.Parameter)
+
+
+def test_the_fused_triangular_factor_is_the_autograd_one():
+    """guides.kernels.TriangularFactor against tril + diag_embed under autograd, value and
+    gradient (float64), and gradcheck."""
+    g = torch.Generator().manual_seed(0)
+    raw = torch.randn(7, 7, dtype=torch.float64, generator=g, requires_grad=True)
+    weight = torch.randn(7, 7, dtype=torch.float64, generator=g)
+    reference = raw.tril(-1) / 7**0.5 + torch.diag_embed(
+        torch.nn.functional.softplus(raw.diagonal())
+    )
+    fused = triangular_factor(raw)
+    torch.testing.assert_close(fused, reference)
+    (expected,) = torch.autograd.grad((reference * weight).sum(), raw)
+    (got,) = torch.autograd.grad((fused * weight).sum(), raw)
+    torch.testing.assert_close(got, expected)
+    assert torch.autograd.gradcheck(lambda r: triangular_factor(r), (raw,))

@@ -30,14 +30,13 @@ from zoo.results.ensembles import Ensemble
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
+from zoo.training.keywords import fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
     Loss,
     Optim,
     Run,
-    fit_arguments,
     group,
-    refuses_flat_keywords,
 )
 from zoo.training.recipes import resolve_device
 

@@ -28,7 +28,8 @@ from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
-from zoo.training.options import Engine, Loss, Optim, Run, fit_arguments, refuses_flat_keywords
+from zoo.training.keywords import fit_arguments, refuses_flat_keywords
+from zoo.training.options import Engine, Loss, Optim, Run
 
 
 @refuses_flat_keywords

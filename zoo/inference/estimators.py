@@ -28,6 +28,13 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
     its distribution under ``q``. With
     ``elbo="meanfield"`` the served weights are not even drawn (the KL is in closed form),
     which is what makes the matrix normal cheap: no ``A E B^T`` per step.
+``"auto"``
+    ``"local"`` on the linear layers whose family says its local reparameterisation is cheaper
+    than a draw for the minibatch (``local_is_cheaper(rows)``: the matrix normal's, where
+    ``rows (out^2 + in^2) < out in (out + in)``), a shared draw everywhere else; with
+    ``num_particles > 1`` a shared draw everywhere. The matrix normal's default
+    (``guides.Recipe``), with the closed-form KL, so that a wide layer never forms ``A E B^T``
+    (``benchmarks/width.py``).
 ``"flipout"`` (Wen et al. 2018)
     The shared draw's deviation ``dW = W - M`` is decorrelated across examples by random signs,
     ``b_n = M x_n + r_n * (dW (s_n * x_n))`` with ``r_n, s_n`` uniform in ``{-1, +1}``. Exact
@@ -50,7 +57,7 @@ from torch.overrides import TorchFunctionMode
 
 from guides.gaussian import has_closed_form_kl
 
-ESTIMATORS = ("reparam", "local", "flipout")
+ESTIMATORS = ("reparam", "local", "flipout", "auto")
 _CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3}
 _CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
 
@@ -60,10 +67,20 @@ def check_estimator(estimator: str) -> None:
         raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
 
 
-def serves(estimator: str, fn, layer: str) -> bool:
+def serves(estimator: str, fn, layer: str, rows: int = 1) -> bool:
     """Whether ``estimator`` is exact for a weight with posterior ``fn`` in a ``layer``
     (``"linear"`` or ``"conv"``), as the distribution states it (see
-    :class:`guides.gaussian.GaussianMixin`)."""
+    :class:`guides.gaussian.GaussianMixin`); for ``"auto"``, whether the local
+    reparameterisation of a linear layer seeing ``rows`` examples is also cheaper than a draw
+    (the distribution's ``local_is_cheaper(rows)``)."""
+    if estimator == "auto":
+        cheaper = getattr(fn, "local_is_cheaper", None)
+        return (
+            layer == "linear"
+            and getattr(fn, "supports_local_reparameterization", False)
+            and cheaper is not None
+            and bool(cheaper(rows))
+        )
     if estimator == "local":
         if layer == "conv":
             return getattr(fn, "supports_local_conv", False)
@@ -96,13 +113,28 @@ class RecordGuideSites(Messenger):
 
 class LayerNoise(TorchFunctionMode):
     """While active, linear and convolution calls whose weight is one of the recorded site
-    values are evaluated with ``estimator``; ``served`` collects the names of those sites."""
+    values are evaluated with ``estimator``; ``served`` collects the names of those sites.
 
-    def __init__(self, estimator: str, sites: dict[str, tuple]):
+    ``"auto"`` decides per site once, at :func:`plan` (``rows``: the minibatch's examples,
+    default the call's), and then serves exactly those sites (``only``), whatever the rows of
+    a later call: a site whose weight was left undrawn must be served at every call."""
+
+    def __init__(
+        self,
+        estimator: str,
+        sites: dict[str, tuple],
+        only: frozenset[str] | None = None,
+        rows: int | None = None,
+    ):
         super().__init__()
-        self.estimator = estimator
+        self.estimator, self.only, self.rows = estimator, only, rows
         self.by_id = {id(value): (name, fn, value) for name, (fn, value) in sites.items()}
         self.served: set[str] = set()
+
+    def _serves(self, name: str, fn, layer: str, examples: int) -> bool:
+        if self.estimator == "auto" and self.only is not None:
+            return name in self.only
+        return serves(self.estimator, fn, layer, self.rows or examples)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -113,11 +145,12 @@ class LayerNoise(TorchFunctionMode):
             # a linear layer over several rows of one example (a sequence's positions) shares
             # its weight across them: per-row noise would not be one draw per example
             rows = func is not F.linear or arguments["input"].dim() == 2
-            if entry is not None and rows and serves(self.estimator, entry[1], layer):
+            examples = arguments["input"].shape[0]
+            if entry is not None and rows and self._serves(entry[0], entry[1], layer, examples):
                 self.served.add(entry[0])
                 if self.estimator == "local" and layer == "conv":
                     return entry[1].local_conv(func, arguments)
-                if self.estimator == "local":
+                if self.estimator in ("local", "auto"):
                     return entry[1].local_linear(arguments["input"], arguments["bias"])
                 return _flipout(func, arguments, entry[1], entry[2])
         return func(*args, **kwargs)
@@ -151,56 +184,70 @@ def _signs(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def wire(
-    model: Callable, guide: Callable, estimator: str, skip_sampling: frozenset[str] = frozenset()
+    model: Callable,
+    guide: Callable,
+    estimator: str,
+    skip_sampling: frozenset[str] = frozenset(),
+    only: frozenset[str] | None = None,
 ) -> tuple[Callable, Callable]:
     """The model and guide an ELBO should run for ``estimator``: for ``"reparam"`` the two
     unchanged; otherwise the guide records its sites (see :class:`RecordGuideSites`) and the
-    model runs under :class:`LayerNoise` with them. The model callable's ``served`` attribute
-    holds the sites the last call served."""
+    model runs under :class:`LayerNoise` with them (``"auto"``: serving the sites ``only``,
+    :func:`plan`'s). The model callable's ``served`` attribute holds the sites the last call
+    served."""
     if estimator == "reparam":
         return model, guide
-    return _with_estimator(model, guide, estimator, skip_sampling)
+    return _with_estimator(model, guide, estimator, skip_sampling, only)
 
 
 def _with_estimator(
-    model: Callable, guide: Callable, estimator: str, skip_sampling: frozenset[str] = frozenset()
+    model: Callable,
+    guide: Callable,
+    estimator: str,
+    skip_sampling: frozenset[str] = frozenset(),
+    only: frozenset[str] | None = None,
+    rows: int | None = None,
 ) -> tuple[_WithEstimator, Callable]:
     record = RecordGuideSites(skip_sampling)
-    return _WithEstimator(model, estimator, record), record(guide)
+    return _WithEstimator(model, estimator, record, only, rows), record(guide)
 
 
 class _WithEstimator:
     """``model`` run under :class:`LayerNoise` with the recorded guide's sites; ``served``:
     the sites the last call served."""
 
-    def __init__(self, model: Callable, estimator: str, record: RecordGuideSites):
+    def __init__(self, model: Callable, estimator: str, record: RecordGuideSites, only, rows):
         self.model, self.estimator, self.record = model, estimator, record
+        self.only, self.rows = only, rows
         self.served: set[str] = set()
 
     def __call__(self, *args, **kwargs):
-        mode = LayerNoise(self.estimator, self.record.sites)
+        mode = LayerNoise(self.estimator, self.record.sites, self.only, self.rows)
         with mode:
             out = self.model(*args, **kwargs)
         self.served = mode.served
         return out
 
 
-def plan(model: Callable, guide: Callable, estimator: str, elbo: str, *args) -> tuple:
-    """Which latent sites ``estimator`` serves, found by one traced pass without gradients.
+def plan(
+    model: Callable, guide: Callable, estimator: str, elbo: str, *args, rows: int | None = None
+) -> tuple:
+    """Which latent sites ``estimator`` serves, found by one traced pass without gradients
+    (``"auto"`` decides for minibatches of ``rows`` examples, default the pass's).
 
     Returns ``(served, skip_sampling)``: the served site names, and those whose draw is not
-    needed at all (``"local"`` with ``elbo="meanfield"`` and a closed-form KL against the
-    model's prior; Flipout always needs the shared draw).
+    needed at all (``"local"`` or ``"auto"`` with ``elbo="meanfield"`` and a closed-form KL
+    against the model's prior; Flipout always needs the shared draw).
     """
     from pyro import poutine
 
-    run, recording_guide = _with_estimator(model, guide, estimator)
+    run, recording_guide = _with_estimator(model, guide, estimator, rows=rows)
     with torch.no_grad():
         guide_trace = poutine.trace(recording_guide).get_trace(*args)
         model_trace = poutine.trace(poutine.replay(run, trace=guide_trace)).get_trace(*args)
     served = frozenset(run.served)
     skip: set[str] = set()
-    if elbo == "meanfield" and estimator == "local":
+    if elbo == "meanfield" and estimator in ("local", "auto"):
         for name in served:
             if has_closed_form_kl(guide_trace.nodes[name]["fn"], model_trace.nodes[name]["fn"]):
                 skip.add(name)

@@ -49,9 +49,10 @@ class Objective:
     elbo : {"trace", "meanfield"}
         ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
         registered, which holds for every Gaussian family here against Normal priors).
-    estimator : {"reparam", "local", "flipout"}
-        How layers see the weight posterior (see :mod:`zoo.inference.estimators`). Needs
-        ``num_particles=1`` unless ``"reparam"``.
+    estimator : {"reparam", "local", "flipout", "auto"}
+        How layers see the weight posterior (see :mod:`zoo.inference.estimators`). ``"local"``
+        and ``"flipout"`` need ``num_particles=1``; ``"auto"`` is ``"reparam"`` with several
+        particles or where it serves no layer (:attr:`estimator` then says so).
     num_particles : int
         ELBO samples per call, vectorised into one batched pass.
     kl_weight : float or callable
@@ -88,6 +89,8 @@ class Objective:
         check_jit(jit)
         check_elbo(elbo)
         estimators.check_estimator(estimator)
+        if estimator == "auto" and num_particles != 1:  # several particles: one draw each
+            estimator = "reparam"
         if estimator != "reparam" and num_particles != 1:
             raise ValueError(
                 f"estimator={estimator!r} draws independent noise per example already; use "
@@ -153,10 +156,13 @@ class Objective:
                 self.guide(x, y)
             skip: frozenset[str] = frozenset()
             if self.estimator != "reparam":
+                rows = len(x) if batch_size is None else int(batch_size)
                 self.served, skip = estimators.plan(
-                    self.model, self.guide, self.estimator, self.elbo, x, y
+                    self.model, self.guide, self.estimator, self.elbo, x, y, rows=rows
                 )
-                if not self.served:
+                if not self.served and self.estimator == "auto":  # a shared draw everywhere
+                    self.estimator = "reparam"
+                elif not self.served:
                     raise ValueError(
                         f"estimator={self.estimator!r} serves no weight of this guide: 'local' "
                         "needs a family with local reparameterisation (diagonal, matrix normal, "
@@ -165,8 +171,9 @@ class Objective:
                         "(diagonal). Use estimator='reparam', or guides.AutoMixed to give those "
                         "layers such a family."
                     )
+        only = self.served if self.estimator == "auto" else None
         self._wired = estimators.wire(
-            self.scale(self.model), self.scale(self.guide), self.estimator, skip
+            self.scale(self.model), self.scale(self.guide), self.estimator, skip, only
         )
         self.backend, self._example_flops = None, None
         self._setup_batch = (x, y)

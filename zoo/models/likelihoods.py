@@ -98,10 +98,12 @@ class _Kept(Summary):
         self.likelihood, self.parts = likelihood, []
 
     def add(self, prediction: Prediction) -> None:
+        """Keep the block."""
         self._counted(prediction, Prediction)
         self.parts.append(prediction)
 
     def metrics(self) -> dict[str, float]:
+        """The likelihood's metrics of the kept blocks side by side."""
         self._check()
         whole = self.parts[0] if len(self.parts) == 1 else mixture(self.parts)
         return self.likelihood.metrics(whole, self.y)

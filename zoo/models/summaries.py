@@ -41,9 +41,11 @@ class Summary:
         self.count = 0
 
     def add(self, prediction: Prediction) -> None:
+        """Add a block of sampled networks' prediction on the same inputs."""
         raise NotImplementedError
 
     def metrics(self) -> dict[str, float]:
+        """The likelihood's metrics of the predictive made of every block added."""
         raise NotImplementedError
 
     def condensed(self) -> Prediction:
@@ -73,6 +75,7 @@ class ClassificationSummary(Summary):
         self.sum_probs: torch.Tensor | None = None
 
     def add(self, prediction: Prediction) -> None:
+        """Add a block's sampled networks' class probabilities to the sums."""
         self._counted(prediction, ClassificationPrediction)
         assert isinstance(prediction, ClassificationPrediction)  # for the checker
         part = prediction.sample_probs.sum(0, dtype=torch.float64)
@@ -86,10 +89,12 @@ class ClassificationSummary(Summary):
         return (self.sum_probs / self.count).float()
 
     def condensed(self) -> ClassificationPrediction:
+        """One "network" whose probabilities are the predictive's."""
         probs = self.probs.unsqueeze(0)
         return ClassificationPrediction(probs.clamp_min(1e-30).log(), sample_probs=probs)
 
     def metrics(self) -> dict[str, float]:
+        """``accuracy``, ``nll``, ``brier`` and ``ece`` of the predictive so far."""
         probs = self.probs
         return {
             "accuracy": metrics.accuracy(probs, self.y),
@@ -109,6 +114,7 @@ class RegressionSummary(Summary):
         self.log_density: torch.Tensor | None = None  # logsumexp_s log N(y | mu_s, sigma_s)
 
     def add(self, prediction: Prediction) -> None:
+        """Add a block's sampled means, noise variances and log densities of ``y``."""
         self._counted(prediction, RegressionPrediction)
         assert isinstance(prediction, RegressionPrediction)
         means, scales = prediction.sample_means.double(), prediction.sample_scales.double()
@@ -146,6 +152,8 @@ class RegressionSummary(Summary):
         return self.mean - z * sd, self.mean + z * sd
 
     def condensed(self) -> RegressionPrediction:
+        """One "network" whose mean and noise variance are the predictive's mean and total
+        variance."""
         mean = self.mean.unsqueeze(0)
         outputs = mean if mean.dim() > 2 else mean.unsqueeze(-1)
         return RegressionPrediction(
@@ -153,6 +161,7 @@ class RegressionSummary(Summary):
         )
 
     def metrics(self) -> dict[str, float]:
+        """``rmse``, ``nll`` and ``coverage_95`` of the predictive so far."""
         mean = self.mean
         y = self.y.reshape(mean.shape)
         lower, upper = self.interval(0.95)

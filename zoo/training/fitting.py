@@ -47,6 +47,7 @@ from zoo.training.checkpoint import (
 )
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
+from zoo.training.keywords import refuses_flat_keywords
 from zoo.training.loop import Trainer
 from zoo.training.optim import (
     check_finite_parameters,
@@ -54,7 +55,7 @@ from zoo.training.optim import (
     named_parameters,
     optimizer_at,
 )
-from zoo.training.options import Engine, Loss, Optim, Run, group, refuses_flat_keywords
+from zoo.training.options import Engine, Loss, Optim, Run, group
 from zoo.training.recipes import (
     Length,
     resolve_device,
@@ -179,6 +180,7 @@ def fit(
         trained=starts_trained(model, guide),
     )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
+    loss = loss.resolved(guide_registry.recipe(guide))  # the family's ELBO and estimator
     settings = Settings(length, seed, optim, loss, engine, run, convergence)
     if engine.distributed:
         return distributed.launch(

@@ -22,16 +22,18 @@ the group to pass it in (:func:`refuses_flat_keywords`).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 from zoo.arguments import check_positive, is_int
 from zoo.training import option_checks as checks
+
+if TYPE_CHECKING:  # annotations only
+    from guides.registry import Recipe
 from zoo.training.option_values import (
     devices_value,
     jit_value,
@@ -106,15 +108,21 @@ class Loss:
 
     Attributes
     ----------
-    elbo : {"trace", "meanfield"}
+    elbo : {"trace", "meanfield"}, optional
         ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
-        registered, which holds for every family here against Normal priors).
-    estimator : {"reparam", "local", "flipout"}
+        registered, which holds for every family here against Normal priors). ``None`` (the
+        default): the family's (its ``guides.Recipe``: ``"meanfield"`` for the matrix normal),
+        else ``"trace"``.
+    estimator : {"reparam", "local", "flipout", "auto"}, optional
         How layers see the weight posterior (:mod:`zoo.inference.estimators`): one shared weight
         draw per step; local reparameterisation (pre-activations sampled per example: diagonal and
-        matrix-normal linear layers); or Flipout (sign-decorrelated draws per example: diagonal
-        linear and convolution layers). Sites out of reach keep ``"reparam"``; the served sites
-        are listed in ``result.options["estimator_sites"]``. Needs ``num_particles=1``.
+        matrix-normal linear layers); Flipout (sign-decorrelated draws per example: diagonal
+        linear and convolution layers); or ``"auto"``, the local reparameterisation on the linear
+        layers where the family says it is cheaper than a draw. Sites out of reach keep
+        ``"reparam"``; the served sites are listed in ``result.options["estimator_sites"]``.
+        ``"local"`` and ``"flipout"`` need ``num_particles=1`` (``"auto"`` draws with several).
+        ``None`` (the default): the family's (``"auto"`` for the matrix normal), else
+        ``"reparam"``. ``result.options`` records the ELBO and estimator that ran.
     num_particles : int, default 1
         ELBO samples per step, vectorised into one batched pass.
     kl_weight : float or callable, default 1.0
@@ -122,15 +130,19 @@ class Loss:
         annealing. ``1`` is the true ELBO.
     """
 
-    elbo: str = field(
-        default="trace",
+    elbo: str | None = field(
+        default=None,
         metadata=_cli(
-            "Monte Carlo KL (trace) or closed-form KL (meanfield)", choices=("trace", "meanfield")
+            "Monte Carlo KL (trace) or closed-form KL (meanfield); default: the family's",
+            choices=("trace", "meanfield"),
         ),
     )
-    estimator: str = field(
-        default="reparam",
-        metadata=_cli("weight estimator", choices=("reparam", "local", "flipout")),
+    estimator: str | None = field(
+        default=None,
+        metadata=_cli(
+            "weight estimator; default: the family's",
+            choices=("reparam", "local", "flipout", "auto"),
+        ),
     )
     num_particles: int = field(default=1, metadata=_cli("ELBO samples per step", type=positive_int))
     kl_weight: float | Callable[[int], float] = field(
@@ -143,8 +155,17 @@ class Loss:
 
         check_positive(num_particles=self.num_particles)
         checks.check_kl_weight(self.kl_weight)
-        check_elbo(self.elbo)
-        estimators.check_estimator(self.estimator)
+        if self.elbo is not None:
+            check_elbo(self.elbo)
+        if self.estimator is not None:
+            estimators.check_estimator(self.estimator)
+
+    def resolved(self, recipe: Recipe) -> Loss:
+        """This group with ``elbo`` and ``estimator`` given where they were ``None``: the
+        family's ``recipe`` (a ``guides.Recipe``), else ``"trace"`` and ``"reparam"``."""
+        elbo = self.elbo or recipe.elbo or "trace"
+        estimator = self.estimator or recipe.estimator or "reparam"
+        return dataclasses.replace(self, elbo=elbo, estimator=estimator)
 
 
 @dataclass(frozen=True)
@@ -355,45 +376,3 @@ def grouped(options: Mapping, groups: Mapping[str, type] = GROUPS) -> dict:
 def flat_keywords(groups: Mapping[str, type] = GROUPS) -> dict[str, str]:
     """Every field of ``groups`` -> the group parameter that holds it."""
     return {f.name: name for name, cls in groups.items() for f in dataclasses.fields(cls)}
-
-
-def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUPS) -> Callable:
-    """``function`` (whose group parameters are ``groups``) refusing, before any work, a field
-    of a group passed as a keyword of its own (the flat keywords removed in 0.3.0) with a
-    ``TypeError`` that names the group to pass it in; every other call is ``function``'s."""
-    import inspect
-
-    own = set(inspect.signature(function).parameters)  # e.g. ensemble's own progress bar
-    owners = {k: v for k, v in flat_keywords(groups).items() if k not in own}
-    name = function.__qualname__.removesuffix(".__init__")
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        if "guide_options" in kwargs:
-            raise TypeError(
-                f"{name}() takes no guide_options=: pass guides.family(name, **options) as the "
-                "guide (guides.family('lowrank', rank=5))"
-            )
-        flat = [k for k in kwargs if k in owners]
-        if flat:
-            hints = ", ".join(
-                f"{k}= in {owners[k]}=zoo.{groups[owners[k]].__name__}({k}=...)" for k in flat
-            )
-            raise TypeError(f"{name}() takes its options in groups: pass {hints}")
-        return function(*args, **kwargs)
-
-    return wrapper
-
-
-def fit_arguments(progress: bool, **arguments) -> dict:
-    """``zoo.fit``'s keyword arguments for a fit made on a caller's behalf (an ensemble's
-    members, ``laplace``'s MAP fit, ``compare``'s rows): ``arguments`` (``zoo.fit``'s named
-    arguments and groups, each group checked now: :func:`group`), with the fit's progress bar
-    set by ``progress`` unless a ``run`` group is given (then its own ``progress`` rules)."""
-    out = dict(arguments)
-    for name, cls in GROUPS.items():
-        if out.get(name) is not None:
-            out[name] = group(cls, out[name])
-    if out.get("run") is None:
-        out["run"] = Run(progress=progress)
-    return out

@@ -234,3 +234,43 @@ def test_meanfield_local_fit_reaches_the_exact_elbo_optimum_region(family):
         )
         elbos[estimator] = exact_elbo(x, y, *guide_gaussian(fit.guide))
     assert abs(elbos["local"] - elbos["reparam"]) < 1.0, elbos
+
+
+def test_auto_serves_the_linear_layers_where_the_local_product_is_cheaper():
+    """The matrix normal's own default (guides.Recipe): the closed-form KL and the local
+    reparameterisation where rows (out^2 + in^2) < out in (out + in), a draw elsewhere."""
+    torch.manual_seed(0)
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+    model = zoo.models.BayesianMLP(64, (128,), 10, task="classification")
+    quiet = zoo.Run(progress=False)
+    fit = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=16, run=quiet)
+    assert (fit.options["elbo"], fit.options["estimator"]) == ("meanfield", "auto")
+    # fc1: 16 (128^2 + 64^2) < 128 64 (128 + 64); fc2: 16 (10^2 + 128^2) > 10 128 (10 + 128)
+    assert fit.options["estimator_sites"] == ["fc1.weight"]
+    big = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=256, run=quiet)
+    assert big.options["estimator_sites"] == []  # 256 rows: a draw is cheaper everywhere
+    particles = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=16, run=quiet,
+                        loss=zoo.Loss(num_particles=3))  # fmt: skip
+    assert particles.options["estimator_sites"] == []  # several particles: a draw each
+    given = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=16, run=quiet,
+                    loss=zoo.Loss(elbo="trace", estimator="reparam"))  # fmt: skip
+    assert (given.options["elbo"], given.options["estimator"]) == ("trace", "reparam")
+    diagonal = zoo.fit(model, "diagonal", (x, y), num_steps=2, batch_size=16, run=quiet)
+    assert (diagonal.options["elbo"], diagonal.options["estimator"]) == ("trace", "reparam")
+    with pytest.raises(ValueError, match="Recipe\\(estimator='lrt'\\)"):
+        guides.Recipe(estimator="lrt")
+
+
+def test_auto_plans_by_the_sites_cost_and_leaves_served_weights_undrawn():
+    """plan() under "auto" serves a site exactly where its family says the local product is
+    cheaper for the minibatch, and with the closed-form KL leaves it undrawn (the wiring of
+    "local", whose unbiasedness test_elbo_and_gradient_are_unbiased checks)."""
+    x, y = correlated_data(n=200, d=3)
+    model = model_for(3)
+    guide = perturbed_guide("matrix_normal", model, x, y)
+    site = guide.get_posterior("fc1.weight")
+    rows = site.rows * site.rows + site.cols * site.cols
+    assert site.local_is_cheaper(1) == (rows < site.rows * site.cols * (site.rows + site.cols))
+    for rows in (1, 1000):
+        served, skip = plan(model, guide, "auto", "meanfield", x, y, rows=rows)
+        assert served == skip == ({"fc1.weight"} if site.local_is_cheaper(rows) else set())

@@ -1,0 +1,74 @@
+"""A family's fit memory (guides.memory): counted on the meta device before any parameter is
+allocated, equal to what the built guide holds, and a fit larger than the machine refused with
+the GiB it needs, before allocating anything."""
+
+import math
+
+import pytest
+import torch
+
+import guides
+import zoo
+from guides import memory
+from tests.families import CASES
+
+
+def model():
+    return zoo.models.BayesianMLP(6, (5,), 3, task="classification")
+
+
+def built(family, options):
+    guide = guides.get(family)(model(), **options)
+    guide(torch.zeros(4, 6), torch.zeros(4, dtype=torch.long))
+    return guide
+
+
+@pytest.mark.parametrize("label", sorted(CASES))
+def test_the_meta_count_is_what_the_guide_holds(label, monkeypatch):
+    """The bytes counted on the meta device at set-up are those of the built guide."""
+    import guides.base
+
+    counted = []
+    original = guides.base.check_fit_memory
+
+    def recorded(*args, **kwargs):
+        counted.append(original(*args, **kwargs))
+        return counted[-1]
+
+    monkeypatch.setattr(guides.base, "check_fit_memory", recorded)
+    family, options = CASES[label]
+    guide = built(family, options)
+    weights = sum(math.prod(s) for s in model().site_shapes.values())
+    assert guide.fit_memory() == guide.num_variational_parameters() * 16 + weights * 8
+    # a joint family's factor over its chosen scalars is checked once they are chosen
+    # (guides.joint_gaussian.check_size): the sites' count is the rest
+    joint = getattr(guide, "joint", None)
+    shared = 0 if joint is None else sum(p.numel() for p in joint.parameters())
+    assert counted == [guide.fit_memory() - 16 * shared]
+
+
+def test_site_parameters_builds_nothing_real():
+    from guides.diagonal import DiagonalSite
+    from guides.lowrank import LowRankSite
+
+    assert memory.site_parameters(DiagonalSite, (1000, 1000), 0.01, {}) == 2_000_000
+    assert memory.site_parameters(LowRankSite, (100, 10), 0.01, {"rank": 4}) == 6 * 1000
+
+
+def test_a_fit_larger_than_the_machine_is_refused_before_allocating(monkeypatch):
+    monkeypatch.setattr(memory, "physical_memory", lambda: 1_000)
+    guide = guides.get("lowrank")(model(), rank=3)
+    with pytest.raises(ValueError, match=r"lowrank guide .* needs at least .* GiB .* 'fc1.weight'"):
+        guide(torch.zeros(4, 6), torch.zeros(4, dtype=torch.long))
+    assert not list(guide.parameters())  # nothing was allocated
+    monkeypatch.setattr(memory, "physical_memory", lambda: 10**12)
+    fine = guides.get("lowrank")(model(), rank=3)
+    fine(torch.zeros(4, 6), torch.zeros(4, dtype=torch.long))
+    assert fine.num_variational_parameters() > 0
+
+
+def test_zoo_fit_refuses_it_with_the_same_message(monkeypatch):
+    monkeypatch.setattr(memory, "physical_memory", lambda: 1_000)
+    x, y = torch.zeros(8, 6), torch.zeros(8, dtype=torch.long)
+    with pytest.raises(ValueError, match="GiB"):
+        zoo.fit(model(), "matrix_normal", (x, y), num_steps=1, run=zoo.Run(progress=False))
