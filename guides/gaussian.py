@@ -78,7 +78,8 @@ class GaussianMixin:
         """``tr Cov = sum_i Var[w_i]`` (a scalar): what the KL to an isotropic prior needs of
         the variances. By default the sum of the marginal variances; a family whose trace is
         cheaper than its ``n`` variances (the matrix normal's ``tr(A A^T) tr(B B^T)``) says so."""
-        return self.variance.reshape(self.batch_shape + (-1,)).sum(-1)
+        variance: torch.Tensor = self.variance  # type: ignore[attr-defined]  # the distribution's
+        return variance.reshape(self.batch_shape + (-1,)).sum(-1)
 
     @property
     def covariance_matrix(self) -> torch.Tensor:

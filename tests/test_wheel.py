@@ -81,3 +81,20 @@ def test_the_installed_wheel_runs_the_demo_and_info_outside_the_clone(dist, tmp_
     assert "test rmse" in demo and (work / "zoo-demo.png").exists()
     info = run(str(python), "-m", "zoo", "info", cwd=work, env=env)
     assert "bnn-zoo:" in info and zoo.__version__ in info and "a working pair" in info
+
+
+def test_the_sdist_builds_the_wheel_and_ships_no_test_suite(dist):
+    """The sdist holds the packages, the licence and the metadata; the test suite needs the
+    repository's data and fixtures, so it ships none of it (nor benchmarks, notebooks, docs).
+    The licence is an SPDX expression (PEP 639)."""
+    import tarfile
+
+    sdist = next(dist.glob("*.tar.gz"))
+    names = [n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n]
+    tops = {n.split("/")[0] for n in names if n}
+    assert not tops & {"tests", "benchmarks", "notebooks", "docs"}, sorted(tops)
+    assert {"zoo", "guides", "LICENSE", "pyproject.toml", "README.md"} <= tops, sorted(tops)
+    metadata = zipfile.ZipFile(next(dist.glob("*.whl"))).read(
+        f"bnn_zoo-{zoo.__version__}.dist-info/METADATA").decode()  # fmt: skip
+    assert "License-Expression: MIT" in metadata
+    assert "License-File: LICENSE" in metadata

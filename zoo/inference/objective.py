@@ -46,9 +46,11 @@ class Objective:
         A Pyro model ``model(x, y=None)`` observing ``y`` in ``pyro.plate("data", len(x))``.
     guide : callable
         A guide of the model (e.g. a ``guides`` family instance).
-    elbo : {"trace", "meanfield"}
+    elbo : {"trace", "meanfield"} or None
         ``Trace_ELBO`` (Monte Carlo KL) or ``TraceMeanField_ELBO`` (closed-form KL where one is
-        registered, which holds for every Gaussian family here against Normal priors).
+        registered, which holds for every Gaussian family here against Normal priors); ``None``
+        (a family's own beside ``estimator="auto"``): ``"meanfield"`` when the estimator serves a
+        layer, ``"trace"`` when it serves none, decided by :meth:`setup` (:attr:`elbo` says).
     estimator : {"reparam", "local", "flipout", "auto"}
         How layers see the weight posterior (see :mod:`zoo.inference.estimators`). ``"local"``
         and ``"flipout"`` need ``num_particles=1``; ``"auto"`` is ``"reparam"`` with several
@@ -80,14 +82,15 @@ class Objective:
         model: Callable,
         guide: Callable,
         *,
-        elbo: str = "trace",
+        elbo: str | None = "trace",
         estimator: str = "reparam",
         num_particles: int = 1,
         kl_weight: float | Callable[[int], float] = 1.0,
         jit: bool | str = "auto",
     ):
         check_jit(jit)
-        check_elbo(elbo)
+        if elbo is not None:
+            check_elbo(elbo)
         estimators.check_estimator(estimator)
         if estimator == "auto" and num_particles != 1:  # several particles: one draw each
             estimator = "reparam"
@@ -102,11 +105,8 @@ class Objective:
         self.kl_weight = kl_weight
         self.scale = ElboScale()
         nesting = 1 if isinstance(model, BayesianModel) else float("inf")
-        self._elbo = ELBOS[elbo](
-            num_particles=self.num_particles,
-            vectorize_particles=self.num_particles > 1,
-            max_plate_nesting=nesting,
-        )
+        self._nesting = nesting
+        self._elbo = self._make_elbo(elbo or "trace")
         self.served: frozenset[str] = frozenset()
         self._wired: tuple[Callable, Callable] | None = None
         self.jit = jit
@@ -120,6 +120,13 @@ class Objective:
         #: Examples in the minibatches of the fit (:meth:`setup`'s ``batch_size``).
         self.minibatch_size = 0
         self._warned = False
+
+    def _make_elbo(self, elbo: str):
+        return ELBOS[elbo](
+            num_particles=self.num_particles,
+            vectorize_particles=self.num_particles > 1,
+            max_plate_nesting=self._nesting,
+        )
 
     @classmethod
     def from_loss(
@@ -158,10 +165,11 @@ class Objective:
             if self.estimator != "reparam":
                 rows = len(x) if batch_size is None else int(batch_size)
                 self.served, skip = estimators.plan(
-                    self.model, self.guide, self.estimator, self.elbo, x, y, rows=rows
-                )
+                    self.model, self.guide, self.estimator, self.elbo or "meanfield", x, y,
+                    rows=rows,
+                )  # fmt: skip
                 if not self.served and self.estimator == "auto":  # a shared draw everywhere
-                    self.estimator = "reparam"
+                    self.estimator, skip = "reparam", frozenset()
                 elif not self.served:
                     raise ValueError(
                         f"estimator={self.estimator!r} serves no weight of this guide: 'local' "
@@ -171,6 +179,9 @@ class Objective:
                         "(diagonal). Use estimator='reparam', or guides.AutoMixed to give those "
                         "layers such a family."
                     )
+        if self.elbo is None:  # the family's: closed-form where layers are served undrawn
+            self.elbo = "meanfield" if self.served else "trace"
+            self._elbo = self._make_elbo(self.elbo)
         only = self.served if self.estimator == "auto" else None
         self._wired = estimators.wire(
             self.scale(self.model), self.scale(self.guide), self.estimator, skip, only

@@ -95,7 +95,8 @@ class _Kept(Summary):
 
     def __init__(self, likelihood: Likelihood, y: torch.Tensor):
         super().__init__(y)
-        self.likelihood, self.parts = likelihood, []
+        self.likelihood = likelihood
+        self.parts: list[Prediction] = []
 
     def add(self, prediction: Prediction) -> None:
         """Keep the block."""

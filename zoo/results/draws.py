@@ -100,7 +100,7 @@ class DrawnPosterior(Posterior):
 
 
 @dataclass(repr=False)
-class Draws(DrawnPosterior):
+class Draws(DrawnPosterior, kind="draws"):
     """Weight draws of a model made elsewhere, as a :class:`zoo.Posterior` (made by
     :func:`from_draws`).
 
@@ -123,7 +123,10 @@ class Draws(DrawnPosterior):
     wall_time: float = 0.0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
-    kind = "draws"
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Posterior:
+        """:func:`draws_from_payload` (``zoo.load``'s reader of this kind)."""
+        return draws_from_payload(payload, path, model, map_location)
 
     def __repr__(self) -> str:
         c, d = self.shape

@@ -24,7 +24,7 @@ from zoo.storage import files
 
 
 @dataclass(repr=False)
-class Ensemble(Posterior):
+class Ensemble(Posterior, kind="ensemble"):
     """``K`` fits of one model whose predictive is their equal mixture: a
     :class:`zoo.Posterior` whose draws are the members' (the members are its chains).
 
@@ -39,7 +39,10 @@ class Ensemble(Posterior):
     members: list[FitResult]
     options: dict = field(default_factory=dict)
 
-    kind = "ensemble"
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Posterior:
+        """:func:`ensemble_from_payload` (``zoo.load``'s reader of this kind)."""
+        return ensemble_from_payload(payload, path, model, map_location)
 
     def __post_init__(self):
         if not self.members:

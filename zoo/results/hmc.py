@@ -16,7 +16,7 @@ from zoo.storage import files
 
 
 @dataclass(repr=False)
-class Reference(DrawnPosterior):
+class Reference(DrawnPosterior, kind="reference"):
     """Draws of the posterior by NUTS, ``C`` chains of ``D`` draws each.
 
     Attributes
@@ -51,7 +51,10 @@ class Reference(DrawnPosterior):
             f"wall_time={self.wall_time:.1f} s)"
         )
 
-    kind = "reference"
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Reference:
+        """:func:`reference_from_payload` (``zoo.load``'s reader of this kind)."""
+        return reference_from_payload(payload, path, model, map_location)
 
     @property
     def divergences(self) -> int:

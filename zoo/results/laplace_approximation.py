@@ -29,7 +29,7 @@ from zoo.storage import files
 
 
 @dataclass(repr=False)
-class LaplaceFit(Posterior):
+class LaplaceFit(Posterior, kind="laplace"):
     """A Laplace approximation of a zoo model at its MAP weights, ``q(w) = N(w*, (H + P)^-1)``
     (:mod:`zoo.results.laplace_torch`), as a :class:`zoo.Posterior`.
 
@@ -53,7 +53,10 @@ class LaplaceFit(Posterior):
     wall_time: float = 0.0
     info: dict = field(default_factory=dict)
 
-    kind = "laplace"
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Posterior:
+        """:func:`laplace_from_payload` (``zoo.load``'s reader of this kind)."""
+        return laplace_from_payload(payload, path, model, map_location)
 
     def __repr__(self) -> str:
         o = self.options
@@ -109,6 +112,7 @@ class LaplaceFit(Posterior):
             batch_size = 16 if glm_all else 1024
         check_inputs(self.model, x, device)
         threads = options.threads if isinstance(options.threads, int) else None
+        assert num_samples is not None  # a Laplace fit has a default number of draws
         sizes = [num_samples]
         if self.options.predictive == "nn":  # a block of weight draws per laplace-torch call
             weights = 4 * int(self.laplace.n_params)  # float32 draws of the weights it covers

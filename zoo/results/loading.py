@@ -1,5 +1,5 @@
 """``zoo.load``: every kind of result file the library writes, read without unpickling code,
-through one table of readers by the file's ``kind`` (:data:`READERS`)."""
+through the readers of the registered kinds by the file's ``kind`` (:data:`READERS`)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,20 @@ from collections.abc import Callable
 
 import torch
 
-from zoo.results.draws import draws_from_payload
-from zoo.results.ensembles import ensemble_from_payload
-from zoo.results.hmc import reference_from_payload
-from zoo.results.laplace_approximation import laplace_from_payload
+from zoo.results import draws, ensembles, hmc, laplace_approximation, variational
+from zoo.results.contract import Readers
 from zoo.results.posterior import Posterior
-from zoo.results.variational import fit_from_payload
 from zoo.runtime.serial import one_at_a_time
 from zoo.storage import files
 
-#: The reader of each ``kind`` a file may declare: ``(payload, path, model, map_location) ->
-#: Posterior``, each checking the payload before anything is built from it. A new kind of
-#: posterior is one class (:class:`zoo.Posterior`) and one row here.
-READERS: dict[str, Callable] = {
-    "fit": fit_from_payload,
-    "reference": reference_from_payload,
-    "ensemble": ensemble_from_payload,
-    "laplace": laplace_from_payload,
-    "draws": draws_from_payload,
-}
+#: The kinds ``zoo.load`` reads, imported so that their class statements register them.
+KIND_MODULES = (variational, hmc, ensembles, laplace_approximation, draws)
+
+#: The reader of each ``kind`` a file may declare, ``(payload, path, model, map_location) ->
+#: Posterior`` (each checks the payload before anything is built from it): derived, live, from
+#: the kinds registered by their class statements (:data:`zoo.results.contract.KINDS`). A new
+#: kind of posterior is one class, ``class X(zoo.Posterior, kind="x")`` with its ``read``.
+READERS = Readers()
 
 
 @one_at_a_time

@@ -6,7 +6,8 @@ A fitted variational posterior (:class:`zoo.FitResult`), an HMC reference
 calls with the same arguments: :meth:`Posterior.predict`, :meth:`~Posterior.evaluate`,
 :meth:`~Posterior.sample`, :meth:`~Posterior.to_arviz` and :meth:`~Posterior.save`, each written
 once here over the few things a kind provides (its weight draws, how it predicts, what it
-saves). A new kind is one subclass and one row of :data:`zoo.results.loading.READERS`.
+saves). A new kind is one subclass that names its kind in its class statement and reads its
+files (:meth:`Posterior.read`); :func:`zoo.load`'s table is derived from the registered kinds.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -24,6 +24,7 @@ from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.predictions import Prediction, mixture
 from zoo.models.summaries import Summary
 from zoo.results import blocks
+from zoo.results.contract import PredictOptions, register_kind
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
@@ -33,40 +34,6 @@ if TYPE_CHECKING:  # imported where it is used
     import arviz as az
 
 __all__ = ["Posterior", "PredictOptions"]
-
-
-@dataclass(frozen=True)
-class PredictOptions:
-    """How a prediction is made, checked once by :meth:`Posterior.predict` and handed to a
-    kind's own code.
-
-    Attributes
-    ----------
-    num_samples : int or None
-        ``S``, the sampled networks (or functions) of the predictive (``None``: every draw a
-        reference holds).
-    batch_size, sample_batch_size : int or None
-        Inputs and draws per pass (``None``: the predictive's choice,
-        :func:`zoo.evaluation.predictive.predict`).
-    seed : int or None
-        Fixes the draws without touching the caller's random state (``None``: the global
-        generators).
-    progress : bool
-        A progress bar once a prediction runs two seconds.
-    threads : "auto", int or None
-        CPU threads of the passes, ``zoo.fit``'s rule (:mod:`zoo.runtime.threads`).
-    distributed : bool
-        Called on every rank of a distributed run: the inputs are sharded over the ranks and
-        the outputs gathered once; every rank returns the same prediction.
-    """
-
-    num_samples: int | None
-    batch_size: int | None = None
-    sample_batch_size: int | None = None
-    seed: int | None = 0
-    progress: bool = True
-    threads: int | str | None = "auto"
-    distributed: bool = False
 
 
 class Posterior:
@@ -81,8 +48,23 @@ class Posterior:
     running the model's network at weight draws.
     """
 
-    #: The ``kind`` entry of a saved file (:func:`zoo.load` picks the reader by it).
+    #: The ``kind`` entry of a saved file (:func:`zoo.load` picks the reader by it): set by the
+    #: class statement, ``class FitResult(Posterior, kind="fit")``, which registers the class
+    #: (:data:`zoo.results.contract.KINDS`).
     kind: ClassVar[str] = ""
+
+    def __init_subclass__(cls, kind: str | None = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        if kind is not None:
+            cls.kind = kind
+            register_kind(kind, cls)
+
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Posterior:
+        """The posterior a checked file's ``payload`` holds (``zoo.load``'s reader of this
+        kind; ``model`` replaces the saved model when given)."""
+        raise NotImplementedError(f"{cls.__name__} has no reader")
+
     #: Networks a prediction draws when ``num_samples`` is not given (``None``: every draw
     #: the posterior holds), and those of :meth:`to_arviz`.
     DEFAULT_SAMPLES: ClassVar[int | None] = 100

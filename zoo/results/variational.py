@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from pyro.infer.autoguide import AutoGuide
@@ -22,7 +23,7 @@ from zoo.storage import files
 
 
 @dataclass(repr=False)
-class FitResult(Posterior):
+class FitResult(Posterior, kind="fit"):
     """A fitted model and guide with their training history: a :class:`zoo.Posterior` whose
     draws are the guide's.
 
@@ -56,7 +57,10 @@ class FitResult(Posterior):
     interrupted: bool = False
     skipped_steps: list[int] = field(default_factory=list)
 
-    kind = "fit"
+    @classmethod
+    def read(cls, payload: dict, path: Any, model: Any, map_location: Any) -> Posterior:
+        """:func:`fit_from_payload` (``zoo.load``'s reader of this kind)."""
+        return fit_from_payload(payload, path, model, map_location)
 
     def __repr__(self) -> str:
         """A few lines: family, model, steps, the last loss, time and device (not every loss)."""

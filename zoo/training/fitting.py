@@ -338,7 +338,7 @@ def _options(guide, total, batches, s: Settings, objective, plan, seed, ranks) -
         num_particles=loss.num_particles,
         kl_weight=loss.kl_weight if not callable(loss.kl_weight) else "schedule",
         per_example=optim.per_example,
-        elbo=loss.elbo,
+        elbo=objective.elbo,  # what ran: a family's own may depend on the layers served
         estimator=loss.estimator,
         estimator_sites=sorted(objective.served),
         seed=seed,

@@ -162,9 +162,14 @@ class Loss:
 
     def resolved(self, recipe: Recipe) -> Loss:
         """This group with ``elbo`` and ``estimator`` given where they were ``None``: the
-        family's ``recipe`` (a ``guides.Recipe``), else ``"trace"`` and ``"reparam"``."""
-        elbo = self.elbo or recipe.elbo or "trace"
+        family's ``recipe`` (a ``guides.Recipe``), else ``"trace"`` and ``"reparam"``. A
+        family's ELBO beside its ``"auto"`` estimator stays ``None``: the objective takes it
+        where the estimator serves a layer, ``"trace"`` where it serves none
+        (:class:`zoo.Objective`)."""
         estimator = self.estimator or recipe.estimator or "reparam"
+        elbo: str | None = self.elbo or recipe.elbo or "trace"
+        if self.elbo is None and recipe.elbo is not None and estimator == "auto":
+            elbo = None
         return dataclasses.replace(self, elbo=elbo, estimator=estimator)
 
 

@@ -249,9 +249,14 @@ def test_auto_serves_the_linear_layers_where_the_local_product_is_cheaper():
     assert fit.options["estimator_sites"] == ["fc1.weight"]
     big = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=256, run=quiet)
     assert big.options["estimator_sites"] == []  # 256 rows: a draw is cheaper everywhere
+    assert big.options["elbo"] == "trace"  # no layer left undrawn: the Monte Carlo KL
     particles = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=16, run=quiet,
                         loss=zoo.Loss(num_particles=3))  # fmt: skip
     assert particles.options["estimator_sites"] == []  # several particles: a draw each
+    assert particles.options["elbo"] == "trace"
+    closed = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=256, run=quiet,
+                     loss=zoo.Loss(elbo="meanfield"))  # fmt: skip
+    assert closed.options["elbo"] == "meanfield"  # given: kept though nothing is served
     given = zoo.fit(model, "matrix_normal", (x, y), num_steps=2, batch_size=16, run=quiet,
                     loss=zoo.Loss(elbo="trace", estimator="reparam"))  # fmt: skip
     assert (given.options["elbo"], given.options["estimator"]) == ("trace", "reparam")

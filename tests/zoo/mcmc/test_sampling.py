@@ -80,7 +80,7 @@ def test_the_reference_predicts_evaluates_and_saves_like_a_fit(conjugate, tmp_pa
         assert torch.equal(back.draws[name], ref.draws[name])
     assert torch.equal(back.stats["lp"], ref.stats["lp"])
     assert torch.equal(back.predict(x[:7], progress=False).outputs, pred.outputs)
-    with pytest.raises(ValueError, match="not a fit, reference, ensemble, laplace or draws file"):
+    with pytest.raises(ValueError, match="not a draws, ensemble, fit, laplace or reference file"):
         torch.save({"format": "bnn-zoo", "kind": "checkpoint"}, tmp_path / "c.pt")
         zoo.load(tmp_path / "c.pt")
 

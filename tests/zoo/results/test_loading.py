@@ -81,7 +81,7 @@ def test_loading_onto_a_different_model_is_refused(tmp_path):
 def test_not_a_zoo_file(tmp_path):
     torch.save({"a": 1}, tmp_path / "x.pt")
     with pytest.raises(
-        ValueError, match="not a bnn-zoo fit, reference, ensemble, laplace or draws file"
+        ValueError, match="not a bnn-zoo draws, ensemble, fit, laplace or reference file"
     ):
         zoo.load(tmp_path / "x.pt")
     with pytest.raises(FileNotFoundError):

@@ -285,3 +285,46 @@ def test_compare_says_what_each_elbo_bounds():
     assert joint.objective == "model"  # every scalar in the Gaussian
     whole = guides.family("subnetwork", size=every)  # a subnetwork of every weight: the same
     assert zoo.fit(classifier(), whole, data, num_steps=2, run=QUIET).objective == "model"
+
+
+def test_every_kind_holds_the_parts_of_a_posterior(posterior):
+    from zoo.results.contract import KINDS, PosteriorParts
+
+    assert isinstance(posterior, PosteriorParts)
+    assert KINDS[posterior.kind] is type(posterior)
+    assert isinstance(posterior.device, torch.device)
+    assert isinstance(posterior.wall_time, float) or isinstance(posterior.wall_time, int)
+
+
+def test_a_new_kind_is_one_class_statement(tmp_path, monkeypatch):
+    """A kind registered by its class statement is read by zoo.load at once; a kind another
+    class holds, or a name that is not an identifier, is refused."""
+    from zoo.results import contract
+
+    monkeypatch.setattr(contract, "KINDS", dict(contract.KINDS))
+
+    class Constant(zoo.Posterior, kind="constant_for_a_test"):
+        def __init__(self, model, value):
+            self.model, self.value = model, value
+            self.device, self.options, self.wall_time = torch.device("cpu"), {}, 0.0
+
+        def payload(self):
+            return {"value": torch.tensor(self.value)}
+
+        @classmethod
+        def read(cls, payload, path, model, map_location):
+            return cls(model, float(payload["value"]))
+
+    path = tmp_path / "c.pt"
+    Constant(classifier(), 2.5).save(path)
+    back = zoo.load(path, model=classifier())
+    assert isinstance(back, Constant) and back.value == 2.5
+    with pytest.raises(ValueError, match="is .*Constant's already"):
+
+        class Other(zoo.Posterior, kind="constant_for_a_test"):
+            pass
+
+    with pytest.raises(ValueError, match="identifier"):
+
+        class Bad(zoo.Posterior, kind="not a name"):
+            pass

@@ -1,5 +1,5 @@
-"""Several posteriors of one model (families to fit, baselines, posteriors already made) scored
-on the same test data and tabulated."""
+"""``zoo.compare``: the rows (:mod:`zoo.comparison.rows`) made, scored on the same test data and
+tabulated."""
 
 from __future__ import annotations
 
@@ -11,19 +11,18 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+import guides as guides_module
+
 if TYPE_CHECKING:  # imported where the table is made
     import pandas as pd
 
 from zoo.arguments import check_model_factory
-from zoo.baselines.ensembles import check_ensemble, ensemble
-from zoo.baselines.laplace_fitting import laplace
+from zoo.comparison.rows import Row, rows_of
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
-from zoo.results.laplace_torch import LaplaceOptions
 from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.convergence import Convergence
-from zoo.training.fitting import fit as run_fit
 from zoo.training.keywords import fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
@@ -126,69 +125,82 @@ def compare(
         degenerate), a point mass's is a log joint density (no entropy), WHVI's bounds its own
         model's evidence: compare the test metrics across those.
     """
-    from guides import available
-
     if test is None:
         raise ValueError("compare needs test data (test=...) to score every row")
-    rows_in = _rows(available() if guides is None else guides)
-    to_fit = [row for row in rows_in if row[4] is None]
-    if to_fit:
-        if train is None:
-            raise ValueError("compare needs train data for the rows it fits")
-        check_model_factory(model_factory, "compare")
-    elif model_factory is not None:
+    rows = rows_of(guides_module.available() if guides is None else guides)
+    if any(row.posterior is None for row in rows) and train is None:
+        raise ValueError("compare needs train data for the rows it fits")
+    if model_factory is not None or any(row.posterior is None for row in rows):
         check_model_factory(model_factory, "compare")
     base = fit_arguments(progress, epochs=epochs, num_steps=num_steps, batch_size=batch_size,
                          lr=lr, seed=seed, optim=optim, loss=loss, engine=engine,
                          run=run)  # fmt: skip
     x_test, y_test = gather_tensors(test)
-    fitted = [row for row in rows_in if row[4] is not None]
-    if fitted or reference is not None:  # a model to hold their sites against, built only then
-        model = model_factory() if model_factory is not None else fitted[0][4].model
-    for row in fitted:
-        _check_same_sites(row[4].model, model, f"the row {row[0]!r}")
-    threads = group(Engine, base.get("engine")).threads
+    _check_posteriors(rows, model_factory, reference)
     ref_pred = None
     if reference is not None:
-        _check_same_sites(reference.model, model, "the reference")
+        threads = group(Engine, base.get("engine")).threads
         ref_pred = reference.predict(x_test, progress=progress, threads=threads)
         warn_unconverged(reference, ref_pred)
     table_rows, fits = [], {}
-    for i, (label, family, options, own, fitted) in enumerate(rows_in):
+    for i, row in enumerate(rows):
         if progress:
-            tqdm.write(f"[{i + 1}/{len(rows_in)}] {label}", file=sys.stderr)
-        args = grouped({**base, **own})
-        result = fitted or _fit_row(model_factory, family, options, train, args, progress)
+            tqdm.write(f"[{i + 1}/{len(rows)}] {row.label}", file=sys.stderr)
+        args = grouped({**base, **row.fit_options})
+        result = row.produce(model_factory, train, args, progress)
         row_threads = group(Engine, args.get("engine")).threads
         metrics = _evaluate(result, x_test, y_test, num_samples, progress, row_threads, ref_pred)
-        how = result.fitting()
-        steps = how["steps"]
-        table_rows.append(
-            {
-                "family": label,
-                "parameters": result.num_variational_parameters(),
-                "steps": steps,
-                "lr": how["lr"],
-                "lr_rule": how["lr_rule"],
-                "fit_seconds": result.wall_time,
-                "steps_per_second": steps / max(result.wall_time, 1e-9) if steps else nan,
-                "final_elbo": result.final_elbo,
-                "objective": OBJECTIVE_LABELS.get(result.objective, result.objective),
-                **metrics,
-            }
-        )
-        fits[label] = result
+        table_rows.append(_table_row(row.label, result, metrics))
+        fits[row.label] = result
     if reference is not None:
         table_rows.append(_reference_row(reference, ref_pred, y_test))
+    table = _table(table_rows, chart)
+    return (table, fits) if return_fits else table
+
+
+def _check_posteriors(rows: list[Row], model_factory, reference) -> None:
+    """Refuse a posterior given (a row's, the reference) of another model than the others'."""
+    given = [row.posterior for row in rows if row.posterior is not None]
+    if not given and reference is None:
+        return
+    # the model to hold their sites against, built only now
+    model = model_factory() if model_factory is not None else given[0].model
+    for row in rows:
+        if row.posterior is not None:
+            _check_same_sites(row.posterior.model, model, f"the row {row.label!r}")
+    if reference is not None:
+        _check_same_sites(reference.model, model, "the reference")
+
+
+def _table_row(label: str, result: Posterior, metrics: dict) -> dict:
+    """One row of the table: the posterior's size, how it was fitted, its time and ELBO, then
+    ``metrics``."""
+    how = result.fitting()
+    steps = how["steps"]
+    return {
+        "family": label,
+        "parameters": result.num_variational_parameters(),
+        "steps": steps,
+        "lr": how["lr"],
+        "lr_rule": how["lr_rule"],
+        "fit_seconds": result.wall_time,
+        "steps_per_second": steps / max(result.wall_time, 1e-9) if steps else nan,
+        "final_elbo": result.final_elbo,
+        "objective": OBJECTIVE_LABELS.get(result.objective, result.objective),
+        **metrics,
+    }
+
+
+def _table(table_rows: list[dict], chart) -> pd.DataFrame:
+    """The rows as a table indexed by label, its chart saved to ``chart`` when given."""
     import pandas as pd
 
     table = pd.DataFrame(table_rows).set_index("family")
     if chart is not None:
         from zoo.evaluation.plots import comparison_chart
 
-        fig = comparison_chart(table)
-        fig.savefig(chart, dpi=120)
-    return (table, fits) if return_fits else table
+        comparison_chart(table).savefig(chart, dpi=120)
+    return table
 
 
 #: How the table names what each row's ``final_elbo`` is (``zoo.Posterior.objective``): only
@@ -201,22 +213,6 @@ OBJECTIVE_LABELS = {
     "mc_dropout": "MC dropout's ELBO",
     "none": "none",
 }
-
-
-def _fit_row(model_factory, family, options, train, args, progress) -> Posterior:
-    """The posterior of one row to fit: a family's fit, an ensemble or a Laplace
-    approximation, with the row's ``zoo.fit`` arguments ``args``."""
-    from guides import family as guide_family
-
-    if family == "ensemble":
-        own = {k: args.pop(k) for k in ("seed",) if k in args}
-        return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
-    if family == "laplace":
-        options = dict(options)
-        at = options.pop("at", None)  # "module": post-hoc at a trained network's weights
-        return laplace(model_factory(), train, at=at, options=options, progress=progress, **args)
-    guide = guide_family(family, **options) if options else family
-    return run_fit(model_factory(), guide, train, **args)
 
 
 def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[str, float]:
@@ -290,86 +286,3 @@ def warn_unconverged(reference, pred) -> None:
             ReferenceNotConvergedWarning,
             stacklevel=3,
         )
-
-
-#: What an ``"ensemble"`` row of :func:`compare` may set (:func:`zoo.ensemble`'s options).
-ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes", "noise"})
-
-
-def check_row(spec) -> None:
-    """Refuse an entry of :func:`compare`'s ``guides`` (in any of its forms) that could not
-    run, before any fit: its shape, and a baseline row's options (as :func:`zoo.ensemble` and
-    :class:`zoo.LaplaceOptions` check them)."""
-    label, family, options, _, _ = _row(spec)
-    try:
-        if family == "ensemble":
-            if not set(options) <= ENSEMBLE_OPTIONS:
-                raise ValueError(
-                    f"it takes the options {sorted(ENSEMBLE_OPTIONS)}, got {sorted(options)}"
-                )
-            check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
-        elif family == "laplace":
-            at = options.get("at")
-            if at not in (None, "module"):
-                raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
-            LaplaceOptions.of({k: v for k, v in options.items() if k != "at"})
-        elif isinstance(family, str):
-            _check_family_name(family)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"the {family} row {label!r}: {err}") from None
-
-
-def _check_family_name(name: str) -> None:
-    """Refuse a row's family name that names nothing ``compare`` can fit, listing what can."""
-    import guides as registry
-    from guides import available
-    from guides.registry import is_composite
-
-    try:
-        registry.get(name)
-    except ValueError:
-        composite = sorted(n for n in registry.families() if is_composite(n))
-        raise ValueError(
-            f"unknown family {name!r}: a row is one of the families {available()}, a family "
-            f"over several sites {composite} (with its options), or a baseline 'laplace' or "
-            "'ensemble'"
-        ) from None
-
-
-def _rows(guides) -> list[tuple]:
-    """``(label, family, guide_options, fit_options, fitted)`` of every row of ``guides``
-    (``fitted``: the posterior of a row given fitted, else ``None``), each checked before any
-    fit; labels must be unique."""
-    if isinstance(guides, Mapping):
-        entries = [(label, value) for label, value in guides.items()]
-    else:
-        entries = list(guides)
-    if not entries:
-        raise ValueError("guides is empty: name at least one family (guides.available())")
-    for spec in entries:
-        check_row(spec)
-    rows = [_row(spec) for spec in entries]
-    labels = [row[0] for row in rows]
-    if len(set(labels)) < len(labels):
-        raise ValueError(f"the rows' labels must be unique, got {labels}")
-    return rows
-
-
-def _row(spec) -> tuple:
-    """``(label, family, guide_options, fit_options, fitted)`` of one entry of ``guides``."""
-    if isinstance(spec, str):
-        return spec, spec, {}, {}, None
-    if isinstance(spec, tuple) and len(spec) == 2:
-        label, value = spec
-        if isinstance(value, Posterior):
-            return str(label), None, {}, {}, value
-        if isinstance(value, str) or not isinstance(value, tuple):
-            return str(label), value, {}, {}, None
-    if isinstance(spec, tuple) and len(spec) in (3, 4):
-        label, family, options, *own = spec
-        return label, family, dict(options), dict(own[0]) if own else {}, None
-    raise ValueError(
-        "each entry of guides is a family name, (label, family, guide_options), "
-        "(label, family, guide_options, fit_options) or (label, posterior); a mapping is "
-        f"{{label: family or posterior}}; got {spec!r}"
-    )
