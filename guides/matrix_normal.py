@@ -196,24 +196,11 @@ class MatrixNormal(StructuredGaussian):
         (``rows (out^2 + p^2)`` multiply-adds for ``B^T x_n`` and ``A eps_n``, full factors) costs
         less than a draw (``out p (out + p)`` for ``A E B^T``): wide layers, small batches."""
         out, p = self.rows, self.cols
-        a, b = self.row_factor_dims, self.col_factor_dims
-        local = rows * ((out * out if a == 2 else out) + (p * p if b == 2 else p))
-        draw = out * p * ((out if a == 2 else 1) + (p if b == 2 else 1))
+        a, b = (self._row_raw, self._row_factor), (self._col_raw, self._col_factor)
+        full_a, full_b = (next(t for t in pair if t is not None).dim() == 2 for pair in (a, b))
+        local = rows * ((out * out if full_a else out) + (p * p if full_b else p))
+        draw = out * p * ((out if full_a else 1) + (p if full_b else 1))
         return local < draw
-
-    @property
-    def row_factor_dims(self) -> int:
-        """2 for a full row factor ``A``, 1 for a diagonal one."""
-        raw = self._row_raw if self._row_raw is not None else self._row_factor
-        assert raw is not None
-        return raw.dim()
-
-    @property
-    def col_factor_dims(self) -> int:
-        """2 for a full column factor ``B``, 1 for a diagonal one."""
-        raw = self._col_raw if self._col_raw is not None else self._col_factor
-        assert raw is not None
-        return raw.dim()
 
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``b_n = M x_n + bias + |B^T x_n| A eps_n``, i.e.

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import guides
 import zoo
@@ -105,3 +106,35 @@ def test_mypy_passes_over_zoo_and_guides():
         timeout=600,
     )
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
+
+
+def test_every_producer_takes_zoo_fits_one_signature_of_how_to_fit():
+    """zoo.training.keywords.HowToFit holds zoo.fit's arguments after the model, guide and
+    data, with zoo.fit's annotations; zoo.laplace, zoo.subnetwork_guide and zoo.compare take it
+    as **how, zoo.ensemble FitLength (the same, its seed its own): one signature, one
+    docstring."""
+    from typing import get_type_hints
+
+    from typing_extensions import Unpack
+
+    from zoo.training import keywords
+
+    fit_params = inspect.signature(zoo.fit).parameters
+    keyword_only = [n for n, p in fit_params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+    assert sorted(keyword_only) == sorted(keywords.HowToFit.__annotations__)
+    fit_hints = get_type_hints(inspect.unwrap(zoo.fit))
+    how_hints = get_type_hints(keywords.HowToFit)
+    for name in keyword_only:
+        assert how_hints[name] == fit_hints[name], name
+    assert set(keywords.FitLength.__annotations__) == set(keyword_only) - {"seed"}
+    producers = {zoo.laplace: keywords.HowToFit, zoo.subnetwork_guide: keywords.HowToFit,
+                 zoo.compare: keywords.HowToFit, zoo.ensemble: keywords.FitLength}  # fmt: skip
+    for producer, typed in producers.items():
+        params = inspect.signature(inspect.unwrap(producer)).parameters
+        assert not set(params) & set(keyword_only) - {"seed"}, producer.__name__
+        how = params["how"]
+        assert how.kind is inspect.Parameter.VAR_KEYWORD, producer.__name__
+        assert how.annotation in (f"Unpack[{typed.__name__}]", Unpack[typed]), how.annotation
+    with pytest.raises(TypeError, match="laplace\\(\\) got an unexpected keyword argument 'epoch'"):
+        zoo.laplace(zoo.models.BayesianMLP(2, (3,), 2, task="classification"),
+                    (torch.zeros(4, 2), torch.zeros(4, dtype=torch.long)), epoch=3)  # fmt: skip

@@ -14,11 +14,12 @@ in this process, each by :func:`zoo.fit` with the seed ``seed + k`` (or in forke
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
+from typing_extensions import Unpack
 
 from guides import family as guide_family
 from guides.registry import Family
@@ -28,13 +29,10 @@ from zoo.data.checks import Data
 from zoo.models.likelihoods import from_task
 from zoo.results.ensembles import Ensemble
 from zoo.runtime.serial import one_at_a_time
-from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
-from zoo.training.keywords import fit_arguments, refuses_flat_keywords
+from zoo.training.keywords import FitLength, fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
-    Loss,
-    Optim,
     Run,
     group,
 )
@@ -53,14 +51,7 @@ def ensemble(
     processes: int | str = 1,
     *,
     noise: str | float | None = None,
-    epochs: int | None = None,
-    num_steps: int | str | Convergence | None = None,
-    batch_size: int | None = None,
-    lr: float | str | None = None,
-    optim: Optim | Mapping | None = None,
-    loss: Loss | Mapping | None = None,
-    engine: Engine | Mapping | None = None,
-    run: Run | Mapping | None = None,
+    **how: Unpack[FitLength],
 ) -> Ensemble:
     """Fit a deep ensemble: ``members`` independent :func:`zoo.fit` runs of ``model_factory()``
     on ``data``, member ``k`` with the seed ``seed + k`` (its initial weights, draws and
@@ -97,9 +88,9 @@ def ensemble(
         ``"learned"`` or a standard deviation sets one noise level. The model is rebuilt from
         its ``spec()`` with that likelihood, so it must be a ``zoo.models`` class of a
         regression task.
-    epochs, num_steps, batch_size, lr, optim, loss, engine, run
-        Every member's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (the option groups
-        as groups: a group's field passed flat is refused as ``zoo.fit`` refuses it). A
+    **how : FitLength
+        Every member's :func:`zoo.fit` arguments (:class:`zoo.training.keywords.FitLength`:
+        :class:`~zoo.training.keywords.HowToFit` without the ``seed``, which is the ensemble's). A
         ``run=zoo.Run(checkpoint=path)`` gives member ``k`` its own file,
         ``<path stem>.member<k><suffix>``; ``resume=path`` resumes every member whose file
         exists and fits the others from the start, so a stopped ensemble goes on where it
@@ -117,8 +108,7 @@ def ensemble(
     check_ensemble(members, family, seed, processes, noise)
     if noise is not None:
         model_factory = with_noise(model_factory, noise)
-    args = fit_arguments(False, epochs=epochs, num_steps=num_steps, batch_size=batch_size,
-                         lr=lr, optim=optim, loss=loss, engine=engine, run=run)  # fmt: skip
+    args = fit_arguments(False, how, "ensemble", FitLength)
     device = resolve_device(group(Engine, args.get("engine")).device)
     count = workers(processes, members, device)
     member_args = [{**args, "run": member_run(args["run"], k)} for k in range(members)]

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Mapping
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
+from typing_extensions import Unpack
 
 from zoo.arguments import check_positive
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
@@ -26,10 +26,8 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time
-from zoo.training.convergence import Convergence
 from zoo.training.fitting import fit
-from zoo.training.keywords import fit_arguments, refuses_flat_keywords
-from zoo.training.options import Engine, Loss, Optim, Run
+from zoo.training.keywords import HowToFit, fit_arguments, refuses_flat_keywords
 
 
 @refuses_flat_keywords
@@ -41,15 +39,7 @@ def laplace(
     at: FitResult | str | None = None,
     options: LaplaceOptions | dict | None = None,
     progress: bool = True,
-    epochs: int | None = None,
-    num_steps: int | str | Convergence | None = None,
-    batch_size: int | None = None,
-    lr: float | str | None = None,
-    seed: int | None = 0,
-    optim: Optim | Mapping | None = None,
-    loss: Loss | Mapping | None = None,
-    engine: Engine | Mapping | None = None,
-    run: Run | Mapping | None = None,
+    **how: Unpack[HowToFit],
 ) -> LaplaceFit:
     """The Laplace approximation of ``model``'s posterior on ``data`` through laplace-torch.
 
@@ -70,9 +60,8 @@ def laplace(
         Which weights, the Hessian's structure, the prior precision, the predictive.
     progress : bool, default True
         The MAP fit's progress bar (unless ``run`` is given: then its ``progress``).
-    epochs, num_steps, batch_size, lr, seed, optim, loss, engine, run
-        The MAP fit's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (the option groups
-        as groups: a group's field passed flat is refused as ``zoo.fit`` refuses it);
+    **how : HowToFit
+        The MAP fit's :func:`zoo.fit` arguments (:class:`zoo.training.keywords.HowToFit`);
         ``batch_size`` (default 128) is also that of laplace-torch's pass over the data.
 
     Notes
@@ -80,12 +69,10 @@ def laplace(
     Everything laplace-torch cannot do with the model, and a missing laplace-torch, is refused
     before any fit.
     """
-    fit_args = fit_arguments(progress, epochs=epochs, num_steps=num_steps,
-                             batch_size=batch_size, lr=lr, seed=seed, optim=optim, loss=loss,
-                             engine=engine, run=run)  # fmt: skip
+    fit_args = fit_arguments(progress, how, "laplace")
     options = LaplaceOptions.of(options)
     check_laplace_model(model, options)
-    batch_size = batch_size or 128
+    batch_size = how.get("batch_size") or 128
     check_positive(batch_size=batch_size)
     if not (at is None or at == "module" or isinstance(at, FitResult)):
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")

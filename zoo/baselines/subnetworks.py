@@ -13,7 +13,8 @@ makes the same choice and takes the Laplace covariance instead.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+
+from typing_extensions import Unpack
 
 from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
@@ -29,9 +30,7 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time
-from zoo.training.convergence import Convergence
-from zoo.training.keywords import fit_arguments, refuses_flat_keywords
-from zoo.training.options import Engine, Loss, Optim, Run
+from zoo.training.keywords import HowToFit, fit_arguments, refuses_flat_keywords
 
 
 @refuses_flat_keywords
@@ -46,15 +45,7 @@ def subnetwork_guide(
     init_scale: float = 0.01,
     prior_precision: str | float = "marglik",
     progress: bool = True,
-    epochs: int | None = None,
-    num_steps: int | str | Convergence | None = None,
-    batch_size: int | None = None,
-    lr: float | str | None = None,
-    seed: int | None = 0,
-    optim: Optim | Mapping | None = None,
-    loss: Loss | Mapping | None = None,
-    engine: Engine | Mapping | None = None,
-    run: Run | Mapping | None = None,
+    **how: Unpack[HowToFit],
 ) -> AutoSubnetwork:
     """The subnetwork guide of Daxberger et al.'s rule: the ``size`` weights of largest
     marginal variance under a diagonal Laplace at the MAP.
@@ -76,9 +67,11 @@ def subnetwork_guide(
         rank ``rank``; the initial marginal standard deviation of the chosen weights.
     prior_precision : "marglik" or float, default "marglik"
         The diagonal Laplace's prior precision: fitted to its marginal likelihood, or fixed.
-    progress, epochs, num_steps, batch_size, lr, seed, optim, loss, engine, run
-        The MAP fit's :func:`zoo.fit` arguments (``batch_size``, default 128, is also that of
-        laplace-torch's pass over the data).
+    progress : bool, default True
+        The MAP fit's progress bar (unless ``run`` is given: then its ``progress``).
+    **how : HowToFit
+        The MAP fit's :func:`zoo.fit` arguments (:class:`zoo.training.keywords.HowToFit`;
+        ``batch_size``, default 128, is also that of laplace-torch's pass over the data).
 
     Returns
     -------
@@ -92,9 +85,7 @@ def subnetwork_guide(
     weights or above :data:`guides.joint_gaussian.FULL_MAX` (with ``rank=None``) are refused
     before any fit.
     """
-    fit_args = fit_arguments(progress, epochs=epochs, num_steps=num_steps,
-                             batch_size=batch_size, lr=lr, seed=seed, optim=optim, loss=loss,
-                             engine=engine, run=run)  # fmt: skip
+    fit_args = fit_arguments(progress, how, "subnetwork_guide")
     if at is not None and not isinstance(at, FitResult):
         raise TypeError(f"at must be None or a FitResult (a MAP fit), got {at!r:.80}")
     total = sum(math.prod(model.site_shapes[n]) for n in site_names(model))
@@ -108,7 +99,7 @@ def subnetwork_guide(
                              prior_precision=prior_precision)  # fmt: skip
     check_laplace_model(model, options)
     AutoSubnetwork(model, size, rank=rank, init_scale=init_scale)  # its own checks, no work
-    batch_size = batch_size or 128
+    batch_size = how.get("batch_size") or 128
     check_positive(batch_size=batch_size)
     import_laplace()
     weights, loader, _ = map_point(model, data, at, fit_args, batch_size)

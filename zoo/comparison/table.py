@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
+from typing_extensions import Unpack
 
 import guides as guides_module
 
@@ -22,13 +23,9 @@ from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.evaluation.agreement import distances
 from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time
-from zoo.training.convergence import Convergence
-from zoo.training.keywords import fit_arguments, refuses_flat_keywords
+from zoo.training.keywords import HowToFit, fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
-    Loss,
-    Optim,
-    Run,
     group,
     grouped,
 )
@@ -49,15 +46,7 @@ def compare(
     return_fits: bool = False,
     progress: bool = True,
     reference: Posterior | None = None,
-    epochs: int | None = None,
-    num_steps: int | str | Convergence | None = None,
-    batch_size: int | None = None,
-    lr: float | str | None = None,
-    seed: int | None = 0,
-    optim: Optim | Mapping | None = None,
-    loss: Loss | Mapping | None = None,
-    engine: Engine | Mapping | None = None,
-    run: Run | Mapping | None = None,
+    **how: Unpack[HowToFit],
 ) -> pd.DataFrame | tuple[pd.DataFrame, dict[str, Posterior]]:
     """Fit each family with the same data, seed and options, or take posteriors already
     fitted, and tabulate them on the same test data: one row each.
@@ -105,10 +94,9 @@ def compare(
         ``w2``, ``sd_ratio`` and ``reference_coverage``), and the reference gets its own last
         row (``"HMC reference"``, its sampling time as ``fit_seconds``, its distances to
         itself).
-    epochs, num_steps, batch_size, lr, seed, optim, loss, engine, run
-        Every fit's :func:`zoo.fit` arguments, as ``zoo.fit`` takes them (a group's field
-        passed flat is refused as ``zoo.fit`` refuses it); the engine's ``threads`` also sets
-        the evaluations' CPU threads.
+    **how : HowToFit
+        Every fit's :func:`zoo.fit` arguments (:class:`zoo.training.keywords.HowToFit`); the
+        engine's ``threads`` also sets the evaluations' CPU threads.
 
     Returns
     -------
@@ -132,9 +120,7 @@ def compare(
         raise ValueError("compare needs train data for the rows it fits")
     if model_factory is not None or any(row.posterior is None for row in rows):
         check_model_factory(model_factory, "compare")
-    base = fit_arguments(progress, epochs=epochs, num_steps=num_steps, batch_size=batch_size,
-                         lr=lr, seed=seed, optim=optim, loss=loss, engine=engine,
-                         run=run)  # fmt: skip
+    base = fit_arguments(progress, how, "compare")
     x_test, y_test = gather_tensors(test)
     _check_posteriors(rows, model_factory, reference)
     ref_pred = None

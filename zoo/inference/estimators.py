@@ -184,31 +184,22 @@ def _signs(shape, like: torch.Tensor) -> torch.Tensor:
 
 
 def wire(
-    model: Callable,
-    guide: Callable,
-    estimator: str,
-    skip_sampling: frozenset[str] = frozenset(),
-    only: frozenset[str] | None = None,
+    model: Callable, guide: Callable, estimator: str, *planned: frozenset[str] | None
 ) -> tuple[Callable, Callable]:
     """The model and guide an ELBO should run for ``estimator``: for ``"reparam"`` the two
     unchanged; otherwise the guide records its sites (see :class:`RecordGuideSites`) and the
-    model runs under :class:`LayerNoise` with them (``"auto"``: serving the sites ``only``,
-    :func:`plan`'s). The model callable's ``served`` attribute holds the sites the last call
-    served."""
+    model runs under :class:`LayerNoise` with them. ``planned``: :func:`plan`'s sites whose draw
+    is skipped, and for ``"auto"`` the sites it serves. The model callable's ``served``
+    attribute holds the sites the last call served."""
     if estimator == "reparam":
         return model, guide
-    return _with_estimator(model, guide, estimator, skip_sampling, only)
+    return _with_estimator(model, guide, estimator, *planned)
 
 
 def _with_estimator(
-    model: Callable,
-    guide: Callable,
-    estimator: str,
-    skip_sampling: frozenset[str] = frozenset(),
-    only: frozenset[str] | None = None,
-    rows: int | None = None,
+    model: Callable, guide: Callable, estimator: str, skip=frozenset(), only=None, rows=None
 ) -> tuple[_WithEstimator, Callable]:
-    record = RecordGuideSites(skip_sampling)
+    record = RecordGuideSites(skip)
     return _WithEstimator(model, estimator, record, only, rows), record(guide)
 
 

@@ -1,15 +1,47 @@
-"""How a producer takes its option groups: a field passed as a keyword of its own refused
-(naming its group), and the arguments of a fit made on a caller's behalf."""
+"""How a producer takes "how to fit": :class:`HowToFit`, the one signature of ``zoo.fit``'s
+arguments after the model, guide and data that every producer of a posterior (``zoo.laplace``,
+``zoo.subnetwork_guide``, ``zoo.compare``, ``zoo.ensemble``) takes as ``**how`` and hands to its
+fits; a field of a group passed as a keyword of its own refused, naming its group; the
+arguments of a fit made on a caller's behalf."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 from collections.abc import Callable, Mapping
+from typing import TypedDict
 
-from zoo.training.options import GROUPS, Run, flat_keywords, group
+from zoo.training.convergence import Convergence
+from zoo.training.options import GROUPS, Engine, Loss, Optim, Run, flat_keywords, group
 
-__all__ = ["fit_arguments", "refuses_flat_keywords"]
+__all__ = ["FitLength", "HowToFit", "fit_arguments", "refuses_flat_keywords"]
+
+
+class FitLength(TypedDict, total=False):
+    """How each fit of a producer runs, as ``zoo.fit`` takes it (every key optional, ``zoo.fit``'s
+    default when left out): ``epochs``, ``num_steps`` (or ``"auto"``, a ``Convergence``),
+    ``batch_size``, ``lr`` (or ``"auto"``), and the option groups ``optim``, ``loss``, ``engine``,
+    ``run`` (each a group or a dict of its fields; a group's field passed flat is refused, naming
+    the group). ``zoo.ensemble`` takes these (its ``seed`` is its own: member ``k`` gets
+    ``seed + k``)."""
+
+    epochs: int | None
+    num_steps: int | str | Convergence | None
+    batch_size: int | None
+    lr: float | str | None
+    optim: Optim | Mapping | None
+    loss: Loss | Mapping | None
+    engine: Engine | Mapping | None
+    run: Run | Mapping | None
+
+
+class HowToFit(FitLength, total=False):
+    """:class:`FitLength` and the fit's ``seed`` (``zoo.fit``'s: 0 when left out; ``None``
+    draws from the global generators): what ``zoo.laplace``, ``zoo.subnetwork_guide`` and
+    ``zoo.compare`` take as ``**how`` and hand to their fits (``tests/test_types.py`` holds the
+    keys to ``zoo.fit``'s)."""
+
+    seed: int | None
 
 
 def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUPS) -> Callable:
@@ -38,12 +70,20 @@ def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUP
     return wrapper
 
 
-def fit_arguments(progress: bool, **arguments) -> dict:
-    """``zoo.fit``'s keyword arguments for a fit made on a caller's behalf (an ensemble's
-    members, ``laplace``'s MAP fit, ``compare``'s rows): ``arguments`` (``zoo.fit``'s named
-    arguments and groups, each group checked now: :func:`group`), with the fit's progress bar
-    set by ``progress`` unless a ``run`` group is given (then its own ``progress`` rules)."""
-    out = dict(arguments)
+def fit_arguments(progress: bool, how: Mapping, caller: str, keys: type = HowToFit) -> dict:
+    """``zoo.fit``'s keyword arguments for a fit made on ``caller``'s behalf (an ensemble's
+    members, ``laplace``'s MAP fit, ``compare``'s rows): ``how`` (a :class:`HowToFit`, or the
+    TypedDict ``keys`` names; another key is refused, naming ``caller`` and the keys it takes),
+    each group checked now (:func:`group`), with the fit's progress bar set by ``progress``
+    unless a ``run`` group is given (then its own ``progress`` rules)."""
+    unknown = sorted(set(how) - set(keys.__annotations__))
+    if unknown:
+        more = f" (and {unknown[1:]})" if len(unknown) > 1 else ""
+        raise TypeError(
+            f"{caller}() got an unexpected keyword argument {unknown[0]!r}{more}: it takes its "
+            f"own and zoo.fit's {sorted(keys.__annotations__)}"
+        )
+    out = {k: v for k, v in how.items()}
     for name, cls in GROUPS.items():
         if out.get(name) is not None:
             out[name] = group(cls, out[name])
