@@ -50,6 +50,7 @@ from guides.site import (
     SiteSpec,
     check_fixed_priors,
     check_global_continuous,
+    check_param_store,
     is_real,
     serving_class,
 )
@@ -270,6 +271,7 @@ class PerSiteGuide(AutoGuide):
         """Sample every latent site once; returns ``{site name: value}``."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
+            check_param_store(self)
         self._create_plates(*args, **kwargs)
         sharing = self.share_site_work()
         try:

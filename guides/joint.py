@@ -42,7 +42,7 @@ from guides.joint_gaussian import (
     indices,
 )
 from guides.registry import get, is_per_site, per_site_families
-from guides.site import SitePosterior, serving_class
+from guides.site import SitePosterior, check_param_store, serving_class
 
 
 class AutoJoint(PerSiteGuide, family="joint", composite=True):
@@ -274,6 +274,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         ``{site name: value}``."""
         if self.prototype_trace is None:
             self._setup_prototype(*args, **kwargs)
+            check_param_store(self)
         self._create_plates(*args, **kwargs)
         latent = f"_{self._pyro_name}_latent"
         z = pyro.sample(latent, self.joint_distribution(), infer={"is_auxiliary": True})

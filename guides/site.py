@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import math
 
+import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
@@ -245,3 +246,32 @@ def serving_class(
         f"{what} cannot serve site {name!r} of shape {tuple(shape)}. Use guides.AutoMixed to "
         f"give that site another family, e.g. {{'{name}': 'diagonal', '*': ...}}."
     )
+
+
+def check_param_store(guide: torch.nn.Module) -> None:
+    """Refuse, on a guide's first call through Pyro (outside :func:`direct_parameters`), a
+    parameter that Pyro's global param store already holds under the same name with another
+    shape: a guide of another model, called directly and then dropped, whose name this guide
+    took (``guides.base``, "Pyro's param store"). Pyro's ``pyro.param`` would hand this guide
+    that value. The same shape is Pyro's own resume (``param_store.load``) and is kept. Reads
+    Pyro's ``_pyro_name``/``_pyro_params`` of ``PyroModule``, here only."""
+    if _DIRECT.get():  # zoo's own loops read the guide's tensors, never the store
+        return
+    store = pyro.get_param_store()
+    if not len(store):
+        return
+    for module in guide.modules():
+        for attr in module.__dict__.get("_pyro_params") or ():
+            full = f"{module._pyro_name}.{attr}"
+            own = module._parameters.get(attr + "_unconstrained")
+            if full not in store or own is None:
+                continue
+            held = tuple(store[full].shape)
+            if held != tuple(own.shape):
+                raise ValueError(
+                    f"Pyro's param store holds {full!r} of shape {held}, left by an earlier "
+                    f"guide of that name (a guide called directly keeps its parameters there), "
+                    f"and this guide's is {tuple(own.shape)}: its first call would read the "
+                    "stale value. Call pyro.clear_param_store() before using this guide, or fit "
+                    "it with zoo.fit, which does not use the store"
+                )

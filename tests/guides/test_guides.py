@@ -419,3 +419,33 @@ def test_a_guide_that_was_never_run_says_so():
     for call in (guide.median, lambda: guide.quantiles([0.5]), lambda: guide.sample_posterior(2)):
         with pytest.raises(RuntimeError, match="has not been run yet"):
             call()
+
+
+def test_a_stale_param_store_entry_of_another_shape_is_refused_clearly():
+    """A guide called directly (Pyro's way) keeps its parameters in Pyro's global store; a later
+    guide of the same class, built after the first was dropped, takes its name. With another
+    shape its first call is refused, saying what to do; zoo.fit, which never reads the store,
+    fits it; the same shape is Pyro's own resume and is kept."""
+    import gc
+
+    import pyro
+
+    import zoo
+
+    pyro.clear_param_store()
+    try:
+        x, y = torch.zeros(4, 3), torch.zeros(4, dtype=torch.long)
+        first = guides.AutoDiagonal(zoo.models.BayesianMLP(3, (4,), 2, task="classification"))
+        first(x, y)
+        del first
+        gc.collect()
+        wider = zoo.models.BayesianMLP(3, (8,), 2, task="classification")
+        with pytest.raises(ValueError, match=r"param store holds 'AutoDiagonal\.sites\.fc1.*"
+                                             r"pyro\.clear_param_store\(\)"):  # fmt: skip
+            guides.AutoDiagonal(wider)(x, y)
+        fit = zoo.fit(wider, "diagonal", (x, y), num_steps=2, run=zoo.Run(progress=False))
+        assert fit.guide.site_posterior("fc1.weight").loc.shape == (8, 3)
+        same = guides.AutoDiagonal(zoo.models.BayesianMLP(3, (4,), 2, task="classification"))
+        same(x, y)  # the same shapes: Pyro's resume from the store, as documented
+    finally:
+        pyro.clear_param_store()
