@@ -157,12 +157,6 @@ class TriangularFactor(torch.autograd.Function):
         return grad_raw, None
 
 
-def triangular_factor(raw: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``tril(raw, -1) / sqrt(n) + diag(softplus(diag raw))`` for an ``n x n`` ``raw``, with
-    ``mask`` its :func:`factor_mask` (:class:`TriangularFactor`)."""
-    return TriangularFactor.apply(raw, mask)
-
-
 class KroneckerFactorProduct(torch.autograd.Function):
     """``A E B^T`` for one draw ``E`` (``out x p``), with ``A = tri(raw_a)`` and
     ``B = tri(raw_b)``, ``tri(r) = tril(r, -1) / sqrt(n) + diag(softplus(diag r))``, and

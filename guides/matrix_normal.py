@@ -37,12 +37,12 @@ from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
 from guides.kernels import (
     KroneckerFactorProduct,
+    TriangularFactor,
     diagonal_blocks,
     factor_mask,
     offdiag_scale,
     squared_norm,
 )
-from guides.kernels import triangular_factor as kernel_factor
 from guides.registry import Recipe
 from guides.site import DiagonalSite, SitePosterior, inverse_softplus, param
 
@@ -51,7 +51,7 @@ def triangular_factor(raw: torch.Tensor, masks: dict | None = None) -> torch.Ten
     """``tril(raw, -1) / sqrt(n) + diag(softplus(diag raw))`` for an ``n x n`` ``raw``, in one
     pass forward and backward (:class:`guides.kernels.TriangularFactor`); ``masks``: a
     :func:`~guides.kernels.factor_mask` cache."""
-    return kernel_factor(raw, factor_mask(raw.shape[-1], raw, masks))
+    return TriangularFactor.apply(raw, factor_mask(raw.shape[-1], raw, masks))
 
 
 def _factor_from_raw(raw: torch.Tensor, masks: dict | None) -> torch.Tensor:
@@ -331,9 +331,9 @@ class AutoMatrixNormal(PerSiteGuide, family="matrix_normal"):
     RECIPE = Recipe(
         elbo="meanfield",
         estimator="auto",
-        why="benchmarks/width.py: at widths 1,024 and 2,048 the draw's step is 2.9x and 5.2x the "
-        "diagonal's, the local product's with the closed-form KL 1.3x and 1.6x; its gradient "
-        "variance is lower (benchmarks/gradient_variance.py)",
+        why="benchmarks/width.py: on wide linear layers the draw A E B^T makes the step several "
+        "times the diagonal's, the local product with the closed-form KL about as cheap as it; "
+        "its gradient variance is lower (benchmarks/gradient_variance.py)",
     )
     variants = {"": {}, "diag_rows": {"row": "diagonal"}, "diag_cols": {"col": "diagonal"}}
 

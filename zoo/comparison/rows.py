@@ -67,11 +67,16 @@ class Row:
             f"{{label: family or posterior}}; got {spec!r}"
         )
 
+    @property
+    def producer(self) -> Producer | None:
+        """What makes the row when it is not a family's fit (:data:`PRODUCERS`), else ``None``."""
+        return PRODUCERS.get(self.family) if isinstance(self.family, str) else None
+
     def check(self) -> None:
         """Refuse a row that could not run, before any fit: its producer's options, or a
         family name that names nothing."""
         try:
-            producer = PRODUCERS.get(self.family) if isinstance(self.family, str) else None
+            producer = self.producer
             if producer is not None:
                 producer.check(self.options)
             elif isinstance(self.family, str):
@@ -86,8 +91,7 @@ class Row:
         with the row's ``zoo.fit`` arguments ``args``."""
         if self.posterior is not None:
             return self.posterior
-        producer = PRODUCERS.get(self.family) if isinstance(self.family, str) else None
-        make = _fit_family if producer is None else producer.make
+        make = _fit_family if self.producer is None else self.producer.make
         return make(model_factory, self.family, self.options, train, dict(args), progress)
 
 

@@ -114,10 +114,17 @@ class RegressionPrediction(Prediction):
     def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
         """Central ``level`` interval of the predictive, by a moment-matched Normal; ``level``
         in (0, 1) (0.95, not 95)."""
-        check_level(level)
-        z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
-        sd = self.variance.sqrt()
-        return self.mean - z * sd, self.mean + z * sd
+        return moment_interval(self.mean, self.variance, level)
+
+
+def moment_interval(
+    mean: torch.Tensor, variance: torch.Tensor, level: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The central ``level`` interval of ``N(mean, variance)`` (``level`` in (0, 1))."""
+    check_level(level)
+    z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
+    sd = variance.sqrt()
+    return mean - z * sd, mean + z * sd
 
 
 def _entropy(probs: torch.Tensor) -> torch.Tensor:

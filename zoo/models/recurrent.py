@@ -5,10 +5,8 @@ the sample sites (``rnn.weight_ih_l0``, ``rnn.weight_hh_l0``, ``rnn.bias_ih_l0``
 ``rnn.bias_hh_l0``, ...: the gates stacked in PyTorch's order). Each weight draw runs the fused
 kernel; several draws at once (``num_particles > 1``, ``sample_batch_size > 1``) run it once per
 draw (:func:`zoo.models.statistics.looped_call`), as for a converted ``nn.LSTM``: the fused
-kernel has no ``torch.func.vmap`` rule, and a cell written with per-step matrix products that
-``vmap`` could batch is about twice as slow per step even at four draws
-(``benchmarks/recurrent.py``). The parameter names are those the network had when it was
-written that way, so fits saved then load.
+kernel has no ``torch.func.vmap`` rule, and per-step matrix products that ``vmap`` could batch
+are slower, one draw or several (``benchmarks/recurrent.py`` measures both).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from zoo.models.predictions import (
     ClassificationPrediction,
     Prediction,
     RegressionPrediction,
-    check_level,
+    moment_interval,
 )
 
 __all__ = ["ClassificationSummary", "RegressionSummary", "Summary"]
@@ -146,10 +146,7 @@ class RegressionSummary(Summary):
 
     def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
         """The moment-matched central ``level`` interval (as a prediction's)."""
-        check_level(level)
-        z = math.sqrt(2) * torch.erfinv(torch.tensor(level, dtype=torch.float64)).item()
-        sd = self.variance.sqrt()
-        return self.mean - z * sd, self.mean + z * sd
+        return moment_interval(self.mean, self.variance, level)
 
     def condensed(self) -> RegressionPrediction:
         """One "network" whose mean and noise variance are the predictive's mean and total

@@ -21,7 +21,15 @@ from collections.abc import Iterator
 
 import torch
 
-__all__ = ["DRAW_MEMORY", "block_seed", "block_sizes", "draws_per_block", "draw_bytes"]
+__all__ = [
+    "DRAW_MEMORY",
+    "block_seed",
+    "block_sizes",
+    "draw_bytes",
+    "draws_per_block",
+    "held_per_block",
+    "sliced",
+]
 
 #: Bytes of weight draws a prediction holds at once (128 MiB; drawing a block takes about as
 #: much again for its noise).
@@ -43,6 +51,12 @@ def draws_per_block(bytes_per_draw: int, budget: int | None = None) -> int:
     one."""
     budget = DRAW_MEMORY if budget is None else budget
     return max(1, budget // max(int(bytes_per_draw), 1))
+
+
+def held_per_block(draws: dict[str, torch.Tensor]) -> int:
+    """:func:`draws_per_block` for draws already held, ``{site: (S, *site_shape)}``."""
+    shapes = {k: tuple(v.shape[1:]) for k, v in draws.items()}
+    return draws_per_block(draw_bytes(shapes, next(iter(draws.values())).element_size()))
 
 
 def block_sizes(num_samples: int, per_block: int) -> list[int]:

@@ -47,10 +47,9 @@ class DrawnPosterior(Posterior):
         than :data:`MANY_DRAWS` taken by default warns: each is one network to evaluate."""
         check_positive(num_samples=num_samples)
         flat = self._every(num_samples)
-        total = next(iter(flat.values())).shape[0]
-        if num_samples is None or num_samples >= total:
+        index = _spaced(next(iter(flat.values())).shape[0], num_samples)
+        if index is None:
             return flat
-        index = torch.linspace(0, total - 1, num_samples).round().long()
         return {k: v[index.to(v.device)] for k, v in flat.items()}
 
     def _every(self, num_samples: int | None) -> dict[str, torch.Tensor]:
@@ -76,15 +75,12 @@ class DrawnPosterior(Posterior):
         draws, or the evenly spaced selection copied one block at a time."""
         check_positive(num_samples=num_samples)
         every = self._every(num_samples)
-        total = next(iter(every.values())).shape[0]
-        shapes = {k: tuple(v.shape[1:]) for k, v in every.items()}
-        element = next(iter(every.values())).element_size()
-        per = blocks.draws_per_block(blocks.draw_bytes(shapes, element))
-        if num_samples is None or num_samples >= total:
+        per = blocks.held_per_block(every)
+        index = _spaced(next(iter(every.values())).shape[0], num_samples)
+        if index is None:
             yield from blocks.sliced(every, per)
             return
-        index = torch.linspace(0, total - 1, num_samples).round().long()
-        for start in range(0, num_samples, per):
+        for start in range(0, len(index), per):
             chosen = index[start : start + per]
             yield {k: v[chosen.to(v.device)] for k, v in every.items()}
 
@@ -97,6 +93,14 @@ class DrawnPosterior(Posterior):
             return dict(self.draws)
         index = torch.linspace(0, d - 1, math.ceil(num_samples / c)).round().long()
         return {k: v[:, index.to(v.device)] for k, v in self.draws.items()}
+
+
+def _spaced(total: int, num_samples: int | None) -> torch.Tensor | None:
+    """Indices of ``num_samples`` of ``total`` draws evenly spaced over them, or ``None`` for
+    every draw."""
+    if num_samples is None or num_samples >= total:
+        return None
+    return torch.linspace(0, total - 1, num_samples).round().long()
 
 
 @dataclass(repr=False)

@@ -109,9 +109,7 @@ class Posterior:
         kind that draws afresh (a fit's guide) or selects (stored draws) overrides it to hold
         one block at a time."""
         draws = self.sample(num_samples, seed)
-        shapes = {k: tuple(v.shape[1:]) for k, v in draws.items()}
-        element = next(iter(draws.values())).element_size()
-        yield from blocks.sliced(draws, blocks.draws_per_block(blocks.draw_bytes(shapes, element)))
+        yield from blocks.sliced(draws, blocks.held_per_block(draws))
 
     def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
         """The predictive on ``x`` (checked options) as consecutive predictions of blocks of
