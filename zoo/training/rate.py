@@ -12,11 +12,18 @@ The sweep
     the fit's initial state, at rates rising geometrically from ``base / LOW`` to
     ``base * HIGH`` (``base``: the task's default rate times the family's scale). Each step
     records the loss (``-ELBO``) and its data term, ``-E_q[log p(y | w)]`` on the full-data
-    scale: the loss less its KL part, evaluated on the same weight draw. The sweep stops early
-    only at a non-finite step (the step engine skips it). The parameters, batch norm's running
-    statistics, the optimiser's state and every random generator are then put back: the fit
-    proper starts from the same state and draws as the fit given the chosen ``lr`` would
-    (``tests/zoo/training/test_rate.py``).
+    scale: the loss less its KL part, evaluated on the same weight draw. The sweep stops at a
+    non-finite step (the step engine skips it) and once its smoothed data term, having fallen,
+    climbs back above its first value (:func:`climbed_back`): the rates only rise from there.
+The warm-up it leaves
+    The sweep's first ``kept`` steps ran at rates up to the chosen one: a warm-up the fit
+    keeps. The parameters, batch norm's running statistics and the optimiser's state are put
+    back to their state after those steps (the start when none is), and every random generator
+    to where the sweep began; the steps above the chosen rate are the test's cost. The fit
+    proper is then the fit given the chosen ``lr`` from that state
+    (``tests/zoo/training/test_rate.py`` replays it step by step). The states the choice may
+    still reach are held during the sweep on their device, within a bound
+    (:mod:`zoo.training.warmup`); past it, the latest held is put back.
 The rule
     The data term, smoothed by a bias-corrected moving average, falls as the rate rises, then
     flattens and climbs once the rate is too large for the network's fit. The chosen rate is
@@ -29,10 +36,11 @@ The rule
     constants are chosen on the sweeps and grids of ``benchmarks/fairness.py``
     (``benchmarks/README.md``).
 The budget
-    The sweep's steps are charged to the fit: a fit of ``T`` steps runs ``T - steps`` after it,
-    at the chosen rate decaying tenfold over them (the default schedule); its seconds count in
-    the fit's ``wall_time``. A fit shorter than :data:`MIN_FIT_STEPS` keeps the task's rate
-    (``lr="auto"`` is refused there, before any step: the sweep would be most of the fit).
+    The sweep's steps are charged to the fit: a fit of ``T`` steps runs ``T - steps`` after it
+    (``kept`` of the sweep's steps and those make its trajectory), at the chosen rate decaying
+    tenfold over them (the default schedule); its seconds count in the fit's ``wall_time``. A
+    fit shorter than :data:`MIN_FIT_STEPS` keeps the task's rate (``lr="auto"`` is refused
+    there, before any step: the sweep would be most of the fit).
 
 ``result.options["lr_test"]`` records the sweep: its steps, rates, losses and data terms, the
 rate at the minimum (``lr_min``), the rate it chose (``lr``) and its seconds. A distributed fit
@@ -42,7 +50,6 @@ fit reads the chosen rate from its checkpoint and does not sweep again.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 import time
@@ -57,6 +64,7 @@ from zoo.storage import files
 from zoo.training.recipes import Length
 from zoo.training.rules import StepPlan
 from zoo.training.step import Stepper
+from zoo.training.warmup import Warmup
 
 __all__ = [
     "DIVISOR",
@@ -101,8 +109,9 @@ class RateTest:
     stopped early): ``rates``, ``losses`` (``-ELBO`` estimates) and ``data_losses`` (their data
     terms, ``-E_q[log p(y | w)]``) step by step, the rate at the data term's smoothed minimum
     (``lr_min``), the rate chosen (``lr``, at least the sweep's lowest unless its first steps
-    diverged) and the sweep's wall time (``seconds``). ``base`` is the rate the span is
-    centred on."""
+    diverged), the sweep's wall time (``seconds``) and the steps the fit keeps as its warm-up
+    (``kept``: those at rates up to ``lr``; 0 in the records of releases before it). ``base``
+    is the rate the span is centred on."""
 
     steps: int
     base: float
@@ -112,6 +121,7 @@ class RateTest:
     lr_min: float
     lr: float
     seconds: float
+    kept: int = 0
 
     def record(self) -> dict:
         """The plain record ``result.options["lr_test"]`` holds."""
@@ -151,6 +161,21 @@ def choose(rates: list[float], losses: list[float]) -> tuple[float, float | None
     return rates[best], max(lr, rates[0])
 
 
+def reached(rates: list[float], lr: float | None) -> int:
+    """The sweep's steps at rates up to ``lr`` (none for ``None``): the rates rise."""
+    return 0 if lr is None else sum(1 for r in rates if r <= lr * (1 + 1e-9))
+
+
+def climbed_back(losses: list[float]) -> bool:
+    """Whether a sweep scoring ``losses`` (its data terms so far, all finite) is over: its
+    smoothed data term fell below its first value and has since climbed back above it. The
+    rates only rise from there, so the choice is read (the idea of the divergence stop of
+    fastai's ``lr_find`` and ``torch-lr-finder``, measured against the start, not a multiple
+    of the minimum, as a regression's data term may be negative)."""
+    smooth = smoothed(losses)
+    return min(smooth) < smooth[0] < smooth[-1]
+
+
 def run_test(
     objective: Objective,
     batches,
@@ -165,18 +190,19 @@ def run_test(
     ranks: Ranks | None = None,
 ) -> RateTest:
     """Sweep up to ``steps`` rates from ``base / LOW`` to ``base * HIGH`` with ``optimizer``
-    (the fit's, its groups at ``base`` times their factors) on ``objective``, then put back the
-    state the sweep started from: the parameters, every buffer (running statistics), the
-    optimiser's state and every random generator (``generator``, the shuffle's, among them),
-    with the chosen rate in the optimiser's groups. ``batches`` are the fit's
+    (the fit's, its groups at ``base`` times their factors) on ``objective``, then put back
+    the parameters, every buffer (running statistics) and the optimiser's state to their state
+    after the sweep's ``kept`` steps at rates up to the chosen one, and every random generator
+    (``generator``, the shuffle's, among them) to its start, with the chosen rate in the
+    optimiser's groups. ``batches`` are the fit's
     (:class:`zoo.data.batches.Batches`), ``accumulate`` of them a step; ``ranks`` average the
     gradients and losses of a distributed fit, so that every rank decides the same."""
     ranks = ranks if ranks is not None else Ranks()
     model, guide = objective.model, objective.guide
-    kept = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
+    state = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
     factors = [g["lr"] / base for g in optimizer.param_groups]
     rng = files.rng_state(generator)
-    snapshot = _Snapshot(kept, optimizer)
+    warmup = Warmup(state, optimizer)
     ratio = LOW * HIGH
     rates = [base / LOW * ratio ** (i / max(steps - 1, 1)) for i in range(steps)]
     # the step engine's body, tested on the host every step; a non-finite step is skipped
@@ -199,11 +225,14 @@ def run_test(
         fits.append(fit if math.isfinite(fit) else math.inf)
         if not (math.isfinite(value) and stepper.last_taken):
             break
-    snapshot.put_back()
-    files.set_rng_state(rng, generator)
-    optimizer.zero_grad(set_to_none=True)
+        warmup.offer(i + 1, reached(rates[: i + 1], choose(rates[: i + 1], fits)[1]))
+        if climbed_back(fits):
+            break
     lr_min, chosen = choose(rates[: len(fits)], fits)
     lr = base if chosen is None else chosen
+    kept = warmup.put_back(reached(rates[: len(fits)], lr))
+    files.set_rng_state(rng, generator)
+    optimizer.zero_grad(set_to_none=True)
     for group, factor in zip(optimizer.param_groups, factors):
         group["lr"] = lr * factor
     return RateTest(
@@ -215,6 +244,7 @@ def run_test(
         lr_min=lr_min,
         lr=lr,
         seconds=time.perf_counter() - start,
+        kept=kept,
     )
 
 
@@ -242,21 +272,6 @@ class _KLParts:
         sizes = [len(x) for x, _ in inputs]
         parts, self.parts = self.parts[-len(sizes) :], []
         return sum(p * n / sum(sizes) for p, n in zip(parts, sizes))
-
-
-class _Snapshot:
-    """A copy of the state the sweep starts from: tensors and the optimiser's state."""
-
-    def __init__(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer):
-        self.tensors, self.optimizer = tensors, optimizer
-        self.copies = [t.detach().clone() for t in tensors]
-        self.state = copy.deepcopy(optimizer.state_dict())
-
-    @torch.no_grad()
-    def put_back(self) -> None:
-        for t, c in zip(self.tensors, self.copies):
-            t.copy_(c)
-        self.optimizer.load_state_dict(self.state)
 
 
 def _buffers(model, guide) -> list[torch.Tensor]:

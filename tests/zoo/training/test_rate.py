@@ -10,6 +10,7 @@ import zoo
 from zoo.data.batches import fit_batches
 from zoo.runtime.distributed import Ranks
 from zoo.training import rate
+from zoo.training import warmup as warmup_states
 from zoo.training.optim import optimizer_at
 from zoo.training.rate import (
     DIVISOR,
@@ -108,11 +109,14 @@ def test_a_default_fit_measures_its_rate_and_charges_the_steps():
     assert test["seconds"] > 0 and result.wall_time >= test["seconds"]
 
 
-def test_the_fit_after_the_test_is_the_fit_given_that_rate():
-    """The sweep puts back the parameters and every generator: what follows is, draw for draw,
-    the fit given the chosen rate for the steps left (decaying tenfold, the default)."""
+def test_the_fit_after_the_test_is_the_fit_given_that_rate(monkeypatch):
+    """With no sweep state held (no memory for one), the sweep puts back the parameters and
+    every generator: what follows is, draw for draw, the fit given the chosen rate for the
+    steps left (decaying tenfold, the default)."""
+    monkeypatch.setattr(warmup_states, "WARMUP_MEMORY", -1)
     measured = fit(num_steps=96)
     test = measured.options["lr_test"]
+    assert test["kept"] == 0
     given = fit(num_steps=96 - test["steps"], lr=test["lr"],
                 optim=zoo.Optim(lr_schedule="exponential"))  # fmt: skip
     assert measured.losses == given.losses
@@ -120,7 +124,7 @@ def test_the_fit_after_the_test_is_the_fit_given_that_rate():
         assert torch.equal(value, given.guide.state_dict()[name]), name
 
 
-def test_the_sweep_puts_back_the_state_it_started_from():
+def resnet_problem():
     torch.manual_seed(0)
     m = zoo.models.ResNet(8, in_channels=1, input_size=8, width=4)  # batch norm's statistics
     x = torch.randn(96, 1, 8, 8)
@@ -129,17 +133,73 @@ def test_the_sweep_puts_back_the_state_it_started_from():
     objective = zoo.Objective(m, guide)
     objective.setup(x[:2], y[:2])
     batches, generator = fit_batches(m, (x, y), 32, torch.device("cpu"), 3, Ranks())
-    before = {k: v.clone() for k, v in {**guide.state_dict(), **m.state_dict()}.items()}
+    return m, guide, objective, batches, generator
+
+
+def replay(steps, rates, base=1e-3):
+    """An independent replay of a sweep's first ``steps`` steps: Adam at ``rates`` on the
+    same minibatches and draws, written out without the step engine."""
+    m, guide, objective, batches, generator = resnet_problem()
+    opt = optimizer_at(base, objective, zoo.Optim())
+    stream = (b for epoch in range(10) for b in batches.epoch(epoch))
+    for i in range(steps):
+        x, y = next(stream)
+        for group in opt.param_groups:
+            group["lr"] = rates[i]
+        opt.zero_grad(set_to_none=True)
+        objective.loss(x, y, len(batches), step=0, eager=True).backward()
+        opt.step()
+    return m, guide
+
+
+def test_the_sweep_keeps_its_steps_up_to_the_chosen_rate_and_puts_back_the_generators():
+    """The fit goes on from the state after the sweep's steps at rates up to the chosen one
+    (parameters, running statistics, the optimiser's moments), as an independent replay of
+    those steps ends; the generators are put back to where the sweep began."""
+    m, guide, objective, batches, generator = resnet_problem()
     shuffle, rng = generator.get_state(), torch.get_rng_state()
     opt = optimizer_at(1e-3, objective, zoo.Optim())
     test = rate.run_test(objective, batches, opt, base=1e-3, steps=16, generator=generator)
     assert 3 <= test.steps <= 16
+    assert 0 < test.kept < test.steps
+    assert test.kept == sum(r <= test.lr * (1 + 1e-9) for r in test.rates)
+    assert torch.equal(generator.get_state(), shuffle) and torch.equal(torch.get_rng_state(), rng)
+    assert all(g["lr"] == pytest.approx(test.lr) for g in opt.param_groups)
+    assert all(s["step"] == test.kept for s in opt.state.values())
+    torch.set_rng_state(rng)
+    m2, guide2 = replay(test.kept, test.rates)
+    after, replayed = (
+        {**guide.state_dict(), **m.state_dict()},
+        {**guide2.state_dict(), **m2.state_dict()},
+    )
+    for name, value in replayed.items():
+        assert torch.allclose(value.float(), after[name].float(), rtol=1e-5, atol=1e-6), name
+
+
+def test_a_sweep_with_no_memory_for_its_states_puts_back_its_start(monkeypatch):
+    monkeypatch.setattr(warmup_states, "WARMUP_MEMORY", -1)
+    m, guide, objective, batches, generator = resnet_problem()
+    before = {k: v.clone() for k, v in {**guide.state_dict(), **m.state_dict()}.items()}
+    opt = optimizer_at(1e-3, objective, zoo.Optim())
+    test = rate.run_test(objective, batches, opt, base=1e-3, steps=16, generator=generator)
+    assert test.kept == 0
     after = {**guide.state_dict(), **m.state_dict()}
     for name, value in before.items():
         assert torch.equal(value, after[name]), name
-    assert torch.equal(generator.get_state(), shuffle) and torch.equal(torch.get_rng_state(), rng)
     assert not opt.state  # the optimiser's moments too: a fresh start
-    assert all(g["lr"] == pytest.approx(test.lr) for g in opt.param_groups)
+
+
+def test_a_sweep_stops_once_its_data_term_climbs_back_above_its_start():
+    assert not rate.climbed_back([5.0, 4.0, 3.0, 4.0])
+    assert rate.climbed_back([5.0, 4.0, 3.0, 9.0, 20.0])
+    assert not rate.climbed_back([5.0, 6.0, 7.0])  # never fell: no minimum to read yet
+    assert rate.climbed_back([-1.0, -2.0, -3.0, 5.0, 9.0])  # a regression's may be negative
+    result = fit(num_steps=96)
+    test = result.options["lr_test"]
+    smooth = smoothed(test["data_losses"])
+    if test["steps"] < sweep_length(96):
+        assert smooth[-1] > smooth[0] > min(smooth)
+        assert not rate.climbed_back(test["data_losses"][:-1])
 
 
 def test_the_choice_is_seeded():
