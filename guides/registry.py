@@ -13,10 +13,14 @@ spec, but they are not families of their own and are not listed by :func:`availa
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import torch
+from pyro.infer.autoguide import AutoGuide
 
 from guides.checks import is_number
 
@@ -189,10 +193,6 @@ def build(model: Callable, spec: dict) -> Any:
 def instantiate(guide: Any, model: Callable, options: dict) -> Any:
     """The guide ``zoo.fit`` (or ``zoo.lightning``) was given, built: a family name or a class
     as ``cls(model, **options)``, a callable ``model -> guide``, or an instance as is."""
-    import inspect
-
-    import torch
-    from pyro.infer.autoguide import AutoGuide
 
     if isinstance(guide, str):
         return get(guide)(model, **options)
@@ -240,7 +240,6 @@ def family(guide: str | type, **options: Any) -> Family:
     ``BayesianModule`` take a guide: ``zoo.fit(model, guides.family("lowrank", rank=5), data)``
     builds ``AutoLowRank(model, rank=5)`` (a name is looked up now; the options are checked
     when the guide is built, before any step)."""
-    import inspect
 
     if not (isinstance(guide, str) or inspect.isclass(guide)):
         raise TypeError(f"guides.family takes a family name or a guide class, got {guide!r}")

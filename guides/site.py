@@ -18,6 +18,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 import torch.nn.functional as F
+from pyro import poutine
 from pyro.nn import PyroModule, PyroParam
 from torch.distributions import constraints, transform_to
 
@@ -213,7 +214,6 @@ def check_fixed_priors(guide, trace, args: tuple, kwargs: dict) -> None:
     names = [n for n in guide.site_names if getattr(guide.site_posterior(n), "reads_prior", 0)]
     if not names:
         return
-    from pyro import poutine
 
     with torch.enable_grad():  # a guide may be set up inside a no_grad block
         again = poutine.block(poutine.trace(guide.model).get_trace)(*args, **kwargs)

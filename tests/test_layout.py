@@ -125,10 +125,10 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 ZOO_LAYERS = [
     "arguments",  # the checks of plain arguments (check_int, check_bool, ...)
     "runtime",  # seeding, one call at a time, processes, threads, distributed ranks
-    "storage",  # the file format: plain data, atomic writes, checks of what is read
     "metrics",  # formulas on tensors (the likelihoods' metrics)
     "priors",
-    "models",  # networks, likelihoods, what a prediction holds, models as plain data
+    "models",  # networks, likelihoods, what a prediction holds
+    "storage",  # the file format: plain data, atomic writes, checks, each saved form
     "data",  # data sets, checks of data in every form, minibatches, fingerprints
     "inference",  # the objective (-ELBO), its scaling, estimators, how the loss is evaluated
     "evaluation",  # predictives, agreement with a reference, figures, the ArviZ bridge
@@ -455,3 +455,50 @@ def test_the_tests_mirror_the_packages():
     for folder in (REPO / "tests" / "zoo").iterdir():
         if folder.is_dir() and folder.name != "__pycache__":
             assert (REPO / "zoo" / folder.name / "__init__.py").exists(), folder.name
+
+
+def allowed_inner_imports() -> list[str]:
+    """The modules ruff's configuration allows inside a function (``PLC0415`` exempts what
+    ``banned-module-level-imports`` lists)."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert {"PLC0415", "TID253"} <= set(config["select"])
+    return config["flake8-tidy-imports"]["banned-module-level-imports"]
+
+
+def inner_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, module)`` of every import inside a function or class of ``path``."""
+    found = []
+    for scope in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        for node in ast.walk(scope):
+            if isinstance(node, ast.Import):
+                found += [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:  # a module, or its member
+                found += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return sorted(set(found))
+
+
+def test_the_library_imports_at_the_top_but_the_listed_stacks():
+    """An import inside a function of zoo/ or guides/ is one of the allowed stacks, each for
+    its reason (pyproject.toml: optional or heavy, POSIX-only, a private name wrapped once),
+    an independent reading of ruff's rule."""
+    allowed = allowed_inner_imports()
+    assert "pandas" in allowed and "zoo.evaluation.plots" in allowed and "torch" not in allowed
+    stray = [
+        f"{path.relative_to(REPO)}:{line} imports {module}"
+        for package in ("zoo", "guides")
+        for path in sorted((REPO / package).rglob("*.py"))
+        for line, module in inner_imports(path)
+        if not any(module == a or module.startswith(a + ".") for a in allowed)
+    ]
+    assert not stray, stray
+
+
+def test_the_inner_import_check_sees_one(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text("import os\n\n\ndef f():\n    import json\n    import pandas\n")
+    module.write_text(module.read_text() + "    from zoo.evaluation import plots\n")
+    assert inner_imports(module) == [(5, "json"), (6, "pandas"), (7, "zoo.evaluation.plots")]

@@ -6,6 +6,8 @@ fit = zoo.fit(model, "tridiagonal", zoo.data.mnist(), epochs=2)
 fit.evaluate(zoo.data.mnist(train=False))
 """
 
+import importlib
+
 from zoo import data, metrics, models, priors
 from zoo.baselines.ensembles import ensemble
 from zoo.baselines.laplace_fitting import laplace
@@ -88,7 +90,5 @@ LAZY_MODULES = ("arviz", "lightning", "plots")
 
 def __getattr__(name: str):
     if name in LAZY_MODULES:
-        import importlib
-
         return importlib.import_module(f"zoo.{name}")
     raise AttributeError(f"module 'zoo' has no attribute {name!r}")

@@ -153,7 +153,6 @@ def refuses_moved_keywords(moved: Mapping[str, str]) -> Callable:
 def check_model_factory(model_factory, where: str) -> None:
     """Refuse a model instance (or anything not callable) where ``() -> model`` is needed:
     ``where`` (``"compare"``, ``"ensemble"``) fits several models and each needs a fresh one."""
-    import torch
 
     if isinstance(model_factory, torch.nn.Module) or not callable(model_factory):
         raise TypeError(

@@ -307,7 +307,7 @@ def test_the_stored_numbers_are_in_units_of_one_step(learn_scales):
 @pytest.mark.parametrize("learn_scales", [True, False])
 def test_a_state_saved_before_the_units_loads_as_the_same_posterior(learn_scales):
     """A WHVI state of release 0.3 (loc, s1, s2 as they are) is rewritten on loading."""
-    from zoo.models.stored import upgraded
+    from zoo.storage.guide_form import upgraded
 
     site = random_site((5, 12), learn_scales=learn_scales)
     suffix = "_unconstrained" if learn_scales else ""

@@ -29,7 +29,9 @@ import torch
 from tqdm.auto import tqdm
 
 from zoo.arguments import is_int
+from zoo.results.loading import load
 from zoo.runtime import children
+from zoo.training.fitting import fit
 
 #: Prefix of the scratch folders that hold members' fit files until the caller reads them.
 SCRATCH_PREFIX = "zoo-ensemble-"
@@ -75,7 +77,6 @@ def fit_members(
     """Member ``k`` = ``zoo.fit(model_factory(), family, data, seed=seed + k,
     **member_args[k])``, ``processes`` members at a time in forked processes; the fits in
     member order."""
-    from zoo.results.loading import load
 
     threads = 1  # more would hang in OpenMP if this process used its pool before the fork
     context = multiprocessing.get_context("fork")
@@ -118,7 +119,6 @@ def _member_process(model_factory, family, data, seed, fit_args, folder, k, pare
     """One member's fit in a forked child: its result, or its error, as a file in ``folder``."""
     children.die_with_parent(parent)  # a killed zoo.ensemble leaves no member running
     torch.set_num_threads(threads)  # this process's own setting
-    from zoo.training.fitting import fit
 
     try:
         result = fit(model_factory(), family, data, seed=seed, **fit_args)

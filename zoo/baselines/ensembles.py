@@ -26,6 +26,7 @@ from guides.registry import Family
 from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
 from zoo.data.checks import Data
+from zoo.models import build
 from zoo.models.likelihoods import from_task
 from zoo.results.ensembles import Ensemble
 from zoo.runtime.serial import one_at_a_time
@@ -187,7 +188,6 @@ def check_noise(noise) -> None:
 def with_noise(model_factory: Callable, noise) -> Callable:
     """``model_factory`` whose models are rebuilt from their ``spec()`` with the regression
     likelihood of ``noise``; the first model is checked here, before any fit."""
-    from zoo.models import build
 
     def spec_of(model) -> dict:
         spec = model.spec() if hasattr(model, "spec") else None

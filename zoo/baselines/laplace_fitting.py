@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import Unpack
 
 from zoo.arguments import check_positive
+from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_approximation import LaplaceFit
@@ -22,7 +23,6 @@ from zoo.results.laplace_torch import (
     check_laplace_model,
     import_laplace,
     laplace_torch_call,
-    subnetwork_indices,
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time

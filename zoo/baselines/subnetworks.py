@@ -19,6 +19,7 @@ from typing_extensions import Unpack
 from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
 from zoo.baselines.laplace_fitting import map_point, split_noise
+from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_torch import (
@@ -26,7 +27,6 @@ from zoo.results.laplace_torch import (
     check_laplace_model,
     import_laplace,
     site_names,
-    subnetwork_indices,
 )
 from zoo.results.variational import FitResult
 from zoo.runtime.serial import one_at_a_time

@@ -8,29 +8,37 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
+import guides
+import zoo
+from zoo.cli.info import info_command
 from zoo.cli.parser import (
+    BASELINES,
+    SEQUENCE_MODELS,
     TOY_GUIDE_OPTIONS,
     TOY_HIDDEN,
     TOY_POINTS,
     TOY_TEST_POINTS,
     check_arguments,
+    from_flags,
 )
 from zoo.cli.parser import build_parser as _build_parser
+from zoo.data.checks import gather_tensors
+from zoo.runtime.distributed import process_rank
 from zoo.runtime.packages import BrokenTorchvisionError
+from zoo.training.options import GROUPS
 
 
 def demo(args: argparse.Namespace) -> int:
     """Fit the 1D regression toy with the diagonal guide, print metrics, write the band plot."""
-    import torch
 
-    import zoo
     from zoo.evaluation import plots
 
     x, y = zoo.data.toy_regression(n=args.points, seed=args.seed)
     model = zoo.models.BayesianMLP(
         1, hidden=TOY_HIDDEN, task="regression", noise=args.noise, prior=args.prior
     )
-    import guides
 
     fit = zoo.fit(
         model,
@@ -71,13 +79,11 @@ def demo(args: argparse.Namespace) -> int:
 
 
 def _load_data(args):
-    import zoo
 
     if args.data == "toy":
         return zoo.data.toy_regression(n=TOY_POINTS, seed=args.seed), zoo.data.toy_regression(
             n=TOY_TEST_POINTS, seed=args.seed + 1
         )
-    from zoo.cli.parser import SEQUENCE_MODELS
 
     loader = getattr(zoo.data, args.data)
     layout = {"layout": "sequence"} if args.model in SEQUENCE_MODELS else {}
@@ -87,8 +93,6 @@ def _load_data(args):
 
 
 def _model_factory(args, train):
-    import zoo
-    from zoo.data.checks import gather_tensors
 
     x, _ = gather_tensors(train)
     hidden: Sequence[int] = (
@@ -127,7 +131,6 @@ def _model_factory(args, train):
 def _guide_options(args, family: str) -> dict:
     """The family options given on the command line, over the toy's recipe for ``--data toy``
     (a guide's initial scale: not the baselines', which have no guide of their own)."""
-    from zoo.cli.parser import BASELINES
 
     base = TOY_GUIDE_OPTIONS if args.data == "toy" and family not in BASELINES else {}
     return {**base, **args.options[family]}
@@ -137,8 +140,6 @@ def _fit_options(args) -> dict:
     """``zoo.fit``'s arguments from the flags: its own (unset ones, None, leave ``fit`` its
     defaults) and every option group, built from the flags the group declared
     (:func:`zoo.cli.parser.from_flags`)."""
-    from zoo.cli.parser import from_flags
-    from zoo.training.options import GROUPS
 
     own = dict(
         epochs=args.epochs,
@@ -152,14 +153,10 @@ def _fit_options(args) -> dict:
 
 def fit_command(args: argparse.Namespace) -> int:
     """Fit one model and family, print test metrics, save the fit and an ArviZ netCDF."""
-    import zoo
-    from zoo.data.checks import gather_tensors
     from zoo.evaluation.arviz import to_netcdf
-    from zoo.runtime.distributed import process_rank
 
     train, test = _load_data(args)
     model = _model_factory(args, train)()
-    import guides
 
     fit = zoo.fit(
         model, guides.family(args.guide, **_guide_options(args, args.guide)), train,
@@ -189,7 +186,6 @@ def fit_command(args: argparse.Namespace) -> int:
 
 def compare_command(args: argparse.Namespace) -> int:
     """Fit several families on the same data; print the table, save it and a chart."""
-    import zoo
 
     train, test = _load_data(args)
     out = Path(args.out_dir)
@@ -221,7 +217,6 @@ def _has_tabulate() -> bool:
 
 def build_parser():
     """The ``zoo`` command's parser (:mod:`zoo.cli.parser`) wired to this module's commands."""
-    from zoo.cli.info import info_command
 
     return _build_parser(
         {"demo": demo, "fit": fit_command, "compare": compare_command, "info": info_command}

@@ -16,7 +16,13 @@ import platform
 import sys
 from dataclasses import dataclass
 
+import torch
+
+import zoo
+from zoo.data.sets import data_root
+from zoo.runtime.devices import DEVICE_VARIABLE
 from zoo.runtime.packages import installed_version, torchvision_problem
+from zoo.training.recipes import resolve_device
 
 #: Required packages (pip names) and optional extras: (pip name, extra, what it enables).
 REQUIRED = ("torch", "torchvision", "pyro-ppl", "arviz", "matplotlib", "pandas", "tqdm")
@@ -48,7 +54,6 @@ class Line:
 
 def package_lines() -> list[Line]:
     """Python, the zoo, the required packages and torchvision's pair check."""
-    import zoo
 
     lines = [
         Line("python", f"{platform.python_version()} ({sys.executable})"),
@@ -77,10 +82,6 @@ def package_lines() -> list[Line]:
 
 def device_lines() -> list[Line]:
     """CUDA's devices, where ``device="auto"`` runs, and the thread counts."""
-    import torch
-
-    from zoo.runtime.devices import DEVICE_VARIABLE
-    from zoo.training.recipes import resolve_device
 
     cuda = torch.version.cuda
     lines = [Line("torch build", f"CUDA {cuda}" if cuda else "CPU only")]
@@ -112,7 +113,6 @@ def device_lines() -> list[Line]:
 
 def data_lines(root: str | None) -> list[Line]:
     """The data root, where it came from, and whether MNIST's raw files are under it."""
-    from zoo.data.sets import data_root
 
     where = data_root(root)
     source = "--data-root" if root else "$ZOO_DATA" if os.environ.get("ZOO_DATA") else "default"

@@ -8,6 +8,11 @@ import dataclasses
 import re
 from collections.abc import Callable
 
+import torch
+
+import guides
+import zoo
+from guides.checks import check_family_options
 from zoo.cli.values import (
     family_options,
     guide_options,
@@ -15,8 +20,12 @@ from zoo.cli.values import (
     prior_value,
     steps_value,
 )
+from zoo.comparison import check_row
+from zoo.results.laplace_torch import import_laplace
+from zoo.runtime.distributed import STRATEGIES
 from zoo.training.option_values import positive_float, positive_int, rate_value
 from zoo.training.options import GROUPS
+from zoo.training.recipes import REGRESSION_FIT
 
 #: The 1-D toy's recipe, shared by ``demo``, ``fit --data toy`` and ``compare --data toy``: 160
 #: training points, 500 test points, full batch (``zoo.fit``'s small-data recipe,
@@ -40,9 +49,6 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """Refuse, as usage errors, what would otherwise fail later: family options a family does
     not take (or values it cannot use), a CUDA device on a machine without one, a model that
     cannot take the data, a strategy Lightning's data-parallel fit does not know."""
-    import torch
-
-    from zoo.runtime.distributed import STRATEGIES
 
     if args.command in ("demo", "info"):
         return
@@ -88,19 +94,10 @@ def _probe_family(family: str, options: dict) -> None:
     several sites (``subnetwork``) is built only (its sizes are checked against the real
     network when it is set up); the baselines' options are checked as :func:`zoo.compare`
     checks them, and a missing laplace-torch is one line."""
-    import torch
-
-    import guides
-    import zoo
-    from guides.checks import check_family_options
 
     if family in BASELINES:
-        from zoo.comparison import check_row
-
         check_row((family, family, options))
         if family == "laplace":
-            from zoo.results.laplace_torch import import_laplace
-
             try:
                 import_laplace()
             except ImportError as err:
@@ -195,8 +192,6 @@ def _add_training_options(p: argparse.ArgumentParser, one_fit: bool) -> None:
 def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
     """The ``zoo`` parser; ``commands`` maps ``demo``, ``fit``, ``compare`` and ``info`` to the
     functions that run them (:func:`zoo.cli.commands.build_parser` passes its module's)."""
-    import guides
-    from zoo.training.recipes import REGRESSION_FIT
 
     parser = argparse.ArgumentParser(prog="zoo", description="Bayesian neural network model zoo")
     sub = parser.add_subparsers(dest="command", required=True)

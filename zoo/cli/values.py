@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import math
 
+from zoo import priors
 from zoo.training.option_values import positive_int
 
 
 def prior_value(text: str):
     """``--prior``: ``default``, ``learned``, ``hierarchical``, ``normal:S`` (``N(0, S^2)``) or
     ``layerwise:G`` (``N(0, G^2 / fan_in)``)."""
-    from zoo import priors
 
     if text in ("default", "learned", "hierarchical"):
         return None if text == "default" else text

@@ -22,7 +22,11 @@ import warnings
 from collections.abc import Sequence
 from typing import Literal
 
+import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
+
+from zoo.evaluation.plots import class_ppc
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
@@ -91,8 +95,6 @@ def summary(
 def layer_summary(idata: az.InferenceData):
     """One row per posterior variable: size, mean of the posterior means, mean posterior sd,
     mean ``|mean| / sd`` (signal to noise). Fast at any size."""
-    import pandas as pd
-
     rows = []
     for name, da in idata["posterior"].data_vars.items():
         values = np.asarray(da).reshape(da.shape[0] * da.shape[1], -1)
@@ -127,8 +129,6 @@ def plot_ppc(idata: az.InferenceData, **kwargs):
     histograms choose bin widths that can merge neighbouring classes."""
     observed = idata["observed_data"]["obs"].values
     if observed.dtype.kind in "iub":
-        from zoo.evaluation.plots import class_ppc
-
         replicated = idata["posterior_predictive"]["obs"].values
         return class_ppc(observed.ravel(), replicated.reshape(-1, observed.size), **kwargs)
     kwargs.setdefault("num_pp_samples", min(50, idata["posterior_predictive"].sizes["draw"]))
@@ -156,8 +156,6 @@ def from_netcdf(path) -> az.InferenceData:
 def _detached(fig):
     """ArviZ draws through pyplot: take the figure out of pyplot's registry, so that a notebook
     shows the returned figure once (not again when the cell ends) and nothing stays open."""
-    import matplotlib.pyplot as plt
-
     plt.close(fig)
     return fig
 

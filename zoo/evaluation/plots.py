@@ -19,6 +19,8 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from zoo import metrics
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -116,7 +118,6 @@ def reliability_diagram(
     bin counts (a second panel, left out when drawing into a given ``ax``). The legend stands
     beside the panel; in a row of panels give it to the last one only (``legend=False`` for
     the others), where it covers no neighbour."""
-    from zoo import metrics
 
     rel = metrics.reliability(probs.cpu(), labels.cpu(), n_bins)
     centers = ((rel["edges"][:-1] + rel["edges"][1:]) / 2).numpy()

@@ -46,8 +46,10 @@ from collections.abc import Callable
 
 import torch
 
+from guides.base import PerSiteGuide
 from zoo.inference.backends import WiredLoss
 from zoo.inference.elbo import ElboScale
+from zoo.models.base import BayesianModel
 from zoo.runtime import threads
 from zoo.runtime.rng import forked
 
@@ -77,8 +79,6 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
     record), whose network has no running statistics to update (batch norm) and no fused
     recurrent layer (whose cached weights a traced graph would freeze). Without a compiled loss
     the CUDA graph step is off too (:mod:`zoo.training.rules`)."""
-    from guides.base import PerSiteGuide
-    from zoo.models.base import BayesianModel
 
     if not isinstance(model, BayesianModel):
         return "the model is not a zoo.models.BayesianModel"

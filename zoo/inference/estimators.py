@@ -52,6 +52,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from pyro import poutine
 from pyro.poutine.messenger import Messenger
 from torch.overrides import TorchFunctionMode
 
@@ -230,7 +231,6 @@ def plan(
     needed at all (``"local"`` or ``"auto"`` with ``elbo="meanfield"`` and a closed-form KL
     against the model's prior; Flipout always needs the shared draw).
     """
-    from pyro import poutine
 
     run, recording_guide = _with_estimator(model, guide, estimator, rows=rows)
     with torch.no_grad():

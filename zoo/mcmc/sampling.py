@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import cast
 
 import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm
 
 from zoo.arguments import check_int, check_positive, check_seed, is_int, refuses_moved_keywords
@@ -187,7 +188,6 @@ def check_budget(model, x: torch.Tensor, y: torch.Tensor, budget: Budget) -> Non
 def _in_memory(data, budget: Budget) -> tuple[torch.Tensor, torch.Tensor]:
     """``(X, y)`` of ``data``, refusing a data set past ``budget.data_bytes`` before reading it
     all where its length is known."""
-    from torch.utils.data import DataLoader, Dataset, IterableDataset
 
     dataset = data.dataset if isinstance(data, DataLoader) else data
     if isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset):

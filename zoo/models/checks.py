@@ -5,10 +5,14 @@ reached the allocator, which asked for terabytes)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from collections.abc import Callable, Sequence
 
 import torch
+from pyro.infer.autoguide import AutoGuide
+from pyro.nn import PyroModule
 
 from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
@@ -56,8 +60,6 @@ def check_memory(weights: int, what: str, advice: str) -> None:
 def check_model(model, guide=None) -> None:
     """Refuse what cannot be a Pyro model of ``zoo.fit``: nothing, a non-callable, or a plain
     torch module (no sample site: convert it); and a guide instance built for another model."""
-    from pyro.infer.autoguide import AutoGuide
-    from pyro.nn import PyroModule
 
     if model is None or not callable(model):
         raise TypeError(
@@ -86,7 +88,6 @@ def check_model(model, guide=None) -> None:
 def _unwrapped(program, depth: int = 4):
     """The module a guide's model is, under Pyro's handler wrappers (partials whose last
     argument is the program they wrap); ``program`` itself when it is not one."""
-    import functools
 
     for _ in range(depth):
         if not isinstance(program, functools.partial) or not program.args:
@@ -96,7 +97,6 @@ def _unwrapped(program, depth: int = 4):
 
 
 def _takes_two_arguments(function: Callable) -> bool:
-    import inspect
 
     try:
         signature = inspect.signature(function)

@@ -10,14 +10,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from zoo.arguments import check_bool, check_positive
-from zoo.models import stored
 from zoo.results import blocks
 from zoo.results.posterior import Posterior
 from zoo.storage import checks as file_checks
-from zoo.storage import files
+from zoo.storage import files, model_form
 
 __all__ = ["MANY_DRAWS", "Draws", "DrawnPosterior", "from_draws"]
 
@@ -144,7 +144,7 @@ class Draws(DrawnPosterior, kind="draws"):
     def payload(self) -> dict:
         """The model's spec and buffers, the draws, the options and the time."""
         return {
-            "model": stored.model_payload(self.model),
+            "model": model_form.model_payload(self.model),
             "draws": {k: v.detach().cpu() for k, v in self.draws.items()},
             "options": files.plain_data(self.options),
             "wall_time": float(self.wall_time),
@@ -227,8 +227,6 @@ def from_draws(
 def _as_tensor(name: str, value) -> torch.Tensor:
     """A floating tensor of ``value`` (a tensor, or anything ``numpy.asarray`` reads)."""
     if not torch.is_tensor(value):
-        import numpy as np
-
         try:
             value = torch.as_tensor(np.asarray(value))
         except (TypeError, ValueError) as err:
@@ -256,7 +254,7 @@ def restore_drawn_model(payload: dict, path, model, map_location):
     """The model of a file of draws, its sites checked against the draws' shapes and put on
     ``map_location`` in the draws' precision (a spec records no dtype)."""
     try:
-        model = stored.restore_model(payload["model"], model)
+        model = model_form.restore_model(payload["model"], model)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     shapes = getattr(model, "site_shapes", {})

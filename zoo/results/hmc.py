@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from zoo.models import stored
 from zoo.results.draws import DrawnPosterior, restore_drawn_model
 from zoo.storage import checks as file_checks
-from zoo.storage import files
+from zoo.storage import files, model_form
 
 
 @dataclass(repr=False)
@@ -89,7 +88,7 @@ class Reference(DrawnPosterior, kind="reference"):
     def payload(self) -> dict:
         """The model's spec and buffers, the draws, the statistics, the time and options."""
         return {
-            "model": stored.model_payload(self.model),
+            "model": model_form.model_payload(self.model),
             "draws": {k: v.cpu() for k, v in self.draws.items()},
             "stats": {k: v.cpu() for k, v in self.stats.items()},
             "wall_time": float(self.wall_time),

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 
 from zoo.data.checks import check_inputs
-from zoo.models import stored
 from zoo.models.predictions import Prediction
 from zoo.results import blocks
 from zoo.results.laplace_checks import check_laplace_payload, check_options_entry, plain, tensors
@@ -25,7 +24,7 @@ from zoo.results.laplace_torch import (
 )
 from zoo.results.posterior import Posterior, PredictOptions
 from zoo.runtime.threads import intra_op_threads
-from zoo.storage import files
+from zoo.storage import files, model_form
 
 
 @dataclass(repr=False)
@@ -187,7 +186,7 @@ class LaplaceFit(Posterior, kind="laplace"):
         installed."""
         state = {k: plain(v) for k, v in self.laplace.state_dict().items()}
         return {
-            "model": stored.model_payload(self.model),
+            "model": model_form.model_payload(self.model),
             "map_weights": {k: v.detach().cpu() for k, v in self.map_weights.items()},
             "options": asdict(self.options),
             "state": state,
@@ -210,7 +209,7 @@ def laplace_from_payload(payload: dict, path, model, map_location) -> LaplaceFit
     files.require(payload, keys, path)
     options = check_options_entry(payload["options"], path)
     try:
-        model = stored.restore_model(payload["model"], model)
+        model = model_form.restore_model(payload["model"], model)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     check_laplace_payload(payload, path, model, options)

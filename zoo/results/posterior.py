@@ -21,6 +21,7 @@ import torch
 
 from zoo.arguments import check_bool, check_positive, check_seed
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.evaluation.predictive import predict
 from zoo.models.predictions import Prediction, mixture
 from zoo.models.summaries import Summary
 from zoo.results import blocks
@@ -132,7 +133,6 @@ class Posterior:
         :meth:`sample` returns them) on ``x``: draw ``s`` is one network on every input, as
         ArviZ's ``log_likelihood`` needs. ``options`` (:meth:`predict`'s, bound; default: no
         progress bar, the predictive's own blocks and threads)."""
-        from zoo.evaluation.predictive import predict
 
         options = options or self.draw_options(draws)
         return predict(

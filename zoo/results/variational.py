@@ -13,13 +13,12 @@ from pyro.infer.autoguide import AutoGuide
 
 from zoo.arguments import is_number
 from zoo.evaluation.predictive import fitted_guide_device
-from zoo.models import stored
 from zoo.models.statistics import frozen_statistics
 from zoo.results import blocks
 from zoo.results.posterior import Posterior
 from zoo.runtime.rng import seeded
 from zoo.storage import checks as file_checks
-from zoo.storage import files
+from zoo.storage import files, guide_form, model_form
 
 
 @dataclass(repr=False)
@@ -139,8 +138,8 @@ class FitResult(Posterior, kind="fit"):
         """The fit as plain data: the guide's family, options and parameters, the model's spec
         and buffers, the history and the options (an ensemble's file holds one per member)."""
         return {
-            "guide": stored.guide_payload(self.guide),
-            "model": stored.model_payload(self.model),
+            "guide": guide_form.guide_payload(self.guide),
+            "model": model_form.model_payload(self.model),
             "history": {
                 "losses": torch.tensor(self.losses, dtype=torch.float64),
                 "epoch_losses": torch.tensor(self.epoch_losses, dtype=torch.float64),
@@ -167,10 +166,10 @@ def fit_from_payload(payload: dict, path, model: Callable | None, map_location) 
         return _load_v1(payload, model, map_location)
     check_fit_payload(payload, path)
     try:
-        model = stored.restore_model(payload["model"], model)
+        model = model_form.restore_model(payload["model"], model)
         if isinstance(model, torch.nn.Module):
             model.to("cpu")
-        guide = stored.build_guide(model, payload["guide"])
+        guide = guide_form.build_guide(model, payload["guide"])
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from None
     if isinstance(model, torch.nn.Module):
@@ -191,9 +190,9 @@ def fit_from_payload(payload: dict, path, model: Callable | None, map_location) 
 
 def check_fit_payload(payload: dict, path) -> None:
     """Refuse a fit file whose entries, guide sizes or tensors no fit writes, before anything
-    is built from it (:mod:`zoo.storage.checks`)."""
+    is built from it (:func:`zoo.storage.guide_form.check_guide_payload`)."""
     files.require(payload, ("guide", "model", "history", "options"), path)
-    file_checks.check_guide_payload(payload["guide"], path)
+    guide_form.check_guide_payload(payload["guide"], path)
     model = payload["model"]
     if not isinstance(model, dict) or "spec" not in model or "state" not in model:
         raise ValueError(f"{path}: the model entry has no spec or state (the file was changed)")
@@ -223,7 +222,7 @@ def _load_v1(payload: dict, model, map_location) -> FitResult:
         model.to(map_location)
     guide = payload["guide"]
     guide.to(map_location)
-    stored.attach(guide, model)
+    guide_form.attach(guide, model)
     return FitResult(
         model=model,
         guide=guide,

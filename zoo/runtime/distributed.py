@@ -30,7 +30,7 @@ from typing import NamedTuple
 
 import torch
 
-from zoo.runtime.children import scratch_folder
+from zoo.runtime.children import die_with_parent, scratch_folder
 from zoo.runtime.devices import chosen_device
 from zoo.runtime.packages import require_torchvision
 
@@ -137,8 +137,6 @@ class _SavedFit(NamedTuple):
 
 def _in_process(function: Callable, parent: int, handoff: Path, fabric):
     if os.getpid() != parent:  # a spawned or forked rank: it ends with the process it serves
-        from zoo.runtime.children import die_with_parent
-
         die_with_parent(parent)
     result = function(Ranks(fabric))
     if os.getpid() == parent:

@@ -13,6 +13,8 @@ import functools
 import re
 from importlib import metadata
 
+import torch
+
 __all__ = [
     "CPU_INSTALL",
     "GPU_INSTALL",
@@ -79,7 +81,6 @@ def _advice() -> str:
 def torchvision_problem() -> str | None:
     """What is wrong with the installed torchvision, or None when it imports, is the pair of the
     imported torch and runs one of its operators (``torchvision.ops.nms`` on two boxes)."""
-    import torch
 
     try:
         import torchvision
@@ -123,8 +124,6 @@ def torchvision_datasets():
     try:
         import torchvision.datasets as datasets
     except (ImportError, RuntimeError) as err:
-        import torch
-
         vision = installed_version("torchvision")
         what = (
             "torchvision is not installed"

@@ -20,9 +20,9 @@ from zoo.arguments import is_int
 
 __all__ = [
     "MAX_ELEMENTS",
-    "check_guide_payload",
     "check_state",
     "check_tensors",
+    "count_elements",
     "digest",
     "verify",
 ]
@@ -155,7 +155,9 @@ def check_statistics(tensors: dict, path, entry: str) -> None:
             )
 
 
-def _count(shape, path, what: str) -> int:
+def count_elements(shape, path, what: str) -> int:
+    """The elements of a declared ``shape`` (``what`` in the file at ``path``), refused unless
+    a list of sizes declaring at most :data:`MAX_ELEMENTS`."""
     if not isinstance(shape, (list, tuple)) or not all(is_int(s) and s >= 0 for s in shape):
         raise ValueError(f"{path}: {what} has shape {shape!r}, not a list of sizes")
     count = math.prod(shape)
@@ -165,36 +167,6 @@ def _count(shape, path, what: str) -> int:
             f"{MAX_ELEMENTS:.3g} a file may declare; the file is damaged or not a fit"
         )
     return count
-
-
-def check_guide_payload(guide: dict, path) -> None:
-    """Refuse a guide entry whose spec, example input, sites or state no fit writes, before
-    any of it is built: declared sizes within :data:`MAX_ELEMENTS`, state tensors floating
-    point and finite."""
-    if not isinstance(guide, dict):
-        raise ValueError(f"{path}: the guide entry is not a dict")
-    missing = [k for k in ("spec", "input", "sites", "state") if k not in guide]
-    if missing:
-        raise ValueError(f"{path}: the guide entry has no {missing} (the file was cut or changed)")
-    spec = guide["spec"]
-    if not isinstance(spec, dict) or not isinstance(spec.get("family"), str):
-        raise ValueError(f"{path}: the guide's spec {spec!r} names no family")
-    inputs = guide["input"]
-    if not isinstance(inputs, list) or not inputs:
-        raise ValueError(f"{path}: the guide's example input {inputs!r} is not a list of shapes")
-    for item in inputs:
-        if not (isinstance(item, (list, tuple)) and len(item) == 2):
-            raise ValueError(f"{path}: the guide's example input {item!r} is not [shape, dtype]")
-        shape, dtype = item
-        _count(shape, path, "the guide's example input")
-        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
-            raise ValueError(f"{path}: the guide's example input has no dtype {dtype!r}")
-    if not isinstance(guide["sites"], dict):
-        raise ValueError(f"{path}: the guide's sites entry is not a dict of shapes")
-    total = sum(_count(s, path, f"site {n!r}") for n, s in guide["sites"].items())
-    if total > MAX_ELEMENTS:
-        raise ValueError(f"{path}: the guide's sites declare {total:.3g} weights in all")
-    check_tensors(guide["state"], path, "guide state")
 
 
 def check_state(expected: dict, saved: dict, what: str) -> None:

@@ -25,12 +25,14 @@ import os
 import pickle
 import random
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from zoo.runtime.children import orphaned
 from zoo.storage import checks as file_checks
 from zoo.storage.declared import declared
 
@@ -97,9 +99,6 @@ def remove_stale_temporaries(path: Path) -> None:
     writer holds (:func:`zoo.runtime.children.orphaned`: a writer holds its file's lock while
     it writes, whatever PID namespace it runs in), and any older than :data:`STALE_AFTER`
     seconds (a writer on another machine sharing the folder, where locks may not reach)."""
-    import time
-
-    from zoo.runtime.children import orphaned
 
     now, head = time.time(), f".{path.name}."
     for tmp in path.parent.glob(f"{head}*.tmp"):

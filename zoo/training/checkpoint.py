@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 import torch
 
 from zoo.arguments import is_int
-from zoo.models import stored
 from zoo.models.statistics import statistics_of
 from zoo.storage import checks as file_checks
-from zoo.storage import files
+from zoo.storage import files, guide_form, model_form
 
 
 @dataclass
@@ -102,8 +101,8 @@ def write_checkpoint(
             "format": files.FORMAT,
             "version": files.VERSION,
             "kind": "checkpoint",
-            "guide": stored.guide_payload(guide),
-            "model": {**stored.model_payload(model), "trainable": trainable},
+            "guide": guide_form.guide_payload(guide),
+            "model": {**model_form.model_payload(model), "trainable": trainable},
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": files.rng_state(generator),
@@ -137,7 +136,7 @@ def read_checkpoint(path: str | os.PathLike, guide=None) -> dict:
             "resumed; start the fit again (zoo.load(path, allow_pickle=True) reads its guide)"
         )
     files.require(payload, ("guide", "model", "optimizer", "rng", "state"), path)
-    file_checks.check_guide_payload(payload["guide"], path)
+    guide_form.check_guide_payload(payload["guide"], path)
     check_loop_state(path, payload["state"])
     if guide is not None:
         check_resumed_family(path, payload["guide"], guide)
@@ -284,7 +283,7 @@ def fit_identity(
     the ``seed`` (a resumed fit continues the checkpoint's random streams: another seed would be
     a label on the same fit) and the minibatches' ``order`` (:func:`zoo.data.batches.batch_order`:
     a loader's sampler, ``shuffle=True`` or not), and ``model``, what defines the model
-    (:func:`zoo.models.stored.model_fingerprint`). A callable schedule or KL weight is recorded
+    (:func:`zoo.storage.model_form.model_fingerprint`). A callable schedule or KL weight is recorded
     as ``"callable"``, which cannot be compared further."""
     optimizer = optim.optimizer
     settings = {

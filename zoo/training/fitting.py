@@ -24,7 +24,6 @@ from zoo.data.batches import batch_order, fit_batches
 from zoo.data.checks import Data
 from zoo.data.fingerprint import data_fingerprint
 from zoo.inference.objective import Objective
-from zoo.models import stored
 from zoo.models.checks import check_model
 from zoo.models.statistics import frozen_statistics, training_mode
 from zoo.results.loading import load
@@ -34,6 +33,7 @@ from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import intra_op_threads
+from zoo.storage import guide_form, model_form
 from zoo.training import rate
 from zoo.training import rules as step_rules
 from zoo.training.checkpoint import (
@@ -226,20 +226,20 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         # result.options too (a saved fit says what it was fitted to).
         identity = fit_identity(
             data_fingerprint(data), batches.batch_size, s.length, s.optim, s.loss, s.engine,
-            seed=s.seed, order=batch_order(data), model_print=stored.model_fingerprint(model),
+            seed=s.seed, order=batch_order(data), model_print=model_form.model_fingerprint(model),
         )  # fmt: skip
         resumed = read_checkpoint(s.run.resume, guide) if s.run.resume else None
         if resumed is not None:
             check_identity(
                 s.run.resume, resumed.get("identity"), identity, resumed.get("version", 2)
             )
-            guide = stored.build_guide(model, resumed["guide"])
+            guide = guide_form.build_guide(model, resumed["guide"])
         guide.to(dev)
         objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)
         with frozen_statistics():  # the guide's set-up traces the model: not a training step
             objective.setup(*batches.first(), batch_size=batches.minibatch_size)
         if s.run.checkpoint is not None:
-            stored.guide_payload(guide)  # a guide that cannot be saved fails now, not later
+            guide_form.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         opt, plan, total = _optimiser(objective, batches, s, dev, ranks)
         check_finite_parameters(guide, model)
         if ranks.distributed:  # the same start everywhere, then each rank's own draws

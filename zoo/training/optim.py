@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from zoo.arguments import check_factor
 from zoo.inference.objective import named_parameters
 
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -118,8 +119,6 @@ def make_scheduler(optimizer, lr_schedule, total: int = 1, cuts=None):
     ``None`` when neither is."""
     factor = resolve_schedule(lr_schedule, total)
     if factor is not None:
-        from zoo.arguments import check_factor
-
         check_factor("lr_schedule", factor, sorted({0, max(int(total) - 1, 0)}))
         if callable(lr_schedule):  # a user's: every step's factor checked as it comes
             factor = _checked(factor)

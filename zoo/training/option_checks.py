@@ -9,7 +9,8 @@ from collections.abc import Mapping
 
 import torch
 
-from zoo.arguments import is_int, is_number
+from zoo.arguments import check_factor, is_int, is_number
+from zoo.training.optim import SCHEDULES
 
 __all__ = [
     "check_callbacks",
@@ -114,7 +115,6 @@ def check_callbacks(callbacks) -> None:
 def check_schedule(schedule) -> None:
     if schedule is None or callable(schedule):
         return
-    from zoo.training.optim import SCHEDULES
 
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ValueError(
@@ -125,8 +125,6 @@ def check_schedule(schedule) -> None:
 
 def check_kl_weight(weight) -> None:
     if callable(weight):
-        from zoo.arguments import check_factor
-
         check_factor("kl_weight", weight)
     elif not is_number(weight) or not weight >= 0:
         raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")

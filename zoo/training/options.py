@@ -34,6 +34,12 @@ from zoo.training import option_checks as checks
 
 if TYPE_CHECKING:  # annotations only
     from guides.registry import Recipe
+from zoo.inference import estimators
+from zoo.inference.objective import check_elbo, check_jit
+from zoo.runtime import distributed
+from zoo.runtime.threads import check_threads
+from zoo.training.divergence import check_on_divergence
+from zoo.training.optim import check_optimizer
 from zoo.training.option_values import (
     devices_value,
     jit_value,
@@ -93,7 +99,6 @@ class Optim:
     )
 
     def __post_init__(self):
-        from zoo.training.optim import check_optimizer
 
         check_optimizer(self.optimizer)
         check_positive(clip_grad_norm=self.clip_grad_norm)
@@ -150,8 +155,6 @@ class Loss:
     )
 
     def __post_init__(self):
-        from zoo.inference import estimators
-        from zoo.inference.objective import check_elbo
 
         check_positive(num_particles=self.num_particles)
         checks.check_kl_weight(self.kl_weight)
@@ -265,8 +268,6 @@ class Engine:
     )
 
     def __post_init__(self):
-        from zoo.inference.objective import check_jit
-        from zoo.runtime.threads import check_threads
 
         check_threads(self.threads)
         check_jit(self.jit)
@@ -282,7 +283,6 @@ class Engine:
     @property
     def distributed(self) -> bool:
         """Whether the fit runs across processes (:func:`zoo.runtime.distributed.requested`)."""
-        from zoo.runtime import distributed
 
         return distributed.requested(self.devices, self.num_nodes, self.strategy)
 
@@ -337,7 +337,6 @@ class Run:
     )
 
     def __post_init__(self):
-        from zoo.training.divergence import check_on_divergence
 
         check_on_divergence(self.on_divergence)
         check_positive(checkpoint_every=self.checkpoint_every)
