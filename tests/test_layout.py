@@ -193,7 +193,8 @@ def test_zoo_is_packages_in_one_import_order():
     top -= {"__init__", "__main__", "__pycache__", *PUBLIC_ALIASES}
     assert top == set(ZOO_LAYERS), top ^ set(ZOO_LAYERS)
     for alias in PUBLIC_ALIASES:  # an alias holds nothing of its own
-        assert len((REPO / "zoo" / f"{alias}.py").read_text().splitlines()) <= 8, alias
+        text = (REPO / "zoo" / f"{alias}.py").read_text()  # the module, and its names for checkers
+        assert len(text.splitlines()) <= 11 and "def " not in text and "class " not in text, alias
     assert len([p for p in (REPO / "zoo").glob("*.py")]) <= 10
     for name in ZOO_LAYERS:  # a package's job is in its docstring
         path = REPO / "zoo" / name / "__init__.py"

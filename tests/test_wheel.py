@@ -60,16 +60,30 @@ def test_the_wheel_holds_the_packages_and_their_type_markers_only(dist):
     assert "Requires-Dist: torch<2.15,>=2.11" in metadata
 
 
-def test_the_installed_wheel_runs_the_demo_and_info_outside_the_clone(dist, tmp_path):
-    env_dir = tmp_path / "env"
-    run(sys.executable, "-m", "venv", str(env_dir), cwd=tmp_path)
-    python = env_dir / "bin" / "python"
+def fresh_environment(folder):
+    """A new virtual environment in ``folder`` that reaches this environment's dependencies
+    through a path file (no package index), not its editable install of the project:
+    ``(python, site directory)``."""
+    # no pip or setuptools of its own: this environment's (setuptools >= 77 builds the project)
+    run(sys.executable, "-m", "venv", "--without-pip", str(folder), cwd=folder.parent)
+    python = folder / "bin" / "python"
     site = run(str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))",
-               cwd=tmp_path).strip()  # fmt: skip
-    (tmp_path / site / "zoo_test_dependencies.pth").write_text(sysconfig.get_path("purelib"))
-    wheel = next(dist.glob("*.whl"))
-    run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(wheel),
-        cwd=tmp_path)  # fmt: skip
+               cwd=folder.parent).strip()  # fmt: skip
+    (folder / site / "zoo_test_dependencies.pth").write_text(sysconfig.get_path("purelib"))
+    return python, site
+
+
+@pytest.fixture(scope="module")
+def wheel_env(dist, tmp_path_factory):
+    """The wheel installed (not editable) in a fresh environment: ``(python, site)``."""
+    python, site = fresh_environment(tmp_path_factory.mktemp("wheel") / "env")
+    run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
+        str(next(dist.glob("*.whl"))), cwd=python.parent)  # fmt: skip
+    return python, site
+
+
+def test_the_installed_wheel_runs_the_demo_and_info_outside_the_clone(wheel_env, tmp_path):
+    python, site = wheel_env
     work = tmp_path / "work"
     work.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "MPLBACKEND": "Agg",
@@ -98,3 +112,70 @@ def test_the_sdist_builds_the_wheel_and_ships_no_test_suite(dist):
         f"bnn_zoo-{zoo.__version__}.dist-info/METADATA").decode()  # fmt: skip
     assert "License-Expression: MIT" in metadata
     assert "License-File: LICENSE" in metadata
+
+
+#: A user's script, checked (never run) by mypy from outside the clone: the README's blocks,
+#: and the types its blocks rely on, held exactly (``assert_type``).
+TYPED_USE = """
+import torch
+from typing_extensions import assert_type
+
+import zoo
+
+x, y = torch.randn(8, 2), torch.randint(0, 2, (8,))
+classifier = zoo.models.BayesianMLP(2, (4,), 2, task="classification")
+assert_type(classifier, zoo.models.BayesianMLP[zoo.ClassificationPrediction])
+fit = zoo.fit(classifier, "diagonal", (x, y), num_steps=2)
+assert_type(fit.predict(x), zoo.ClassificationPrediction)
+assert_type(fit.predict(x).mutual_information, torch.Tensor)
+regressor = zoo.models.BayesianMLP(2, (4,))
+assert_type(zoo.fit(regressor, "lowrank", (x, y.float())).predict(x), zoo.RegressionPrediction)
+converted = zoo.models.from_module(torch.nn.Linear(2, 2))
+assert_type(zoo.prior_predictive(converted, x), zoo.ClassificationPrediction)
+assert_type(zoo.fit(zoo.models.LeNet5(), "map", (x, y)).predict(x), zoo.ClassificationPrediction)
+table = zoo.compare(lambda: regressor, ["diagonal"], (x, y), (x, y))
+table, fits = zoo.compare(lambda: regressor, ["diagonal"], (x, y), (x, y), return_fits=True)
+assert_type(fits, dict[str, zoo.Posterior])
+"""
+
+
+def readme_blocks() -> str:
+    """The README's Python blocks, one script."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    return "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))
+
+
+def type_check(python, folder) -> str:
+    """mypy (this environment's) over :data:`TYPED_USE` and the README's blocks in ``folder``,
+    outside the clone, against the project as the environment of ``python`` installs it.
+    torchvision ships no type hints (``import-untyped``): not ours to check."""
+    (folder / "typed_use.py").write_text(TYPED_USE)
+    (folder / "readme_blocks.py").write_text(readme_blocks())
+    mypy = [sys.executable, "-m", "mypy", "--python-executable", str(python), "--no-incremental",
+            "--cache-dir", str(folder / ".mypy_cache"), "--disable-error-code", "import-untyped",
+            "typed_use.py", "readme_blocks.py"]  # fmt: skip
+    done = subprocess.run(mypy, cwd=folder, capture_output=True, text=True, timeout=HANG_AFTER)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    return done.stdout
+
+
+def test_a_users_type_checker_sees_the_api_of_the_installed_wheel(wheel_env, tmp_path):
+    python, _ = wheel_env
+    assert "Success" in type_check(python, tmp_path)
+
+
+def test_a_users_type_checker_sees_the_api_of_a_strict_editable_install(tmp_path):
+    """``pip install -e . --config-settings editable_mode=strict`` (the README's line for type
+    checkers) puts a tree of links on a static path, which mypy reads; the default editable
+    install's import hook is invisible to it."""
+    python, site = fresh_environment(tmp_path / "env")
+    run(str(python), "-m", "pip", "install", "--no-deps", "--no-index", "--no-build-isolation",
+        "--quiet", "-e", str(REPO), "--config-settings", "editable_mode=strict",
+        cwd=tmp_path)  # fmt: skip
+    where = run(str(python), "-c", "import zoo; print(zoo.__file__)", cwd=tmp_path).strip()
+    assert "__editable__" in where, where  # the tree of links, not the import hook
+    work = tmp_path / "work"
+    work.mkdir()
+    assert "Success" in type_check(python, work)

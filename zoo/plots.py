@@ -3,5 +3,9 @@
 
 import importlib
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the names a type checker reads
+    from zoo.evaluation.plots import *  # noqa: F403
 
 sys.modules[__name__] = importlib.import_module("zoo.evaluation.plots")

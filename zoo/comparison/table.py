@@ -7,7 +7,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, overload
 
 from tqdm import tqdm
 from typing_extensions import Unpack
@@ -31,6 +31,37 @@ from zoo.training.options import (
 )
 
 nan = float("nan")
+
+
+# The table alone, or with the fits when return_fits=True (for a type checker).
+@overload
+def compare(
+    model_factory: Callable | None,
+    guides: Sequence | Mapping | None = ...,
+    train: Data | None = ...,
+    test: Data | None = ...,
+    *,
+    num_samples: int = ...,
+    chart: str | os.PathLike | None = ...,
+    return_fits: Literal[False] = ...,
+    progress: bool = ...,
+    reference: Posterior | None = ...,
+    **how: Unpack[HowToFit],
+) -> pd.DataFrame: ...
+@overload
+def compare(
+    model_factory: Callable | None,
+    guides: Sequence | Mapping | None = ...,
+    train: Data | None = ...,
+    test: Data | None = ...,
+    *,
+    num_samples: int = ...,
+    chart: str | os.PathLike | None = ...,
+    return_fits: Literal[True],
+    progress: bool = ...,
+    reference: Posterior | None = ...,
+    **how: Unpack[HowToFit],
+) -> tuple[pd.DataFrame, dict[str, Posterior]]: ...
 
 
 @refuses_flat_keywords

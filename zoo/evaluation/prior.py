@@ -2,24 +2,26 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from zoo.arguments import check_positive, check_seed
 from zoo.data.checks import check_inputs
 from zoo.models.base import BayesianModel
-from zoo.models.predictions import Prediction
+from zoo.models.predictions import PredictionT
 from zoo.models.statistics import evaluation_mode, frozen_statistics, training_mode
 from zoo.runtime.rng import seeded
 
 
 @torch.no_grad()
 def prior_predictive(
-    model: BayesianModel,
+    model: BayesianModel[PredictionT],
     x: torch.Tensor,
     num_samples: int = 100,
     seed: int | None = 0,
     statistics: str = "batch",
-) -> Prediction:
+) -> PredictionT:
     """The prior predictive of ``model`` at inputs ``x``: ``num_samples`` networks drawn from
     the model's prior (every weight site, the prior's own latent scales and a learned noise
     drawn too), each evaluated on ``x``.
@@ -74,4 +76,4 @@ def prior_predictive(
             outputs.append(model.network(x, params))
             draws.append({k: v for k, v in params.items() if k not in model.site_shapes})
     latent = {k: torch.stack([d[k] for d in draws]) for k in draws[0]}  # noise, prior scales
-    return model.likelihood.predict(torch.stack(outputs), latent)
+    return cast(PredictionT, model.likelihood.predict(torch.stack(outputs), latent))

@@ -9,6 +9,7 @@ from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 #: AlexNet's five convolution widths, as in its CIFAR-10 adaptations.
@@ -48,7 +49,7 @@ class AlexNetNetwork(nn.Module):
         return self.fc2(torch.relu(self.fc1(x.flatten(1))))
 
 
-class AlexNet(BayesianModel):
+class AlexNet(BayesianModel[ClassificationPrediction]):
     """Bayesian AlexNet-style CNN for ``(B, in_channels, size, size)`` images.
 
     Parameters

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterable, Mapping
+from typing import Generic
 
 import pyro
 import torch
@@ -29,12 +30,17 @@ from torch.func import functional_call, vmap
 from guides.site import fan_in
 from zoo.models import semantics, statistics
 from zoo.models.likelihoods import Likelihood, from_task
+from zoo.models.predictions import PredictionT
 from zoo.priors import Prior, resolve_prior
 from zoo.runtime.rng import warn_if_seeded_elsewhere
 
 
-class BayesianModel(nn.Module):
+class BayesianModel(nn.Module, Generic[PredictionT]):
     """Pyro model with a sample site over every weight and bias of ``net``.
+
+    ``BayesianModel[ClassificationPrediction]`` or ``[RegressionPrediction]`` for a type
+    checker: what a posterior over it predicts (the zoo's classifiers are the first; a
+    ``BayesianMLP`` is the task it is given).
 
     Parameters
     ----------

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zoo.models.base import BayesianModel
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 
@@ -50,7 +51,7 @@ class CifarNetwork(nn.Module):
         return self.fc1(x.flatten(1))
 
 
-class CifarNet(BayesianModel):
+class CifarNet(BayesianModel[ClassificationPrediction]):
     """Bayesian ``cifar10_full`` CNN for ``(B, 3, 32, 32)`` images, 10 classes.
 
     Parameters

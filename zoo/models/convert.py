@@ -48,12 +48,14 @@ import copy
 import fnmatch
 import inspect
 from collections.abc import Callable, Iterable
+from typing import Any, Literal, overload
 
 from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_memory
 from zoo.models.likelihoods import Likelihood, from_task
+from zoo.models.predictions import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.priors import HE_GAIN, LayerwiseNormalPrior, Prior
 
 #: Class names of the stochastic layers that a converted copy replaces by ``nn.Identity``
@@ -74,6 +76,51 @@ NORM_LAYERS = tuple(
 )
 
 
+# The task in the type (zoo.models.BayesianMLP does the same): a classifier by default.
+@overload
+def from_module(
+    module: nn.Module,
+    task: Literal["classification"] = ...,
+    prior: Prior | float | str | None = ...,
+    noise: float | str = ...,
+    input_shape: tuple[int, ...] | None = ...,
+    likelihood: Likelihood | None = ...,
+    *,
+    bayesian: Iterable[str] | None = ...,
+    deterministic: Iterable[str] = ...,
+    init: str = ...,
+    output: int | str | Callable | None = ...,
+) -> BayesianModel[ClassificationPrediction]: ...
+@overload
+def from_module(
+    module: nn.Module,
+    task: Literal["regression"],
+    prior: Prior | float | str | None = ...,
+    noise: float | str = ...,
+    input_shape: tuple[int, ...] | None = ...,
+    likelihood: Likelihood | None = ...,
+    *,
+    bayesian: Iterable[str] | None = ...,
+    deterministic: Iterable[str] = ...,
+    init: str = ...,
+    output: int | str | Callable | None = ...,
+) -> BayesianModel[RegressionPrediction]: ...
+@overload
+def from_module(
+    module: nn.Module,
+    task: str,
+    prior: Prior | float | str | None = ...,
+    noise: float | str = ...,
+    input_shape: tuple[int, ...] | None = ...,
+    likelihood: Likelihood | None = ...,
+    *,
+    bayesian: Iterable[str] | None = ...,
+    deterministic: Iterable[str] = ...,
+    init: str = ...,
+    output: int | str | Callable | None = ...,
+) -> BayesianModel[Prediction]: ...
+
+
 def from_module(
     module: nn.Module,
     task: str = "classification",
@@ -86,7 +133,7 @@ def from_module(
     deterministic: Iterable[str] = (),
     init: str = "module",
     output: int | str | Callable | None = None,
-) -> BayesianModel:
+) -> BayesianModel[Any]:
     """A :class:`BayesianModel` with a sample site over the parameters of ``module``.
 
     Any ``nn.Module`` converts, trained or not: ResNets with batch norm, transformers,

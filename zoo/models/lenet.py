@@ -10,6 +10,7 @@ from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 
@@ -54,7 +55,7 @@ class LeNet5Network(nn.Module):
         return self.fc2(x)
 
 
-class LeNet5(BayesianModel):
+class LeNet5(BayesianModel[ClassificationPrediction]):
     """Bayesian LeNet-5 for ``(B, 1, 28, 28)`` images, 10 classes.
 
     Parameters

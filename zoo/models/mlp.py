@@ -5,12 +5,19 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Literal, overload
 
 from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
 from zoo.models.likelihoods import Likelihood, from_task
+from zoo.models.predictions import (
+    ClassificationPrediction,
+    Prediction,
+    PredictionT,
+    RegressionPrediction,
+)
 from zoo.priors import Prior
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -34,7 +41,7 @@ def mlp_network(
     return nn.Sequential(layers)
 
 
-class BayesianMLP(BayesianModel):
+class BayesianMLP(BayesianModel[PredictionT]):
     """Fully connected BNN: ``model(x, y=None)`` with ``x`` of shape ``(B, in_features)``.
 
     Parameters
@@ -64,6 +71,52 @@ class BayesianMLP(BayesianModel):
         inputs are flattened first. Its product must be ``in_features``.
     """
 
+    # The task in the type: BayesianMLP[RegressionPrediction] by default or with
+    # task="regression", [ClassificationPrediction] with task="classification" (a keyword),
+    # [Prediction] for a task known at run time.
+    @overload
+    def __init__(
+        self: BayesianMLP[RegressionPrediction],
+        in_features: int,
+        hidden: Sequence[int] = ...,
+        out_features: int = ...,
+        task: Literal["regression"] = ...,
+        prior: Prior | float | str | None = ...,
+        noise: float | str = ...,
+        activation: str = ...,
+        noise_prior_scale: float = ...,
+        likelihood: Likelihood | None = ...,
+        input_shape: Sequence[int] | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: BayesianMLP[ClassificationPrediction],
+        in_features: int,
+        hidden: Sequence[int] = ...,
+        out_features: int = ...,
+        *,
+        task: Literal["classification"],
+        prior: Prior | float | str | None = ...,
+        noise: float | str = ...,
+        activation: str = ...,
+        noise_prior_scale: float = ...,
+        likelihood: Likelihood | None = ...,
+        input_shape: Sequence[int] | None = ...,
+    ) -> None: ...
+    @overload
+    def __init__(
+        self: BayesianMLP[Prediction],
+        in_features: int,
+        hidden: Sequence[int] = ...,
+        out_features: int = ...,
+        task: str = ...,
+        prior: Prior | float | str | None = ...,
+        noise: float | str = ...,
+        activation: str = ...,
+        noise_prior_scale: float = ...,
+        likelihood: Likelihood | None = ...,
+        input_shape: Sequence[int] | None = ...,
+    ) -> None: ...
     def __init__(
         self,
         in_features: int,

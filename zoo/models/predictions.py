@@ -4,8 +4,9 @@ derived from them. The likelihood of the model decides which type (``zoo.models.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -117,6 +118,13 @@ class RegressionPrediction(Prediction):
         return moment_interval(self.mean, self.variance, level)
 
 
+#: The prediction type of a model and of a posterior over it: a
+#: :class:`ClassificationPrediction` or a :class:`RegressionPrediction` (``Prediction`` when the
+#: task is known only at run time). ``BayesianModel[PredictionT]`` and ``Posterior[PredictionT]``
+#: carry it, so that a type checker sees ``fit.predict(x).probs`` on a classifier's fit.
+PredictionT = TypeVar("PredictionT", bound=Prediction, covariant=True)
+
+
 def moment_interval(
     mean: torch.Tensor, variance: torch.Tensor, level: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +150,7 @@ def check_level(level: float) -> None:
         raise ValueError(f"level must lie strictly between 0 and 1, got {level!r}{hint}")
 
 
-def mixture(predictions: list[Prediction]) -> Prediction:
+def mixture(predictions: Sequence[Prediction]) -> Prediction:
     """The equal mixture of ``K`` predictions of the same task on the same inputs: their
     sampled networks side by side, ``S = sum_k S_k`` outputs (equal weights when every
     ``S_k`` is the same, as :func:`zoo.baselines.ensembles.ensemble` draws them).

@@ -16,6 +16,7 @@ from torch import nn
 
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 #: The PyTorch module of each cell type.
@@ -39,7 +40,7 @@ class RecurrentNetwork(nn.Module):
         return self.fc(self.rnn(x)[0][:, -1])
 
 
-class RecurrentClassifier(BayesianModel):
+class RecurrentClassifier(BayesianModel[ClassificationPrediction]):
     """Bayesian LSTM or GRU classifier of ``(B, T, in_features)`` sequences (sequential MNIST:
     28 rows of 28 pixels). Every weight and bias is a sample site.
 

@@ -11,6 +11,7 @@ from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
 from zoo.models.convert import deterministic_parameters
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 
@@ -72,7 +73,7 @@ class ResNetNetwork(nn.Module):
         return self.fc(x.mean((-2, -1)))
 
 
-class ResNet(BayesianModel):
+class ResNet(BayesianModel[ClassificationPrediction]):
     """Bayesian CIFAR ResNet (``depth`` 20 by default: ResNet-20) for ``(B, C, H, W)`` images.
 
     Convolution and linear weights (and the last layer's bias) are sample sites; batch norm's

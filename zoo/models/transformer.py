@@ -16,6 +16,7 @@ from torch import nn
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_sizes
 from zoo.models.convert import deterministic_parameters
+from zoo.models.predictions import ClassificationPrediction
 from zoo.priors import Prior
 
 
@@ -113,7 +114,7 @@ class TransformerNetwork(nn.Module):
         return self.fc(self.norm(h).mean(-2))
 
 
-class TransformerClassifier(BayesianModel):
+class TransformerClassifier(BayesianModel[ClassificationPrediction]):
     """Bayesian transformer encoder classifier of ``(B, T, in_features)`` feature sequences
     (sequential MNIST: ``T = 28`` rows of 28 pixels) or ``(B, T)`` token indices.
 

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from zoo.arguments import check_bool, check_positive
+from zoo.models.predictions import PredictionT
 from zoo.results import blocks
 from zoo.results.posterior import Posterior
 from zoo.storage import checks as file_checks
@@ -25,7 +26,7 @@ __all__ = ["MANY_DRAWS", "Draws", "DrawnPosterior", "from_draws"]
 MANY_DRAWS = 10_000
 
 
-class DrawnPosterior(Posterior):
+class DrawnPosterior(Posterior[PredictionT]):
     """A posterior held as ``C`` chains of ``D`` weight draws, ``draws = {site: (C, D,
     *site_shape)}``: it predicts with every draw unless ``num_samples`` asks for fewer
     (evenly spaced over the chains, so each contributes); ``seed`` fixes only what is drawn
@@ -104,7 +105,7 @@ def _spaced(total: int, num_samples: int | None) -> torch.Tensor | None:
 
 
 @dataclass(repr=False)
-class Draws(DrawnPosterior, kind="draws"):
+class Draws(DrawnPosterior[PredictionT], kind="draws"):
     """Weight draws of a model made elsewhere, as a :class:`zoo.Posterior` (made by
     :func:`from_draws`).
 

@@ -13,18 +13,18 @@ import dataclasses
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
-from zoo.models.predictions import Prediction, mixture
+from zoo.models.predictions import PredictionT, mixture
 from zoo.results.posterior import Posterior, PredictOptions
 from zoo.results.variational import FitResult, check_fit_payload, fit_from_payload
 from zoo.storage import files
 
 
 @dataclass(repr=False)
-class Ensemble(Posterior, kind="ensemble"):
+class Ensemble(Posterior[PredictionT], kind="ensemble"):
     """``K`` fits of one model whose predictive is their equal mixture: a
     :class:`zoo.Posterior` whose draws are the members' (the members are its chains).
 
@@ -113,7 +113,7 @@ class Ensemble(Posterior, kind="ensemble"):
                  for k, m in enumerate(self.members)]  # fmt: skip
         return {name: torch.stack([p[name] for p in parts]) for name in parts[0]}
 
-    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[PredictionT]:
         """The mixture predictive on ``x``: each member's prediction blocks (its own network,
         batch norm statistics included; :meth:`draws_per_member` networks, member ``k``
         seeded ``seed + k``) in member order, ``S = K m`` sampled networks in all, the same
@@ -126,7 +126,7 @@ class Ensemble(Posterior, kind="ensemble"):
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
-    ) -> Prediction:
+    ) -> PredictionT:
         """The prediction of :meth:`sample`'s draws, member ``k``'s ``k``-th block of them on
         member ``k``'s network."""
         options = options or self.draw_options(draws)
@@ -137,7 +137,7 @@ class Ensemble(Posterior, kind="ensemble"):
             )  # fmt: skip
             for k, member in enumerate(self.members)
         ]
-        return mixture(parts)
+        return cast(PredictionT, mixture(parts))
 
     def describe(self) -> dict:
         """The members and their family."""

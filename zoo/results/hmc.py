@@ -9,13 +9,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from zoo.models.predictions import PredictionT
 from zoo.results.draws import DrawnPosterior, restore_drawn_model
 from zoo.storage import checks as file_checks
 from zoo.storage import files, model_form
 
 
 @dataclass(repr=False)
-class Reference(DrawnPosterior, kind="reference"):
+class Reference(DrawnPosterior[PredictionT], kind="reference"):
     """Draws of the posterior by NUTS, ``C`` chains of ``D`` draws each.
 
     Attributes

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from zoo.data.checks import check_inputs
-from zoo.models.predictions import Prediction
+from zoo.models.predictions import PredictionT
 from zoo.results import blocks
 from zoo.results.laplace_checks import check_laplace_payload, check_options_entry, plain, tensors
 from zoo.results.laplace_torch import (
@@ -28,7 +28,7 @@ from zoo.storage import files, model_form
 
 
 @dataclass(repr=False)
-class LaplaceFit(Posterior, kind="laplace"):
+class LaplaceFit(Posterior[PredictionT], kind="laplace"):
     """A Laplace approximation of a zoo model at its MAP weights, ``q(w) = N(w*, (H + P)^-1)``
     (:mod:`zoo.results.laplace_torch`), as a :class:`zoo.Posterior`.
 
@@ -86,7 +86,7 @@ class LaplaceFit(Posterior, kind="laplace"):
         curvature = sum(t.numel() for t in tensors(state["H"]))
         return sum(w.numel() for w in self.map_weights.values()) + curvature
 
-    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[PredictionT]:
         """The predictive on ``x`` as the library's ``Prediction``: ``num_samples`` function
         samples (``"glm"``, ``"nn"``), or the probit probabilities as one sample; inputs in
         blocks of ``batch_size`` (default 1,024; 16 for the GLM predictive of all weights,
@@ -159,7 +159,7 @@ class LaplaceFit(Posterior, kind="laplace"):
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
-    ) -> Prediction:
+    ) -> PredictionT:
         """The ``Prediction`` of the weight ``draws`` (:meth:`sample`) on ``x``: the networks
         at the draws for the ``"nn"`` predictive and for a last layer (in whose weights the
         network is linear, so its GLM predictive is the same), the network linearised at the

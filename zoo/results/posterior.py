@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast
 
 import torch
 
 from zoo.arguments import check_bool, check_positive, check_seed
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.evaluation.predictive import predict
-from zoo.models.predictions import Prediction, mixture
+from zoo.models.predictions import PredictionT, mixture
 from zoo.models.summaries import Summary
 from zoo.results import blocks
 from zoo.results.contract import PredictOptions, register_kind
@@ -37,7 +37,7 @@ if TYPE_CHECKING:  # imported where it is used
 __all__ = ["Posterior", "PredictOptions"]
 
 
-class Posterior:
+class Posterior(Generic[PredictionT]):
     """An approximate posterior over a model's weights that predicts, scores, samples,
     converts to ArviZ and saves.
 
@@ -46,7 +46,9 @@ class Posterior:
     took). A subclass sets :attr:`kind` (its ``kind`` in a saved file) and provides
     :meth:`sample` (and :meth:`chains` where its draws come in chains) and :meth:`payload`;
     it overrides :meth:`predict_with` or :meth:`predict_draws` only when it does not predict by
-    running the model's network at weight draws.
+    running the model's network at weight draws. ``Posterior[ClassificationPrediction]`` (or
+    ``[RegressionPrediction]``) tells a type checker what :meth:`predict` returns: a posterior
+    over a ``BayesianModel[P]`` is a ``Posterior[P]``.
     """
 
     #: The ``kind`` entry of a saved file (:func:`zoo.load` picks the reader by it): set by the
@@ -112,7 +114,7 @@ class Posterior:
         draws = self.sample(num_samples, seed)
         yield from blocks.sliced(draws, blocks.held_per_block(draws))
 
-    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[Prediction]:
+    def prediction_blocks(self, x: torch.Tensor, options: PredictOptions) -> Iterator[PredictionT]:
         """The predictive on ``x`` (checked options) as consecutive predictions of blocks of
         sampled networks, one block of weight draws held at a time: by default the model's
         network at each block of :meth:`draw_blocks`. Their :func:`~zoo.models.predictions.mixture`
@@ -120,31 +122,34 @@ class Posterior:
         for block in self.draw_blocks(options.num_samples, options.seed):
             yield self.predict_draws(x, block, options)
 
-    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> Prediction:
+    def predict_with(self, x: torch.Tensor, options: PredictOptions) -> PredictionT:
         """The predictive on ``x`` (checked options): the blocks of
         :meth:`prediction_blocks` side by side (``S = sum_j S_j`` sampled networks)."""
         parts = list(self.prediction_blocks(x, options))
-        return parts[0] if len(parts) == 1 else mixture(parts)
+        return parts[0] if len(parts) == 1 else cast(PredictionT, mixture(parts))
 
     def predict_draws(
         self, x: torch.Tensor, draws: dict, options: PredictOptions | None = None
-    ) -> Prediction:
+    ) -> PredictionT:
         """The ``Prediction`` of given weight ``draws`` (``{site: (S, ...)}``, as
         :meth:`sample` returns them) on ``x``: draw ``s`` is one network on every input, as
         ArviZ's ``log_likelihood`` needs. ``options`` (:meth:`predict`'s, bound; default: no
         progress bar, the predictive's own blocks and threads)."""
 
         options = options or self.draw_options(draws)
-        return predict(
-            self.model,
-            None,
-            x,
-            params=draws,
-            batch_size=options.batch_size,
-            sample_batch_size=options.sample_batch_size,
-            progress=options.progress,
-            distributed=options.distributed,
-            threads=options.threads,
+        return cast(
+            PredictionT,
+            predict(
+                self.model,
+                None,
+                x,
+                params=draws,
+                batch_size=options.batch_size,
+                sample_batch_size=options.sample_batch_size,
+                progress=options.progress,
+                distributed=options.distributed,
+                threads=options.threads,
+            ),
         )
 
     def draw_options(self, draws: dict) -> PredictOptions:
@@ -201,7 +206,7 @@ class Posterior:
         threads: int | str | None = "auto",
         distributed: bool = False,
         sample_batch_size: int | None = None,
-    ) -> Prediction:
+    ) -> PredictionT:
         """The posterior predictive on ``x``: ``num_samples`` networks drawn from the posterior
         (its :data:`DEFAULT_SAMPLES` when not given; every draw of a reference), evaluated in
         blocks of ``batch_size`` inputs (:func:`zoo.evaluation.predictive.predict`).

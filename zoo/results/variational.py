@@ -13,6 +13,7 @@ from pyro.infer.autoguide import AutoGuide
 
 from zoo.arguments import is_number
 from zoo.evaluation.predictive import fitted_guide_device
+from zoo.models.predictions import PredictionT
 from zoo.models.statistics import frozen_statistics
 from zoo.results import blocks
 from zoo.results.posterior import Posterior
@@ -22,7 +23,7 @@ from zoo.storage import files, guide_form, model_form
 
 
 @dataclass(repr=False)
-class FitResult(Posterior, kind="fit"):
+class FitResult(Posterior[PredictionT], kind="fit"):
     """A fitted model and guide with their training history: a :class:`zoo.Posterior` whose
     draws are the guide's.
 

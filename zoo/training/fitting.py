@@ -14,9 +14,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
+from typing import Any, overload
 
 import torch
 from pyro.infer.autoguide import AutoGuide
+from typing_extensions import Unpack
 
 import guides as guide_registry
 from zoo.arguments import check_checkpoint_path, check_length, check_positive, check_seed
@@ -24,7 +26,9 @@ from zoo.data.batches import batch_order, fit_batches
 from zoo.data.checks import Data
 from zoo.data.fingerprint import data_fingerprint
 from zoo.inference.objective import Objective
+from zoo.models.base import BayesianModel
 from zoo.models.checks import check_model
+from zoo.models.predictions import Prediction, PredictionT
 from zoo.models.statistics import frozen_statistics, training_mode
 from zoo.results.loading import load
 from zoo.results.variational import FitResult
@@ -47,7 +51,7 @@ from zoo.training.checkpoint import (
 )
 from zoo.training.convergence import Convergence, ConvergenceTracker
 from zoo.training.convergence import resolve as resolve_convergence
-from zoo.training.keywords import refuses_flat_keywords
+from zoo.training.keywords import HowToFit, refuses_flat_keywords
 from zoo.training.loop import Trainer
 from zoo.training.optim import (
     check_finite_parameters,
@@ -66,6 +70,23 @@ from zoo.training.recipes import (
 from zoo.training.step import Stepper
 
 
+# What a fit predicts, for a type checker: a zoo model's prediction type, else the base.
+@overload
+def fit(
+    model: BayesianModel[PredictionT],
+    guide: str | type | Callable | AutoGuide,
+    data: Data,
+    **how: Unpack[HowToFit],
+) -> FitResult[PredictionT]: ...
+@overload
+def fit(
+    model: Callable,
+    guide: str | type | Callable | AutoGuide,
+    data: Data,
+    **how: Unpack[HowToFit],
+) -> FitResult[Prediction]: ...
+
+
 @refuses_flat_keywords
 @one_at_a_time
 def fit(
@@ -82,7 +103,7 @@ def fit(
     loss: Loss | Mapping | None = None,
     engine: Engine | Mapping | None = None,
     run: Run | Mapping | None = None,
-) -> FitResult:
+) -> FitResult[Any]:
     """Fit a variational posterior to a Pyro model by stochastic variational inference.
 
     Each step draws a minibatch, estimates the full-data ELBO with Pyro's ``Trace_ELBO``
@@ -251,7 +272,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
             s = dataclasses.replace(s, length=measured.length)
             total = measured.total
         sched, tracker = _schedule(opt, batches, s, total)
-        result = FitResult(model=model, guide=guide, device=dev)
+        result: FitResult[Any] = FitResult(model=model, guide=guide, device=dev)
         result.options = _options(guide, total, batches, s, objective, plan, seed, ranks)
         result.options["data"] = identity["data"]
         if measured is not None:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TypedDict
+from typing import Any, TypedDict, TypeVar, cast
 
 from zoo.training.convergence import Convergence
 from zoo.training.options import GROUPS, Engine, Loss, Optim, Run, flat_keywords, group
 
 __all__ = ["FitLength", "HowToFit", "fit_arguments", "refuses_flat_keywords"]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class FitLength(TypedDict, total=False):
@@ -44,7 +46,7 @@ class HowToFit(FitLength, total=False):
     seed: int | None
 
 
-def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUPS) -> Callable:
+def refuses_flat_keywords(function: F, groups: Mapping[str, type] = GROUPS) -> F:
     """``function`` (whose group parameters are ``groups``) refusing, before any work, a field
     of a group passed as a keyword of its own (the flat keywords removed in 0.3.0) with a
     ``TypeError`` that names the group to pass it in; every other call is ``function``'s."""
@@ -67,7 +69,7 @@ def refuses_flat_keywords(function: Callable, groups: Mapping[str, type] = GROUP
             raise TypeError(f"{name}() takes its options in groups: pass {hints}")
         return function(*args, **kwargs)
 
-    return wrapper
+    return cast(F, wrapper)
 
 
 def fit_arguments(progress: bool, how: Mapping, caller: str, keys: type = HowToFit) -> dict:
