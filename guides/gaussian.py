@@ -31,6 +31,17 @@ def expand_to(x: torch.Tensor, batch_shape: torch.Size) -> torch.Tensor:
     return x.expand(torch.broadcast_shapes(x.shape, batch_shape))
 
 
+def expanded(dist: Any, batch_shape: Sequence[int], instance: Any, cache: str) -> Any:
+    """``dist.expand(batch_shape)`` for a distribution whose parameters broadcast over any batch
+    shape: a shallow copy (``instance``, else a new object of its class) with the batch shape
+    set and its cached draw or factor ``cache`` emptied; the parameters are shared."""
+    new = dist.__class__.__new__(dist.__class__) if instance is None else instance
+    new.__dict__.update(dist.__dict__)
+    new._batch_shape = torch.Size(batch_shape)
+    setattr(new, cache, None)
+    return new
+
+
 class GaussianMixin:
     """Moments shared by every family: flat views and a dense covariance for small sizes.
 
@@ -157,11 +168,7 @@ class StructuredGaussian(GaussianMixin, TorchDistribution):
         return var.expand(self.batch_shape + self.event_shape)
 
     def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
-        new = self.__class__.__new__(self.__class__) if _instance is None else _instance
-        new.__dict__.update(self.__dict__)
-        new._batch_shape = torch.Size(batch_shape)
-        new._cache = None
-        return new
+        return expanded(self, batch_shape, _instance, "_cache")
 
     def rsample(self, sample_shape: Sequence[int] = ()) -> torch.Tensor:
         shape = torch.Size(sample_shape) + self.batch_shape

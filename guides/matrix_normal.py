@@ -102,18 +102,20 @@ class MatrixNormal(StructuredGaussian):
     @property
     def row_factor(self) -> torch.Tensor:
         """``A``: ``(out, out)`` lower triangular, or ``(out,)`` when diagonal."""
-        if self._row_factor is None:
-            assert self._row_raw is not None  # one of the two is given
-            self._row_factor = _factor_from_raw(self._row_raw, self._masks)
-        return self._row_factor
+        return self._factor("_row")
 
     @property
     def col_factor(self) -> torch.Tensor:
         """``B``: ``(p, p)`` lower triangular, or ``(p,)`` when diagonal."""
-        if self._col_factor is None:
-            assert self._col_raw is not None  # one of the two is given
-            self._col_factor = _factor_from_raw(self._col_raw, self._masks)
-        return self._col_factor
+        return self._factor("_col")
+
+    def _factor(self, side: str) -> torch.Tensor:
+        """The factor ``{side}_factor``, built once from ``{side}_raw`` when not given."""
+        if getattr(self, f"{side}_factor") is None:
+            raw = getattr(self, f"{side}_raw")
+            assert raw is not None  # one of the two is given
+            setattr(self, f"{side}_factor", _factor_from_raw(raw, self._masks))
+        return getattr(self, f"{side}_factor")
 
     def _as_matrix(self, flat):
         return flat.reshape(flat.shape[:-1] + (self.rows, self.cols))

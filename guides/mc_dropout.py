@@ -62,7 +62,7 @@ from torch.distributions.kl import register_kl
 
 from guides.base import PerSiteGuide
 from guides.checks import is_number
-from guides.gaussian import DiagonalNormal, expand_to
+from guides.gaussian import DiagonalNormal, expand_to, expanded
 from guides.kernels import squared_norm
 from guides.site import SitePosterior, SiteSpec, param
 
@@ -139,11 +139,7 @@ class MCDropoutWeight(TorchDistribution):
         return self.mean
 
     def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
-        new = self.__class__.__new__(self.__class__) if _instance is None else _instance
-        new.__dict__.update(self.__dict__)
-        new._batch_shape = torch.Size(batch_shape)
-        new._cache = None
-        return new
+        return expanded(self, batch_shape, _instance, "_cache")
 
     def sample_masks(self, shape: torch.Size) -> torch.Tensor:
         """Independent keep-masks ``z`` of shape ``shape + (in,)`` (1 keeps a column)."""

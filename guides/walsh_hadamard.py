@@ -27,6 +27,8 @@ from pyro.distributions import TorchDistribution
 from torch.distributions import Distribution, constraints
 from torch.distributions.kl import register_kl
 
+from guides.gaussian import expanded
+
 _LOG_2PI = math.log(2 * math.pi)
 
 
@@ -219,11 +221,7 @@ class WalshHadamardWeight(TorchDistribution):
         return cov.expand(self.batch_shape + cov.shape)
 
     def expand(self, batch_shape: Sequence[int], _instance: Any = None) -> Any:
-        new = self.__class__.__new__(self.__class__) if _instance is None else _instance
-        new.__dict__.update(self.__dict__)
-        new._batch_shape = torch.Size(batch_shape)
-        new._drawn = None
-        return new
+        return expanded(self, batch_shape, _instance, "_drawn")
 
     def mean_value(self) -> torch.Tensor:
         """The mean tensor itself (``W`` at ``g = loc``), whose ``log_prob`` is defined."""

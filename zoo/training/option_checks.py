@@ -24,14 +24,17 @@ __all__ = [
 ]
 
 
+def _absent(value, name: str, what: str) -> bool:
+    """Whether the optional mapping option ``name`` is absent (``None``); a ``TypeError``
+    saying it must be ``what`` when it is neither ``None`` nor a mapping."""
+    if value is not None and not isinstance(value, Mapping):
+        raise TypeError(f"{name} must be {what}, got {type(value).__name__}")
+    return value is None
+
+
 def check_optimizer_options(options) -> None:
-    if options is None:
+    if _absent(options, "optimizer_options", "a dict of the optimiser's arguments"):
         return
-    if not isinstance(options, Mapping):
-        raise TypeError(
-            f"optimizer_options must be a dict of the optimiser's arguments, got "
-            f"{type(options).__name__}"
-        )
     taken = {"lr": "pass lr= to zoo.fit", "params": "the fit passes the guide's parameters"}
     for key, why in taken.items():
         if key in options:
@@ -39,12 +42,8 @@ def check_optimizer_options(options) -> None:
 
 
 def check_multipliers(multipliers) -> None:
-    if multipliers is None:
+    if _absent(multipliers, "lr_multipliers", "a dict pattern -> factor"):
         return
-    if not isinstance(multipliers, Mapping):
-        raise TypeError(
-            f"lr_multipliers must be a dict pattern -> factor, got {type(multipliers).__name__}"
-        )
     for pattern, factor in multipliers.items():
         number = is_number(factor)
         if not isinstance(pattern, str) or not number or not math.isfinite(factor) or factor < 0:
