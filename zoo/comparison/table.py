@@ -13,10 +13,6 @@ from tqdm import tqdm
 from typing_extensions import Unpack
 
 import guides as guides_module
-
-if TYPE_CHECKING:  # imported where the table is made
-    import pandas as pd
-
 from zoo.arguments import check_model_factory
 from zoo.comparison.rows import Row, rows_of
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
@@ -29,6 +25,9 @@ from zoo.training.options import (
     group,
     grouped,
 )
+
+if TYPE_CHECKING:  # imported where the table is made
+    import pandas as pd
 
 nan = float("nan")
 

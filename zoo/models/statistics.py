@@ -51,7 +51,7 @@ def frozen_statistics() -> Iterator[None]:
         _FROZEN.reset(token)
 
 
-def _tracks(module: nn.Module) -> bool:
+def tracks_running_statistics(module: nn.Module) -> bool:
     """Whether ``module`` is a normalisation layer that keeps running statistics."""
     return isinstance(module, TRACKING_LAYERS) and module.track_running_stats
 
@@ -61,7 +61,7 @@ def running_buffers(net: nn.Module) -> list[str]:
     normalisation layers that track them."""
     names = []
     for prefix, module in net.named_modules():
-        if _tracks(module):
+        if tracks_running_statistics(module):
             for leaf, buffer in module.named_buffers(recurse=False):
                 if buffer is not None:
                     names.append(f"{prefix}.{leaf}" if prefix else leaf)
@@ -71,7 +71,7 @@ def running_buffers(net: nn.Module) -> list[str]:
 def updates_statistics(net: nn.Module, names: list[str]) -> bool:
     """Whether a forward pass of ``net`` now would use batch statistics of layers that track
     running ones (a layer in training mode)."""
-    return bool(names) and any(m.training for m in net.modules() if _tracks(m))
+    return bool(names) and any(m.training for m in net.modules() if tracks_running_statistics(m))
 
 
 def batched_call(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, overload
 
@@ -67,6 +68,7 @@ from zoo.training.recipes import (
     starts_trained,
     warn_if_short,
 )
+from zoo.training.refresh import refresh_statistics
 from zoo.training.step import Stepper
 
 
@@ -312,6 +314,11 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         try:
             with intra_op_threads(plan.threads):
                 trainer.run(total, list(s.run.callbacks), s.run.progress)
+                if s.run.statistics == "refresh" and not result.interrupted:
+                    start = time.perf_counter()
+                    if refresh_statistics(objective, batches, ranks):
+                        result.options["statistics"] = "refresh"
+                    result.wall_time += time.perf_counter() - start
         finally:
             graph = stepper.graph.state if stepper.graph is not None else plan.graph_record
             result.options.update(jit=objective.jit_state, cuda_graph=graph, **trainer.outcome())

@@ -29,15 +29,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from zoo.arguments import check_positive, is_int
-from zoo.training import option_checks as checks
-
-if TYPE_CHECKING:  # annotations only
-    from guides.registry import Recipe
+from zoo.arguments import check_choice, check_positive, is_int
 from zoo.inference import estimators
 from zoo.inference.objective import check_elbo, check_jit
 from zoo.runtime import distributed
 from zoo.runtime.threads import check_threads
+from zoo.training import option_checks as checks
 from zoo.training.divergence import check_on_divergence
 from zoo.training.optim import check_optimizer
 from zoo.training.option_values import (
@@ -48,6 +45,10 @@ from zoo.training.option_values import (
     steps_between_value,
     threads_value,
 )
+from zoo.training.refresh import STATISTICS
+
+if TYPE_CHECKING:  # annotations only
+    from guides.registry import Recipe
 
 
 def _cli(help: str, **kwargs) -> dict:
@@ -312,6 +313,11 @@ class Run:
         another is refused). With in-memory data on the CPU the resumed fit ends with the same
         parameters as an uninterrupted one. Ctrl-C during a fit returns the partial result
         (``result.interrupted`` is True).
+    statistics : {"refresh", "running"}
+        Batch norm's running statistics at the end of the fit: re-estimated at the fitted
+        posterior over one pass of the training minibatches (``"refresh"``, the default;
+        :mod:`zoo.training.refresh`), or the running averages the steps left (``"running"``).
+        A network without running statistics is unaffected.
     """
 
     progress: bool = field(
@@ -335,10 +341,18 @@ class Run:
     resume: str | os.PathLike | None = field(
         default=None, metadata=_cli("continue the fit of this checkpoint", one_fit=True)
     )
+    statistics: str = field(
+        default="refresh",
+        metadata=_cli(
+            "batch norm's statistics at the end: re-estimated, or the steps' running averages",
+            choices=STATISTICS,
+        ),
+    )
 
     def __post_init__(self):
 
         check_on_divergence(self.on_divergence)
+        check_choice("statistics", self.statistics, STATISTICS)
         check_positive(checkpoint_every=self.checkpoint_every)
         checks.check_run(self)
 

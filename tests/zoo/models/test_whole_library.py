@@ -85,9 +85,13 @@ def test_the_hmc_reference_refuses_batch_norm_clearly():
 
 @pytest.mark.parametrize("family", guides.available())
 def test_every_family_fits_and_predicts_a_resnet(family):
-    """Batch norm's statistics move with every family's draws and are read in prediction."""
+    """Batch norm's statistics move with every family's draws and are read in prediction;
+    at the end they are re-estimated over an epoch (48 examples: 3 minibatches of 16)."""
     model = resnet()
     fit = zoo.fit(model, family, data("resnet"), num_steps=2, batch_size=16, run=RUN)
-    assert int(model.net.bn1.num_batches_tracked) == 2
+    assert int(model.net.bn1.num_batches_tracked) == 3 and fit.options["statistics"] == "refresh"
+    running = zoo.Run(progress=False, statistics="running")
+    zoo.fit(model, family, data("resnet"), num_steps=2, batch_size=16, run=running)
+    assert int(model.net.bn1.num_batches_tracked) == 3 + 2  # the steps' running averages
     pred = fit.predict(data("resnet", 8, 1)[0], num_samples=2)
     assert pred.probs.shape == (8, 10) and torch.isfinite(pred.probs).all()

@@ -1,0 +1,74 @@
+"""Batch norm's running statistics re-estimated at the end of a fit (``zoo.Run(statistics=
+"refresh")``, the default).
+
+During a fit each normalisation layer's running statistics move by its momentum towards each
+step's batch statistics (:mod:`zoo.models.statistics`): an exponential average over the last
+tens of steps, taken at weights that have since moved. A short fit at a high rate ends with
+statistics of networks it no longer holds, and every prediction reads them (measured in
+``benchmarks/README.md``, "Is each family's default call its best?"). The fix is SWA's (Izmailov
+et al. 2018; PyTorch's ``torch.optim.swa_utils.update_bn``, which takes a plain network, not a
+posterior): one pass over the fit's training minibatches at the end, the statistics reset and
+averaged over the pass with equal weight per minibatch (``momentum=None``, PyTorch's cumulative
+average), each minibatch seen through the fit's own objective, so under the posterior's weight
+draws as a step sees them (the average over a step's draws, :mod:`zoo.models.statistics`).
+
+What it touches: the layers that a fit's steps update (a frozen body's fixed layers keep their
+statistics); nothing else (no parameter, no gradient; the random generators are forked, so the
+state after the fit is the one the steps left). Distributed ranks average their shards'
+statistics. A fit without running statistics, an interrupted fit (``Ctrl-C``) and
+``statistics="running"`` skip it. Its seconds count in the fit's ``wall_time``; a checkpoint
+holds the statistics of its step, so a resumed fit ends, refreshed, where one run ends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from zoo.inference.objective import Objective
+from zoo.models.statistics import statistics_of, tracks_running_statistics
+from zoo.runtime.distributed import Ranks
+
+__all__ = ["STATISTICS", "refresh_statistics"]
+
+#: ``zoo.Run(statistics=...)``: re-estimated at the end of the fit, or the steps' running ones.
+STATISTICS = ("refresh", "running")
+
+
+def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None) -> int:
+    """Re-estimate the running statistics of ``objective.model``'s normalisation layers that
+    the fit updates, over one epoch of ``batches`` (the fit's :class:`zoo.data.batches.Batches`)
+    under the guide's draws; returns the examples seen (0 when no layer tracks statistics).
+    On a failure mid-pass the statistics are put back as they were."""
+    model = objective.model
+    net = getattr(model, "net", None)
+    modules = net.modules() if isinstance(net, torch.nn.Module) else ()
+    # batch and instance norm layers (zoo.models.statistics.TRACKING_LAYERS)
+    layers: list[Any] = [m for m in modules if tracks_running_statistics(m) and m.training]
+    if not layers:
+        return 0
+    buffers = statistics_of(model)
+    kept = [b.clone() for b in buffers]
+    momenta = [m.momentum for m in layers]
+    device = next((b.device for b in buffers), torch.device("cpu"))
+    forked = [device.index or 0] if device.type == "cuda" else []
+    seen = 0
+    try:
+        for m in layers:
+            m.reset_running_stats()
+            m.momentum = None
+        with torch.no_grad(), torch.random.fork_rng(devices=forked):
+            for x, y in batches.epoch(0):
+                objective.loss(x, y, len(batches), eager=True)
+                seen += len(x)
+    except BaseException:
+        with torch.no_grad():
+            for b, k in zip(buffers, kept):
+                b.copy_(k)
+        raise
+    finally:
+        for m, momentum in zip(layers, momenta):
+            m.momentum = momentum
+    (ranks or Ranks()).average_(buffers)
+    return seen
