@@ -166,14 +166,16 @@ def reached(rates: list[float], lr: float | None) -> int:
     return 0 if lr is None else sum(1 for r in rates if r <= lr * (1 + 1e-9))
 
 
-def climbed_back(losses: list[float]) -> bool:
-    """Whether a sweep scoring ``losses`` (its data terms so far, all finite) is over: its
-    smoothed data term fell below its first value and has since climbed back above it. The
-    rates only rise from there, so the choice is read (the idea of the divergence stop of
-    fastai's ``lr_find`` and ``torch-lr-finder``, measured against the start, not a multiple
-    of the minimum, as a regression's data term may be negative)."""
+def climbed_back(losses: list[float], steps: int) -> bool:
+    """Whether a sweep of ``steps`` steps scoring ``losses`` (its data terms so far, all
+    finite) is over: past its midpoint (rates above about three times its centre), its smoothed
+    data term fell below its first value and has since climbed back above it. The rates only
+    rise from there, so the choice is read (the idea of the divergence stop of fastai's
+    ``lr_find`` and ``torch-lr-finder``, measured against the start, not a multiple of the
+    minimum, as a regression's data term may be negative). Before the midpoint a climb is the
+    minibatches' noise at rates too low to diverge, not the end of the sweep."""
     smooth = smoothed(losses)
-    return min(smooth) < smooth[0] < smooth[-1]
+    return 2 * len(losses) > steps and min(smooth) < smooth[0] < smooth[-1]
 
 
 def run_test(
@@ -226,7 +228,7 @@ def run_test(
         if not (math.isfinite(value) and stepper.last_taken):
             break
         warmup.offer(i + 1, reached(rates[: i + 1], choose(rates[: i + 1], fits)[1]))
-        if climbed_back(fits):
+        if climbed_back(fits, steps):
             break
     lr_min, chosen = choose(rates[: len(fits)], fits)
     lr = base if chosen is None else chosen
