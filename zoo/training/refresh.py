@@ -17,7 +17,9 @@ statistics); nothing else (no parameter, no gradient; the random generators are 
 state after the fit is the one the steps left). Distributed ranks average their shards'
 statistics. A fit without running statistics, an interrupted fit (``Ctrl-C``) and
 ``statistics="running"`` skip it. Its seconds count in the fit's ``wall_time``; a checkpoint
-holds the statistics of its step, so a resumed fit ends, refreshed, where one run ends.
+holds the statistics of its step, so a resumed fit ends, refreshed, where one run ends. It is
+``zoo.fit``'s: a ``lightning.Trainer`` running :class:`zoo.lightning.BayesianModule` keeps the
+steps' running averages.
 """
 
 from __future__ import annotations
