@@ -21,7 +21,7 @@ from zoo.cli.values import (
     steps_value,
 )
 from zoo.comparison import check_row
-from zoo.results.laplace_torch import import_laplace
+from zoo.results import laplace_torch
 from zoo.runtime.distributed import STRATEGIES
 from zoo.training.option_values import positive_float, positive_int, rate_value
 from zoo.training.options import GROUPS
@@ -99,7 +99,7 @@ def _probe_family(family: str, options: dict) -> None:
         check_row((family, family, options))
         if family == "laplace":
             try:
-                import_laplace()
+                laplace_torch.import_laplace()
             except ImportError as err:
                 raise ValueError(str(err)) from None
         return
