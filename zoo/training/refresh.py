@@ -31,6 +31,7 @@ import torch
 from zoo.inference.objective import Objective
 from zoo.models.statistics import statistics_of, tracks_running_statistics
 from zoo.runtime.distributed import Ranks
+from zoo.runtime.rng import forked
 
 __all__ = ["STATISTICS", "refresh_statistics"]
 
@@ -54,13 +55,12 @@ def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None
     kept = [b.clone() for b in buffers]
     momenta = [m.momentum for m in layers]
     device = next((b.device for b in buffers), torch.device("cpu"))
-    forked = [device.index or 0] if device.type == "cuda" else []
     seen = 0
     try:
         for m in layers:
             m.reset_running_stats()
             m.momentum = None
-        with torch.no_grad(), torch.random.fork_rng(devices=forked):
+        with torch.no_grad(), forked(device):
             for x, y in batches.epoch(0):
                 objective.loss(x, y, len(batches), eager=True)
                 seen += len(x)
