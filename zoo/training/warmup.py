@@ -8,7 +8,7 @@ import copy
 
 import torch
 
-__all__ = ["WARMUP_MEMORY", "Snapshot", "Warmup"]
+__all__ = ["WARMUP_MEMORY", "Snapshot", "Warmup", "state_bytes"]
 
 #: A sweep holds the states its fit may continue from within this many bytes.
 WARMUP_MEMORY = 256 * 2**20
@@ -28,7 +28,6 @@ class Warmup:
     def __init__(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer):
         self.tensors, self.optimizer = tensors, optimizer
         self.held: dict[int, Snapshot] = {0: Snapshot(tensors, optimizer)}
-        self.size = self.held[0].nbytes()
 
     def offer(self, step: int, floor: int) -> None:
         """Hold the state after ``step`` steps, now current; the sweep's prefix chose a rate
@@ -37,7 +36,8 @@ class Warmup:
         for j in below:
             if j != max(below):
                 del self.held[j]
-        if self.size * len(self.held) <= WARMUP_MEMORY:  # the start's copy aside
+        held = sum(s.nbytes for j, s in self.held.items() if j)  # the start's copy aside
+        if held + state_bytes(self.tensors, self.optimizer.state) <= WARMUP_MEMORY:
             self.held[step] = Snapshot(self.tensors, self.optimizer)
 
     def put_back(self, step: int) -> int:
@@ -55,12 +55,8 @@ class Snapshot:
         self.tensors, self.optimizer = tensors, optimizer
         self.copies = [t.detach().clone() for t in tensors]
         self.state = copy.deepcopy(optimizer.state_dict())
-
-    def nbytes(self) -> int:
-        """The bytes this copy holds (tensors and the optimiser's state tensors)."""
-        state = [v for s in self.state["state"].values() for v in s.values()
-                 if isinstance(v, torch.Tensor)]  # fmt: skip
-        return sum(t.numel() * t.element_size() for t in self.copies + state)
+        #: The bytes this copy holds (tensors and the optimiser's state tensors).
+        self.nbytes = state_bytes(self.copies, self.state["state"])
 
     @torch.no_grad()
     def put_back(self) -> None:
@@ -68,3 +64,11 @@ class Snapshot:
         for t, c in zip(self.tensors, self.copies):
             t.copy_(c)
         self.optimizer.load_state_dict(self.state)
+
+
+def state_bytes(tensors: list[torch.Tensor], optimizer_state) -> int:
+    """The bytes of ``tensors`` and of the tensors in ``optimizer_state`` (an optimiser's
+    ``state``, per parameter: Adam's moments), what a :class:`Snapshot` of them holds."""
+    moments = [v for s in optimizer_state.values() for v in s.values()
+               if isinstance(v, torch.Tensor)]  # fmt: skip
+    return sum(t.numel() * t.element_size() for t in [*tensors, *moments])

@@ -5,7 +5,7 @@ import torch
 from zoo.training import rate
 from zoo.training import warmup as warmup_states
 from zoo.training.rate import choose
-from zoo.training.warmup import Warmup
+from zoo.training.warmup import Snapshot, Warmup
 
 
 def test_the_held_states_are_the_few_the_choice_may_still_reach():
@@ -51,3 +51,19 @@ def test_past_its_memory_the_sweep_puts_back_the_latest_state_it_holds(monkeypat
         warmup.offer(i + 1, rate.reached(rates[: i + 1], None))  # no rate read: all kept
     assert sorted(warmup.held) == [0, 1, 2, 3]
     assert warmup.put_back(7) == 3 and torch.equal(t, torch.full((256,), 3.0))
+
+
+def test_the_memory_bound_counts_the_optimisers_moments(monkeypatch):
+    """A state after an Adam step holds the parameter and its two moments: three times the
+    parameter's bytes (and the step count), each counted against the bound."""
+    p = torch.nn.Parameter(torch.zeros(256))  # 1 KiB
+    opt = torch.optim.Adam([p], lr=0.1)
+    p.grad = torch.ones(256)
+    opt.step()
+    assert Snapshot([p], opt).nbytes >= 3 * 1024
+    monkeypatch.setattr(warmup_states, "WARMUP_MEMORY", 7 * 1024)
+    warmup = Warmup([p], opt)
+    for i in range(5):
+        opt.step()
+        warmup.offer(i + 1, 0)
+    assert sorted(warmup.held) == [0, 1, 2]  # two states of 3 KiB and more fit in 7 KiB
