@@ -30,7 +30,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypedDict
 
 import pyro
 import pyro.distributions as dist
@@ -56,6 +56,31 @@ from guides.site import (
 )
 
 _LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
+
+
+class GuideStart(TypedDict, total=False):
+    """The options every guide takes from :class:`PerSiteGuide` (keyword-only, each with the
+    base's default): ``init_scale`` (the initial standard deviation), ``init_loc_fn`` (the
+    initial means: ``"auto"``, ``"kaiming"`` or a callable), ``init_module`` (a trained
+    network whose weights are the means) and ``create_plates`` (Pyro's). A composite guide
+    that has options of its own takes these as ``**start: Unpack[GuideStart]`` and passes them
+    on, so they are declared once."""
+
+    init_scale: float
+    init_loc_fn: str | Callable
+    init_module: nn.Module | None
+    create_plates: Callable | None
+
+
+def check_start(owner: type, start: dict) -> None:
+    """Refuse keywords of ``start`` that :class:`GuideStart` does not name, as Python refuses
+    an unexpected keyword (``**start`` would otherwise pass them on as family options)."""
+    unknown = sorted(set(start) - set(GuideStart.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"{owner.__name__}() got unexpected keyword argument(s) {unknown}; besides its own "
+            f"it takes {list(GuideStart.__annotations__)}"
+        )
 
 
 class PerSiteGuide(AutoGuide):

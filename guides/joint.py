@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import pyro
 import pyro.distributions as dist
 import torch
-from torch import nn
 
-from guides.base import PerSiteGuide
+from guides.base import GuideStart, PerSiteGuide, check_start
 from guides.checks import InvalidArgument, check_family_options, is_int
 from guides.joint_gaussian import (
     JointCovariance,
@@ -82,18 +81,10 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         masks: Mapping | None = None,
         rank: int | None = None,
         rest: str | tuple = "map",
-        init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "auto",
-        init_module: nn.Module | None = None,
-        create_plates: Callable | None = None,
+        **start: Unpack[GuideStart],
     ):
-        super().__init__(
-            model,
-            init_scale=init_scale,
-            init_loc_fn=init_loc_fn,
-            init_module=init_module,
-            create_plates=create_plates,
-        )
+        check_start(type(self), start)
+        super().__init__(model, **start)
         listed = isinstance(sites, (list, tuple)) and all(isinstance(p, str) for p in sites)
         if not (isinstance(sites, str) or (listed and sites)):
             raise InvalidArgument(

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import torch
-from torch import nn
 
-from guides.base import PerSiteGuide
+from guides.base import GuideStart, PerSiteGuide, check_start
 from guides.checks import check_family_options
 from guides.registry import available, get, is_per_site, per_site_families
 from guides.site import SitePosterior, serving_class
@@ -38,19 +37,10 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         self,
         model: Callable,
         families: Mapping,
-        *,
-        init_scale: float = 0.01,
-        init_loc_fn: str | Callable = "auto",
-        init_module: nn.Module | None = None,
-        create_plates: Callable | None = None,
+        **start: Unpack[GuideStart],
     ):
-        super().__init__(
-            model,
-            init_scale=init_scale,
-            init_loc_fn=init_loc_fn,
-            init_module=init_module,
-            create_plates=create_plates,
-        )
+        check_start(type(self), start)
+        super().__init__(model, **start)
         if not isinstance(families, Mapping) or not families:
             raise ValueError("families must map at least one site pattern to a family")
         self._rules: list[tuple[str, type[SitePosterior], dict]] = []

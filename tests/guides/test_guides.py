@@ -406,6 +406,9 @@ def test_mixed_refuses_unknown_options_and_patterns_that_match_no_site():
     x, y = torch.randn(5, 3), torch.randint(0, 2, (5,))
     with pytest.raises(TypeError, match="init_scal"):
         guides.AutoMixed(model, {"*": "diagonal"}, init_scal=0.5)
+    with pytest.raises(TypeError, match="init_scal.*init_scale"):
+        guides.AutoJoint(model, init_scal=0.5)  # the base's options, declared once, still checked
+    assert guides.AutoJoint(model, init_scale=0.2, init_loc_fn="kaiming").init_scale == 0.2
     with pytest.raises(ValueError, match="patterns \\['fc2.weigth'\\] match no site"):
         guides.AutoMixed(model, {"fc2.weigth": "lowrank", "*": "diagonal"})(x, y)
     for composite in guides.registry.composites() + ["subnetwork"]:
