@@ -28,7 +28,7 @@ collector runs. ``zoo``'s own functions never read or write the global store.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, TypedDict
 
@@ -72,7 +72,7 @@ class GuideStart(TypedDict, total=False):
     create_plates: Callable | None
 
 
-def check_start(owner: type, start: dict) -> None:
+def check_start(owner: type, start: Mapping) -> None:
     """Refuse keywords of ``start`` that :class:`GuideStart` does not name, as Python refuses
     an unexpected keyword (``**start`` would otherwise pass them on as family options)."""
     unknown = sorted(set(start) - set(GuideStart.__annotations__))
@@ -198,12 +198,27 @@ class PerSiteGuide(AutoGuide):
                 f"{type(self).__name__} is not a registered family, so it cannot be saved as "
                 "plain data: declare it as class X(PerSiteGuide, family='name')"
             )
-        return {"family": self.family, "options": dict(self.options), "init_scale": self.init_scale}
+        options = self.saved_options(self.options)
+        return {"family": self.family, "options": options, "init_scale": self.init_scale}
 
     @classmethod
     def from_spec(cls, model: Callable, spec: dict) -> PerSiteGuide:
         """The guide of ``model`` that :meth:`spec` describes (parameters not yet created)."""
-        return cls(model, init_scale=spec["init_scale"], **spec["options"])
+        return cls(model, init_scale=spec["init_scale"], **cls.read_options(spec["options"]))
+
+    @classmethod
+    def saved_options(cls, options: dict) -> dict:
+        """The family options a spec records for the given ``options``: with the defaults
+        that decide the parameters' shapes filled in, so that a later release's default does
+        not change what the saved state means. Default: ``options`` unchanged."""
+        return dict(options)
+
+    @classmethod
+    def read_options(cls, options: dict) -> dict:
+        """A saved spec's family options as this release reads them: a family whose default
+        changed puts back the old one where a spec written before does not name the option
+        (its saved state has that layout). Default: ``options`` unchanged."""
+        return dict(options)
 
     # ---- which family serves which site ----
     @classmethod

@@ -319,12 +319,15 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         """Plain data that rebuilds this guide: its patterns, the chosen scalars of each site
         (flat indices), the rank and the rest's family."""
         masks = {name: index.tolist() for name, index in self.masks.items()}
-        options = {"sites": self.patterns, "masks": masks, "rank": self.rank, "rest": self.rest}
+        family, given = self.rest
+        rest = (family, get(family).saved_options(given))
+        options = {"sites": self.patterns, "masks": masks, "rank": self.rank, "rest": rest}
         return {"family": self.family, "options": options, "init_scale": self.init_scale}
 
     @classmethod
     def from_spec(cls, model: Callable, spec: dict) -> AutoJoint:
         """The guide that :meth:`spec` describes (parameters not yet created)."""
         options = dict(spec["options"])
-        options["rest"] = tuple(options["rest"])
+        family, given = options["rest"]
+        options["rest"] = (family, get(family).read_options(given))
         return cls(model, init_scale=spec["init_scale"], **options)

@@ -111,7 +111,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
     @classmethod
     def from_spec(cls, model: Callable, spec: dict) -> AutoMixed:
         """The guide that :meth:`spec` describes."""
-        rules = {pattern: (family, dict(options)) for pattern, family, options in spec["rules"]}
+        rules = {p: (family, _saved(family, options)) for p, family, options in spec["rules"]}
         return cls(model, rules, init_scale=spec["init_scale"])
 
     def _setup_prototype(self, *args, **kwargs):
@@ -144,3 +144,9 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
             if fnmatch.fnmatchcase(name, pattern):
                 return options if cls is site_cls else {}  # a fallback takes no options
         return {}
+
+
+def _saved(family: str, options: dict) -> dict:
+    """A saved rule's options as this release reads them (the family's
+    :meth:`~guides.base.PerSiteGuide.read_options`)."""
+    return get(family).read_options(options) if family in available() else dict(options)

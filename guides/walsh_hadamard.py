@@ -69,25 +69,34 @@ class WalshHadamardLayout:
     """How a weight of shape ``(out, *rest)`` is cut into WHVI blocks.
 
     The weight is read as a matrix ``out x n`` with ``n = prod(rest)`` (a convolution kernel
-    ``(out, in, kh, kw)`` as ``out x (in kh kw)``, its filters as rows). Its columns are padded
-    to ``D = 2^ceil(log2 n)`` and its rows stacked from ``K = ceil(out / D)`` blocks of ``D``
-    rows, each block with its own ``g``; row ``r`` is row ``r mod D`` of block ``r // D``, and
-    the padding is sliced off. ``gather`` holds, for every entry ``(r, j)`` of the weight, the
-    position of ``(H g)_{(r mod D) XOR j}`` of its block in the flattened ``(K, D)`` transform.
+    ``(out, in, kh, kw)`` as ``out x (in kh kw)``, its filters as rows), cut into a grid of
+    ``D x D`` blocks, each with its own ``g``: ``D = 2^ceil(log2 n)`` (the paper's: one block
+    wide) or, given ``block_size``, the smaller of the two. The grid has ``row_blocks =
+    ceil(out / D)`` rows of ``column_blocks = ceil(n / D)`` blocks, ``blocks`` in all, block
+    ``k = a column_blocks + b`` holding rows ``a D ...`` and columns ``b D ...``; the padding
+    is sliced off. ``gather`` holds, for every entry ``(r, j)`` of the weight, the position of
+    ``(H g)_{(r mod D) XOR (j mod D)}`` of its block in the flattened ``(blocks, D)``
+    transform; ``block`` the row block of every row (``S2`` has one scale per column per row
+    block, so that ``block_size=None`` keeps the paper's ``S2`` per block).
     """
 
-    def __init__(self, shape: torch.Size, device=None):
+    def __init__(self, shape: torch.Size, device=None, block_size: int | None = None):
         if len(shape) < 2:
             raise ValueError(f"WHVI needs a weight of two or more dimensions, got shape {shape}")
         self.shape = torch.Size(shape)
         self.out, self.cols = int(shape[0]), math.prod(int(s) for s in shape[1:])
         self.size = 1 << max(self.cols - 1, 0).bit_length()  # D
-        self.blocks = -(-self.out // self.size)  # K
+        if block_size is not None:
+            self.size = min(self.size, int(block_size))
+        self.row_blocks = -(-self.out // self.size)
+        self.column_blocks = -(-self.cols // self.size)
+        self.blocks = self.row_blocks * self.column_blocks  # K
         rows = torch.arange(self.out, device=device)
         cols = torch.arange(self.cols, device=device)
         self.block = rows // self.size
-        within = rows % self.size
-        self.gather = self.block[:, None] * self.size + torch.bitwise_xor(within[:, None], cols)
+        within = torch.bitwise_xor((rows % self.size)[:, None], cols % self.size)
+        grid = self.block[:, None] * self.column_blocks + cols // self.size
+        self.gather = grid * self.size + within
 
     def on(self, gather: torch.Tensor | None, block: torch.Tensor | None) -> WalshHadamardLayout:
         """This layout with its index tensors replaced (a module's buffers, after a move)."""
@@ -159,15 +168,19 @@ class WalshHadamardWeight(TorchDistribution):
     def local_linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """``x W^T + bias`` with a draw of ``g`` per row of ``x`` (each row's output has exactly
         its distribution under ``q``), through the fast transform and never ``W``: per row and
-        block ``s1 * H (g * H (s2 * x)) / D``, ``O(K D log D)`` plus ``L``'s product."""
+        block ``s1 * H (g * H (s2 * x)) / D``, summed over a row's blocks, ``O(K D log D)``
+        plus ``L``'s product."""
         lay = self.layout
         lead = x.shape[:-1]
-        padded = torch.nn.functional.pad(x, (0, lay.size - lay.cols))
-        s2 = torch.nn.functional.pad(self.s2, (0, lay.size - lay.cols))
-        inner = transform(padded.unsqueeze(-2) * s2, self.dense)  # (..., K, D): H S2 x
+        width = lay.column_blocks * lay.size
+        padded = torch.nn.functional.pad(x, (0, width - lay.cols))
+        s2 = torch.nn.functional.pad(self.s2, (0, width - lay.cols))
+        grid = (lay.row_blocks, lay.column_blocks, lay.size)
+        inputs = padded.reshape(lead + (1,) + grid[1:]) * s2.reshape(grid)  # (..., Kr, Kc, D)
+        inner = transform(inputs.reshape(lead + self.loc.shape), self.dense)  # H S2 x per block
         eps = torch.randn(lead + self.loc.shape, dtype=x.dtype, device=x.device)
-        rows = transform(self._latent(eps) * inner, self.dense).reshape(lead + (-1,))
-        rows = rows[..., : lay.out]
+        rows = transform(self._latent(eps) * inner, self.dense).reshape(lead + grid)
+        rows = rows.sum(-2).reshape(lead + (-1,))[..., : lay.out]
         out = rows * (self.s1 / lay.size)
         return out if bias is None else out + bias
 

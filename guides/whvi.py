@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch.distributions import Distribution
 
 from guides.base import PerSiteGuide
-from guides.checks import check_bool, check_choice
+from guides.checks import InvalidArgument, check_bool, check_choice, is_int
 from guides.registry import Recipe
 from guides.site import (
     DiagonalSite,
@@ -85,6 +85,9 @@ __all__ = ["AutoWHVI", "WHVISite", "WalshHadamardWeight"]
 
 #: The largest block a full covariance of ``g`` takes: its factor has ``D^2`` entries per block.
 FULL_MAX = 4096
+#: The family's default block size (``block_size``), chosen on ``benchmarks/fairness.py``'s
+#: problems (``benchmarks/README.md``); ``None`` is the paper's, one block as wide as the weight.
+DEFAULT_BLOCK_SIZE: int | None = 8
 COVARIANCES = ("full", "diagonal")
 
 
@@ -102,19 +105,21 @@ class WHVISite(SitePosterior):
         init_scale: float,
         covariance: str = "full",
         learn_scales: bool = True,
+        block_size: int | None = DEFAULT_BLOCK_SIZE,
         prior: Distribution | None = None,
     ):
         super().__init__(init_loc, init_scale)
         if covariance not in COVARIANCES:
             raise ValueError(f"covariance must be one of {COVARIANCES}, got {covariance!r}")
-        layout = WalshHadamardLayout(init_loc.shape, device=init_loc.device)
+        check_block_size(block_size)
+        layout = WalshHadamardLayout(init_loc.shape, init_loc.device, block_size)
         k, d = layout.blocks, layout.size
         if covariance == "full" and d > FULL_MAX:
             raise ValueError(
                 f"a WHVI weight of shape {tuple(init_loc.shape)} has blocks of D = {d} (the next "
                 f"power of two of {layout.cols} columns) and a full covariance of g would hold "
                 f"{k} x {d} x {d} numbers; the limit is D = {FULL_MAX}: pass "
-                "covariance='diagonal'"
+                f"covariance='diagonal', or block_size={FULL_MAX} or less"
             )
         self.covariance, self.prior = covariance, prior
         self.register_buffer("gather", layout.gather, persistent=False)
@@ -132,7 +137,7 @@ class WHVISite(SitePosterior):
         if covariance == "full":  # the strictly lower triangle of each block's U, row by row
             register_strict_lower(self, d, like.device)
             self.lower = param(like.new_zeros(k, d * (d - 1) // 2))
-        s1, s2 = like.new_ones(layout.out), like.new_ones(k, layout.cols)
+        s1, s2 = like.new_ones(layout.out), like.new_ones(layout.row_blocks, layout.cols)
         if learn_scales:
             self.row_scale = param(s1 / self.scale_unit)
             self.column_scale = param(s2 / self.scale_unit)
@@ -156,7 +161,7 @@ class WHVISite(SitePosterior):
 
     @property
     def s2(self) -> torch.Tensor:
-        """``S2``, one scale per column of each block (``K x n``)."""
+        """``S2``, one scale per column of each row of blocks (``row_blocks x n``)."""
         return self.column_scale * self.scale_unit
 
     def upgrade_state(self, state: dict, prefix: str) -> None:
@@ -194,6 +199,17 @@ class WHVISite(SitePosterior):
         scale = F.softplus(self.rho)
         return WalshHadamardWeight(
             layout, self.loc, scale, self.unit(), self.s1, self.s2, self.prior, self.dense
+        )
+
+
+def check_block_size(block_size) -> None:
+    """``block_size``: ``None`` (the paper's blocks, one wide) or a power of two of at least 2."""
+    if block_size is None:
+        return
+    if not is_int(block_size) or block_size < 2 or block_size & (block_size - 1):
+        raise InvalidArgument(
+            f"block_size must be None (blocks as wide as the weight, the paper's) or a power of "
+            f"two of at least 2 (16, 64, ...), got {block_size!r}"
         )
 
 
@@ -236,6 +252,13 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         ``q(g)``'s covariance per block: a Cholesky factor (the paper's) or its diagonal.
     learn_scales : bool, default True
         Optimise ``S1`` and ``S2`` with the ELBO (the paper); ``False`` fixes them at one.
+    block_size : int or None, default :data:`DEFAULT_BLOCK_SIZE`
+        ``D``, the side of the blocks a weight is cut into (a power of two; at most the next
+        power of two of the weight's columns), each block with its own ``g``: the family's
+        capacity. A ``D x D`` block has ``3 D`` numbers for its mean (``g``, ``S1``, ``S2``)
+        for ``D^2`` weights, and ``D (D + 1) / 2`` for a full covariance of ``g``: ``None``
+        (the paper's, one block as wide as the weight) has the fewest numbers per weight
+        and the least capacity on small layers; smaller blocks learn more of the data.
     init_scale : float, default 0.01
         About the initial standard deviation of every weight.
     init_loc_fn, init_module, create_plates
@@ -255,7 +278,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
 
     site_class = WHVISite
     STARTS_AT_WEIGHTS = False  # its own draw, projected: no weight is a mean it can take
-    variants = {"": {}, "diagonal": {"covariance": "diagonal"}}
+    variants = {"": {}, "diagonal": {"covariance": "diagonal"}, "paper": {"block_size": None}}
     OBJECTIVE = "whvi_model"  # its own N(0, I) prior on g and learned scales
 
     def __init__(
@@ -279,8 +302,21 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
 
     @classmethod
     def site_spec(cls, **options: Any) -> SiteSpec:
-        """The site class and options, ``covariance`` and ``learn_scales`` checked when the
-        guide is built (``learn_scales="no"`` is refused, not read as true)."""
+        """The site class and options, ``covariance``, ``learn_scales`` and ``block_size``
+        checked when the guide is built (``learn_scales="no"`` is refused, not read as true)."""
         check_choice("covariance", options.get("covariance", "full"), COVARIANCES)
         check_bool(learn_scales=options.get("learn_scales", True))
+        options = {"block_size": DEFAULT_BLOCK_SIZE, **options}
+        check_block_size(options["block_size"])
         return super().site_spec(**options)
+
+    @classmethod
+    def saved_options(cls, options: dict) -> dict:
+        """The options with the block size, which decides the parameters' shapes."""
+        return {"block_size": DEFAULT_BLOCK_SIZE, **options}
+
+    @classmethod
+    def read_options(cls, options: dict) -> dict:
+        """A saved spec's options: one written before ``block_size`` existed has the paper's
+        blocks."""
+        return {"block_size": None, **options}

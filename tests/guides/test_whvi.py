@@ -19,6 +19,10 @@ from guides.whvi import FULL_MAX, WHVISite, initial_mean
 from zoo.models import BayesianMLP
 
 SHAPES = [(5, 3), (3, 6), (4, 2, 3, 3), (9, 4), (1, 1)]
+#: (shape, block_size): the paper's blocks, one wide, and grids of smaller blocks (padding on
+#: both sides, several rows and columns of blocks, a convolution kernel)
+CASES = [(shape, None) for shape in SHAPES] + [((5, 3), 2), ((3, 6), 4), ((4, 2, 3, 3), 8),
+                                                ((9, 12), 4)]  # fmt: skip
 
 
 def sylvester(d: int) -> torch.Tensor:
@@ -30,6 +34,8 @@ def sylvester(d: int) -> torch.Tensor:
 
 
 def random_site(shape, seed=0, **options) -> WHVISite:
+    """A site with every parameter perturbed; the paper's blocks unless ``block_size`` given."""
+    options.setdefault("block_size", None)
     torch.manual_seed(seed)
     site = WHVISite(torch.randn(shape, dtype=torch.float64), 0.3, **options)
     with torch.no_grad():
@@ -39,20 +45,24 @@ def random_site(shape, seed=0, **options) -> WHVISite:
 
 
 def dense_weight(site: WHVISite, g: torch.Tensor) -> torch.Tensor:
-    """W from the definition: pad, stack K blocks ``diag(s1) H diag(g_k) H diag(s2_k) / D``,
+    """W from the definition: pad, lay out the grid of blocks ``diag(s1) H diag(g_k) H
+    diag(s2) / D`` (block ``k = a column_blocks + b``; ``s2`` one row per row of blocks),
     slice, reshape; ``s1`` padded with ones past ``out``, ``s2`` past the columns."""
     lay = site.layout.on(site.gather, site.block)
-    k, d = lay.blocks, lay.size
+    rows, cols, d = lay.row_blocks, lay.column_blocks, lay.size
     h = sylvester(d)
-    s1 = torch.ones(k * d, dtype=torch.float64)
+    s1 = torch.ones(rows * d, dtype=torch.float64)
     s1[: lay.out] = site.s1.detach()
-    s2 = torch.ones(k, d, dtype=torch.float64)
+    s2 = torch.ones(rows, cols * d, dtype=torch.float64)
     s2[:, : lay.cols] = site.s2.detach()
-    blocks = [
-        torch.diag(s1[i * d : (i + 1) * d]) @ h @ torch.diag(g[i]) @ h @ torch.diag(s2[i]) / d
-        for i in range(k)
-    ]
-    return torch.cat(blocks, 0)[: lay.out, : lay.cols].reshape(lay.shape)
+    w = torch.zeros(rows * d, cols * d, dtype=torch.float64)
+    for a in range(rows):
+        for b in range(cols):
+            left = torch.diag(s1[a * d : (a + 1) * d]) @ h @ torch.diag(g[a * cols + b])
+            w[a * d : (a + 1) * d, b * d : (b + 1) * d] = (
+                left @ h @ torch.diag(s2[a, b * d : (b + 1) * d]) / d
+            )
+    return w[: lay.out, : lay.cols].reshape(lay.shape)
 
 
 @pytest.mark.parametrize("d", [1, 2, 4, 8, 32, 128])
@@ -64,9 +74,9 @@ def test_fast_transform_is_the_dense_matrix(d):
         fwht(torch.ones(6))
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_each_draw_is_the_dense_product(shape):
-    site = random_site(shape)
+@pytest.mark.parametrize("shape, block_size", CASES, ids=str)
+def test_each_draw_is_the_dense_product(shape, block_size):
+    site = random_site(shape, block_size=block_size)
     q = site.distribution()
     w = q.rsample((3,))
     g = q._drawn[2]
@@ -99,6 +109,10 @@ def test_layout_pads_columns_and_stacks_blocks():
     assert (lay.size, lay.blocks, lay.cols) == (32, 2, 18)
     assert lay.gather.shape == (40, 18) and int(lay.gather.max()) < 64
     assert WalshHadamardLayout(torch.Size([7, 16])).size == 16  # a power of two stays
+    grid = WalshHadamardLayout(torch.Size([40, 2, 3, 3]), block_size=8)  # 5 x 3 blocks of 8
+    assert (grid.size, grid.row_blocks, grid.column_blocks, grid.blocks) == (8, 5, 3, 15)
+    assert sorted(set(grid.gather.reshape(-1).tolist())) == list(range(15 * 8))
+    assert WalshHadamardLayout(torch.Size([3, 6]), block_size=64).size == 8  # never wider
 
 
 @pytest.mark.parametrize("shape", [(5, 3), (3, 2, 2)], ids=str)
@@ -123,11 +137,12 @@ def test_moments_are_j_sigma_j_transposed_and_monte_carlo(shape, covariance):
         assert (cov - torch.diag(cov.diagonal())).abs().max() > 0.05 * cov.abs().max()
 
 
-@pytest.mark.parametrize("shape", [(5, 3), (3, 6)], ids=str)
-def test_local_product_has_the_outputs_distribution_per_row(shape):
+@pytest.mark.parametrize("shape, block_size", [((5, 3), None), ((3, 6), None), ((5, 6), 2)],
+                         ids=str)  # fmt: skip
+def test_local_product_has_the_outputs_distribution_per_row(shape, block_size):
     """estimator="local": one g per row of x through the fast transform; each row's output
     has the mean and covariance of x W^T under q, rows independent of each other."""
-    site = random_site(shape)
+    site = random_site(shape, block_size=block_size)
     q = site.distribution()
     x = torch.randn(2, shape[1], dtype=torch.float64)
     bias = torch.randn(shape[0], dtype=torch.float64)
@@ -237,24 +252,31 @@ def test_refusals_before_any_work():
         guides.AutoWHVI(model, prior=None)
     wide = BayesianMLP(FULL_MAX + 1, (), 2, task="classification")
     x, y = torch.randn(2, FULL_MAX + 1), torch.zeros(2).long()
-    with pytest.raises(ValueError, match=r"D = 8192 .* covariance='diagonal'"):
-        guides.AutoWHVI(wide)(x, y)
-    guides.AutoWHVI(wide, covariance="diagonal")(x, y)
+    with pytest.raises(ValueError, match=r"D = 8192 .* covariance='diagonal', or block_size"):
+        guides.AutoWHVI(wide, block_size=None)(x, y)  # the paper's blocks: one of 8,192
+    guides.AutoWHVI(wide, covariance="diagonal", block_size=None)(x, y)
+    pyro.clear_param_store()  # the guides above were called directly (Pyro's store)
+    guides.AutoWHVI(wide, block_size=256)(x, y)  # smaller blocks: a full covariance fits
+    for bad in (0, 1, 6, 2.0, True, "16"):
+        with pytest.raises(ValueError, match="block_size must be None .* power of two"):
+            guides.AutoWHVI(model, block_size=bad)  # when the guide is built, before any work
     for prior in ("learned", "hierarchical"):
         fitted = BayesianMLP(3, (8,), 2, task="classification", prior=prior)
         with pytest.raises(ValueError, match=r"carries its own prior .* 'fc1.weight'"):
             guides.AutoWHVI(fitted)(torch.randn(2, 3), torch.zeros(2).long())
 
 
-@pytest.mark.parametrize("shape", [(5, 3), (2, 3, 3)], ids=str)
-def test_initial_mean_is_the_diagonal_of_h_b_h(shape):
+@pytest.mark.parametrize("shape, block_size", [((5, 3), None), ((2, 3, 3), None), ((5, 9), 4)],
+                         ids=str)  # fmt: skip
+def test_initial_mean_is_the_diagonal_of_h_b_h(shape, block_size):
     init = torch.randn(shape, dtype=torch.float64)
-    lay = WalshHadamardLayout(torch.Size(shape))
+    lay = WalshHadamardLayout(torch.Size(shape), block_size=block_size)
     k, d = lay.blocks, lay.size
-    padded = torch.zeros(k * d, d, dtype=torch.float64)
+    padded = torch.zeros(lay.row_blocks * d, lay.column_blocks * d, dtype=torch.float64)
     padded[: lay.out, : lay.cols] = init.reshape(lay.out, lay.cols)
     h = sylvester(d)
-    diag = torch.stack([(h @ b @ h).diagonal() for b in padded.reshape(k, d, d)])
+    blocks = padded.reshape(lay.row_blocks, d, lay.column_blocks, d).transpose(1, 2)
+    diag = torch.stack([(h @ b @ h).diagonal() for b in blocks.reshape(k, d, d)])
     filled = lay.out * lay.cols / (k * d * d)
     assert torch.allclose(initial_mean(init, lay), diag / math.sqrt(d * filled))
 
@@ -315,9 +337,48 @@ def test_a_state_saved_before_the_units_loads_as_the_same_posterior(learn_scales
     old["loc_unconstrained"] = site.loc.detach().clone()
     old[f"s1{suffix}"] = site.s1.detach().clone()
     old[f"s2{suffix}"] = site.s2.detach().clone()
-    other = WHVISite(torch.zeros(5, 12, dtype=torch.float64), 0.1, learn_scales=learn_scales)
+    zeros = torch.zeros(5, 12, dtype=torch.float64)  # release 0.3 had the paper's blocks only
+    other = WHVISite(zeros, 0.1, learn_scales=learn_scales, block_size=None)
     other.load_state_dict(upgraded(other, old))
     assert torch.allclose(other.distribution().mean, site.distribution().mean)
     assert torch.allclose(other.loc, site.loc) and torch.allclose(other.s2, site.s2)
     current = site.state_dict()  # today's state passes through untouched
     assert upgraded(site, current).keys() == current.keys()
+
+
+def test_the_block_size_is_saved_and_a_spec_without_one_has_the_papers_blocks():
+    """The block size decides the parameters' shapes, so every spec records it; a spec of a
+    release before it (no block_size) rebuilds the paper's one-block layout, for the family
+    and for a WHVI rule of AutoMixed and AutoJoint's rest alike."""
+    from guides.site import direct_parameters
+    from guides.whvi import DEFAULT_BLOCK_SIZE
+
+    model = BayesianMLP(20, (12,), 3, task="classification")
+    x, y = torch.randn(4, 20), torch.randint(0, 3, (4,))
+
+    def sizes(guide) -> dict:
+        with direct_parameters():  # no global store: rebuilt guides take the same names
+            guide(x, y)
+        return {n: m.layout.size for n, m in guide.named_modules() if isinstance(m, WHVISite)}
+
+    def whvi_options(name: str, spec: dict) -> list[dict]:
+        if name == "mixed":
+            return [options for _, family, options in spec["rules"] if family == "whvi"]
+        return [spec["options"]["rest"][1] if name == "joint" else spec["options"]]
+
+    built = {
+        "whvi": guides.AutoWHVI(model),
+        "mixed": guides.AutoMixed(model, {"fc1.weight": "whvi", "*": "diagonal"}),
+        "joint": guides.AutoJoint(model, sites="fc2.*", rest="whvi"),
+    }
+    for name, guide in built.items():
+        assert set(sizes(guide).values()) == {DEFAULT_BLOCK_SIZE}, name
+        spec = guide.spec()
+        assert sizes(guides.registry.build(model, spec)) == sizes(guide), name
+        saved = whvi_options(name, spec)
+        assert [o["block_size"] for o in saved] == [DEFAULT_BLOCK_SIZE], name
+        saved[0].pop("block_size")  # as a spec written before the option
+        paper = {32, 16} if name == "whvi" else {32}  # D: the next power of two of the columns
+        assert set(sizes(guides.registry.build(model, spec)).values()) == paper, name
+    given = guides.AutoWHVI(model, block_size=4)
+    assert set(sizes(guides.registry.build(model, given.spec())).values()) == {4}
