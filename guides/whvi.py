@@ -1,10 +1,18 @@
 """Walsh-Hadamard variational inference (WHVI; Rossi, Marmin & Filippone, NeurIPS 2020).
 
 A weight read as a matrix ``out x n`` (a convolution kernel ``(out, in, kh, kw)`` as
-``out x (in kh kw)``) is built from ``K = ceil(out / D)`` blocks of size ``D x D``,
-``D = 2^ceil(log2 n)``, each
+``out x (in kh kw)``) is built from a grid of ``K = ceil(out / D) ceil(n / D)`` blocks of size
+``D x D``, each
 
     W_k = S1_k H diag(g_k) H S2_k / D,    g_k ~ q(g_k) = N(mu_k, L_k L_k^T),
+
+``D`` the family's ``block_size`` (:data:`DEFAULT_BLOCK_SIZE`), at most ``2^ceil(log2 n)``;
+``block_size=None`` is the paper's layout, one block as wide as the weight
+(``D = 2^ceil(log2 n)``, ``K = ceil(out / D)``). The block size is the family's capacity: a
+block's mean has ``3 D`` numbers for ``D^2`` weights, so the paper's blocks give a 64 x 64
+layer 192 numbers for its 4,096 weights' means; blocks of 4 give it 768, with 6 more per
+block for a full ``L``, about one number per weight in all (the diagonal family has two).
+``benchmarks/README.md`` ("WHVI's blocks") measures the choice.
 
 ``H`` the Walsh-Hadamard matrix (``H / sqrt(D)`` is orthonormal, so ``g = 1`` gives the identity),
 ``S1``, ``S2`` diagonal, the padding sliced off (see
@@ -31,7 +39,7 @@ guide is set up. Sites of fewer than two dimensions (biases) take the diagonal f
 
 Parameters per site: ``mu`` and ``d`` (``K D`` each), ``K D (D - 1) / 2`` for the full ``L``
 (``covariance="full"``, the paper's) or none (``"diagonal"``, its ``O(D)`` variant), ``S1``
-(``out``) and ``S2`` (``K n``). A full ``L`` is refused above ``D = 4,096``.
+(``out``) and ``S2`` (``ceil(out / D) n``: the columns' scales of each row of blocks). A full ``L`` is refused above ``D = 4,096``.
 
 Initialisation: ``mu_k = diag(H B_k H) / sqrt(D f)`` for ``B_k`` block ``k`` of the initial
 weight (zero-padded; ``f`` the share of the blocks it fills): the diagonal of its projection onto
@@ -87,7 +95,7 @@ __all__ = ["AutoWHVI", "WHVISite", "WalshHadamardWeight"]
 FULL_MAX = 4096
 #: The family's default block size (``block_size``), chosen on ``benchmarks/fairness.py``'s
 #: problems (``benchmarks/README.md``); ``None`` is the paper's, one block as wide as the weight.
-DEFAULT_BLOCK_SIZE: int | None = 8
+DEFAULT_BLOCK_SIZE: int | None = 4
 COVARIANCES = ("full", "diagonal")
 
 

@@ -126,10 +126,10 @@ LINEAR_COUNTS = {
     "map": lambda n, i, o: n,
     # D = 1024 (the next power of two of 1000), one block: mu, d, L's strict lower triangle,
     # S1 (a number per row) and S2 (per column)
-    # blocks of 8 (the default): K = (o / 8) (i / 8) blocks of 8 means, 8 scales and a unit
-    # triangle of 28; S1 per row, S2 per column of each of the o / 8 rows of blocks
-    "whvi": lambda n, i, o: (-(-o // 8) * -(-i // 8)) * (2 * 8 + 28) + o + -(-o // 8) * i,
-    "whvi_diagonal": lambda n, i, o: (-(-o // 8) * -(-i // 8)) * 2 * 8 + o + -(-o // 8) * i,
+    # blocks of 4 (the default): K = (o / 4) (i / 4) blocks of 4 means, 4 scales and a unit
+    # triangle of 6; S1 per row, S2 per column of each of the o / 4 rows of blocks
+    "whvi": lambda n, i, o: (-(-o // 4) * -(-i // 4)) * (2 * 4 + 6) + o + -(-o // 4) * i,
+    "whvi_diagonal": lambda n, i, o: (-(-o // 4) * -(-i // 4)) * 2 * 4 + o + -(-o // 4) * i,
     "whvi_paper": lambda n, i, o: 2 * 1024 + 1024 * 1023 // 2 + o + i,  # one block of 1,024
 }
 
