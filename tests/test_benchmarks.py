@@ -543,6 +543,19 @@ def test_fairness_re_seeds_the_grids_best_and_averages_the_gap_over_shared_seeds
     assert sum(r["default"] for r in regrid) == 3  # the default calls stay
 
 
+def test_whvi_blocks_prints_each_block_size_beside_the_diagonal_family(tmp_path):
+    out_file = tmp_path / "whvi_blocks.json"
+    out = _run(
+        "benchmarks/whvi_blocks.py", "--problems", "digits", "--blocks", "none", "4", "diagonal",
+        "--seeds", "0", "--out", str(out_file),
+    )  # fmt: skip
+    saved = {r["block"]: r for r in json.loads(out_file.read_text())["results"]}
+    assert set(saved) == {"none", "4", "diagonal"}
+    assert all(math.isfinite(r["nll"]) and 0 < r["accuracy"] <= 1 for r in saved.values())
+    assert saved["none"]["parameters"] != saved["4"]["parameters"]  # another layout was fitted
+    assert "| digits | 4 | 1 |" in out
+
+
 def test_fairness_runs_a_longer_budget(tmp_path):
     out_file = tmp_path / "fairness.json"
     _run(
