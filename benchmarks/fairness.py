@@ -399,6 +399,12 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--merge", help="a saved run whose fits this one adds to")
     parser.add_argument(
+        "--extend-grid",
+        action="store_true",
+        help="with --merge: this run's grid settings go beside the saved grid (which a grid "
+        "run otherwise replaces), e.g. rates above its edge",
+    )
+    parser.add_argument(
         "--best-seeds",
         nargs="+",
         type=int,
@@ -439,7 +445,7 @@ def main(argv=None) -> dict:
             )
     if args.merge:  # this run's default calls and grid replace the saved ones of a family
         with open(args.merge) as f:
-            results = merged(json.load(f)["results"], results)
+            results = merged(json.load(f)["results"], results, args.extend_grid)
     rows = summarise(results)
     print("\n".join(table_lines(rows)))
     import guides
@@ -453,11 +459,12 @@ def main(argv=None) -> dict:
     return saved
 
 
-def merged(old: list[dict], new: list[dict]) -> list[dict]:
+def merged(old: list[dict], new: list[dict], extend: bool = False) -> list[dict]:
     """``old`` results with ``new`` ones in their place: a family's grid run again replaces
-    its saved grid and the best setting's re-seeded fits (the best may have moved), a default
-    call or a re-seeded setting replaces the one of the same seed."""
-    regrid = {(r["problem"], r["family"]) for r in new if _in_grid(r)}
+    its saved grid and the best setting's re-seeded fits (the best may have moved), unless
+    ``extend`` (new settings beside the saved grid); a default call, a setting or a re-seeded
+    setting replaces the one of the same seed."""
+    regrid = set() if extend else {(r["problem"], r["family"]) for r in new if _in_grid(r)}
     rerun = {_identity(r) for r in new}
     kept = [r for r in old
             if not (not r["default"] and (r["problem"], r["family"]) in regrid)

@@ -541,6 +541,8 @@ def test_fairness_re_seeds_the_grids_best_and_averages_the_gap_over_shared_seeds
     regrid = fairness.merged(reseeded, [fit(0.25, lr=3.0)])  # a new grid: its re-seeds go too
     assert sorted(r.get("lr") or 0 for r in regrid if not r["default"]) == [3.0]
     assert sum(r["default"] for r in regrid) == 3  # the default calls stay
+    wider = fairness.merged(reseeded, [fit(0.15, lr=30.0)], extend=True)  # beside the grid
+    assert len(wider) == 8 and fairness.summarise(wider)[0]["best_lr"] == 30.0
 
 
 def test_whvi_blocks_prints_each_block_size_beside_the_diagonal_family(tmp_path):
@@ -554,6 +556,32 @@ def test_whvi_blocks_prints_each_block_size_beside_the_diagonal_family(tmp_path)
     assert all(math.isfinite(r["nll"]) and 0 < r["accuracy"] <= 1 for r in saved.values())
     assert saved["none"]["parameters"] != saved["4"]["parameters"]  # another layout was fitted
     assert "| digits | 4 | 1 |" in out
+
+
+def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
+    sweeps = tmp_path / "sweeps.json"
+    _run(
+        "benchmarks/rate_rules.py", "record", "--problems", "digits", "--families", "map",
+        "--seeds", "0", "--sweeps", str(sweeps),
+    )  # fmt: skip
+    recorded = json.loads(sweeps.read_text())["sweeps"]
+    assert len(recorded) == 1 and recorded[0]["steps"] == len(recorded[0]["rates"]) > 3
+    grid = tmp_path / "grid.json"
+    nll = {0.003: 0.5, 0.03: 0.2, 0.3: 0.9}  # the rates the default call is read off
+    results = [{"problem": "digits", "family": "map", "default": False, "lr": lr, "init": 1.0,
+                "lr_used": lr, "nll": v} for lr, v in nll.items()]  # fmt: skip
+    grid.write_text(json.dumps({"results": results}))
+    out = _run("benchmarks/rate_rules.py", "score", "--sweeps", str(sweeps), "--grids", str(grid))
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import rate_rules
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    chosen = rate_rules.rules()["min/4"](recorded[0])
+    assert chosen == pytest.approx(recorded[0]["lr"])  # the library's rule, read again
+    gap = rate_rules.read_off(nll, chosen) - 0.2
+    assert f"| min/4 | {gap:.3f} | {gap:.3f} |" in out
+    assert rate_rules.read_off(nll, 0.3 * 10**0.5) == 0.9  # flat beyond the grid
 
 
 def test_fairness_runs_a_longer_budget(tmp_path):

@@ -1,0 +1,185 @@
+"""Which rule should read the range test's sweep? Rules side by side on recorded sweeps (issue 69).
+
+    python benchmarks/rate_rules.py record --problems digits mnist resnet   # the sweeps
+    python benchmarks/rate_rules.py score                                  # the table
+
+``record`` runs the default call of each family of ``benchmarks/fairness.py``'s problems at
+each seed and keeps its range test's sweep (``result.options["lr_test"]``: rates and data
+terms), stopping the fit when the sweep is over: the sweep is what a rule reads, the rest of the
+fit is not needed. ``score`` applies each rule to every recorded sweep and reads the test NLL
+at the rate it chooses off the family's grid in ``benchmarks/results/fairness.json`` (seed 0,
+the default initial scale; piecewise linear in the log of the rate, the grid's end value
+beyond it), less the grid's best: the gap each rule would leave, were the fit proper at its
+rate all that changed. The rules: the rate at the smoothed minimum over ``d`` for several
+``d`` (``zoo.training.rate``'s, capped at ten times the steepest fall's rate, is ``min/4``),
+the steepest fall's rate, and their geometric mean.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+FAMILIES = ("block_diagonal", "diagonal", "lowrank", "map", "matrix_normal", "mc_dropout",
+            "subnetwork", "tridiagonal", "whvi")  # fmt: skip
+DIVISORS = (2, 3, 4, 6, 8, 12)
+
+
+class _SweepOver(Exception):
+    """Raised once the sweep is recorded: the fit proper is not run."""
+
+
+def record(problems, families, seeds, data_root=None) -> list[dict]:
+    """The sweep of each default call (its ``lr_test`` record), the fit stopped after it."""
+    from fairness import problem
+
+    import zoo
+    from zoo.training import rate
+
+    real, seen = rate.measure, {}
+
+    def keep(*args, **kwargs):
+        measured = real(*args, **kwargs)
+        seen["record"] = None if measured is None else measured.record
+        raise _SweepOver
+
+    out = []
+    rate.measure = keep  # the one hook: the sweep's record, where the fit reads it
+    try:
+        for name in problems:
+            base, _, times = name.partition(" x")
+            train, _, factory, options, _ = problem(base, data_root, int(times or 1))
+            for family in families:
+                for seed in seeds:
+                    seen.clear()
+                    try:
+                        zoo.fit(factory(), family, train, seed=seed,
+                                run=zoo.Run(progress=False), **options)  # fmt: skip
+                    except _SweepOver:
+                        pass
+                    if seen.get("record"):
+                        out.append({"problem": name, "family": family, "seed": seed,
+                                    **seen["record"]})  # fmt: skip
+                        print(f"  {name} {family} {seed}: lr {out[-1]['lr']:.3g}", flush=True)
+    finally:
+        rate.measure = real
+    return out
+
+
+def rules() -> dict:
+    """``{label: sweep record -> rate}``."""
+    from zoo.training.rate import STEEP_FACTOR, smoothed
+
+    def shape(rec):
+        usable = []
+        for value in rec["data_losses"]:
+            if not math.isfinite(value):
+                break
+            usable.append(value)
+        smooth = smoothed(usable)
+        best = min(range(len(smooth)), key=smooth.__getitem__)
+        falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
+        steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
+        return rec["rates"], best, steep
+
+    def by_minimum(rec, d):
+        rates, best, steep = shape(rec)
+        if best == 0:
+            return rec["base"]
+        return max(min(rates[best] / d, rates[steep] * STEEP_FACTOR), rates[0])
+
+    def steepest(rec):
+        rates, _, steep = shape(rec)
+        return rates[steep]
+
+    out = {f"min/{d}": (lambda rec, d=d: by_minimum(rec, d)) for d in DIVISORS}
+    out["steepest"] = steepest
+    out["geometric mean of steepest and min/4"] = lambda rec: math.sqrt(
+        steepest(rec) * by_minimum(rec, 4)
+    )
+    return out
+
+
+def grids(results: list[dict]) -> dict:
+    """``{(problem, family): {rate: NLL}}`` of the saved grids (seed 0, initial scale x 1)."""
+    out: dict = collections.defaultdict(dict)
+    for r in results:
+        if not r["default"] and r.get("seed", 0) == 0 and r["init"] == 1.0:
+            if math.isfinite(r["nll"]):
+                out[(r["problem"], r["family"])][r["lr_used"]] = r["nll"]
+    return out
+
+
+def read_off(curve: dict, lr: float) -> float:
+    """The NLL at ``lr`` on ``curve``: piecewise linear in ``log lr``, flat beyond its ends."""
+    points = sorted((math.log(k), v) for k, v in curve.items())
+    x = math.log(lr)
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (x - x0) / (x1 - x0) * (y1 - y0)
+    return points[-1][1]
+
+
+def score(sweeps: list[dict], results: list[dict]) -> list[str]:
+    """The table: per rule, the mean gap per problem and overall, and the sweeps over 0.05."""
+    curves = grids(results)
+    usable = [s for s in sweeps if len(curves.get((s["problem"], s["family"]), {})) >= 3]
+    problems = list(dict.fromkeys(s["problem"] for s in usable))
+    lines = [
+        "| rule | " + " | ".join(problems) + " | all | sweeps over 0.05 |",
+        "| --- |" + " ---: |" * (len(problems) + 2),
+    ]
+    for label, rule in rules().items():
+        gaps = collections.defaultdict(list)
+        for s in usable:
+            curve = curves[(s["problem"], s["family"])]
+            gaps[s["problem"]].append(read_off(curve, rule(s)) - min(curve.values()))
+        every = [g for p in problems for g in gaps[p]]
+        cells = [f"{sum(gaps[p]) / len(gaps[p]):.3f}" for p in problems]
+        over = sum(g > 0.05 for g in every)
+        lines.append(f"| {label} | " + " | ".join(cells) +
+                     f" | {sum(every) / len(every):.3f} | {over} of {len(every)} |")  # fmt: skip
+    return lines
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("action", choices=("record", "score"))
+    parser.add_argument(
+        "--problems",
+        nargs="+",
+        default=["digits", "mnist", "resnet"],
+        help="fairness.py's problems; 'digits x10' for ten times the budget",
+    )
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--data-root", help="MNIST's root (default: ZOO_DATA)")
+    parser.add_argument("--sweeps", default="benchmarks/results/rate_sweeps.json")
+    parser.add_argument("--grids", default="benchmarks/results/fairness.json")
+    args = parser.parse_args(argv)
+    if args.action == "record":
+        torch.set_num_threads(1)
+        print(f"load {os.getloadavg()}", flush=True)
+        sweeps = record(args.problems, args.families, args.seeds, args.data_root)
+        with open(args.sweeps, "w") as f:
+            json.dump({"sweeps": sweeps, "load": list(os.getloadavg())}, f)
+        return
+    with open(args.sweeps) as f:
+        sweeps = json.load(f)["sweeps"]
+    with open(args.grids) as f:
+        results = json.load(f)["results"]
+    print("\n".join(score(sweeps, results)))
+
+
+if __name__ == "__main__":
+    main()
