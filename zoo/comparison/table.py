@@ -235,7 +235,7 @@ def _evaluate(result, x, y, num_samples, progress, threads, ref_pred) -> dict[st
     """:meth:`zoo.FitResult.evaluate`'s metrics (the same seed-0 draws), and the distances to
     the reference's prediction when there is one, from one prediction."""
     check_labelled_data(result.model, x, y, result.device)
-    options = result.predict_options(num_samples, None, 0, progress, threads, False, None)
+    options = result.predict_options(num_samples, progress=progress, threads=threads)
     summary = result.summarise(x, y, options)  # online, one block of draws at a time
     metrics = summary.metrics()
     return metrics if ref_pred is None else {**metrics, **distances(summary.condensed(), ref_pred)}

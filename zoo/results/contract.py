@@ -7,11 +7,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 import torch
 
-__all__ = ["KINDS", "PosteriorParts", "PredictOptions", "Readers", "register_kind"]
+__all__ = [
+    "KINDS",
+    "Drawing",
+    "PosteriorParts",
+    "PredictOptions",
+    "Readers",
+    "check_drawing",
+    "register_kind",
+]
 
 #: Every registered kind of posterior: ``kind`` (a saved file's entry) -> its class.
 KINDS: dict[str, Any] = {}  # the classes (typed Any: each has its own `read`)
@@ -52,6 +60,40 @@ class PosteriorParts(Protocol):
     device: torch.device
     options: Any
     wall_time: float
+
+
+class Drawing(TypedDict, total=False):
+    """The options of how a posterior's networks are drawn and run, which
+    :meth:`Posterior.predict`, :meth:`~Posterior.evaluate` and :meth:`~Posterior.to_arviz`
+    share as keywords (their meaning: :class:`PredictOptions`' fields of the same names).
+
+    seed : int or None, default 0
+        Fixes the draws, the caller's random state untouched; ``None`` draws from the global
+        generators.
+    progress : bool, default True
+        A progress bar once a prediction runs two seconds.
+    threads : "auto", int or None, default "auto"
+        CPU threads of the passes, ``zoo.fit``'s rule (the caller's setting restored after).
+    distributed : bool, default False
+        On every rank of a distributed run: the inputs are sharded over the ranks and the
+        outputs gathered once.
+    """
+
+    seed: int | None
+    progress: bool
+    threads: int | str | None
+    distributed: bool
+
+
+def check_drawing(where: str, drawing: Mapping) -> None:
+    """Refuse keywords of ``drawing`` that :class:`Drawing` does not name, as Python refuses
+    an unexpected keyword, naming the method (``where``) and the options it takes."""
+    unknown = sorted(set(drawing) - set(Drawing.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"{where}() got unexpected keyword argument(s) {unknown}; its drawing options are "
+            f"{list(Drawing.__annotations__)}"
+        )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, cast
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Unpack, cast
 
 import torch
 
@@ -25,7 +25,7 @@ from zoo.evaluation.predictive import predict
 from zoo.models.predictions import PredictionT, mixture
 from zoo.models.summaries import Summary
 from zoo.results import blocks
-from zoo.results.contract import PredictOptions, register_kind
+from zoo.results.contract import Drawing, PredictOptions, check_drawing, register_kind
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
@@ -201,22 +201,20 @@ class Posterior(Generic[PredictionT]):
         x: torch.Tensor,
         num_samples: int | None = None,
         batch_size: int | None = None,
-        seed: int | None = 0,
-        progress: bool = True,
-        threads: int | str | None = "auto",
-        distributed: bool = False,
         sample_batch_size: int | None = None,
+        **drawing: Unpack[Drawing],
     ) -> PredictionT:
         """The posterior predictive on ``x``: ``num_samples`` networks drawn from the posterior
         (its :data:`DEFAULT_SAMPLES` when not given; every draw of a reference), evaluated in
         blocks of ``batch_size`` inputs (:func:`zoo.evaluation.predictive.predict`).
 
-        ``seed`` (default 0, as :meth:`evaluate`'s and :meth:`to_arviz`'s) fixes the draws,
-        the caller's random state untouched; ``None`` draws from the global generators.
-        ``progress`` shows a bar after two seconds; ``threads`` follows ``zoo.fit``'s rule
-        (the caller's setting restored after); ``distributed=True``, on every rank of a
-        distributed run, shards ``x`` over the ranks and gathers the outputs once.
-        ``sample_batch_size > 1`` evaluates that many draws per vectorised pass.
+        ``sample_batch_size > 1`` evaluates that many draws per vectorised pass. The keywords
+        of ``drawing`` (:class:`zoo.results.contract.Drawing`, as :meth:`evaluate`'s and
+        :meth:`to_arviz`'s): ``seed`` (default 0) fixes the draws, the caller's random state
+        untouched, ``None`` draws from the global generators; ``progress`` shows a bar after
+        two seconds; ``threads`` follows ``zoo.fit``'s rule (the caller's setting restored
+        after); ``distributed=True``, on every rank of a distributed run, shards ``x`` over
+        the ranks and gathers the outputs once.
 
         Memory: the weight draws are made and used in blocks of at most
         :data:`zoo.results.blocks.DRAW_MEMORY` bytes (:meth:`prediction_blocks`), so a
@@ -226,8 +224,9 @@ class Posterior(Generic[PredictionT]):
 
         Returns a :class:`zoo.ClassificationPrediction` or :class:`zoo.RegressionPrediction`
         (the model's likelihood decides)."""
+        check_drawing("predict", drawing)
         options = self.predict_options(
-            num_samples, batch_size, seed, progress, threads, distributed, sample_batch_size
+            num_samples, batch_size, sample_batch_size=sample_batch_size, **drawing
         )
         return self.predict_with(x, options)
 
@@ -245,14 +244,15 @@ class Posterior(Generic[PredictionT]):
     def predict_options(
         self,
         num_samples: int | None,
-        batch_size: int | None,
-        seed: int | None,
-        progress: bool,
-        threads: int | str | None,
-        distributed: bool,
-        sample_batch_size: int | None,
+        batch_size: int | None = None,
+        seed: int | None = 0,
+        progress: bool = True,
+        threads: int | str | None = "auto",
+        distributed: bool = False,
+        sample_batch_size: int | None = None,
     ) -> PredictOptions:
-        """:meth:`predict`'s arguments checked and bound (``num_samples`` defaulted)."""
+        """:meth:`predict`'s arguments checked and bound (``num_samples`` defaulted; the
+        defaults are those of :class:`~zoo.results.contract.Drawing`'s keywords)."""
         check_positive(
             num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
         )
@@ -271,10 +271,7 @@ class Posterior(Generic[PredictionT]):
         data: Data,
         num_samples: int | None = None,
         batch_size: int | None = None,
-        seed: int | None = 0,
-        progress: bool = True,
-        threads: int | str | None = "auto",
-        distributed: bool = False,
+        **drawing: Unpack[Drawing],
     ) -> dict[str, float]:
         """Metrics on held-out ``data`` (``(X, y)``, a ``Dataset`` or a ``DataLoader``) of
         :meth:`predict`'s predictive (the same arguments), as the model's likelihood defines
@@ -291,8 +288,8 @@ class Posterior(Generic[PredictionT]):
         (:meth:`prediction_blocks`; :mod:`zoo.models.summaries`): the call holds one block of
         weight draws and per-input sums (``N x outputs``), never the ``S x N`` outputs, and
         returns what the whole prediction's metrics are, to float rounding."""
-        options = self.predict_options(num_samples, batch_size, seed, progress, threads,
-                                       distributed, None)  # fmt: skip
+        check_drawing("evaluate", drawing)
+        options = self.predict_options(num_samples, batch_size, **drawing)
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
         return self.summarise(x, y, options).metrics()
@@ -315,10 +312,7 @@ class Posterior(Generic[PredictionT]):
         data: Data | None = None,
         num_samples: int | None = None,
         var_names: Sequence[str] | str | None = None,
-        seed: int | None = 0,
-        progress: bool = True,
-        threads: int | str | None = "auto",
-        distributed: bool = False,
+        **drawing: Unpack[Drawing],
     ) -> az.InferenceData:
         """An ArviZ ``InferenceData`` of the posterior.
 
@@ -339,8 +333,9 @@ class Posterior(Generic[PredictionT]):
         from zoo.evaluation import arviz as bridge
 
         default = self.ARVIZ_SAMPLES if num_samples is None else num_samples
-        options = self.predict_options(default, None, seed, progress, threads, distributed,
-                                       None)  # fmt: skip
+        check_drawing("to_arviz", drawing)
+        options = self.predict_options(default, **drawing)
+        seed = options.seed
         xy = None
         if data is not None:
             xy = gather_tensors(data)

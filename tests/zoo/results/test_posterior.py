@@ -140,6 +140,22 @@ def test_bad_prediction_arguments_are_refused_before_work(posterior):
             posterior.predict(x, **bad)
 
 
+def test_an_unknown_drawing_keyword_is_refused_by_name_before_work(posterior):
+    """predict, evaluate and to_arviz share their drawing options (zoo.results.contract.Drawing)
+    as keywords: a misspelt one is refused naming the method and the options it takes."""
+    x, y = classification(4)
+    calls = {
+        "predict": lambda **kw: posterior.predict(x, 2, **kw),
+        "evaluate": lambda **kw: posterior.evaluate((x, y), 2, **kw),
+        "to_arviz": lambda **kw: posterior.to_arviz(None, 2, **kw),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match=rf"{name}\(\) got .*\['seeed'\].*'seed'"):
+            call(seeed=1, progress=False)
+    first = posterior.predict(x, 2, seed=3, progress=False, threads=1).outputs
+    torch.testing.assert_close(posterior.predict(x, 2, seed=3, progress=False).outputs, first)
+
+
 def test_sample_size_is_the_kinds_default_or_the_given_number_checked(posterior):
     if posterior.DEFAULT_SAMPLES is None:  # every draw it holds: no default number
         with pytest.raises(ValueError, match="no default number of draws: pass one"):
