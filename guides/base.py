@@ -27,10 +27,9 @@ collector runs. ``zoo``'s own functions never read or write the global store.
 
 from __future__ import annotations
 
-import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter
-from typing import Any, TypedDict
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -44,6 +43,7 @@ from torch.distributions import Transform, biject_to
 from guides import initial, registry
 from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
 from guides.memory import check_fit_memory, fit_memory
+from guides.names import free_name, live_guides, rename
 from guides.site import (
     DiagonalSite,
     SitePosterior,
@@ -54,33 +54,6 @@ from guides.site import (
     is_real,
     serving_class,
 )
-
-_LIVE_GUIDES: weakref.WeakSet = weakref.WeakSet()
-
-
-class GuideStart(TypedDict, total=False):
-    """The options every guide takes from :class:`PerSiteGuide` (keyword-only, each with the
-    base's default): ``init_scale`` (the initial standard deviation), ``init_loc_fn`` (the
-    initial means: ``"auto"``, ``"kaiming"`` or a callable), ``init_module`` (a trained
-    network whose weights are the means) and ``create_plates`` (Pyro's). A composite guide
-    that has options of its own takes these as ``**start: Unpack[GuideStart]`` and passes them
-    on, so they are declared once."""
-
-    init_scale: float
-    init_loc_fn: str | Callable
-    init_module: nn.Module | None
-    create_plates: Callable | None
-
-
-def check_start(owner: type, start: Mapping) -> None:
-    """Refuse keywords of ``start`` that :class:`GuideStart` does not name, as Python refuses
-    an unexpected keyword (``**start`` would otherwise pass them on as family options)."""
-    unknown = sorted(set(start) - set(GuideStart.__annotations__))
-    if unknown:
-        raise TypeError(
-            f"{owner.__name__}() got unexpected keyword argument(s) {unknown}; besides its own "
-            f"it takes {list(GuideStart.__annotations__)}"
-        )
 
 
 class PerSiteGuide(AutoGuide):
@@ -158,8 +131,8 @@ class PerSiteGuide(AutoGuide):
         check_family_options(type(self), self.site_class, self.family_options)
         self._transforms: dict[str, Transform | None] = {}
         self._site_names: list[str] = []
-        self._pyro_name = _free_name(type(self).__name__)
-        _LIVE_GUIDES.add(self)
+        self._pyro_name = free_name(type(self).__name__)
+        live_guides.add(self)
 
     # ---- what the fit's ELBO bounds ----
     #: What a fit's ``-loss`` bounds with this family (:data:`OBJECTIVES`).
@@ -184,10 +157,10 @@ class PerSiteGuide(AutoGuide):
             state["init_loc_fn"] = state.pop("init_loc")
         state.setdefault("options", dict(state.get("family_options", {})))
         super().__setstate__(state)
-        _rename(self, _free_name(type(self).__name__))
+        rename(self, free_name(type(self).__name__))
         if self.prototype_trace is not None:
             self.prototype_trace = _slim(self.prototype_trace)
-        _LIVE_GUIDES.add(self)
+        live_guides.add(self)
 
     # ---- saving as plain data ----
     def spec(self) -> dict:
@@ -416,21 +389,3 @@ def _slim(trace):
 
 def _meta(value):
     return torch.empty_like(value, device="meta") if torch.is_tensor(value) else value
-
-
-def _free_name(base: str) -> str:
-    """``base`` if no live guide is named so, else ``base_1``, ``base_2``, ...: the first free.
-    No cycle collection here (a fifth of a second in a large process): guides and fit results
-    hold no reference cycles (tests/guides/test_guides.py)."""
-    taken = {g._pyro_name for g in list(_LIVE_GUIDES)}
-    k = 0
-    while (name := base if k == 0 else f"{base}_{k}") in taken:
-        k += 1
-    return name
-
-
-def _rename(module: PyroModule, name: str) -> None:
-    module._pyro_name = name
-    for key, child in module._modules.items():
-        if isinstance(child, PyroModule):
-            _rename(child, f"{name}.{key}")

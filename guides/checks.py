@@ -9,11 +9,17 @@ from __future__ import annotations
 import inspect
 import numbers
 import os
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:  # annotations only: nothing here imports torch
+    from torch import nn
 
 __all__ = [
     "COMMON_OPTIONS",
+    "GuideStart",
     "InvalidArgument",
+    "check_start",
     "check_family_options",
     "check_bool",
     "check_choice",
@@ -82,8 +88,33 @@ def physical_memory() -> int | None:
         return None
 
 
+class GuideStart(TypedDict, total=False):
+    """The options every guide takes from :class:`PerSiteGuide` (keyword-only, each with the
+    base's default): ``init_scale`` (the initial standard deviation), ``init_loc_fn`` (the
+    initial means: ``"auto"``, ``"kaiming"`` or a callable), ``init_module`` (a trained
+    network whose weights are the means) and ``create_plates`` (Pyro's). A composite guide
+    that has options of its own takes these as ``**start: Unpack[GuideStart]`` and passes them
+    on, so they are declared once."""
+
+    init_scale: float
+    init_loc_fn: str | Callable
+    init_module: nn.Module | None
+    create_plates: Callable | None
+
+
+def check_start(owner: type, start: Mapping) -> None:
+    """Refuse keywords of ``start`` that :class:`GuideStart` does not name, as Python refuses
+    an unexpected keyword (``**start`` would otherwise pass them on as family options)."""
+    unknown = sorted(set(start) - set(GuideStart.__annotations__))
+    if unknown:
+        raise TypeError(
+            f"{owner.__name__}() got unexpected keyword argument(s) {unknown}; besides its own "
+            f"it takes {list(GuideStart.__annotations__)}"
+        )
+
+
 #: Options every family takes (the rest are the family's own).
-COMMON_OPTIONS = ("init_scale", "init_loc_fn", "init_module", "create_plates")
+COMMON_OPTIONS = tuple(GuideStart.__annotations__)
 
 
 def check_family_options(guide_cls: Any, site_cls: Any, options: dict) -> None:

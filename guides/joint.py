@@ -31,8 +31,8 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from guides.base import GuideStart, PerSiteGuide, check_start
-from guides.checks import InvalidArgument, check_family_options, is_int
+from guides.base import PerSiteGuide
+from guides.checks import GuideStart, InvalidArgument, check_family_options, check_start, is_int
 from guides.joint_gaussian import (
     JointCovariance,
     JointLocSite,

@@ -8,8 +8,8 @@ from typing import Any, Unpack
 
 import torch
 
-from guides.base import GuideStart, PerSiteGuide, check_start
-from guides.checks import check_family_options
+from guides.base import PerSiteGuide
+from guides.checks import GuideStart, check_family_options, check_start
 from guides.registry import available, get, is_per_site, per_site_families
 from guides.site import SitePosterior, serving_class
 

@@ -39,7 +39,8 @@ guide is set up. Sites of fewer than two dimensions (biases) take the diagonal f
 
 Parameters per site: ``mu`` and ``d`` (``K D`` each), ``K D (D - 1) / 2`` for the full ``L``
 (``covariance="full"``, the paper's) or none (``"diagonal"``, its ``O(D)`` variant), ``S1``
-(``out``) and ``S2`` (``ceil(out / D) n``: the columns' scales of each row of blocks). A full ``L`` is refused above ``D = 4,096``.
+(``out``) and ``S2`` (``ceil(out / D) n``: the columns' scales of each row of blocks). A
+full ``L`` is refused above ``D = 4,096``.
 
 Initialisation: ``mu_k = diag(H B_k H) / sqrt(D f)`` for ``B_k`` block ``k`` of the initial
 weight (zero-padded; ``f`` the share of the blocks it fills): the diagonal of its projection onto

@@ -26,6 +26,7 @@ GUIDES_LAYERS = [
     "walsh_hadamard",  # the transform and WHVI's weight distribution
     "site",
     "initial",  # a guide's initial means and scales
+    "names",  # the Pyro names of live guides
     "joint_gaussian",
     "base",
     "joint",  # one Gaussian across sites: a guide the subnetwork family builds on
