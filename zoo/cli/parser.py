@@ -251,7 +251,7 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         "--guide-option",
         action="append",
         metavar="KEY=VALUE",
-        help="family option, repeatable: rank=5, parameterization=free, ...",
+        help="family option, repeatable: rank=5, parameterization=free, block_size=none, ...",
     )
     f.add_argument("--arviz-samples", type=positive_int, default=100, help="draws in the netCDF")
     f.add_argument(

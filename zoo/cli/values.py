@@ -57,11 +57,11 @@ def parse_value(text: str):
             return cast(text)
         except ValueError:
             pass
-    return {"true": True, "false": False}.get(text.lower(), text)
+    return {"true": True, "false": False, "none": None}.get(text.lower(), text)
 
 
 def guide_options(pairs: list[str] | None) -> dict:
-    """``KEY=VALUE`` pairs as a dict (numbers and true/false parsed)."""
+    """``KEY=VALUE`` pairs as a dict (numbers, true/false and none parsed)."""
     options = {}
     for pair in pairs or []:
         if "=" not in pair:

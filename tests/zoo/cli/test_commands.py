@@ -154,6 +154,14 @@ def test_mistakes_are_usage_errors_before_any_work(capsys, monkeypatch):
         ["fit", "--data", "toy", "--guide", "lowrank", "--guide-option", "rnak=3"], capsys
     )
     assert "unknown option(s) ['rnak']" in message and "rank" in message
+    message = usage_error(
+        ["fit", "--data", "toy", "--guide", "whvi", "--guide-option", "block_size=3"], capsys
+    )
+    assert "block_size must be None" in message  # none parses to None (the paper's blocks)
+    from zoo.cli.values import guide_options
+
+    assert guide_options(["block_size=none", "rank=5", "learn_scales=false"]) == {
+        "block_size": None, "rank": 5, "learn_scales": False}  # fmt: skip
     message = usage_error(["compare", "--data", "toy", "--guide-option", "rank=3"], capsys)
     assert "FAMILY.KEY=VALUE" in message
     message = usage_error(
