@@ -199,6 +199,27 @@ def test_the_task_rate_table_is_its_saved_run_and_the_default_is_what_it_claims(
         assert min(whvi, key=whvi.get) == "1e-2 decaying tenfold", budget
 
 
+def test_the_whvi_block_tables_are_their_saved_runs():
+    """benchmarks/README.md's "WHVI's blocks" rows are whvi_blocks.py's print of its runs."""
+    import whvi_blocks
+
+    for name in ("whvi_blocks_digits", "whvi_blocks_digits_x10", "whvi_blocks"):
+        results = json.loads((RESULTS / f"{name}.json").read_text())["results"]
+        for line in whvi_blocks.table_lines(results)[2:]:
+            assert line in BENCH_README, (name, line)
+
+
+def test_the_rate_rules_table_is_its_saved_sweeps_scored():
+    """benchmarks/README.md's "Which rule should read the sweep?" table is rate_rules.py's
+    score of its saved sweeps on the saved grids."""
+    import rate_rules
+
+    sweeps = json.loads((RESULTS / "rate_sweeps.json").read_text())["sweeps"]
+    results = json.loads((RESULTS / "fairness.json").read_text())["results"]
+    for line in rate_rules.score(sweeps, results):
+        assert line in BENCH_README, line
+
+
 def test_the_fairness_table_is_its_saved_run():
     """benchmarks/README.md's table of the default call against the grid is
     ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the
@@ -209,6 +230,8 @@ def test_the_fairness_table_is_its_saved_run():
 
     saved = json.loads((RESULTS / "fairness.json").read_text())
     for line in fairness.table_lines(fairness.summarise(saved["results"])):
+        assert line in BENCH_README, line
+    for line in fairness.accuracy_lines(saved["results"], "digits"):
         assert line in BENCH_README, line
     for family, scales in saved["lr_scales"].items():
         recipe = guides.recipe(family)
