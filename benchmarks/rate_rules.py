@@ -12,7 +12,9 @@ the default initial scale; piecewise linear in the log of the rate, the grid's e
 beyond it), less the grid's best: the gap each rule would leave, were the fit proper at its
 rate all that changed. The rules: the rate at the smoothed minimum over ``d`` for several
 ``d`` (``zoo.training.rate``'s, capped at ten times the steepest fall's rate, is ``min/4``),
-the steepest fall's rate, and their geometric mean.
+the steepest fall's rate, their geometric mean, and fastai's ``valley`` (about halfway along
+the longest falling run of the smoothed curve: its ``lr_find`` suggestion) and multiples of
+it.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 FAMILIES = ("block_diagonal", "diagonal", "lowrank", "map", "matrix_normal", "mc_dropout",
             "subnetwork", "tridiagonal", "whvi")  # fmt: skip
 DIVISORS = (2, 3, 4, 6, 8, 12)
+VALLEY_FACTORS = (2, 3)
 
 
 class _SweepOver(Exception):
@@ -88,23 +91,38 @@ def rules() -> dict:
         best = min(range(len(smooth)), key=smooth.__getitem__)
         falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
         steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
-        return rec["rates"], best, steep
+        return rec["rates"], best, steep, smooth
 
     def by_minimum(rec, d):
-        rates, best, steep = shape(rec)
+        rates, best, steep, _ = shape(rec)
         if best == 0:
             return rec["base"]
         return max(min(rates[best] / d, rates[steep] * STEEP_FACTOR), rates[0])
 
     def steepest(rec):
-        rates, _, steep = shape(rec)
+        rates, _, steep, _ = shape(rec)
         return rates[steep]
+
+    def valley(rec):  # fastai's lr_find suggestion, on the smoothed data term
+        smooth = shape(rec)[3]
+        longest = [1] * len(smooth)  # the longest falling run ending at each step
+        for i in range(1, len(smooth)):
+            for j in range(i):
+                if smooth[i] < smooth[j] and longest[i] < longest[j] + 1:
+                    longest[i] = longest[j] + 1
+        end = max(range(len(smooth)), key=longest.__getitem__)
+        start = end - longest[end]  # as fastai's: one before the run's first step
+        third = (end - start) / 3
+        return rec["rates"][max(start + int(third) + int(third / 2), 0)]
 
     out = {f"min/{d}": (lambda rec, d=d: by_minimum(rec, d)) for d in DIVISORS}
     out["steepest"] = steepest
     out["geometric mean of steepest and min/4"] = lambda rec: math.sqrt(
         steepest(rec) * by_minimum(rec, 4)
     )
+    out["valley (fastai)"] = valley
+    for k in VALLEY_FACTORS:
+        out[f"valley x {k}"] = lambda rec, k=k: valley(rec) * k
     return out
 
 
