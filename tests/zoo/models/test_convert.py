@@ -168,11 +168,17 @@ def test_the_matrix_families_view_every_shape_as_the_table_says():
         assert tuple(site.row_raw.shape) == (rows, rows), name
         assert tuple(site.col_raw.shape) == (cols, cols), name
     assert type(mn.site_posterior("rnn.bias_ih_l0")).__name__ == "DiagonalSite"
-    whvi = guides.AutoWHVI(model)
+    whvi = guides.AutoWHVI(model)  # the default blocks of D = 4
     whvi(x, y)
-    layout = whvi.site_posterior("rnn.weight_ih_l0").layout  # 20 x 4: blocks of D = 4
+    layout = whvi.site_posterior("rnn.weight_ih_l0").layout  # 20 x 4: 5 x 1 blocks
     assert (layout.blocks, layout.size, layout.cols) == (5, 4, 4)
-    layout = whvi.site_posterior("conv.weight").layout  # 3 x 10: one block of D = 16
+    layout = whvi.site_posterior("conv.weight").layout  # 3 x 10: 1 x 3 blocks
+    assert (layout.blocks, layout.size, layout.cols) == (3, 4, 10)
+    paper = guides.AutoWHVI(model, block_size=None)  # one block as wide as the weight
+    paper(x, y)
+    layout = paper.site_posterior("rnn.weight_ih_l0").layout  # 20 x 4: blocks of D = 4
+    assert (layout.blocks, layout.size, layout.cols) == (5, 4, 4)
+    layout = paper.site_posterior("conv.weight").layout  # 3 x 10: one block of D = 16
     assert (layout.blocks, layout.size, layout.cols) == (1, 16, 10)
 
 
