@@ -9,27 +9,31 @@ A weight read as a matrix ``out x n`` (a convolution kernel ``(out, in, kh, kw)`
 ``D`` the family's ``block_size`` (:data:`DEFAULT_BLOCK_SIZE`), at most ``2^ceil(log2 n)``;
 ``block_size=None`` is the paper's layout, one block as wide as the weight
 (``D = 2^ceil(log2 n)``, ``K = ceil(out / D)``). The block size is the family's capacity: a
-block's mean has ``3 D`` numbers for ``D^2`` weights, so the paper's blocks give a 64 x 64
-layer 192 numbers for its 4,096 weights' means; blocks of 4 give it 768, with 6 more per
-block for a full ``L``, about one number per weight in all (the diagonal family has two).
+block's mean has ``D`` numbers ``g`` for ``D^2`` weights, beside the scales ``S1`` (one a row)
+and ``S2`` (one a column for each row of blocks), so the paper's blocks give a 64 x 64 layer 192
+numbers for its 4,096 weights' means; blocks of 4 give it 2,112 (1,024 ``g``, 64 ``S1``, 1,024
+``S2``), and with the 10 numbers of each block's full ``q(g)`` about one number per weight in
+all (the diagonal family has two).
 ``benchmarks/README.md`` ("WHVI's blocks") measures the choice.
 
 ``H`` the Walsh-Hadamard matrix (``H / sqrt(D)`` is orthonormal, so ``g = 1`` gives the identity),
 ``S1``, ``S2`` diagonal, the padding sliced off (see
 :class:`guides.walsh_hadamard.WalshHadamardLayout`). ``vec(W)`` is Gaussian with a covariance of
-rank ``K D`` correlating the whole matrix; each draw costs one fast transform per block and one
-gather, ``O(K D log D + out n)``. With ``zoo.Loss(estimator="local")`` a linear layer never forms
+rank ``K D`` correlating the weights of each block (the whole matrix, with the paper's
+blocks); each draw costs one fast transform per block and one gather,
+``O(K D log D + out n)``. With ``zoo.Loss(estimator="local")`` a linear layer never forms
 ``W``: each example draws its own ``g`` and its output is ``s1 * H (g * H (s2 * x)) / D`` per
 block, the paper's fast product, ``O(K D log D)`` per example plus the product with ``L``.
 
 **The model the ELBO bounds.** ``q`` has no density on the weights, so the prior and the KL live
 on ``g`` as the paper has them: at a site this family serves, the model's weight is
 ``S1 H diag(g) H S2 / D`` with ``g ~ N(0, I)``, and ``S1`` and ``S2`` (one number per row, one
-per column of each block) are hyperparameters of that prior, optimised with the ELBO (type-II
-maximum likelihood; ``learn_scales=False`` fixes them at one, and the prior on ``W`` is then
-``N(0, 1/D)`` per entry, ``1/D`` the padded fan-in). The model's own prior at the site is
-cancelled exactly: the emitted distribution's ``log_prob`` adds the model's ``log p(W)`` to
-``log q(g) - log p(g)``, so ``Trace_ELBO`` (and ``zoo.fit``) estimate
+per column of each row of blocks) are hyperparameters of that prior, optimised with the ELBO
+(type-II maximum likelihood; ``learn_scales=False`` fixes them at one, and the prior on ``W``
+is then ``N(0, 1/D)`` per entry, ``D`` the block's width: the padded fan-in with the paper's
+blocks). The model's own prior at the site is cancelled exactly: the emitted distribution's
+``log_prob`` adds the model's ``log p(W)`` to ``log q(g) - log p(g)``, so ``Trace_ELBO`` (and
+``zoo.fit``) estimate
 
     ELBO = E_q[log p(y | W)] - sum_sites KL(q(g) || N(0, I)) - KL of the other sites,
 
