@@ -19,7 +19,7 @@ __all__ = [
     "COMMON_OPTIONS",
     "GuideStart",
     "InvalidArgument",
-    "check_start",
+    "check_keywords",
     "check_family_options",
     "check_bool",
     "check_choice",
@@ -102,14 +102,16 @@ class GuideStart(TypedDict, total=False):
     create_plates: Callable | None
 
 
-def check_start(owner: type, start: Mapping) -> None:
-    """Refuse keywords of ``start`` that :class:`GuideStart` does not name, as Python refuses
-    an unexpected keyword (``**start`` would otherwise pass them on as family options)."""
-    unknown = sorted(set(start) - set(GuideStart.__annotations__))
+def check_keywords(where: str, given: Mapping, group: type) -> None:
+    """Refuse keywords of ``given`` that the ``TypedDict`` ``group`` does not name, as Python
+    refuses an unexpected keyword (a ``**group`` parameter would otherwise pass them on):
+    ``where`` names the callable in the message."""
+    names = list(group.__annotations__)
+    unknown = sorted(set(given) - set(names))
     if unknown:
         raise TypeError(
-            f"{owner.__name__}() got unexpected keyword argument(s) {unknown}; besides its own "
-            f"it takes {list(GuideStart.__annotations__)}"
+            f"{where}() got unexpected keyword argument(s) {unknown}; the {group.__name__} "
+            f"options it takes are {names}"
         )
 
 

@@ -32,7 +32,7 @@ import pyro.distributions as dist
 import torch
 
 from guides.base import PerSiteGuide
-from guides.checks import GuideStart, InvalidArgument, check_family_options, check_start, is_int
+from guides.checks import GuideStart, InvalidArgument, check_family_options, check_keywords, is_int
 from guides.joint_gaussian import (
     JointCovariance,
     JointLocSite,
@@ -83,7 +83,7 @@ class AutoJoint(PerSiteGuide, family="joint", composite=True):
         rest: str | tuple = "map",
         **start: Unpack[GuideStart],
     ):
-        check_start(type(self), start)
+        check_keywords(type(self).__name__, start, GuideStart)
         super().__init__(model, **start)
         listed = isinstance(sites, (list, tuple)) and all(isinstance(p, str) for p in sites)
         if not (isinstance(sites, str) or (listed and sites)):

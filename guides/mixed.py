@@ -9,7 +9,7 @@ from typing import Any, Unpack
 import torch
 
 from guides.base import PerSiteGuide
-from guides.checks import GuideStart, check_family_options, check_start
+from guides.checks import GuideStart, check_family_options, check_keywords
 from guides.registry import available, get, is_per_site, per_site_families
 from guides.site import SitePosterior, serving_class
 
@@ -39,7 +39,7 @@ class AutoMixed(PerSiteGuide, family="mixed", composite=True):
         families: Mapping,
         **start: Unpack[GuideStart],
     ):
-        check_start(type(self), start)
+        check_keywords(type(self).__name__, start, GuideStart)
         super().__init__(model, **start)
         if not isinstance(families, Mapping) or not families:
             raise ValueError("families must map at least one site pattern to a family")

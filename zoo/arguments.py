@@ -1,10 +1,10 @@
 """Checks of plain arguments, in one place for the whole library: the primitives
-(:func:`check_int`, :func:`check_bool`, :func:`check_choice`, defined in :mod:`guides.checks`,
-the bottom of the import graph, so that the families use them too; :func:`check_positive`,
-:func:`check_seed`) and the checks of the entry points' shared arguments (``zoo.fit``,
-``predict``, ``reference``, ``compare``). Each refuses a value that cannot be right before any
-work, with a message that says what was given, where, and what to pass instead; the option
-groups and the families call these for their own fields."""
+(:func:`check_int`, :func:`check_bool`, :func:`check_choice`, :func:`check_keywords`,
+defined in :mod:`guides.checks`, the bottom of the import graph, so that the families use
+them too; :func:`check_positive`, :func:`check_seed`) and the checks of the entry points'
+shared arguments (``zoo.fit``, ``predict``, ``reference``, ``compare``). Each refuses a value
+that cannot be right before any work, with a message that says what was given, where, and
+what to pass instead; the option groups and the families call these for their own fields."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ from pathlib import Path
 
 import torch
 
-from guides.checks import InvalidArgument, check_bool, check_choice, check_int, is_int, is_number
+from guides.checks import (
+    InvalidArgument,
+    check_bool,
+    check_choice,
+    check_int,
+    check_keywords,
+    is_int,
+    is_number,
+)
 
 __all__ = [
     "InvalidArgument",
@@ -24,6 +32,7 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_int",
+    "check_keywords",
     "is_int",
     "is_number",
     "check_checkpoint_path",

@@ -17,7 +17,6 @@ __all__ = [
     "PosteriorParts",
     "PredictOptions",
     "Readers",
-    "check_drawing",
     "register_kind",
 ]
 
@@ -83,17 +82,6 @@ class Drawing(TypedDict, total=False):
     progress: bool
     threads: int | str | None
     distributed: bool
-
-
-def check_drawing(where: str, drawing: Mapping) -> None:
-    """Refuse keywords of ``drawing`` that :class:`Drawing` does not name, as Python refuses
-    an unexpected keyword, naming the method (``where``) and the options it takes."""
-    unknown = sorted(set(drawing) - set(Drawing.__annotations__))
-    if unknown:
-        raise TypeError(
-            f"{where}() got unexpected keyword argument(s) {unknown}; its drawing options are "
-            f"{list(Drawing.__annotations__)}"
-        )
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Unpack, cast
 
 import torch
 
-from zoo.arguments import check_bool, check_positive, check_seed
+from zoo.arguments import check_bool, check_keywords, check_positive, check_seed
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.evaluation.predictive import predict
 from zoo.models.predictions import PredictionT, mixture
 from zoo.models.summaries import Summary
 from zoo.results import blocks
-from zoo.results.contract import Drawing, PredictOptions, check_drawing, register_kind
+from zoo.results.contract import Drawing, PredictOptions, register_kind
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
@@ -224,7 +224,7 @@ class Posterior(Generic[PredictionT]):
 
         Returns a :class:`zoo.ClassificationPrediction` or :class:`zoo.RegressionPrediction`
         (the model's likelihood decides)."""
-        check_drawing("predict", drawing)
+        check_keywords("predict", drawing, Drawing)
         options = self.predict_options(
             num_samples, batch_size, sample_batch_size=sample_batch_size, **drawing
         )
@@ -288,7 +288,7 @@ class Posterior(Generic[PredictionT]):
         (:meth:`prediction_blocks`; :mod:`zoo.models.summaries`): the call holds one block of
         weight draws and per-input sums (``N x outputs``), never the ``S x N`` outputs, and
         returns what the whole prediction's metrics are, to float rounding."""
-        check_drawing("evaluate", drawing)
+        check_keywords("evaluate", drawing, Drawing)
         options = self.predict_options(num_samples, batch_size, **drawing)
         x, y = gather_tensors(data)
         check_labelled_data(self.model, x, y, self.device)
@@ -333,7 +333,7 @@ class Posterior(Generic[PredictionT]):
         from zoo.evaluation import arviz as bridge
 
         default = self.ARVIZ_SAMPLES if num_samples is None else num_samples
-        check_drawing("to_arviz", drawing)
+        check_keywords("to_arviz", drawing, Drawing)
         options = self.predict_options(default, **drawing)
         seed = options.seed
         xy = None
