@@ -79,32 +79,19 @@ def record(problems, families, seeds, data_root=None) -> list[dict]:
 
 def rules() -> dict:
     """``{label: sweep record -> rate}``."""
-    from zoo.training.rate import STEEP_FACTOR, smoothed
-
-    def shape(rec):
-        usable = []
-        for value in rec["data_losses"]:
-            if not math.isfinite(value):
-                break
-            usable.append(value)
-        smooth = smoothed(usable)
-        best = min(range(len(smooth)), key=smooth.__getitem__)
-        falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
-        steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
-        return rec["rates"], best, steep, smooth
+    from zoo.training.rate import STEEP_FACTOR, landmarks
 
     def by_minimum(rec, d):
-        rates, best, steep, _ = shape(rec)
-        if best == 0:
+        rates, marks = rec["rates"], landmarks(rec["data_losses"])
+        if marks.best == 0:
             return rec["base"]
-        return max(min(rates[best] / d, rates[steep] * STEEP_FACTOR), rates[0])
+        return max(min(rates[marks.best] / d, rates[marks.steep] * STEEP_FACTOR), rates[0])
 
     def steepest(rec):
-        rates, _, steep, _ = shape(rec)
-        return rates[steep]
+        return rec["rates"][landmarks(rec["data_losses"]).steep]
 
     def valley(rec):  # fastai's lr_find suggestion, on the smoothed data term
-        smooth = shape(rec)[3]
+        smooth = landmarks(rec["data_losses"]).smooth
         longest = [1] * len(smooth)  # the longest falling run ending at each step
         for i in range(1, len(smooth)):
             for j in range(i):

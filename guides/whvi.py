@@ -319,7 +319,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         checked when the guide is built (``learn_scales="no"`` is refused, not read as true)."""
         check_choice("covariance", options.get("covariance", "full"), COVARIANCES)
         check_bool(learn_scales=options.get("learn_scales", True))
-        options = {"block_size": DEFAULT_BLOCK_SIZE, **options}
+        options = cls.saved_options(options)
         check_block_size(options["block_size"])
         return super().site_spec(**options)
 

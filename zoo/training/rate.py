@@ -51,6 +51,7 @@ fit reads the chosen rate from its checkpoint and does not sweep again.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import time
 from collections.abc import Iterator
@@ -70,10 +71,12 @@ __all__ = [
     "DIVISOR",
     "HIGH",
     "LOW",
+    "Landmarks",
     "MIN_FIT_STEPS",
     "Measured",
     "RateTest",
     "choose",
+    "landmarks",
     "measure",
     "run_test",
     "sweep_length",
@@ -137,28 +140,44 @@ def smoothed(losses: list[float], beta: float = SMOOTHING) -> list[float]:
     return out
 
 
+@dataclass(frozen=True)
+class Landmarks:
+    """What a rule reads of a sweep's data terms: ``smooth``, their bias-corrected moving
+    average up to the first non-finite one; ``best``, the step of its minimum; ``steep``, the
+    step that ends its steepest fall before the minimum (``best`` when there is none)."""
+
+    smooth: list[float]
+    best: int
+    steep: int
+
+
+def landmarks(losses: list[float]) -> Landmarks:
+    """The :class:`Landmarks` of a sweep's data terms ``losses`` (at least one finite)."""
+    usable = []
+    for value in losses:
+        if not math.isfinite(value):
+            break
+        usable.append(value)
+    smooth = smoothed(usable)
+    best = min(range(len(smooth)), key=smooth.__getitem__)
+    falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
+    steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
+    return Landmarks(smooth, best, steep)
+
+
 def choose(rates: list[float], losses: list[float]) -> tuple[float, float | None]:
     """``(lr_min, lr)`` of a sweep (see the module docstring) whose step ``i`` ran at
     ``rates[i]`` and scored ``losses[i]`` (the data terms): the rate at the smoothed minimum and
     the rate chosen (``None`` when the smoothed losses never fell below their first value:
     the caller's centre rate). Non-finite losses end the usable part of the sweep; fewer than
     three usable steps give the lowest rate divided by :data:`DIVISOR`."""
-    usable = []
-    for value in losses:
-        if not math.isfinite(value):
-            break
-        usable.append(value)
-    if len(usable) < 3:  # the first rates already diverge: the lowest is all there is
-        return rates[0], rates[0] / DIVISOR
-    smooth = smoothed(usable)
-    best = min(range(len(smooth)), key=smooth.__getitem__)
-    if best == 0:  # it never fell below its start: no rate to read, the centre it is
+    if sum(1 for _ in itertools.takewhile(math.isfinite, losses)) < 3:
+        return rates[0], rates[0] / DIVISOR  # the first rates already diverge
+    marks = landmarks(losses)
+    if marks.best == 0:  # it never fell below its start: no rate to read, the centre it is
         return rates[0], None
-    # the steepest fall per step of log-rate, before the minimum
-    falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
-    steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
-    lr = min(rates[best] / DIVISOR, rates[steep] * STEEP_FACTOR)
-    return rates[best], max(lr, rates[0])
+    lr = min(rates[marks.best] / DIVISOR, rates[marks.steep] * STEEP_FACTOR)
+    return rates[marks.best], max(lr, rates[0])
 
 
 def reached(rates: list[float], lr: float | None) -> int:
