@@ -584,6 +584,19 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
     assert rate_rules.read_off(nll, 0.3 * 10**0.5) == 0.9  # flat beyond the grid
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["benchmarks/fairness.py", "--best-seeds", "1"], "--best-seeds reads the grids"),
+        (["benchmarks/whvi_blocks.py", "--blocks", "four"], "--blocks takes none, diagonal"),
+    ],
+)
+def test_the_new_benchmark_options_refuse_bad_input_before_any_fit(args, message):
+    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=HANG_AFTER)  # fmt: skip
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
+
+
 def test_fairness_runs_a_longer_budget(tmp_path):
     out_file = tmp_path / "fairness.json"
     _run(
