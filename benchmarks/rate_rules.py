@@ -12,9 +12,15 @@ the default initial scale; piecewise linear in the log of the rate, the grid's e
 beyond it), less the grid's best: the gap each rule would leave, were the fit proper at its
 rate all that changed. The rules: the rate at the smoothed minimum over ``d`` for several
 ``d`` (``zoo.training.rate``'s, capped at ten times the steepest fall's rate, is ``min/4``),
-the steepest fall's rate, their geometric mean, and fastai's ``valley`` (about halfway along
+the steepest fall's rate, their geometric mean, fastai's ``valley`` (about halfway along
 the longest falling run of the smoothed curve: its ``lr_find`` suggestion) and multiples of
-it.
+it, and two combinations of ``min/4`` and the valley.
+
+Rules read off the table's sweeps are tested on problems they were not chosen on:
+``--problems mlp cnn`` (``fairness.HELD_OUT``) with their own grids and sweeps
+(``fairness.py --problems mlp cnn ... --out benchmarks/results/rate_held_out.json``, then
+``record ... --sweeps benchmarks/results/rate_sweeps_held_out.json`` and ``score`` with both
+files).
 """
 
 from __future__ import annotations
@@ -110,6 +116,12 @@ def rules() -> dict:
     out["valley (fastai)"] = valley
     for k in VALLEY_FACTORS:
         out[f"valley x {k}"] = lambda rec, k=k: valley(rec) * k
+    # the two read together, each guarding the other's failure (min/4 overshoots where batch
+    # norm stretches the sweep, valley x 3 undershoots the digits' structured families)
+    out["lower of min/4 and valley x 4"] = lambda rec: min(by_minimum(rec, 4), 4 * valley(rec))
+    out["geometric mean of min/4 and valley x 3"] = lambda rec: math.sqrt(
+        by_minimum(rec, 4) * 3 * valley(rec)
+    )
     return out
 
 
