@@ -265,7 +265,9 @@ def summarise(results: list[dict]) -> list[dict]:
     keys = sorted({(r["problem"], r["family"]) for r in results}, key=_order)
     for problem_name, family in keys:
         mine = [r for r in results if (r["problem"], r["family"]) == (problem_name, family)]
-        default = next(r for r in mine if r["default"] and r.get("seed", 0) == 0)
+        default = next((r for r in mine if r["default"] and r.get("seed", 0) == 0), None)
+        if default is None:  # a grid alone (--seeds with none): nothing to set it beside
+            continue
         seeds = [r["nll"] for r in mine if r["default"]]
         spread = float(torch.tensor(seeds).std()) if len(seeds) > 1 else math.nan
         grid = [r for r in mine if _in_grid(r) and math.isfinite(r["nll"])]

@@ -11,10 +11,12 @@ at the rate it chooses off the family's grid in ``benchmarks/results/fairness.js
 the default initial scale; piecewise linear in the log of the rate, the grid's end value
 beyond it), less the grid's best: the gap each rule would leave, were the fit proper at its
 rate all that changed. The rules: the rate at the smoothed minimum over ``d`` for several
-``d`` (``zoo.training.rate``'s, capped at ten times the steepest fall's rate, is ``min/4``),
+``d`` (each capped at ten times the steepest fall's rate; ``min/4`` was ``zoo.training.rate``'s
+rule before the held-out check below),
 the steepest fall's rate, their geometric mean, fastai's ``valley`` (about halfway along
 the longest falling run of the smoothed curve: its ``lr_find`` suggestion) and multiples of
-it, and two combinations of ``min/4`` and the valley.
+it, and two combinations of ``min/4`` and the valley, the lower of ``min/4`` and four times
+the valley being ``zoo.training.rate.choose``'s rule (read from it).
 
 Rules read off the table's sweeps are tested on problems they were not chosen on:
 ``--problems mlp cnn`` (``fairness.HELD_OUT``) with their own grids and sweeps
@@ -85,7 +87,7 @@ def record(problems, families, seeds, data_root=None) -> list[dict]:
 
 def rules() -> dict:
     """``{label: sweep record -> rate}``."""
-    from zoo.training.rate import STEEP_FACTOR, landmarks
+    from zoo.training.rate import STEEP_FACTOR, choose, landmarks
 
     def by_minimum(rec, d):
         rates, marks = rec["rates"], landmarks(rec["data_losses"])
@@ -97,16 +99,7 @@ def rules() -> dict:
         return rec["rates"][landmarks(rec["data_losses"]).steep]
 
     def valley(rec):  # fastai's lr_find suggestion, on the smoothed data term
-        smooth = landmarks(rec["data_losses"]).smooth
-        longest = [1] * len(smooth)  # the longest falling run ending at each step
-        for i in range(1, len(smooth)):
-            for j in range(i):
-                if smooth[i] < smooth[j] and longest[i] < longest[j] + 1:
-                    longest[i] = longest[j] + 1
-        end = max(range(len(smooth)), key=longest.__getitem__)
-        start = end - longest[end]  # as fastai's: one before the run's first step
-        third = (end - start) / 3
-        return rec["rates"][max(start + int(third) + int(third / 2), 0)]
+        return rec["rates"][landmarks(rec["data_losses"]).valley]
 
     out = {f"min/{d}": (lambda rec, d=d: by_minimum(rec, d)) for d in DIVISORS}
     out["steepest"] = steepest
@@ -118,7 +111,9 @@ def rules() -> dict:
         out[f"valley x {k}"] = lambda rec, k=k: valley(rec) * k
     # the two read together, each guarding the other's failure (min/4 overshoots where batch
     # norm stretches the sweep, valley x 3 undershoots the digits' structured families)
-    out["lower of min/4 and valley x 4"] = lambda rec: min(by_minimum(rec, 4), 4 * valley(rec))
+    out["lower of min/4 and valley x 4 (zoo's)"] = lambda rec: (
+        choose(rec["rates"], rec["data_losses"])[1] or rec["base"]
+    )
     out["geometric mean of min/4 and valley x 3"] = lambda rec: math.sqrt(
         by_minimum(rec, 4) * 3 * valley(rec)
     )

@@ -496,6 +496,18 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
     assert row["default_lr"] > 0 and "(range test) |" in out
 
 
+def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
+    """``--seeds`` with none: the grid alone (a held-out problem's, for rate_rules.py) is
+    saved, with no row to set it beside."""
+    out_file = tmp_path / "grid.json"
+    _run(
+        "benchmarks/fairness.py", "--problems", "digits", "--families", "map", "--seeds",
+        "--lrs", "1", "--processes", "1", "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    assert [r["default"] for r in saved["results"]] == [False] and saved["rows"] == []
+
+
 def test_rate_choice_sets_the_rules_side_by_side(tmp_path):
     out_file = tmp_path / "rate_choice.json"
     out = _run(

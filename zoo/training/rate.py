@@ -27,14 +27,19 @@ The warm-up it leaves
 The rule
     The data term, smoothed by a bias-corrected moving average, falls as the rate rises, then
     flattens and climbs once the rate is too large for the network's fit. The chosen rate is
-    the rate at its smoothed minimum divided by :data:`DIVISOR`, and at most
-    :data:`STEEP_FACTOR` times the rate where it fell fastest; a data term that never fell
-    below its first value gives no rate to read, and the fit runs at ``base``. The data term,
-    not the whole loss: a variational family's KL falls fastest at rates far above those at
-    which the network still learns (it would put the minimum of the whole loss 5 to 40 times
-    past the best rate on MNIST, where a point estimate's is 1.3 times past it). The
-    constants are chosen on the sweeps and grids of ``benchmarks/fairness.py``
-    (``benchmarks/README.md``).
+    the lowest of three readings of that curve: the rate at its smoothed minimum divided by
+    :data:`DIVISOR`; :data:`STEEP_FACTOR` times the rate where it fell fastest; and
+    :data:`VALLEY_FACTOR` times the rate of its "valley" (about halfway along its longest
+    falling run, the suggestion of fastai's ``lr_find``). The minimum alone overshoots where
+    batch norm lets the sweep run far past the rates the fit can take, and the valley alone
+    undershoots where the curve falls until the sweep's end; each bounds the other. A data
+    term that never fell below its first value gives no rate to read, and the fit runs at
+    ``base``. The data term, not the whole loss: a variational family's KL falls fastest at
+    rates far above those at which the network still learns (it would put the minimum of the
+    whole loss 5 to 40 times past the best rate on MNIST, where a point estimate's is 1.3
+    times past it). The constants are chosen on the sweeps and grids of
+    ``benchmarks/fairness.py`` and checked on two networks outside them
+    (``benchmarks/rate_rules.py``; ``benchmarks/README.md``).
 The budget
     The sweep's steps are charged to the fit: a fit of ``T`` steps runs ``T - steps`` after it
     (``kept`` of the sweep's steps and those make its trajectory), at the chosen rate decaying
@@ -79,7 +84,10 @@ __all__ = [
     "landmarks",
     "measure",
     "run_test",
+    "STEEP_FACTOR",
+    "VALLEY_FACTOR",
     "sweep_length",
+    "valley",
 ]
 
 #: The sweep's rates rise geometrically from ``base / LOW`` to ``base * HIGH``, ``base`` the
@@ -87,8 +95,10 @@ __all__ = [
 LOW, HIGH = 10.0, 100.0
 #: The chosen rate is the rate at the smoothed loss's minimum divided by this ...
 DIVISOR = 4.0
-#: ... and at most the rate of the steepest fall times this.
+#: ... at most the rate of the steepest fall times this ...
 STEEP_FACTOR = 10.0
+#: ... and at most the rate of the valley (halfway along the longest falling run) times this.
+VALLEY_FACTOR = 4.0
 #: The moving average's weight of the past (per step).
 SMOOTHING = 0.8
 #: The sweep's length: a sixth of the fit's steps, within these bounds.
@@ -144,11 +154,13 @@ def smoothed(losses: list[float], beta: float = SMOOTHING) -> list[float]:
 class Landmarks:
     """What a rule reads of a sweep's data terms: ``smooth``, their bias-corrected moving
     average up to the first non-finite one; ``best``, the step of its minimum; ``steep``, the
-    step that ends its steepest fall before the minimum (``best`` when there is none)."""
+    step that ends its steepest fall before the minimum (``best`` when there is none);
+    ``valley``, the step about halfway along its longest falling run (:func:`valley`)."""
 
     smooth: list[float]
     best: int
     steep: int
+    valley: int
 
 
 def landmarks(losses: list[float]) -> Landmarks:
@@ -162,7 +174,23 @@ def landmarks(losses: list[float]) -> Landmarks:
     best = min(range(len(smooth)), key=smooth.__getitem__)
     falls = [smooth[i - 1] - smooth[i] for i in range(1, best + 1)]
     steep = 1 + max(range(len(falls)), key=falls.__getitem__) if falls else best
-    return Landmarks(smooth, best, steep)
+    return Landmarks(smooth, best, steep, valley(smooth))
+
+
+def valley(smooth: list[float]) -> int:
+    """The step about halfway along the longest falling run of ``smooth``: the longest
+    subsequence of steps whose values fall strictly (not necessarily adjacent steps, so a
+    noisy fall counts as one; the earliest ending wins a tie), of ``L`` steps ending at step
+    ``e``, read at ``s + floor(t) + floor(t / 2)``, ``s = e - L`` and ``t = L / 3`` (fastai's
+    ``lr_find`` "valley" suggestion: a rate well inside the fall, not at its end)."""
+    n = len(smooth)
+    run = [1] * n  # the longest falling subsequence ending at each step
+    for i in range(1, n):
+        run[i] = 1 + max((run[j] for j in range(i) if smooth[j] > smooth[i]), default=0)
+    end = max(range(n), key=run.__getitem__)
+    start = end - run[end]  # the step before the run's first (-1 for a run from step 0)
+    third = (end - start) / 3
+    return max(start + int(third) + int(third / 2), 0)
 
 
 def choose(rates: list[float], losses: list[float]) -> tuple[float, float | None]:
@@ -176,7 +204,11 @@ def choose(rates: list[float], losses: list[float]) -> tuple[float, float | None
     marks = landmarks(losses)
     if marks.best == 0:  # it never fell below its start: no rate to read, the centre it is
         return rates[0], None
-    lr = min(rates[marks.best] / DIVISOR, rates[marks.steep] * STEEP_FACTOR)
+    lr = min(
+        rates[marks.best] / DIVISOR,
+        rates[marks.steep] * STEEP_FACTOR,
+        rates[marks.valley] * VALLEY_FACTOR,
+    )
     return rates[marks.best], max(lr, rates[0])
 
 
