@@ -209,14 +209,21 @@ def test_the_whvi_block_tables_are_their_saved_runs():
             assert line in BENCH_README, (name, line)
 
 
-def test_the_rate_rules_table_is_its_saved_sweeps_scored():
-    """benchmarks/README.md's "Which rule should read the sweep?" table is rate_rules.py's
-    score of its saved sweeps on the saved grids."""
+@pytest.mark.parametrize(
+    "sweeps_file, grids_file",
+    [("rate_sweeps", "fairness"), ("rate_sweeps_held_out", "rate_held_out")],
+)
+def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_file):
+    """benchmarks/README.md's "Which rule should read the sweep?" tables (the fairness
+    problems', the held-out problems') are rate_rules.py's score of their saved sweeps on their
+    saved grids, and the row of the library's rule is ``zoo.training.rate.choose``'s."""
     import rate_rules
 
-    sweeps = json.loads((RESULTS / "rate_sweeps.json").read_text())["sweeps"]
-    results = json.loads((RESULTS / "fairness.json").read_text())["results"]
-    for line in rate_rules.score(sweeps, results):
+    sweeps = json.loads((RESULTS / f"{sweeps_file}.json").read_text())["sweeps"]
+    results = json.loads((RESULTS / f"{grids_file}.json").read_text())["results"]
+    lines = rate_rules.score(sweeps, results)
+    assert any("(zoo's)" in line for line in lines)
+    for line in lines:
         assert line in BENCH_README, line
 
 
