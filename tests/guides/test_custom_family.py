@@ -198,12 +198,16 @@ def test_a_family_declares_its_recipe_and_fit_uses_it():
         model = BayesianMLP(1, (4,), 1, task="regression", noise=0.1)
         x, y = zoo.data.toy_regression(n=32)
         quiet = zoo.Run(progress=False)
-        short = zoo.fit(model, "fast_diagonal", (x, y), num_steps=2, run=quiet)
+        classifier = BayesianMLP(1, (4,), 2, task="classification")
+        labels = (y > 0).long()
+        short = zoo.fit(classifier, "fast_diagonal", (x, labels), num_steps=2, run=quiet)
         assert short.options["lr"] == pytest.approx(3 * DEFAULT_LR)
         given = zoo.fit(model, AutoFast(model), (x, y), num_steps=2, lr=0.05, run=quiet)
         assert given.options["lr"] == pytest.approx(0.05)
-        plain = zoo.fit(model, "diagonal", (x, y), num_steps=2, run=quiet)
+        plain = zoo.fit(classifier, "diagonal", (x, labels), num_steps=2, run=quiet)
         assert plain.options["lr"] == pytest.approx(DEFAULT_LR * guides.recipe("diagonal").lr_scale)
+        small = zoo.fit(model, "fast_diagonal", (x, y), num_steps=2, run=quiet)
+        assert small.options["lr"] == pytest.approx(3 * REGRESSION_FIT["lr"])  # at any length
         full = resolve_length((x, y), model, epochs=None, num_steps=None, batch_size=None,
                               lr=None, lr_schedule=None, recipe=AutoFast.RECIPE)  # fmt: skip
         assert full.lr == pytest.approx(3 * REGRESSION_FIT["lr"]) and full.num_steps == 3000
@@ -217,8 +221,9 @@ def test_a_family_declares_its_recipe_and_fit_uses_it():
 
 
 def test_a_recipe_may_scale_the_full_batch_rate_apart():
-    """``Recipe(full_batch_lr_scale=...)``: small regression data's full-batch recipe runs at
-    ``REGRESSION_FIT``'s rate times it, any other fit at the task's rate times ``lr_scale``."""
+    """``Recipe(full_batch_lr_scale=...)``: small regression data's full batches run at
+    ``REGRESSION_FIT``'s rate times it, their minibatches at that rate times ``lr_scale``, any
+    other fit at the task's rate times ``lr_scale``."""
     from zoo.training.recipes import DEFAULT_LR, REGRESSION_FIT
 
     class AutoSplit(guides.AutoDiagonal, family="split_diagonal"):
@@ -233,7 +238,12 @@ def test_a_recipe_may_scale_the_full_batch_rate_apart():
         assert full.options["recipe"].startswith("small regression data")
         assert full.options["lr"] == pytest.approx(0.5 * REGRESSION_FIT["lr"])
         steps = zoo.fit(model, "split_diagonal", (x, y), num_steps=2, run=quiet)
-        assert steps.options["lr"] == pytest.approx(2.0 * DEFAULT_LR)
+        assert steps.options["lr"] == pytest.approx(0.5 * REGRESSION_FIT["lr"])  # full batch
+        minibatch = zoo.fit(model, "split_diagonal", (x, y), num_steps=2, batch_size=8, run=quiet)
+        assert minibatch.options["lr"] == pytest.approx(2.0 * REGRESSION_FIT["lr"])
+        classifier = BayesianMLP(1, (4,), 2, task="classification")
+        other = zoo.fit(classifier, "split_diagonal", (x, (y > 0).long()), num_steps=2, run=quiet)
+        assert other.options["lr"] == pytest.approx(2.0 * DEFAULT_LR)
         assert guides.recipe("split_diagonal").scale(full_batch=True) == 0.5
         assert guides.Recipe(lr_scale=2.0).scale(full_batch=True) == 2.0
         with pytest.raises(ValueError, match="full_batch_lr_scale"):

@@ -144,7 +144,8 @@ def fit(
         Learning rate. Default: measured by a learning-rate range test at the start of the
         fit, its steps charged to the fit (:mod:`zoo.training.rate`), then decaying tenfold;
         a fixed rate instead where the fit is too short to measure (under 64 steps: 3e-3
-        decaying tenfold), for small regression data's full-batch recipe (1e-2 decaying), from
+        decaying tenfold), for small regression data (the full-batch recipe's 1e-2 decaying,
+        whatever the length), from
         a trained network's weights (a thirtieth of those) and under ``num_steps="auto"`` (a
         constant 1e-3), each times the family's scale (:func:`guides.recipe`). ``"auto"``:
         measured, or refused where the fit is too short. A given rate is constant unless

@@ -14,12 +14,14 @@ default to ``None``, resolved here from the data size alone, before any training
 
 The minibatch default rate is the centre of the learning-rate range test that measures the
 rate of a fit long enough for it (:mod:`zoo.training.rate`; :attr:`Length.measure`), and the
-rate that runs where none is measured. The full-batch recipe of small regression data keeps its
-own rate, measured for it across the families (``benchmarks/fairness.py``): there the range
-test's faster rates over-fit a point estimate (MAP, Laplace's MAP fit, an ensemble's members:
-0.16 to 0.22 nats on diabetes) and gained the variational families little; ``lr="auto"``
-measures it all the same. A given ``lr`` runs constant unless ``lr_schedule`` is given
-too; a given ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
+rate that runs where none is measured. Small regression data keep the full-batch recipe's
+own rate (1e-2 decaying tenfold, times the family's scale), measured for them across the
+families (``benchmarks/fairness.py``), whatever the length (a given ``epochs`` or
+``num_steps`` replaces the recipe's length, not its rate): there the range test's faster
+rates over-fit a point estimate (MAP, Laplace's MAP fit, an ensemble's members; the
+measurements are in ``benchmarks/README.md``) and gained the variational families little;
+``lr="auto"`` measures it all the same. A given ``lr`` runs constant unless ``lr_schedule`` is
+given too; a given ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
 (``num_steps="auto"``) runs at the constant :data:`CONVERGENCE_LR` (1e-3), unmeasured: a rule
 that stops when the ELBO settles needs a rate it can settle at. When the length came from the
 defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns and says what to
@@ -186,15 +188,21 @@ def resolve_length(
             lr_rule=rule,
         )
     kind = "default" if epochs is None and num_steps is None else "given"
+    batch_size = batch_size if batch_size is not None else DEFAULT_BATCH_SIZE
     if lr is None and auto:
         lr = CONVERGENCE_LR * recipe.scale(full_batch=False) * factor
+    elif lr is None and small and measure == "default":  # a given length, the recipe's rate
+        full = n is not None and batch_size >= n and not loader
+        lr = REGRESSION_FIT["lr"] * recipe.scale(full_batch=full) * factor
+        lr_schedule = lr_schedule if lr_schedule is not None else REGRESSION_FIT["lr_schedule"]
+        measure, rule = None, "default (small regression data's recipe)"
     elif lr is None:
         lr = DEFAULT_LR * recipe.scale(full_batch=False) * factor
         lr_schedule = lr_schedule if lr_schedule is not None else DEFAULT_SCHEDULE
     return Length(
         epochs=epochs if epochs is not None else 1,
         num_steps=num_steps,
-        batch_size=batch_size if batch_size is not None else DEFAULT_BATCH_SIZE,
+        batch_size=batch_size,
         lr=lr,
         lr_schedule=lr_schedule,
         recipe=kind + start,

@@ -76,7 +76,7 @@ def test_small_regression_data_gets_the_full_batch_recipe():
         2,
         None,
         DEFAULT_BATCH_SIZE,
-        DEFAULT_LR,
+        REGRESSION_FIT["lr"],  # a given length keeps the recipe's rate, not its length
         "given",
     )
 
@@ -218,6 +218,37 @@ def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_ra
     regression = zoo.models.from_module(nn.Linear(4, 1), task="regression")
     small = zoo.fit(regression, "diagonal", (x, x.sum(1)), run=quiet)
     assert small.options["lr"] == pytest.approx(REGRESSION_FIT["lr"] * TRAINED_LR_FACTOR)
+
+
+def test_small_regression_data_keep_the_recipes_rate_at_a_given_length():
+    """A given length replaces the recipe's length, not its rate: the range test's faster rates
+    over-fit a point estimate on small regression data at any length (``benchmarks/README.md``,
+    diabetes at ten times the budget). Full batch or not picks the family's scale; a
+    classifier of as few examples, and ``lr="auto"``, still measure."""
+    x, y = regression(160)
+    model = zoo.models.BayesianMLP(1, (8,), noise=0.1)
+    recipe = guides.Recipe(lr_scale=3.0, full_batch_lr_scale=0.5)
+
+    def resolved(data=(x, y), net=model, **given):
+        options = {"epochs": None, "num_steps": 600, "batch_size": None, "lr": None,
+                   "lr_schedule": None, "recipe": recipe, **given}  # fmt: skip
+        return resolve_length(data, net, **options)
+
+    full = resolved(batch_size=160)
+    assert full.lr == pytest.approx(REGRESSION_FIT["lr"] * 0.5) and full.measure is None
+    assert full.lr_schedule == REGRESSION_FIT["lr_schedule"] and full.recipe == "given"
+    assert full.lr_rule == "default (small regression data's recipe)" and full.num_steps == 600
+    minibatch = resolved(num_steps=None, epochs=40)  # batch 128 of 160: the minibatch scale
+    assert minibatch.lr == pytest.approx(REGRESSION_FIT["lr"] * 3.0)
+    assert minibatch.batch_size == DEFAULT_BATCH_SIZE and minibatch.epochs == 40
+    assert resolved(lr_schedule="cosine").lr_schedule == "cosine"
+    assert resolved(lr="auto").measure == "required"
+    classifier = zoo.models.BayesianMLP(1, (8,), 2, task="classification")
+    measured = resolved((x, (y > 0).long()), classifier)
+    assert measured.measure == "default" and measured.lr == pytest.approx(DEFAULT_LR * 3.0)
+    fit = zoo.fit(model, "map", (x, y), num_steps=80, run=zoo.Run(progress=False))
+    assert "lr_test" not in fit.options and fit.steps == 80
+    assert fit.options["lr_rule"] == "default (small regression data's recipe)"
 
 
 def test_the_full_batch_recipe_measures_its_rate_when_asked():
