@@ -508,6 +508,24 @@ def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     assert [r["default"] for r in saved["results"]] == [False] and saved["rows"] == []
 
 
+def test_fairness_runs_the_first_rule_beside_the_librarys():
+    """``--rule min/4``: the same sweep read without the valley's bound, which can only raise
+    the rate; the library's constant is put back after the fit."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import fairness
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from zoo.training import rate
+
+    job = {"problem": "digits", "family": "map", "default": True, "seed": 0}
+    library = fairness.run_one(job)
+    first = fairness.run_one({**job, "rule": "min/4"})
+    assert rate.VALLEY_FACTOR == 4.0
+    assert first["lr_used"] >= library["lr_used"] and first["rule"] == "min/4"
+    assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
+
+
 def test_rate_choice_sets_the_rules_side_by_side(tmp_path):
     out_file = tmp_path / "rate_choice.json"
     out = _run(
