@@ -526,6 +526,31 @@ def test_fairness_runs_the_first_rule_beside_the_librarys():
     assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
 
 
+def test_rate_cost_sets_each_default_call_beside_its_chosen_rate_given(tmp_path):
+    saved = tmp_path / "saved.json"
+    row = {"problem": "digits", "family": "map", "default": True, "seed": 1, "nll": 0.5,
+           "lr_used": 0.03}  # fmt: skip
+    other = {**row, "family": "diagonal"}
+    saved.write_text(json.dumps({"results": [row, other, {**row, "default": False}]}))
+    out_file = tmp_path / "cost.json"
+    out = _run("benchmarks/rate_cost.py", "--problem", "digits", "--families", "map",
+               "--saved", str(saved), "--out", str(out_file))  # fmt: skip
+    (result,) = json.loads(out_file.read_text())["results"]
+    assert (result["family"], result["seed"], result["lr"]) == ("map", 1, 0.03)
+    assert math.isfinite(result["given_nll"]) and result["default_nll"] == 0.5
+    assert f"| {0.5 - result['given_nll']:+.3f} |" in out
+
+
+def test_rate_cost_without_a_saved_default_call_is_refused_before_any_fit(tmp_path):
+    saved = tmp_path / "saved.json"
+    saved.write_text(json.dumps({"results": []}))
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/rate_cost.py", "--families", "map", "--saved", str(saved)],
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_AFTER,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "no saved default call" in proc.stderr
+
+
 def test_rate_choice_sets_the_rules_side_by_side(tmp_path):
     out_file = tmp_path / "rate_choice.json"
     out = _run(
