@@ -19,11 +19,13 @@ class Warmup:
     each step whose rate may still turn out at most the chosen one.
 
     The chosen rate of a sweep's prefix never falls as the sweep goes on (the smoothed minimum
-    and the steepest fall before it only move to later, higher rates), so of the states at or
-    below the prefix's choice only the latest is held: what is held is that one and the few
-    steps after it. Held states (the parameters, buffers and optimiser state, on their device)
-    beyond the start's stay within :data:`WARMUP_MEMORY`; a state past it is not taken, and the
-    sweep puts back the latest state held at or before the chosen step."""
+    and the steepest fall before it only move to later, higher rates, and so does the valley:
+    the longest falling run grows a step at a time, each new longest ending later than the
+    last), so of the states at or below the prefix's choice only the latest is held: what is
+    held is that one and the steps after it. Held states (the parameters, buffers and
+    optimiser state, on their device) beyond the start's stay within :data:`WARMUP_MEMORY`; a
+    state past it is not taken, and the sweep puts back the latest state held at or before
+    the chosen step."""
 
     def __init__(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer):
         self.tensors, self.optimizer = tensors, optimizer

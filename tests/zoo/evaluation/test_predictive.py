@@ -140,9 +140,9 @@ def test_interval_levels_outside_zero_one_are_refused(level):
 def test_fit_result_repr_is_a_few_lines():
     x = torch.randn(64, 2)
     fit = zoo.fit(
-        zoo.models.BayesianMLP(2, (4,), noise=1.0),
+        zoo.models.BayesianMLP(2, (4,), 2, task="classification"),  # its rate is measured
         "diagonal",
-        (x, torch.randn(64)),
+        (x, (x[:, 0] > 0).long()),
         num_steps=500,
         batch_size=8,
         run=zoo.Run(progress=False),
