@@ -51,16 +51,25 @@ def test_a_resume_on_other_data_is_refused(checkpoint):
         fit("lowrank", data(200), resume=checkpoint)
 
 
-def test_a_resume_with_another_learning_rate_or_optimiser_is_refused(checkpoint):
-    with pytest.raises(ValueError, match="lr='default' in the checkpoint, 0.001 now"):
+def test_a_resume_with_another_learning_rate_or_optimiser_is_refused(checkpoint, tmp_path):
+    # small regression data: the full-batch recipe's rate, 1e-2 decaying, a setting
+    with pytest.raises(ValueError, match="lr=0.01 in the checkpoint, 0.001 now"):
         zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.001,
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
     with pytest.raises(ValueError, match="lr_schedule='exponential' in the checkpoint, None now"):
-        zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.003,
+        zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr=0.01,
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
-    with pytest.raises(ValueError, match="lr='default' in the checkpoint, 'auto' now"):
+    with pytest.raises(ValueError, match="lr=0.01 in the checkpoint, 'auto' now"):
         zoo.fit(model(), "lowrank", data(), num_steps=20, batch_size=25, lr="auto",
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+    # a classifier's rate left to the fit is not a setting: "default" is recorded
+    x, y = data()
+    labels, classifier = (y > 0).long(), BayesianMLP(3, (8,), 2, task="classification")
+    measured = tmp_path / "measured.ckpt"
+    fit("lowrank", (x, labels), classifier, num_steps=9, checkpoint=measured, checkpoint_every=9)
+    with pytest.raises(ValueError, match="lr='default' in the checkpoint, 0.001 now"):
+        zoo.fit(classifier, "lowrank", (x, labels), num_steps=20, batch_size=25, lr=0.001,
+                run=zoo.Run(progress=False, resume=measured))  # fmt: skip
     with pytest.raises(ValueError, match="optimizer='adam' in the checkpoint, 'sgd' now"):
         fit("lowrank", optim=zoo.Optim(optimizer="sgd"), resume=checkpoint)
 
