@@ -508,9 +508,10 @@ def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     assert [r["default"] for r in saved["results"]] == [False] and saved["rows"] == []
 
 
-def test_fairness_runs_the_first_rule_beside_the_librarys():
+def test_fairness_runs_the_first_rule_and_other_sweep_lengths_beside_the_librarys():
     """``--rule min/4``: the same sweep read without the valley's bound, which can only raise
-    the rate; the library's constant is put back after the fit."""
+    the rate; ``--test-steps``: the sweep's length fixed; the library's are put back after
+    the fit, and a length the sweep cannot have is refused before any."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import fairness
@@ -524,6 +525,13 @@ def test_fairness_runs_the_first_rule_beside_the_librarys():
     assert rate.VALLEY_FACTOR == 4.0
     assert first["lr_used"] >= library["lr_used"] and first["rule"] == "min/4"
     assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
+    shorter = fairness.run_one({**job, "test_steps": 8})
+    assert shorter["lr_rule"] == "range test (8 steps)" and rate.sweep_length(120) == 20
+    out = subprocess.run(
+        [sys.executable, "benchmarks/fairness.py", "--problems", "digits", "--test-steps", "2"],
+        cwd=REPO, capture_output=True, text=True, timeout=HANG_AFTER,
+    )  # fmt: skip
+    assert out.returncode == 2 and "the sweep needs 3 to 60 steps" in out.stderr
 
 
 def test_rate_cost_sets_each_default_call_beside_its_chosen_rate_given(tmp_path):
