@@ -238,17 +238,17 @@ def _studied(job: dict):
     """The range test as a study of ``job`` asks: ``rule`` ``"min/4"``, the first rule of 0.4
     (the minimum over 4, no valley's bound); ``test_steps``, the sweep's length fixed (in fits
     long enough for the library's). The library's are put back after the fit."""
-    from zoo.training import rate
+    from zoo.training import rate, rate_rule
 
-    valley, length = rate.VALLEY_FACTOR, rate.sweep_length
+    valley, length = rate_rule.VALLEY_FACTOR, rate.sweep_length
     if job.get("rule") == "min/4":
-        rate.VALLEY_FACTOR = math.inf
+        rate_rule.VALLEY_FACTOR = math.inf
     if job.get("test_steps"):
         rate.sweep_length = lambda total: job["test_steps"] if length(total) else None
     try:
         yield
     finally:
-        rate.VALLEY_FACTOR, rate.sweep_length = valley, length
+        rate_rule.VALLEY_FACTOR, rate.sweep_length = valley, length
 
 
 def _test_seconds(fitted) -> float:

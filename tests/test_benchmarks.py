@@ -517,12 +517,12 @@ def test_fairness_runs_the_first_rule_and_other_sweep_lengths_beside_the_library
         import fairness
     finally:
         sys.path.remove(str(REPO / "benchmarks"))
-    from zoo.training import rate
+    from zoo.training import rate, rate_rule
 
     job = {"problem": "digits", "family": "map", "default": True, "seed": 0}
     library = fairness.run_one(job)
     first = fairness.run_one({**job, "rule": "min/4"})
-    assert rate.VALLEY_FACTOR == 4.0
+    assert rate_rule.VALLEY_FACTOR == 4.0
     assert first["lr_used"] >= library["lr_used"] and first["rule"] == "min/4"
     assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
     shorter = fairness.run_one({**job, "test_steps": 8})

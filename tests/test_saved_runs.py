@@ -227,6 +227,27 @@ def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_
         assert line in BENCH_README, line
 
 
+@pytest.mark.parametrize("name", ["rate_held_out", "rate_held_out_min4", "rate_held_out_steps8"])
+def test_the_held_out_default_calls_are_their_saved_runs(name):
+    """The held-out problems' tables of default calls against their grids (the library's rule,
+    the first rule, an 8-step sweep) are ``fairness.py``'s print of their saved fits."""
+    import fairness
+
+    saved = json.loads((RESULTS / f"{name}.json").read_text())
+    lines = fairness.table_lines(fairness.summarise(saved["results"]))
+    assert len(lines) > 2
+    for line in lines:
+        assert line in BENCH_README, (name, line)
+
+
+def test_the_rate_cost_table_is_its_saved_run():
+    import rate_cost
+
+    saved = json.loads((RESULTS / "rate_cost.json").read_text())
+    for line in rate_cost.table_lines(saved["results"]):
+        assert line in BENCH_README, line
+
+
 def test_the_fairness_table_is_its_saved_run():
     """benchmarks/README.md's table of the default call against the grid is
     ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the

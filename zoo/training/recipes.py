@@ -193,7 +193,7 @@ def resolve_length(
         lr = CONVERGENCE_LR * recipe.scale(full_batch=False) * factor
     elif lr is None and small and measure == "default":  # a given length, the recipe's rate
         full = n is not None and batch_size >= n and not loader
-        lr = REGRESSION_FIT["lr"] * recipe.scale(full_batch=full) * factor
+        lr = float(REGRESSION_FIT["lr"]) * recipe.scale(full_batch=full) * factor
         lr_schedule = lr_schedule if lr_schedule is not None else REGRESSION_FIT["lr_schedule"]
         measure, rule = None, "default (small regression data's recipe)"
     elif lr is None:

@@ -1,6 +1,5 @@
 """zoo.training.rate: the learning-rate range test that chooses a fit's rate when none is given."""
 
-import itertools
 import math
 
 import pytest
@@ -14,19 +13,12 @@ from zoo.training import rate
 from zoo.training import warmup as warmup_states
 from zoo.training.optim import optimizer_at
 from zoo.training.rate import (
-    DIVISOR,
     HIGH,
     LOW,
     MAX_TEST_STEPS,
     MIN_FIT_STEPS,
     MIN_TEST_STEPS,
-    STEEP_FACTOR,
-    VALLEY_FACTOR,
-    choose,
-    landmarks,
-    smoothed,
     sweep_length,
-    valley,
 )
 from zoo.training.recipes import DEFAULT_LR
 
@@ -58,83 +50,6 @@ def test_the_sweep_is_a_sixth_of_the_fit_within_bounds():
     assert sweep_length(MIN_FIT_STEPS) == MIN_TEST_STEPS
     assert sweep_length(600) == min(MAX_TEST_STEPS, 600 // 6)
     assert sweep_length(10**6) == MAX_TEST_STEPS
-
-
-def test_smoothing_is_a_bias_corrected_moving_average():
-    assert smoothed([5.0, 5.0, 5.0]) == pytest.approx([5.0, 5.0, 5.0])
-    beta, values = 0.8, [1.0, 3.0]
-    second = (beta * (1 - beta) * 1.0 + (1 - beta) * 3.0) / (1 - beta**2)
-    assert smoothed(values, beta) == pytest.approx([1.0, second])
-
-
-def test_the_rate_is_the_smoothed_minimum_divided():
-    rates = [10 ** (k / 4) for k in range(-8, 9)]  # 1e-2 .. 1e2
-    # a minimum at 1 (index 8): noise at low rates, a fall from the fifth rate, then a steep
-    # climb; the fall is short, so its valley is within sixteen times the minimum's rate
-    losses = [100.0 + 2 * min(i, 4) - 20 * max(i - 4, 0) + 200 * max(i - 8, 0) ** 2
-              for i in range(17)]  # fmt: skip
-    lr_min, lr = choose(rates, losses)
-    smooth = smoothed(losses)
-    assert lr_min == rates[smooth.index(min(smooth))]
-    assert lr == pytest.approx(lr_min / DIVISOR)
-
-
-def test_a_loss_still_falling_at_the_top_takes_the_valleys_multiple():
-    """The minimum is the sweep's last rate, which says only that the fit can take more: the
-    rate is read inside the fall (its valley), not a quarter of the top."""
-    rates = [10 ** (k / 4) for k in range(-8, 9)]
-    losses = [100.0 - i for i in range(17)]
-    marks = landmarks(losses)
-    assert marks.valley == 6  # the run is all 17 steps: -1 + int(17 / 3) + int(17 / 6)
-    lr_min, lr = choose(rates, losses)
-    assert lr_min == rates[-1] and lr == pytest.approx(rates[6] * VALLEY_FACTOR)
-    assert lr < rates[-1] / DIVISOR
-
-
-def _longest_fall(values):
-    """The length of the longest strictly falling subsequence of ``values`` and the earliest
-    last index of one that long, by enumerating every subsequence."""
-    for size in range(len(values), 0, -1):
-        ends = [picked[-1] for picked in itertools.combinations(range(len(values)), size)
-                if all(values[a] > values[b] for a, b in itertools.pairwise(picked))]  # fmt: skip
-        if ends:
-            return size, min(ends)
-    raise AssertionError("no subsequence")
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_the_valley_is_halfway_along_the_longest_falling_run(seed):
-    g = torch.Generator().manual_seed(seed)
-    values = (torch.randn(11, generator=g) - 0.3 * torch.arange(11)).tolist()
-    size, last = _longest_fall(values)
-    start = last - size  # fastai's: the run's length back from its end
-    third = (last - start) / 3
-    assert valley(values) == max(start + int(third) + int(third / 2), 0)
-
-
-def test_a_valley_far_before_the_minimum_caps_the_rate():
-    """Batch norm's sweep: a fall in the middle, then a long slow slide to the sweep's end,
-    where the minimum sits: the minimum over four would be far past the fall, the valley's
-    four times is the rate."""
-    rates = [10 ** (k / 8) for k in range(-16, 17)]  # 1e-2 .. 1e2, 33 steps
-    losses = [100.0 - 0.05 * i - 50 / (1 + math.exp(-(i - 12) / 1.5)) for i in range(33)]
-    marks = landmarks(losses)
-    lr_min, lr = choose(rates, losses)
-    assert marks.best == 32 and lr_min == rates[-1]
-    expected = rates[marks.valley] * VALLEY_FACTOR
-    assert expected < min(rates[-1] / DIVISOR, rates[marks.steep] * STEEP_FACTOR)
-    assert lr == pytest.approx(expected)
-
-
-def test_a_sweep_that_never_falls_reads_no_rate():
-    rates = [10 ** (k / 4) for k in range(-8, 9)]
-    assert choose(rates, [100.0 + i for i in range(17)]) == (rates[0], None)
-
-
-def test_a_sweep_that_diverges_at_once_takes_its_lowest_rate():
-    rates = [0.1, 0.2, 0.4, 0.8]
-    lr_min, lr = choose(rates, [1.0, math.inf])
-    assert lr_min == 0.1 and lr == pytest.approx(0.1 / DIVISOR)
 
 
 # ---- in a fit ------------------------------------------------------------------------------

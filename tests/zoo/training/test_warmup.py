@@ -4,7 +4,7 @@ import torch
 
 from zoo.training import rate
 from zoo.training import warmup as warmup_states
-from zoo.training.rate import choose, valley
+from zoo.training.rate import choose
 from zoo.training.warmup import Snapshot, Warmup
 
 
@@ -23,17 +23,6 @@ def test_the_chosen_rate_of_a_prefix_never_falls():
         chosen = [choose(rates[:k], losses[:k])[1] for k in range(3, n + 1)]
         read = [c for c in chosen if c is not None]
         assert read == sorted(read)
-
-
-def test_the_valley_never_moves_back():
-    """Each new longest falling run ends later than the last and is one step longer, so its
-    valley never moves to an earlier step: checked on noisy walks with many dips."""
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(200):
-        n = int(torch.randint(3, 30, (1,), generator=gen))
-        values = (torch.randn(n, generator=gen) * 10).cumsum(0).tolist()
-        at = [valley(values[:k]) for k in range(1, n + 1)]
-        assert at == sorted(at)
 
 
 def test_the_held_states_are_those_the_choice_may_still_reach():
