@@ -16,7 +16,7 @@ rule before the held-out check below),
 the steepest fall's rate, their geometric mean, fastai's ``valley`` (about halfway along
 the longest falling run of the smoothed curve: its ``lr_find`` suggestion) and multiples of
 it, and two combinations of ``min/4`` and the valley, the lower of ``min/4`` and four times
-the valley being ``zoo.training.rate.choose``'s rule (read from it).
+the valley being ``zoo.training.rate_rule.choose``'s rule (read from it).
 
 Rules read off the table's sweeps are tested on problems they were not chosen on:
 ``--problems mlp cnn`` (``fairness.HELD_OUT``) with their own grids and sweeps
@@ -87,7 +87,7 @@ def record(problems, families, seeds, data_root=None) -> list[dict]:
 
 def rules() -> dict:
     """``{label: sweep record -> rate}``."""
-    from zoo.training.rate import STEEP_FACTOR, choose, landmarks
+    from zoo.training.rate_rule import STEEP_FACTOR, choose, landmarks
 
     def by_minimum(rec, d):
         rates, marks = rec["rates"], landmarks(rec["data_losses"])

@@ -216,7 +216,7 @@ def test_the_whvi_block_tables_are_their_saved_runs():
 def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_file):
     """benchmarks/README.md's "Which rule should read the sweep?" tables (the fairness
     problems', the held-out problems') are rate_rules.py's score of their saved sweeps on their
-    saved grids, and the row of the library's rule is ``zoo.training.rate.choose``'s."""
+    saved grids, and the row of the library's rule is ``zoo.training.rate_rule.choose``'s."""
     import rate_rules
 
     sweeps = json.loads((RESULTS / f"{sweeps_file}.json").read_text())["sweeps"]

@@ -54,40 +54,21 @@ import torch
 from zoo.inference.objective import Objective, named_parameters
 from zoo.runtime.distributed import Ranks
 from zoo.storage import files
-from zoo.training.rate_rule import (
-    DIVISOR,
-    STEEP_FACTOR,
-    VALLEY_FACTOR,
-    Landmarks,
-    choose,
-    climbed_back,
-    landmarks,
-    reached,
-    smoothed,
-    valley,
-)
+from zoo.training.rate_rule import choose, climbed_back, reached
 from zoo.training.recipes import Length
 from zoo.training.rules import StepPlan
 from zoo.training.step import Stepper
 from zoo.training.warmup import Warmup
 
-__all__ = [  # the rule's names too, read from zoo.training.rate_rule
-    "DIVISOR",
+__all__ = [
     "HIGH",
     "LOW",
-    "Landmarks",
     "MIN_FIT_STEPS",
     "Measured",
     "RateTest",
-    "choose",
-    "landmarks",
     "measure",
     "run_test",
-    "STEEP_FACTOR",
-    "VALLEY_FACTOR",
-    "smoothed",
     "sweep_length",
-    "valley",
 ]
 
 #: The sweep's rates rise geometrically from ``base / LOW`` to ``base * HIGH``, ``base`` the

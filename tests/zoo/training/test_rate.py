@@ -9,7 +9,7 @@ import guides
 import zoo
 from zoo.data.batches import fit_batches
 from zoo.runtime.distributed import Ranks
-from zoo.training import rate
+from zoo.training import rate, rate_rule
 from zoo.training import warmup as warmup_states
 from zoo.training.optim import optimizer_at
 from zoo.training.rate import (
@@ -153,19 +153,19 @@ def test_a_sweep_with_no_memory_for_its_states_puts_back_its_start(monkeypatch):
 
 
 def test_a_sweep_stops_once_its_data_term_climbs_back_above_its_start():
-    assert not rate.climbed_back([5.0, 4.0, 3.0, 4.0], 6)
-    assert rate.climbed_back([5.0, 4.0, 3.0, 9.0, 20.0], 6)
-    assert not rate.climbed_back([5.0, 6.0, 7.0], 4)  # never fell: no minimum to read yet
-    assert rate.climbed_back([-1.0, -2.0, -3.0, 5.0, 9.0], 6)  # a regression's may be negative
+    assert not rate_rule.climbed_back([5.0, 4.0, 3.0, 4.0], 6)
+    assert rate_rule.climbed_back([5.0, 4.0, 3.0, 9.0, 20.0], 6)
+    assert not rate_rule.climbed_back([5.0, 6.0, 7.0], 4)  # never fell: no minimum to read yet
+    assert rate_rule.climbed_back([-1.0, -2.0, -3.0, 5.0, 9.0], 6)  # a regression's may be negative
     # noise at the lowest rates (a dip, then back above the start) does not end a sweep
-    assert not rate.climbed_back([1.0, 0.98, 1.05], 16)
-    assert not rate.climbed_back([1.0, 0.98, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5], 16)
-    assert rate.climbed_back([1.0, 0.98, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], 16)
+    assert not rate_rule.climbed_back([1.0, 0.98, 1.05], 16)
+    assert not rate_rule.climbed_back([1.0, 0.98, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5], 16)
+    assert rate_rule.climbed_back([1.0, 0.98, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6], 16)
     result = fit(num_steps=96)  # a sweep stops at the first step the rule says, if any
     test, length = result.options["lr_test"], sweep_length(96)
     losses = test["data_losses"]
-    assert not any(rate.climbed_back(losses[:k], length) for k in range(1, test["steps"]))
-    assert test["steps"] == length or rate.climbed_back(losses, length)
+    assert not any(rate_rule.climbed_back(losses[:k], length) for k in range(1, test["steps"]))
+    assert test["steps"] == length or rate_rule.climbed_back(losses, length)
 
 
 def test_the_choice_is_seeded():

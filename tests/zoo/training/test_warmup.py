@@ -2,9 +2,8 @@
 
 import torch
 
-from zoo.training import rate
 from zoo.training import warmup as warmup_states
-from zoo.training.rate import choose
+from zoo.training.rate_rule import choose, reached
 from zoo.training.warmup import Snapshot, Warmup
 
 
@@ -36,7 +35,7 @@ def test_the_held_states_are_those_the_choice_may_still_reach():
     losses = [100.0 - i for i in range(40)]  # still falling: the choice follows the sweep
     for i in range(40):
         t.fill_(i + 1)
-        floor = rate.reached(rates[: i + 1], choose(rates[: i + 1], losses[: i + 1])[1])
+        floor = reached(rates[: i + 1], choose(rates[: i + 1], losses[: i + 1])[1])
         warmup.offer(i + 1, floor)
         assert min(warmup.held) == floor and len(warmup.held) <= (i + 1) // 2 + 4
     assert 0 not in warmup.held  # the start is below the choice: dropped
@@ -53,7 +52,7 @@ def test_past_its_memory_the_sweep_puts_back_the_latest_state_it_holds(monkeypat
     rates = [0.01 * 1.5**i for i in range(10)]
     for i in range(10):
         t.fill_(i + 1)
-        warmup.offer(i + 1, rate.reached(rates[: i + 1], None))  # no rate read: all kept
+        warmup.offer(i + 1, reached(rates[: i + 1], None))  # no rate read: all kept
     assert sorted(warmup.held) == [0, 1, 2, 3]
     assert warmup.put_back(7) == 3 and torch.equal(t, torch.full((256,), 3.0))
 
