@@ -85,6 +85,8 @@ SMALL_DATA = 2048
 #: The full-batch recipe for small data sets (the demo's): Adam at ``lr`` 1e-2 decaying tenfold
 #: over 3,000 steps; ``benchmarks/regression.py`` fits with it unless told otherwise.
 REGRESSION_FIT: dict = {"num_steps": 3000, "lr": 1e-2, "lr_schedule": "exponential"}
+#: ``Length.lr_rule`` where small regression data keep the full-batch recipe's rate.
+RECIPE_RULE = "default (small regression data's recipe)"
 #: The minibatch of every other fit, unless given.
 DEFAULT_BATCH_SIZE = 128
 #: The learning rate of every other fit when neither ``lr`` nor ``lr_schedule`` is given, and
@@ -172,16 +174,14 @@ def resolve_length(
     if epochs is None and (num_steps is None or auto) and small and n is not None:
         default_schedule = None if auto else REGRESSION_FIT["lr_schedule"]
         if measure == "default":  # the recipe's own rate (see the module docstring)
-            measure, rule = None, "default (small regression data's recipe)"
+            measure, rule = None, RECIPE_RULE
         return Length(
             epochs=1,
             num_steps=num_steps if auto else REGRESSION_FIT["num_steps"],
             batch_size=batch_size
             if batch_size is not None
             else (DEFAULT_BATCH_SIZE if loader else n),
-            lr=lr
-            if lr is not None
-            else REGRESSION_FIT["lr"] * recipe.scale(full_batch=True) * factor,
+            lr=lr if lr is not None else _recipe_lr(recipe, True, factor),
             lr_schedule=lr_schedule if lr_schedule is not None else default_schedule,
             recipe="small regression data" + (", length auto" if auto else "") + start,
             measure=measure,
@@ -192,10 +192,9 @@ def resolve_length(
     if lr is None and auto:
         lr = CONVERGENCE_LR * recipe.scale(full_batch=False) * factor
     elif lr is None and small and measure == "default":  # a given length, the recipe's rate
-        full = n is not None and batch_size >= n and not loader
-        lr = float(REGRESSION_FIT["lr"]) * recipe.scale(full_batch=full) * factor
+        lr = _recipe_lr(recipe, n is not None and batch_size >= n and not loader, factor)
         lr_schedule = lr_schedule if lr_schedule is not None else REGRESSION_FIT["lr_schedule"]
-        measure, rule = None, "default (small regression data's recipe)"
+        measure, rule = None, RECIPE_RULE
     elif lr is None:
         lr = DEFAULT_LR * recipe.scale(full_batch=False) * factor
         lr_schedule = lr_schedule if lr_schedule is not None else DEFAULT_SCHEDULE
@@ -209,6 +208,11 @@ def resolve_length(
         measure=measure,
         lr_rule=rule,
     )
+
+
+def _recipe_lr(recipe: Recipe, full_batch: bool, factor: float) -> float:
+    """The full-batch recipe's rate times the family's scale for full or minibatches."""
+    return float(REGRESSION_FIT["lr"]) * recipe.scale(full_batch=full_batch) * factor
 
 
 def _rate_rule(lr, auto: bool, trained: bool) -> tuple[str | None, str]:
