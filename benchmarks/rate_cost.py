@@ -24,13 +24,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def given_rate(problem_name: str, family: str, seed: int, lr: float, data_root=None) -> dict:
-    """The test NLL of ``family`` on the problem fitted at ``lr`` (decaying tenfold)."""
-    from fairness import problem
-
+def given_rate(loaded: tuple, family: str, seed: int, lr: float) -> dict:
+    """The test NLL of ``family`` on a problem (``fairness.problem``'s tuple, loaded once)
+    fitted at ``lr`` (decaying tenfold)."""
     import zoo
 
-    train, test, factory, options, _ = problem(problem_name, data_root)
+    train, test, factory, options, _ = loaded
     start = time.perf_counter()
     table = zoo.compare(factory, [family], train, test, seed=seed, progress=False,
                         num_samples=100, lr=lr, optim={"lr_schedule": "exponential"},
@@ -70,9 +69,11 @@ def main(argv=None) -> None:
         parser.error(f"no saved default call of {args.families} on {args.problem!r}")
     torch.set_num_threads(1)
     print(f"load {os.getloadavg()}", flush=True)
-    rows = []
+    from fairness import problem
+
+    loaded, rows = problem(args.problem, args.data_root), []
     for d in defaults:
-        fit = given_rate(args.problem, d["family"], d.get("seed", 0), d["lr_used"], args.data_root)
+        fit = given_rate(loaded, d["family"], d.get("seed", 0), d["lr_used"])
         rows.append({"family": d["family"], "seed": d.get("seed", 0), "lr": d["lr_used"],
                      "default_nll": d["nll"], "given_nll": fit["nll"],
                      "seconds": fit["seconds"]})  # fmt: skip
