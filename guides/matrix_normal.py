@@ -193,6 +193,11 @@ class MatrixNormal(StructuredGaussian):
 
     supports_local_reparameterization = True
 
+    def prefers_local(self, layer: str, rows: int) -> bool:
+        """``estimator="auto"``'s choice: the local reparameterisation on a linear layer
+        where it is cheaper than a draw (:meth:`local_is_cheaper`)."""
+        return layer == "linear" and self.local_is_cheaper(rows)
+
     def local_is_cheaper(self, rows: int) -> bool:
         """Whether the local reparameterisation of a linear layer seeing ``rows`` examples
         (``rows (out^2 + p^2)`` multiply-adds for ``B^T x_n`` and ``A eps_n``, full factors) costs

@@ -56,8 +56,8 @@ class Recipe:
     estimator : {"reparam", "local", "flipout", "auto"}, optional
         How a fit's layers see the weights when the caller does not say
         (``zoo.Loss(estimator=None)``; ``"reparam"`` where this is ``None``). ``"auto"``: the
-        local reparameterisation on each linear layer where the family's distribution says it
-        is cheaper than a draw (``local_is_cheaper``), a shared draw elsewhere.
+        local reparameterisation on each layer where the family's distribution prefers it
+        (``prefers_local``), a shared draw elsewhere and with several particles.
     why : str
         The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
         ``benchmarks/task_rate.py``), or behind a loss of the family's own.

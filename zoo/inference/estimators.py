@@ -29,12 +29,15 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
     ``elbo="meanfield"`` the served weights are not even drawn (the KL is in closed form),
     which is what makes the matrix normal cheap: no ``A E B^T`` per step.
 ``"auto"``
-    ``"local"`` on the linear layers whose family says its local reparameterisation is cheaper
-    than a draw for the minibatch (``local_is_cheaper(rows)``: the matrix normal's, where
-    ``rows (out^2 + in^2) < out in (out + in)``), a shared draw everywhere else; with
-    ``num_particles > 1`` a shared draw everywhere. The matrix normal's default
-    (``guides.Recipe``), with the closed-form KL, so that a wide layer never forms ``A E B^T``
-    (``benchmarks/width.py``).
+    ``"local"`` on the layers where the family's distribution prefers it
+    (``prefers_local(layer, rows)``), a shared draw everywhere else; with ``num_particles > 1``
+    a shared draw everywhere. Two families' default (``guides.Recipe``): the matrix normal's,
+    on the linear layers where the local reparameterisation is cheaper than a draw for the
+    minibatch (``rows (out^2 + in^2) < out in (out + in)``), with the closed-form KL, so that
+    a wide layer never forms ``A E B^T`` (``benchmarks/width.py``); and MC dropout's, on
+    every linear and convolution layer: a mask per example, as dropout trains, whose
+    gradients are far less noisy than one mask shared by the minibatch
+    (``benchmarks/fairness.py``).
 ``"flipout"`` (Wen et al. 2018)
     The shared draw's deviation ``dW = W - M`` is decorrelated across examples by random signs,
     ``b_n = M x_n + r_n * (dW (s_n * x_n))`` with ``r_n, s_n`` uniform in ``{-1, +1}``. Exact
@@ -71,17 +74,12 @@ def check_estimator(estimator: str) -> None:
 def serves(estimator: str, fn, layer: str, rows: int = 1) -> bool:
     """Whether ``estimator`` is exact for a weight with posterior ``fn`` in a ``layer``
     (``"linear"`` or ``"conv"``), as the distribution states it (see
-    :class:`guides.gaussian.GaussianMixin`); for ``"auto"``, whether the local
-    reparameterisation of a linear layer seeing ``rows`` examples is also cheaper than a draw
-    (the distribution's ``local_is_cheaper(rows)``)."""
+    :class:`guides.gaussian.GaussianMixin`); for ``"auto"``, whether ``"local"`` is and the
+    distribution prefers it for that layer seeing ``rows`` examples (its
+    ``prefers_local(layer, rows)``; a distribution without one never does)."""
     if estimator == "auto":
-        cheaper = getattr(fn, "local_is_cheaper", None)
-        return (
-            layer == "linear"
-            and getattr(fn, "supports_local_reparameterization", False)
-            and cheaper is not None
-            and bool(cheaper(rows))
-        )
+        prefers = getattr(fn, "prefers_local", None)
+        return prefers is not None and bool(prefers(layer, rows)) and serves("local", fn, layer)
     if estimator == "local":
         if layer == "conv":
             return getattr(fn, "supports_local_conv", False)
@@ -149,9 +147,9 @@ class LayerNoise(TorchFunctionMode):
             examples = arguments["input"].shape[0]
             if entry is not None and rows and self._serves(entry[0], entry[1], layer, examples):
                 self.served.add(entry[0])
-                if self.estimator == "local" and layer == "conv":
-                    return entry[1].local_conv(func, arguments)
                 if self.estimator in ("local", "auto"):
+                    if layer == "conv":
+                        return entry[1].local_conv(func, arguments)
                     return entry[1].local_linear(arguments["input"], arguments["bias"])
                 return _flipout(func, arguments, entry[1], entry[2])
         return func(*args, **kwargs)

@@ -279,3 +279,49 @@ def test_auto_plans_by_the_sites_cost_and_leaves_served_weights_undrawn():
     for rows in (1, 1000):
         served, skip = plan(model, guide, "auto", "meanfield", x, y, rows=rows)
         assert served == skip == ({"fc1.weight"} if site.local_is_cheaper(rows) else set())
+
+
+@pytest.mark.parametrize("layer", ["linear", "conv"])
+def test_auto_draws_mc_dropouts_masks_per_example_as_local_does(layer):
+    """MC dropout prefers the local estimator on every layer (a mask per example, as dropout
+    trains): under "auto" a linear or convolution layer gives exactly "local"'s output from the
+    same generator state, and repeated examples of a batch get their own masks."""
+    from guides.mc_dropout import MCDropoutWeight
+
+    torch.manual_seed(0)
+    shape = (4, 6) if layer == "linear" else (4, 6, 3, 3)
+    fn = MCDropoutWeight(torch.randn(shape, dtype=torch.float64), p=0.5, sigma=1e-3)
+    x = torch.randn(1, *((6,) if layer == "linear" else (6, 5, 5)), dtype=torch.float64)
+    x = x.repeat(64, *([1] * (x.dim() - 1)))  # one example, 64 times
+    value = fn.rsample()
+    outs = {}
+    for estimator in ("local", "auto"):
+        torch.manual_seed(1)
+        mode = LayerNoise(estimator, {"w": (fn, value)})
+        with mode:
+            out = F.linear(x, value) if layer == "linear" else F.conv2d(x, value, padding=1)
+        assert mode.served == {"w"}
+        outs[estimator] = out
+    assert torch.equal(outs["auto"], outs["local"])
+    distinct = torch.unique(outs["auto"].reshape(64, -1).round(decimals=6), dim=0)
+    assert len(distinct) > 16  # masks per example: 2^6 patterns, not one shared
+
+
+def test_mc_dropouts_default_fit_serves_every_layer_with_a_mask_per_example():
+    """MC dropout's recipe: "auto" serves each convolution and linear weight of a LeNet-5; a
+    given "reparam", or several particles, keep one mask per step (nothing served)."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
+    model = zoo.models.LeNet5()
+    quiet = zoo.Run(progress=False)
+    fit = zoo.fit(model, "mc_dropout", (x, y), num_steps=2, batch_size=32, run=quiet)
+    assert (fit.options["elbo"], fit.options["estimator"]) == ("trace", "auto")
+    weights = sorted(n for n, s in model.site_shapes.items() if len(s) >= 2)
+    assert fit.options["estimator_sites"] == weights
+    assert any(len(model.site_shapes[n]) == 4 for n in weights)  # convolutions among them
+    shared = zoo.fit(model, "mc_dropout", (x, y), num_steps=2, batch_size=32, run=quiet,
+                     loss=zoo.Loss(estimator="reparam"))  # fmt: skip
+    assert (shared.options["estimator"], shared.options["estimator_sites"]) == ("reparam", [])
+    particles = zoo.fit(model, "mc_dropout", (x, y), num_steps=2, batch_size=32, run=quiet,
+                        loss=zoo.Loss(num_particles=2))  # fmt: skip
+    assert particles.options["estimator_sites"] == []
