@@ -70,17 +70,18 @@ def fit_members(
     family,
     data,
     seed: int,
-    member_args: list[dict],
+    member_args: dict[int, dict],
     processes: int,
-    progress: bool,
+    bar: tqdm,
 ) -> list:
     """Member ``k`` = ``zoo.fit(model_factory(), family, data, seed=seed + k,
-    **member_args[k])``, ``processes`` members at a time in forked processes; the fits in
-    member order."""
+    **member_args[k])`` for each ``k`` of ``member_args``, ``processes`` members at a time in
+    forked processes; the fits in member order. ``bar`` (the ensemble's progress bar)
+    advances as each member ends."""
 
     threads = 1  # more would hang in OpenMP if this process used its pool before the fork
     context = multiprocessing.get_context("fork")
-    parent, members = os.getpid(), len(member_args)
+    parent, members = os.getpid(), sorted(member_args)
     with children.scratch_folder(SCRATCH_PREFIX) as scratch:
         folder = Path(scratch)
         procs = [
@@ -99,20 +100,19 @@ def fit_members(
                 ),
                 name=f"zoo-ensemble-member-{k}",
             )
-            for k in range(members)
+            for k in members
         ]
-        bar = tqdm(total=members, desc="ensemble", unit="member", disable=not progress)
-        with bar:
+        start = bar.n
 
-            def tick():
-                bar.update(len(list(folder.glob("member*.pt"))) - bar.n)
+        def tick():
+            bar.update(start + len(list(folder.glob("member*.pt"))) - bar.n)
 
-            try:
-                children.supervise(procs, processes, tick=tick)
-            except children.ChildFailed as failed:
-                raise RuntimeError(_failure(failed, folder)) from None
-            tick()
-        return [load(folder / f"member{k}.pt", model=model_factory()) for k in range(members)]
+        try:
+            children.supervise(procs, processes, tick=tick)
+        except children.ChildFailed as failed:
+            raise RuntimeError(_failure(failed, members[failed.index], folder)) from None
+        tick()
+        return [load(folder / f"member{k}.pt", model=model_factory()) for k in members]
 
 
 def _member_process(model_factory, family, data, seed, fit_args, folder, k, parent, threads):
@@ -128,17 +128,17 @@ def _member_process(model_factory, family, data, seed, fit_args, folder, k, pare
         os._exit(1)
 
 
-def _failure(failed: children.ChildFailed, folder: Path) -> str:
-    """The message of a member whose process failed: its error, or its exit code."""
-    error = folder / f"member{failed.index}.error"
+def _failure(failed: children.ChildFailed, k: int, folder: Path) -> str:
+    """The message of member ``k`` whose process failed: its error, or its exit code."""
+    error = folder / f"member{k}.error"
     if failed.stalled:
         return (
-            f"ensemble member {failed.index}'s process {failed}: it was stopped with the other "
+            f"ensemble member {k}'s process {failed}: it was stopped with the other "
             "members' (a member that waits on something that never comes, such as a lock)"
         )
     if error.exists():
-        return f"ensemble member {failed.index} failed in its process: {error.read_text()}"
+        return f"ensemble member {k} failed in its process: {error.read_text()}"
     return (
-        f"ensemble member {failed.index}'s process ended with exit code {failed.exitcode} "
+        f"ensemble member {k}'s process ended with exit code {failed.exitcode} "
         "(killed, or out of memory?); the other members' processes were stopped"
     )

@@ -28,16 +28,17 @@ from zoo.baselines.ensemble_processes import check_processes, fit_members, worke
 from zoo.data.checks import Data
 from zoo.models import build
 from zoo.models.likelihoods import from_task
-from zoo.results.ensembles import Ensemble
+from zoo.results.ensembles import SHARED_RATE, Ensemble
 from zoo.runtime.serial import one_at_a_time
 from zoo.training.fitting import fit
 from zoo.training.keywords import FitLength, fit_arguments, refuses_flat_keywords
 from zoo.training.options import (
     Engine,
+    Optim,
     Run,
     group,
 )
-from zoo.training.recipes import resolve_device
+from zoo.training.recipes import DEFAULT_SCHEDULE, resolve_device
 
 
 @refuses_flat_keywords
@@ -104,6 +105,13 @@ def ensemble(
     ``model_factory`` converts a trained network (``zoo.models.from_module``): its
     deterministic parameters (batch norm's) and running statistics are kept, its sites are
     drawn anew. A guide factory of your own (a callable) decides for itself.
+
+    The members share one rate, as the paper's do. Given no ``lr`` (or ``lr="auto"``), the
+    first member is fitted first and, where it measured its rate with the range test
+    (:mod:`zoo.training.rate`), the others are given the rate it chose and its schedule
+    (:func:`shared_rate`): the test's steps are charged to the first member's budget only,
+    and every other member runs its whole budget at that rate. Members in processes then
+    start once the first has ended. ``options["rate"]`` says so.
     """
     check_model_factory(model_factory, "ensemble")
     check_ensemble(members, family, seed, processes, noise)
@@ -115,18 +123,50 @@ def ensemble(
     member_args = [{**args, "run": member_run(args["run"], k)} for k in range(members)]
     name = family if isinstance(family, str) else None
     family = fresh_start(family)
-    if count > 1:
-        fits = fit_members(model_factory, family, data, seed, member_args, count, progress)
-    else:
-        fits = [
-            fit(model_factory(), family, data, seed=seed + k, **member_args[k])
-            for k in tqdm(range(members), desc="ensemble", unit="member", disable=not progress)
-        ]
+    bar = tqdm(total=members, desc="ensemble", unit="member", disable=not progress)
+    with bar:
+        every = dict(enumerate(member_args))
+        if args.get("lr") not in (None, "auto"):  # a given rate: no member measures one
+            fits = _fit_all(model_factory, family, data, seed, every, count, bar)
+        else:  # the first member measures the rate the others are given
+            fits = _fit_all(model_factory, family, data, seed, {0: every.pop(0)}, count, bar)
+            rest = {k: shared_rate(a, fits[0]) for k, a in every.items()}
+            fits += _fit_all(model_factory, family, data, seed, rest, count, bar)
     name = name or fits[0].options.get("guide", fits[0].family)
     settings = {"members": members, "family": name, "seed": seed}
+    if members > 1 and fits[0].options.get("lr_test"):
+        settings["rate"] = SHARED_RATE
     if noise is not None:
         settings["noise"] = noise
     return Ensemble(fits, settings)
+
+
+def _fit_all(model_factory, family, data, seed: int, member_args: dict, count: int, bar):
+    """Member ``k`` of ``member_args`` (``k -> its zoo.fit arguments``) fitted with the seed
+    ``seed + k``, ``count`` at a time in forked processes when more than one, else here;
+    ``bar`` advanced as each ends. The fits in member order."""
+    if count > 1:
+        return fit_members(model_factory, family, data, seed, member_args, count, bar)
+    fits = []
+    for k in sorted(member_args):
+        fits.append(fit(model_factory(), family, data, seed=seed + k, **member_args[k]))
+        bar.update(1)
+    return fits
+
+
+def shared_rate(args: dict, first) -> dict:
+    """A member's ``zoo.fit`` arguments given the rate that the ensemble's ``first`` member's
+    range test chose (its ``options["lr_test"]``; ``args`` unchanged where it measured none):
+    ``lr`` and the schedule it ran at (the caller's ``lr_schedule``, else the default's tenfold
+    decay). Each member then runs the whole budget at that rate: the test's steps are paid
+    once, by the first member, not by every member."""
+    record = first.options.get("lr_test")
+    if not record:
+        return args
+    optim = group(Optim, args.get("optim"))
+    schedule = optim.lr_schedule if optim.lr_schedule is not None else DEFAULT_SCHEDULE
+    return {**args, "lr": float(record["lr"]),
+            "optim": dataclasses.replace(optim, lr_schedule=schedule)}  # fmt: skip
 
 
 def fresh_start(family):

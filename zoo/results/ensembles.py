@@ -22,6 +22,10 @@ from zoo.results.posterior import Posterior, PredictOptions
 from zoo.results.variational import FitResult, check_fit_payload, fit_from_payload
 from zoo.storage import files
 
+#: ``Ensemble.options["rate"]`` where the first member's range test chose every member's rate
+#: (``zoo.ensemble`` given no ``lr``).
+SHARED_RATE = "range test of the first member, given to the others"
+
 
 @dataclass(repr=False)
 class Ensemble(Posterior[PredictionT], kind="ensemble"):
@@ -33,7 +37,9 @@ class Ensemble(Posterior[PredictionT], kind="ensemble"):
     members : list of FitResult
         The fits, member ``k`` seeded ``seed + k``.
     options : dict
-        How the ensemble was made: ``members``, ``family``, ``seed`` (and ``noise`` when given).
+        How the ensemble was made: ``members``, ``family``, ``seed`` (and ``noise`` when given;
+        ``rate``: :data:`SHARED_RATE` when the first member's range test chose the rate every
+        member ran at).
     """
 
     members: list[FitResult]
@@ -76,11 +82,14 @@ class Ensemble(Posterior[PredictionT], kind="ensemble"):
 
     def fitting(self) -> dict:
         """See :meth:`zoo.Posterior.fitting`: the members' steps together, the geometric mean
-        of their rates, and their rule with the range of rates where they differ."""
+        of their rates, and their rule with the range of rates where they differ (the first
+        member's range test where it chose every member's rate, ``options["rate"]``)."""
         parts = [m.fitting() for m in self.members]
         rates = [p["lr"] for p in parts if p["lr"] > 0]
         rules = sorted({p["lr_rule"].split(" (")[0] for p in parts})
         rule = ", ".join(rules) + f" (each of {len(parts)} members)"
+        if self.options.get("rate") == SHARED_RATE:
+            rule = f"{parts[0]['lr_rule']} of the first member, given to the other {len(parts) - 1}"
         if rates and max(rates) > min(rates):
             rule += f", rates {min(rates):.3g} to {max(rates):.3g}"
         mean = math.exp(sum(math.log(r) for r in rates) / len(rates)) if rates else math.nan

@@ -171,24 +171,27 @@ def _children_of(pid: int) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.slow  # quick tier: under three minutes
-def test_a_killed_ensemble_leaves_no_member_running():
+@pytest.mark.parametrize("lr,running", [(1e-3, 2), (None, 1)])
+def test_a_killed_ensemble_leaves_no_member_running(lr, running):
     """SIGKILL of the process running ``zoo.ensemble(processes=2)`` (no clean-up runs) ends
-    its members' processes too."""
+    its members' processes too: two at once given a rate, or the first member alone while it
+    measures the rate the others will be given."""
     import subprocess
     import time
 
     from tests.conftest import HANG_AFTER, REPO
 
-    script = textwrap.dedent("""
+    script = textwrap.dedent(f"""
         import torch, zoo
         x = torch.randn(256, 3); y = (x[:, 0] > 0).long()
         factory = lambda: zoo.models.BayesianMLP(3, (64,), 2, task="classification")
-        zoo.ensemble(factory, (x, y), members=2, num_steps=10**7, progress=False, processes=2)
+        zoo.ensemble(factory, (x, y), members=2, num_steps=10**7, progress=False, processes=2,
+                     lr={lr})
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
     try:
         deadline = time.monotonic() + HANG_AFTER
-        while len(members := _children_of(proc.pid)) < 2:
+        while len(members := _children_of(proc.pid)) < running:
             assert time.monotonic() < deadline and proc.poll() is None
             time.sleep(0.05)
         proc.kill()
