@@ -85,6 +85,18 @@ def record(problems, families, seeds, data_root=None) -> list[dict]:
     return out
 
 
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` sweeps with ``new`` ones in place of those of the same problem, family and seed
+    (in ``old``'s order; new ones without a match at the end)."""
+
+    def key(s):
+        return s["problem"], s["family"], s["seed"]
+
+    fresh = {key(s): s for s in new}
+    out = [fresh.pop(key(s), s) for s in old]
+    return out + list(fresh.values())
+
+
 def rules() -> dict:
     """``{label: sweep record -> rate}``."""
     from zoo.training.rate_rule import STEEP_FACTOR, choose, landmarks
@@ -178,11 +190,21 @@ def main(argv=None) -> None:
     parser.add_argument("--data-root", help="MNIST's root (default: ZOO_DATA)")
     parser.add_argument("--sweeps", default="benchmarks/results/rate_sweeps.json")
     parser.add_argument("--grids", default="benchmarks/results/fairness.json")
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="record: put this run's sweeps in place of --sweeps' of the same problem, family "
+        "and seed, keeping the others (a family whose fits changed, recorded again)",
+    )
     args = parser.parse_args(argv)
     if args.action == "record":
         torch.set_num_threads(1)
         print(f"load {os.getloadavg()}", flush=True)
         sweeps = record(args.problems, args.families, args.seeds, args.data_root)
+        if args.merge:
+            with open(args.sweeps) as f:
+                old = json.load(f)["sweeps"]
+            sweeps = merged(old, sweeps)
         with open(args.sweeps, "w") as f:
             json.dump({"sweeps": sweeps, "load": list(os.getloadavg())}, f)
         return

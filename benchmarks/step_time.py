@@ -331,13 +331,18 @@ ZOO_ROWS = {
     "zoo lowrank r=10": ("lowrank", {"rank": 10}, {}),
     "zoo matrix normal": ("matrix_normal", {}, {}),
     "zoo block diagonal b=16": ("block_diagonal", {}, {}),
-    "zoo MC dropout p=0.1": ("mc_dropout", {}, {}),
+    # one mask per step (the family's default is a mask per example, the "local" rows)
+    "zoo MC dropout p=0.1": ("mc_dropout", {}, {"estimator": "reparam"}),
     "zoo MC dropout, local reparam. (a mask per example)": (
         "mc_dropout",
         {},
         {"estimator": "local"},
     ),
-    "zoo MC dropout, closed-form KL": ("mc_dropout", {}, {"elbo": "meanfield"}),
+    "zoo MC dropout, closed-form KL": (
+        "mc_dropout",
+        {},
+        {"elbo": "meanfield", "estimator": "reparam"},
+    ),
     "zoo MC dropout, local reparam., closed-form KL": (
         "mc_dropout",
         {},

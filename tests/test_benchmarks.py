@@ -647,6 +647,18 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
     gap = rate_rules.read_off(nll, chosen) - 0.2
     assert f"| min/4 | {gap:.3f} | {gap:.3f} |" in out
     assert rate_rules.read_off(nll, 0.3 * 10**0.5) == 0.9  # flat beyond the grid
+    # --merge: the digits' MAP sweep recorded again in place, the file's others kept
+    other = {**recorded[0], "family": "diagonal", "lr": -1.0}
+    sweeps.write_text(json.dumps({"sweeps": [other, {**recorded[0], "lr": -1.0}]}))
+    _run(
+        "benchmarks/rate_rules.py", "record", "--problems", "digits", "--families", "map",
+        "--seeds", "0", "--sweeps", str(sweeps), "--merge",
+    )  # fmt: skip
+    again = json.loads(sweeps.read_text())["sweeps"]
+    assert [(s["family"], s["lr"]) for s in again] == [
+        ("diagonal", -1.0),
+        ("map", recorded[0]["lr"]),
+    ]
 
 
 @pytest.mark.parametrize(
