@@ -430,6 +430,7 @@ def test_no_private_pyro_method_is_overridden():
 TEST_TOPICS = {
     "tests/zoo/test_cuda.py": "every GPU rule, on a GPU",
     "tests/zoo/data/test_mnist.py": "fits on the real MNIST files (zoo.data.sets)",
+    "tests/zoo/baselines/test_ensemble_rate.py": "an ensemble's members share one rate",
     "tests/zoo/training/test_conjugate_families.py": "every family against an exact posterior",
     "tests/zoo/training/test_validation.py": "bad input refused before a fit's first step",
     "tests/zoo/training/test_host_sync.py": "no host read in any family's compiled loss",
