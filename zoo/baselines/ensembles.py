@@ -120,12 +120,11 @@ def ensemble(
     args = fit_arguments(False, how, "ensemble", FitLength)
     device = resolve_device(group(Engine, args.get("engine")).device)
     count = workers(processes, members, device)
-    member_args = [{**args, "run": member_run(args["run"], k)} for k in range(members)]
+    every = {k: {**args, "run": member_run(args["run"], k)} for k in range(members)}
     name = family if isinstance(family, str) else None
     family = fresh_start(family)
     bar = tqdm(total=members, desc="ensemble", unit="member", disable=not progress)
     with bar:
-        every = dict(enumerate(member_args))
         if args.get("lr") not in (None, "auto"):  # a given rate: no member measures one
             fits = _fit_all(model_factory, family, data, seed, every, count, bar)
         else:  # the first member measures the rate the others are given
