@@ -197,6 +197,11 @@ def main(argv=None) -> None:
         "and seed, keeping the others (a family whose fits changed, recorded again)",
     )
     args = parser.parse_args(argv)
+    if args.merge and (args.action != "record" or not os.path.exists(args.sweeps)):
+        parser.error(
+            f"--merge puts the recorded sweeps into an existing --sweeps file ({args.sweeps}): "
+            "use it with record and a file that exists, or leave it out to write a new one"
+        )
     if args.action == "record":
         torch.set_num_threads(1)
         print(f"load {os.getloadavg()}", flush=True)

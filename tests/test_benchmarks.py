@@ -666,6 +666,10 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
     [
         (["benchmarks/fairness.py", "--best-seeds", "1"], "--best-seeds reads the grids"),
         (["benchmarks/whvi_blocks.py", "--blocks", "four"], "--blocks takes none, diagonal"),
+        (
+            ["benchmarks/rate_rules.py", "record", "--merge", "--sweeps", "no/such/sweeps.json"],
+            "--merge puts the recorded sweeps into an existing --sweeps file",
+        ),
     ],
 )
 def test_the_new_benchmark_options_refuse_bad_input_before_any_fit(args, message):
