@@ -31,6 +31,7 @@ import os
 import time
 
 import torch
+from saving import write_json
 
 import guides
 import zoo
@@ -201,8 +202,7 @@ def main() -> None:
         )
     print(f"\nload at the end {os.getloadavg()[0]:.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": results}, f, indent=1)
+        write_json({"args": vars(args), "rows": results}, args.json)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,7 @@ import sys
 import time
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -545,8 +546,7 @@ def main(argv=None) -> dict:
               for f in [*guides.available(), "joint"]}  # fmt: skip
     saved = {"results": results, "rows": rows, "load": list(os.getloadavg()),
              "lr_scales": scales}  # fmt: skip
-    with open(args.out, "w") as f:
-        json.dump(saved, f, indent=1)
+    write_json(saved, args.out)
     return saved
 
 

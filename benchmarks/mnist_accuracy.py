@@ -24,9 +24,10 @@ repeats the new default and the plain-PyTorch reference over seeds (mean and sta
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
+
+from saving import write_json
 
 import guides
 import zoo
@@ -227,8 +228,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(rows)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+        write_json({"args": vars(args), "rows": rows}, args.json)
     return rows
 
 

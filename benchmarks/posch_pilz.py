@@ -20,7 +20,6 @@ second run of the same command resumes from there.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shlex
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from saving import write_json
 
 import zoo
 from zoo import metrics
@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> dict:
         "loss_curve": loss_curve(fit.losses),
         "paper": PAPER.get(args.hidden),
     }
-    (out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(results, out / f"{name}.json")
     return results
 
 

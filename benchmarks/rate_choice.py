@@ -23,13 +23,13 @@ does not make, and still take a rate. Rows whose package is not installed are le
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -124,9 +124,8 @@ def main(argv=None) -> list[dict]:
         for seed in args.seeds
     ]
     print("\n".join(table_lines(results)))
-    with open(args.out, "w") as f:
-        json.dump({"problem": args.problem, "results": results,
-                   "load": list(os.getloadavg())}, f, indent=1)  # fmt: skip
+    write_json({"problem": args.problem, "results": results, "load": list(os.getloadavg())},
+               args.out)  # fmt: skip
     return results
 
 

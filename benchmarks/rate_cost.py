@@ -20,6 +20,7 @@ import sys
 import time
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -79,9 +80,8 @@ def main(argv=None) -> None:
                      "seconds": fit["seconds"]})  # fmt: skip
         print(table_lines(rows)[-1], flush=True)
     print("\n".join(table_lines(rows)))
-    with open(args.out, "w") as f:
-        json.dump({"problem": args.problem, "results": rows, "load": list(os.getloadavg())}, f,
-                  indent=1)  # fmt: skip
+    write_json({"problem": args.problem, "results": rows, "load": list(os.getloadavg())},
+               args.out)  # fmt: skip
 
 
 if __name__ == "__main__":

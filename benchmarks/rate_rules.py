@@ -35,6 +35,7 @@ import os
 import sys
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -210,8 +211,7 @@ def main(argv=None) -> None:
             with open(args.sweeps) as f:
                 old = json.load(f)["sweeps"]
             sweeps = merged(old, sweeps)
-        with open(args.sweeps, "w") as f:
-            json.dump({"sweeps": sweeps, "load": list(os.getloadavg())}, f)
+        write_json({"sweeps": sweeps, "load": list(os.getloadavg())}, args.sweeps, indent=None)
         return
     with open(args.sweeps) as f:
         sweeps = json.load(f)["sweeps"]

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import torch
+from saving import write_json
 
 import guides
 import zoo
@@ -154,8 +155,7 @@ def save_each(keys, run_one, out) -> None:
     results = json.loads(out.read_text()) if out.exists() else {}
     for key in keys:
         results[str(key)] = run_one(key)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1))
+        write_json(results, out)
     print(f"\nwritten {out}; load after: {os.getloadavg()}")
 
 

@@ -34,6 +34,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
 import torch
+from saving import write_json
 
 import guides
 
@@ -357,8 +358,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print_table(table)
     print_baselines(args.datasets, args.splits)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"fits": results, "table": table}, f, indent=1)
+        write_json({"fits": results, "table": table}, args.json)
     print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
     return table
 

@@ -32,6 +32,7 @@ import sys
 import time
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -160,8 +161,7 @@ def main(argv=None) -> list[dict]:
             results = json.load(f)["results"] + results
     print("\n".join(table_lines(results)))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"results": results, "load": list(os.getloadavg())}, f, indent=1)
+        write_json({"results": results, "load": list(os.getloadavg())}, args.out)
     return results
 
 

@@ -14,13 +14,13 @@ weight). The diagonal family's default call is the row beside them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
 import time
 
 import torch
+from saving import write_json
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,8 +102,7 @@ def main(argv=None) -> list[dict]:
                 print(f"  {r['problem']} {block} seed {seed}: NLL {r['nll']:.3f} "
                       f"({r['seconds']:.0f} s)", flush=True)  # fmt: skip
     print("\n".join(table_lines(results)))
-    with open(args.out, "w") as f:
-        json.dump({"results": results, "load": list(os.getloadavg())}, f, indent=1)
+    write_json({"results": results, "load": list(os.getloadavg())}, args.out)
     return results
 
 
