@@ -533,6 +533,8 @@ def main(argv=None) -> dict:
                 f"({r['seconds']:.0f} s)",
                 flush=True,
             )
+        pool.close()  # workers end on their own: terminate() would leave their semaphores
+        pool.join()
     if args.merge:  # this run's default calls and grid replace the saved ones of a family
         with open(args.merge) as f:
             results = merged(json.load(f)["results"], results, args.extend_grid)

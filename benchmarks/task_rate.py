@@ -156,6 +156,8 @@ def main(argv=None) -> list[dict]:
             results.append(r)
             print(f"  {r['budget']} {r['family']} {r['rate']}: NLL {r['nll']:.4f} "
                   f"acc {r['accuracy']:.3f} ({r['seconds']:.0f} s)", flush=True)  # fmt: skip
+        pool.close()  # workers end on their own: terminate() would leave their semaphores
+        pool.join()
     if args.merge:
         with open(args.merge) as f:
             results = json.load(f)["results"] + results

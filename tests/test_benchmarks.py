@@ -33,6 +33,8 @@ def _run(*args: str, timeout: float = HANG_AFTER, env: dict | None = None) -> st
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # a pool's workers killed at its end (Pool.terminate) leave their semaphores (tqdm's lock)
+    assert "leaked semaphore" not in proc.stderr, proc.stderr[-3000:]
     return proc.stdout
 
 
