@@ -20,7 +20,6 @@ second run of the same command resumes from there.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import platform
 import shlex
@@ -34,13 +33,8 @@ import zoo
 from zoo import metrics
 from zoo.training.options import grouped
 
-try:
-    from saving import write_json
-except ModuleNotFoundError:  # loaded by its path (notebook 03): the folder is not on sys.path
-    _spec = importlib.util.spec_from_file_location("saving", Path(__file__).with_name("saving.py"))
-    _saving = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(_saving)
-    write_json = _saving.write_json
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded by path (notebook 03)
+from saving import write_json  # noqa: E402
 
 ITERATIONS = 100_000
 KL_DOWN_WEIGHT = 100.0  # nu = 1 / (N * 100): the paper's per-example KL, down-weighted
