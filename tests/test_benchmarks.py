@@ -498,6 +498,24 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
     assert row["default_lr"] > 0 and "(range test) |" in out
 
 
+def test_laplace_prior_sets_the_marginal_likelihood_beside_fixed_precisions(tmp_path):
+    out_file = tmp_path / "laplace_prior.json"
+    out = _run(
+        "benchmarks/laplace_prior.py", "--problem", "digits", "--budget", "1", "--scales", "0.3",
+        "--precisions", "10", "--samples", "4", "--out", str(out_file),
+    )  # fmt: skip
+    rows = json.loads(out_file.read_text())["rows"]
+    assert [(r["rate"], r["prior"]) for r in rows] == [
+        ("default", "marglik"), ("default", "fixed"), ("x 0.3", "marglik"), ("x 0.3", "fixed")
+    ]  # fmt: skip
+    assert [r["prior_precision"] for r in rows if r["prior"] == "fixed"] == [10.0, 10.0]
+    assert all(r["prior_precision"] > 0 for r in rows)
+    for first, second in (rows[:2], rows[2:]):  # one MAP point per rate, two approximations
+        assert first["map_test_nll"] == second["map_test_nll"] and first["lr"] == second["lr"]
+    assert rows[2]["lr"] == pytest.approx(3e-3 * 0.3)  # the task's rate, times the scale
+    assert out.count("\n| default |") == 2 and "(marglik)" in out
+
+
 def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     """``--seeds`` with none: the grid alone (a held-out problem's, for rate_rules.py) is
     saved, with no row to set it beside."""

@@ -248,6 +248,13 @@ def test_the_rate_cost_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
+def test_the_laplace_prior_table_is_its_saved_run():
+    import laplace_prior
+
+    for line in laplace_prior.table_lines(_rows("laplace_prior.json")):
+        assert line in BENCH_README, line
+
+
 def test_the_fairness_table_is_its_saved_run():
     """benchmarks/README.md's table of the default call against the grid is
     ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the
