@@ -516,6 +516,21 @@ def test_laplace_prior_sets_the_marginal_likelihood_beside_fixed_precisions(tmp_
     assert out.count("\n| default |") == 2 and "(marglik)" in out
 
 
+def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
+    out_file = tmp_path / "elbo_against_nll.json"
+    out = _run(
+        "benchmarks/elbo_against_nll.py", "--problem", "digits", "--budget", "1", "--scales",
+        "0.3", "--samples", "4", "--out", str(out_file),
+    )  # fmt: skip
+    default, given = json.loads(out_file.read_text())["rows"]
+    assert default["lr_rule"].startswith("range test") and given["lr_rule"] == "given"
+    assert given["lr"] == pytest.approx(3e-3 * 0.3)
+    for r in (default, given):
+        assert r["last_epoch_loss"] < r["first_epoch_loss"]  # the ELBO rises over the fit
+        assert 0 <= r["test_accuracy"] <= 1 and r["test_nll"] > 0
+    assert "| default |" in out and "| x 0.3 |" in out
+
+
 def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     """``--seeds`` with none: the grid alone (a held-out problem's, for rate_rules.py) is
     saved, with no row to set it beside."""

@@ -255,6 +255,13 @@ def test_the_laplace_prior_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
+def test_the_elbo_against_nll_table_is_its_saved_run():
+    import elbo_against_nll
+
+    for line in elbo_against_nll.table_lines(_rows("elbo_against_nll.json")):
+        assert line in BENCH_README, line
+
+
 def test_the_fairness_table_is_its_saved_run():
     """benchmarks/README.md's table of the default call against the grid is
     ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the
