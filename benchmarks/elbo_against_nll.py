@@ -7,10 +7,11 @@ default call and at given rates, the objective beside the predictions.
 ``benchmarks/fairness.py`` found the diagonal family's default call on the ResNet-8 at ten
 times its budget far behind its grid's best, the grid's lowest rate. Each row here is one fit
 (seed 0) of ``--family`` on ``--problem`` (``fairness.problem``: the same data, network and
-budget): the default call (the range test's rate), then each ``--scales`` times the task's
-rate, decaying tenfold as the grid's. Columns: the rate, the ``-ELBO`` (full-data scale,
-``zoo.inference.elbo``) averaged over the first and the last epoch, and the training (its
-first 1,000 examples) and test accuracy and NLL per point of the posterior predictive.
+budget): the default call (the range test's rate), then each ``--scales`` of the grid's
+rates (``fairness.given_rate``: the task's rate times the family's scale). Columns: the rate,
+the ``-ELBO`` (full-data scale, ``zoo.inference.elbo``) averaged over the first and the last
+epoch, and the training (its first 1,000 examples) and test accuracy and NLL per point of
+the posterior predictive.
 
 Results go to ``--out`` (JSON).
 """
@@ -29,7 +30,6 @@ import fairness  # noqa: E402
 from saving import write_json  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.training.options import grouped  # noqa: E402
 
 
 def scores(fit, x: torch.Tensor, y: torch.Tensor, samples: int) -> tuple[float, float]:
@@ -39,14 +39,9 @@ def scores(fit, x: torch.Tensor, y: torch.Tensor, samples: int) -> tuple[float, 
 
 
 def row(problem: str, budget: int, family: str, scale: float | None, samples: int, root=None):
-    """One fit at the default call (``scale=None``) or at ``scale`` times the task's rate."""
-    train, test, factory, options, default_lr = fairness.problem(problem, root, budget)
-    given = {}
-    if scale is not None:
-        given = {"lr": default_lr * scale, "optim": {"lr_schedule": "exponential"}}
+    """One fit at the default call (``scale=None``) or at the grid's rate ``scale``."""
     start = time.perf_counter()
-    run = grouped({"seed": 0, "progress": False, **options, **given})
-    fit = zoo.fit(factory(), family, train, **run)
+    _, fit, train, test = fairness.fit_once(problem, family, budget, scale, root)
     train_acc, train_nll = scores(fit, train[0][:1000], train[1][:1000], samples)
     test_acc, test_nll = scores(fit, *test, samples)
     epochs = fit.epoch_losses or fit.losses

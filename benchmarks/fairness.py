@@ -155,6 +155,40 @@ def _cnn() -> torch.nn.Module:
     )  # fmt: skip
 
 
+def row_name(name: str, budget: int = 1) -> str:
+    """A problem's name in the table at ``budget`` times its short budget (``"mnist x10"``)."""
+    return name if budget == 1 else f"{name} x{budget}"
+
+
+def given_rate(row: str, family: str, default_lr: float, times: float) -> dict:
+    """``zoo.fit``'s rate options for the grid's setting ``times`` of ``family`` in the table's
+    row ``row``: the task's rate ``default_lr`` times the family's short-budget scale
+    (``guides.Recipe.scale``; MAP's for the baselines' MAP fits) times ``times``, decaying
+    tenfold as the default call does."""
+    import guides
+
+    recipe = guides.recipe("map" if family in BASELINES else family)
+    scale = recipe.scale(full_batch=row in FULL_BATCH)  # the short budget's
+    return {"lr": default_lr * scale * times, "optim": {"lr_schedule": "exponential"}}
+
+
+def fit_once(name: str, family: str, budget: int = 1, times: float | None = None,
+             data_root: str | None = None):  # fmt: skip
+    """``(model, fit, train, test)``: one ``zoo.fit`` of ``family`` on problem ``name`` at
+    seed 0, its default call (``times=None``) or the grid's rate ``times`` (``given_rate``),
+    for the scripts that study one row (``laplace_prior.py``, ``elbo_against_nll.py``)."""
+    import zoo
+    from zoo.training.options import grouped
+
+    train, test, factory, options, default_lr = problem(name, data_root, budget)
+    given = {}
+    if times is not None:
+        given = given_rate(row_name(name, budget), family, default_lr, times)
+    model = factory()
+    run = grouped({"seed": 0, "progress": False, **options, **given})
+    return model, zoo.fit(model, family, train, **run), train, test
+
+
 def jobs(
     problems,
     families,
@@ -172,7 +206,7 @@ def jobs(
     out = []
     for name in problems:
         _, _, factory, _, _ = problem(name, data_root)
-        name = name if budget == 1 else f"{name} x{budget}"
+        name = row_name(name, budget)
         weights = sum(math.prod(s) for s in factory().site_shapes.values())
         names = families or [*guides.available(), "joint", *BASELINES]
         for family in names:
@@ -198,7 +232,6 @@ def jobs(
 def run_one(job: dict, data_root=None) -> dict:
     """Fit one job and score it on the problem's test set (in a worker process)."""
     torch.set_num_threads(1)
-    import guides
     import zoo
 
     name, _, times = job["problem"].partition(" x")
@@ -207,10 +240,7 @@ def run_one(job: dict, data_root=None) -> dict:
     args.update(seed=job.get("seed", 0), progress=False, num_samples=100)
     row = job["family"]
     if not job["default"]:
-        recipe = guides.recipe("map" if family in BASELINES else family)
-        scale = recipe.scale(full_batch=job["problem"] in FULL_BATCH)  # the short budget's
-        args["lr"] = default_lr * scale * job["lr"]
-        args["optim"] = {"lr_schedule": "exponential"}  # the default call's decay, a given rate
+        args.update(given_rate(job["problem"], family, default_lr, job["lr"]))
         if job["init"] != 1.0:
             option = INIT_OPTIONS.get(family, "init_scale")
             base = factory_guide_scale(factory, family, option)
@@ -341,7 +371,7 @@ def _mean(values: list[float]) -> float:
 
 def best_jobs(results: list[dict], problems, families, seeds, budget: int = 1) -> list[dict]:
     """The grid's best setting of each saved (problem, family) fitted again at ``seeds``."""
-    names = {name if budget == 1 else f"{name} x{budget}" for name in problems}
+    names = {row_name(name, budget) for name in problems}
     out = []
     for row in summarise(results):
         chosen = families is None or row["family"] in families

@@ -6,7 +6,7 @@
 The fairness table (``benchmarks/fairness.py``) found the Laplace baseline's default call
 0.11 nats behind the best of its grid at ``mnist x10``, the grid's best a rate of x 0.3. This
 script fits the baseline's MAP point at the default call (its rate chosen by the range test)
-and at each ``--scales`` times the task's rate (decaying tenfold, as the grid's), then builds
+and at each ``--scales`` of the grid's rates (``fairness.given_rate``), then builds
 last-layer KFAC Laplace approximations at that same MAP point with the prior precision
 fitted by the marginal likelihood (``zoo.laplace``'s default) and fixed at each of
 ``--precisions``. Each row: the MAP point's training and test NLL, the Laplace
@@ -30,19 +30,6 @@ import fairness  # noqa: E402
 from saving import write_json  # noqa: E402
 
 import zoo  # noqa: E402
-from zoo.training.options import grouped  # noqa: E402
-
-
-def map_point(problem: str, budget: int, scale: float | None, data_root: str | None):
-    """The MAP fit the Laplace baseline starts from: the default call's (``scale=None``) or
-    one given ``scale`` times the task's rate."""
-    train, test, factory, options, default_lr = fairness.problem(problem, data_root, budget)
-    given = {}
-    if scale is not None:
-        given = {"lr": default_lr * scale, "optim": {"lr_schedule": "exponential"}}
-    model = factory()
-    run = grouped({"seed": 0, "progress": False, **options, **given})
-    return model, zoo.fit(model, "map", train, **run), train, test
 
 
 def nll(posterior, x: torch.Tensor, y: torch.Tensor, samples: int) -> float:
@@ -53,7 +40,7 @@ def nll(posterior, x: torch.Tensor, y: torch.Tensor, samples: int) -> float:
 def rows_at(problem: str, budget: int, scale, precisions, samples: int, data_root=None):
     """One row per prior precision ("marglik" first) at one MAP point."""
     start = time.perf_counter()
-    model, fit, train, test = map_point(problem, budget, scale, data_root)
+    model, fit, train, test = fairness.fit_once(problem, "map", budget, scale, data_root)
     point = {
         "rate": "default" if scale is None else f"x {scale:g}",
         "lr": fit.fitting()["lr"],
