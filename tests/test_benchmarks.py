@@ -705,6 +705,22 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
             ["benchmarks/rate_rules.py", "record", "--merge", "--sweeps", "no/such/sweeps.json"],
             "--merge puts the recorded sweeps into an existing --sweeps file",
         ),
+        (
+            ["benchmarks/laplace_prior.py", "--precisions", "0"],
+            "--budget and --samples must be at least 1, --precisions positive",
+        ),
+        (
+            ["benchmarks/laplace_prior.py", "--budget", "0"],
+            "--budget and --samples must be at least 1, --precisions positive",
+        ),
+        (
+            ["benchmarks/elbo_against_nll.py", "--scales", "-1"],
+            "--budget and --samples must be at least 1, --scales positive",
+        ),
+        (
+            ["benchmarks/elbo_against_nll.py", "--samples", "0"],
+            "--budget and --samples must be at least 1, --scales positive",
+        ),
     ],
 )
 def test_the_new_benchmark_options_refuse_bad_input_before_any_fit(args, message):
