@@ -516,6 +516,25 @@ def test_laplace_prior_sets_the_marginal_likelihood_beside_fixed_precisions(tmp_
     assert out.count("\n| default |") == 2 and "(marglik)" in out
 
 
+def test_laplace_prior_chooses_a_precision_on_held_out_digits(tmp_path, mnist_root):
+    """On an MNIST problem a last row per MAP point is the held-out grid search, on digits
+    the fit does not see."""
+    out_file = tmp_path / "laplace_prior.json"
+    out = _run(
+        "benchmarks/laplace_prior.py", "--problem", "mnist", "--budget", "1", "--scales",
+        "--precisions", "--samples", "4", "--validation", "100", "--data-root", str(mnist_root),
+        "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    marglik, held_out = saved["rows"]
+    assert (marglik["prior"], held_out["prior"]) == ("marglik", "gridsearch")
+    assert saved["validation"] == 100
+    assert marglik["map_test_nll"] == held_out["map_test_nll"]  # the same MAP point
+    assert held_out["prior_precision"] in [pytest.approx(10.0 ** (k / 4)) for k in range(-16, 17)]
+    assert all(r["laplace_seconds"] > 0 and r["laplace_test_nll"] > 0 for r in saved["rows"])
+    assert "(held out)" in out
+
+
 def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
     out_file = tmp_path / "elbo_against_nll.json"
     out = _run(
@@ -712,6 +731,14 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/laplace_prior.py", "--budget", "0"],
             "--budget and --samples must be at least 1, --precisions positive",
+        ),
+        (
+            ["benchmarks/laplace_prior.py", "--problem", "digits", "--validation", "10"],
+            "--validation takes a count >= 0 of held-out MNIST digits",
+        ),
+        (
+            ["benchmarks/laplace_prior.py", "--validation", "-1"],
+            "--validation takes a count >= 0 of held-out MNIST digits",
         ),
         (
             ["benchmarks/elbo_against_nll.py", "--scales", "-1"],

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import Unpack
 
 from zoo.arguments import check_positive
+from zoo.baselines.prior_search import held_out_precision
 from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.base import BayesianModel
@@ -38,6 +39,7 @@ def laplace(
     *,
     at: FitResult | str | None = None,
     options: LaplaceOptions | dict | None = None,
+    validation: Data | None = None,
     progress: bool = True,
     **how: Unpack[HowToFit],
 ) -> LaplaceFit:
@@ -58,6 +60,11 @@ def laplace(
         they are (a network trained outside the library and converted).
     options : LaplaceOptions or dict, optional
         Which weights, the Hessian's structure, the prior precision, the predictive.
+    validation : data, optional
+        Held-out data (``(X, y)``, a Dataset or a DataLoader; not the test data), needed by
+        ``prior_precision="gridsearch"`` and read by it alone: the precision whose predictive
+        scores the lowest NLL on them (:mod:`zoo.baselines.prior_search`; its grid and scores
+        are in ``info["prior_search"]``). Checked against the model before any fit.
     progress : bool, default True
         The MAP fit's progress bar (unless ``run`` is given: then its ``progress``).
     **how : HowToFit
@@ -76,6 +83,7 @@ def laplace(
     check_positive(batch_size=batch_size)
     if not (at is None or at == "module" or isinstance(at, FitResult)):
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")
+    held_out = validation_tensors(model, options, validation)
     import_laplace()
     start, info = time.perf_counter(), {}
     weights, loader, map_fit = map_point(model, data, at, fit_args, batch_size)
@@ -99,8 +107,37 @@ def laplace(
             # laplace-torch's note on link_approx, which the marginal likelihood does not use
             warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
             la.optimize_prior_precision(pred_type=pred_type, method="marglik")
+    result: LaplaceFit = LaplaceFit(model, la, options, weights, 0.0, info)
+    if held_out is not None:
+        x, y = (t.to(result.device) for t in held_out)
+        search_options = result.predict_options(None, seed=0, progress=False)
+        info["prior_search"] = held_out_precision(result, x, y, search_options)
     info["prior_precision"] = la.prior_precision.detach().reshape(-1).tolist()
-    return LaplaceFit(model, la, options, weights, time.perf_counter() - start, info)
+    result.wall_time = time.perf_counter() - start
+    return result
+
+
+def validation_tensors(model, options: LaplaceOptions, validation) -> tuple | None:
+    """``(x, y)`` of the held-out data of ``prior_precision="gridsearch"``, checked against
+    the model (on the CPU, before any fit), or ``None`` for the other rules; refused where the
+    rule and the data do not go together."""
+    rule = options.prior_precision
+    if rule != "gridsearch":
+        if validation is not None:
+            raise ValueError(
+                f"zoo.laplace: validation data are read only by prior_precision='gridsearch' "
+                f"(options give {rule!r}); pass options={{'prior_precision': 'gridsearch'}} or "
+                "leave validation out"
+            )
+        return None
+    if validation is None:
+        raise ValueError(
+            "zoo.laplace: prior_precision='gridsearch' chooses the precision on held-out data: "
+            "pass validation=(X_val, y_val), data the MAP fit does not see (not the test data)"
+        )
+    x, y = gather_tensors(validation)
+    check_labelled_data(model, x, y, next(model.net.parameters()).device)  # where it is now
+    return x, y
 
 
 def split_noise(weights: dict) -> tuple[dict, torch.Tensor | None]:

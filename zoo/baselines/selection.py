@@ -10,7 +10,13 @@ import warnings
 
 import torch
 
-from zoo.results.laplace_torch import LaplaceOptions, build, laplace_torch_call, site_names
+from zoo.results.laplace_torch import (
+    PRIOR_RULES,
+    LaplaceOptions,
+    build,
+    laplace_torch_call,
+    site_names,
+)
 
 __all__ = ["diagonal_variances", "subnetwork_indices"]
 
@@ -41,12 +47,14 @@ def diagonal_variances(
     """Marginal posterior variances of every weight under a diagonal Laplace at ``weights``
     (the scores of laplace-torch's ``LargestVarianceDiagLaplaceSubnetMask``), flat in
     :func:`site_names` order; the prior precision is the fixed ``options.prior_precision``, or
-    fitted to the diagonal Laplace's marginal likelihood. The curvature is ASDL's diagonal GGN
-    (per example, little memory), or laplace-torch's default backend for a network with layers
-    ASDL does not cover (attention)."""
-    diagonal = LaplaceOptions(
-        weights="all", hessian="diag", prior_precision=options.prior_precision
-    )
+    fitted to the diagonal Laplace's marginal likelihood (also for ``"gridsearch"``, whose
+    held-out data score the subnetwork's Laplace, not this one). The curvature is ASDL's
+    diagonal GGN (per example, little memory), or laplace-torch's default backend for a network
+    with layers ASDL does not cover (attention)."""
+    precision = options.prior_precision
+    if precision in PRIOR_RULES:
+        precision = "marglik"
+    diagonal = LaplaceOptions(weights="all", hessian="diag", prior_precision=precision)
     try:
         return _diagonal_variances(build(model, weights, diagonal), options, loader, sigma_noise)
     except ValueError as err:  # ASDL's diagonal GGN covers standard layers only (no attention)
@@ -69,6 +77,6 @@ def _diagonal_variances(la, options: LaplaceOptions, loader, sigma_noise) -> tor
         # laplace-torch's note on link_approx, which the marginal likelihood does not use
         warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
         la.fit(loader)
-        if options.prior_precision == "marglik":
+        if options.prior_precision in PRIOR_RULES:  # gridsearch scores the subnetwork's
             la.optimize_prior_precision(pred_type="glm", method="marglik")
         return la.posterior_variance.detach()

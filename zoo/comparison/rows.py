@@ -115,17 +115,29 @@ def _make_ensemble(model_factory, family, options, train, args, progress) -> Pos
     return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
 
 
+#: What a ``"laplace"`` row takes beside :class:`LaplaceOptions`' fields: :func:`zoo.laplace`'s
+#: ``at`` and ``validation``.
+LAPLACE_CALL = ("at", "validation")
+
+
 def _check_laplace(options: dict) -> None:
     at = options.get("at")
     if at not in (None, "module"):
         raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
-    LaplaceOptions.of({k: v for k, v in options.items() if k != "at"})
+    fields = LaplaceOptions.of({k: v for k, v in options.items() if k not in LAPLACE_CALL})
+    if (fields.prior_precision == "gridsearch") != (options.get("validation") is not None):
+        raise ValueError(
+            "prior_precision='gridsearch' and 'validation' (held-out data, not the test data) "
+            "go together: give both or neither"
+        )
 
 
 def _make_laplace(model_factory, family, options, train, args, progress) -> Posterior:
     options = dict(options)
     at = options.pop("at", None)  # "module": post-hoc at a trained network's weights
-    return laplace(model_factory(), train, at=at, options=options, progress=progress, **args)
+    validation = options.pop("validation", None)  # gridsearch's held-out data
+    return laplace(model_factory(), train, at=at, options=options, validation=validation,
+                   progress=progress, **args)  # fmt: skip
 
 
 def _fit_family(model_factory, family, options, train, args, progress) -> Posterior:

@@ -102,9 +102,10 @@ def compare(
         "last_layer", "hessian": "kron"})`` takes :class:`zoo.LaplaceOptions`' fields and runs
         :func:`zoo.laplace` (a MAP fit with the row's fit options, then laplace-torch; with
         ``"at": "module"`` among them, post-hoc at the weights of a converted trained network,
-        no MAP fit). Every other row of a converted trained network starts at its weights
-        (``zoo.models.from_module``'s ``init="module"``), except an ensemble's members, which
-        start from fresh draws (:func:`zoo.ensemble`).
+        no MAP fit; with ``"prior_precision": "gridsearch"``, its held-out data as
+        ``"validation": (X_val, y_val)``). Every other row of a converted trained network
+        starts at its weights (``zoo.models.from_module``'s ``init="module"``), except an
+        ensemble's members, which start from fresh draws (:func:`zoo.ensemble`).
     train, test
         Training and held-out data (``(X, y)``, a Dataset or a DataLoader); ``train`` is needed
         only for rows to fit.

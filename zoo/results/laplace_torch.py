@@ -37,6 +37,9 @@ WEIGHTS = ("last_layer", "all", "subnetwork")
 #: variances of a diagonal Laplace at the MAP), or the largest MAP magnitudes (a baseline).
 SUBNETWORK_RULES = ("variance", "magnitude")
 HESSIANS = ("kron", "diag", "full")
+#: How the prior precision is chosen when it is not a number: the training data's marginal
+#: likelihood, or the held-out NLL of the fit's predictive (validation data given).
+PRIOR_RULES = ("marglik", "gridsearch")
 PREDICTIVES = ("glm", "nn", "probit")
 #: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
 FULL_HESSIAN_MAX = 20_000
@@ -55,9 +58,13 @@ class LaplaceOptions:
     hessian : {"kron", "diag", "full"}, default "kron"
         The curvature's structure: Kronecker-factored per layer (KFAC), diagonal, or dense
         (refused above ``FULL_HESSIAN_MAX`` weights).
-    prior_precision : "marglik" or float, default "marglik"
-        ``P``: fitted by maximising the marginal likelihood (laplace-torch's recommended
-        recipe), or a fixed precision (``1 / sigma^2`` of an isotropic ``N(0, sigma^2)``).
+    prior_precision : "marglik", "gridsearch" or float, default "marglik"
+        ``P``: fitted by maximising the marginal likelihood of the training data
+        (laplace-torch's recommended recipe); ``"gridsearch"``, the precision whose predictive
+        scores the lowest NLL on held-out data (``zoo.laplace``'s ``validation=``, needed;
+        :mod:`zoo.baselines.prior_search`), for a MAP network that interpolates its training
+        data, where the evidence favours a prior too broad; or a fixed precision
+        (``1 / sigma^2`` of an isotropic ``N(0, sigma^2)``).
     predictive : {"glm", "nn", "probit"}, default "glm"
         How predictions are made: function-space samples of the linearised network (the GLM
         predictive, consistent with the curvature), sampled networks (``"nn"``), or, for
@@ -69,8 +76,8 @@ class LaplaceOptions:
         ``"variance"``, Daxberger et al.'s rule (ICML 2021): the weights of largest marginal
         variance under a diagonal Laplace of every weight at the MAP (laplace-torch's
         ``LargestVarianceDiagLaplaceSubnetMask``; its prior precision is the fixed
-        ``prior_precision``, or with ``"marglik"`` fitted to the diagonal Laplace's marginal
-        likelihood first). ``"magnitude"``: the largest ``|MAP weight|``, a cheaper baseline
+        ``prior_precision``, or otherwise fitted to the diagonal Laplace's marginal likelihood
+        first). ``"magnitude"``: the largest ``|MAP weight|``, a cheaper baseline
         that is not the paper's.
     """
 
@@ -123,11 +130,11 @@ class LaplaceOptions:
                 "subnetwork Laplace takes hessian='full' only"
             )
         p = self.prior_precision
-        if p != "marglik":
+        if p not in PRIOR_RULES:
             if isinstance(p, str) or not is_number(p) or not p > 0:
                 raise ValueError(
                     f"LaplaceOptions(prior_precision={p!r}): 'marglik' (fitted by marginal "
-                    "likelihood) or a positive number"
+                    "likelihood), 'gridsearch' (chosen on validation data) or a positive number"
                 )
 
 
@@ -227,7 +234,7 @@ def build(
         )
     if options.weights == "last_layer" and last_layer_name is not None:
         kwargs["last_layer_name"] = last_layer_name
-    if options.prior_precision != "marglik":
+    if options.prior_precision not in PRIOR_RULES:
         kwargs["prior_precision"] = float(options.prior_precision)
     if backend is not None:
         kwargs["backend"] = backend
