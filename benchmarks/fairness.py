@@ -173,10 +173,12 @@ def given_rate(row: str, family: str, default_lr: float, times: float) -> dict:
 
 
 def fit_once(name: str, family: str, budget: int = 1, times: float | None = None,
-             data_root: str | None = None):  # fmt: skip
+             data_root: str | None = None, extra: dict | None = None):  # fmt: skip
     """``(model, fit, train, test)``: one ``zoo.fit`` of ``family`` on problem ``name`` at
     seed 0, its default call (``times=None``) or the grid's rate ``times`` (``given_rate``),
-    for the scripts that study one row (``laplace_prior.py``, ``elbo_against_nll.py``)."""
+    with ``extra`` flat ``zoo.fit`` options over the problem's (``{"kl_weight": 0.1}``), for
+    the scripts that study one row (``laplace_prior.py``, ``elbo_against_nll.py``,
+    ``held_out_curve.py``)."""
     import zoo
     from zoo.training.options import grouped
 
@@ -185,7 +187,7 @@ def fit_once(name: str, family: str, budget: int = 1, times: float | None = None
     if times is not None:
         given = given_rate(row_name(name, budget), family, default_lr, times)
     model = factory()
-    run = grouped({"seed": 0, "progress": False, **options, **given})
+    run = grouped({"seed": 0, "progress": False, **options, **given, **(extra or {})})
     return model, zoo.fit(model, family, train, **run), train, test
 
 

@@ -535,6 +535,26 @@ def test_laplace_prior_chooses_a_precision_on_held_out_digits(tmp_path, mnist_ro
     assert "(held out)" in out
 
 
+def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mnist_root):
+    out_file = tmp_path / "held_out_curve.json"
+    out = _run(
+        "benchmarks/held_out_curve.py", "--problem", "mnist", "--budget", "1", "--kl-weights",
+        "1", "0.1", "--samples", "2", "--every", "2", "--validation", "100", "--data-root",
+        str(mnist_root), "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    assert [r["kl_weight"] for r in saved["rows"]] == [1.0, 0.1]
+    for r in saved["rows"]:
+        assert r["epochs"] == 5 and r["scored_epochs"] == [2, 4]  # every second epoch's end
+        points = [*zip(r["scored_epochs"], r["held_out_nll"], r["test_nll"], strict=True),
+                  (5, r["final_held_out_nll"], r["final_test_nll"])]  # fmt: skip
+        assert (r["best_epoch"], r["best_held_out_nll"], r["test_nll_at_best"]) == min(
+            points, key=lambda point: point[1]
+        )
+        assert r["final_test_nll"] > 0 and r["lr"] > 0
+    assert out.count("\n| 1 |") == 1 and "| 0.1 |" in out
+
+
 def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
     out_file = tmp_path / "elbo_against_nll.json"
     out = _run(
@@ -739,6 +759,14 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/laplace_prior.py", "--validation", "-1"],
             "--validation takes a count >= 0 of held-out MNIST digits",
+        ),
+        (
+            ["benchmarks/held_out_curve.py", "--every", "0"],
+            "--every, --validation, --processes and --threads must be at least 1",
+        ),
+        (
+            ["benchmarks/held_out_curve.py", "--kl-weights", "0"],
+            "--kl-weights positive",
         ),
         (
             ["benchmarks/elbo_against_nll.py", "--scales", "-1"],

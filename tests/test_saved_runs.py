@@ -255,6 +255,13 @@ def test_the_laplace_prior_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
+def test_the_held_out_curve_table_is_its_saved_run():
+    import held_out_curve
+
+    for line in held_out_curve.table_lines(_rows("held_out_curve.json")):
+        assert line in BENCH_README, line
+
+
 def test_the_elbo_against_nll_table_is_its_saved_run():
     import elbo_against_nll
 
