@@ -119,8 +119,8 @@ def laplace(
 
 def validation_tensors(model, options: LaplaceOptions, validation) -> tuple | None:
     """``(x, y)`` of the held-out data of ``prior_precision="gridsearch"``, checked against
-    the model (on the CPU, before any fit), or ``None`` for the other rules; refused where the
-    rule and the data do not go together."""
+    the model (on the device its network is on, before any fit), or ``None`` for the other
+    rules; refused where the rule and the data do not go together."""
     rule = options.prior_precision
     if rule != "gridsearch":
         if validation is not None:

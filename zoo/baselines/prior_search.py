@@ -80,7 +80,7 @@ def held_out_precision(fit, x: torch.Tensor, y: torch.Tensor, options) -> dict:
             f"1e{best:g}); a better precision may lie beyond it: give a fixed prior_precision "
             "beyond the edge and compare",
             UserWarning,
-            stacklevel=3,
+            stacklevel=5,  # zoo.laplace's caller, past its two decorators
         )
     _set(fit, 10.0**best)
     return {"precisions": [10.0**k for k in scored], "nll": list(scored.values())}

@@ -89,8 +89,9 @@ def test_the_edge_of_the_grid_warns_and_a_failure_everywhere_is_refused(monkeypa
     model = classifier()
     map_fit = zoo.fit(model, "map", train, num_steps=50, run=zoo.Run(progress=False))
     monkeypatch.setattr(prior_search, "_held_out_nll", lambda fit, p, *a: 1 / p)
-    with pytest.warns(UserWarning, match="grid's edge"):
+    with pytest.warns(UserWarning, match="grid's edge") as caught:
         fit = zoo.laplace(model, train, at=map_fit, validation=held_out, **GRID)
+    assert [w.filename for w in caught] == [__file__]  # it points at the caller's line
     assert fit.info["prior_precision"] == pytest.approx([1e4])
     assert len(fit.info["prior_search"]["precisions"]) == 9 + 3  # the fine steps inside
     monkeypatch.setattr(prior_search, "_held_out_nll", lambda *a: math.inf)
