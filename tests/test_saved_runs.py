@@ -248,10 +248,11 @@ def test_the_rate_cost_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
-def test_the_laplace_prior_table_is_its_saved_run():
+@pytest.mark.parametrize("saved", ["laplace_prior.json", "laplace_prior_resnet.json"])
+def test_the_laplace_prior_tables_are_their_saved_runs(saved):
     import laplace_prior
 
-    for line in laplace_prior.table_lines(_rows("laplace_prior.json")):
+    for line in laplace_prior.table_lines(_rows(saved)):
         assert line in BENCH_README, line
 
 
