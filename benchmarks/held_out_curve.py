@@ -1,5 +1,5 @@
 """What would meet the target where the ELBO's optimum predicts badly? A fit's held-out NLL
-at every epoch's end, at the default call with the KL weighted as given.
+every few epochs, at the default call with the KL weighted as given.
 
     python benchmarks/held_out_curve.py                       # ResNet-8 x 10, diagonal
     python benchmarks/held_out_curve.py --problem mnist --budget 1 --kl-weights 1
@@ -11,12 +11,12 @@ early. Two ways out change what a fit does, not its rate: stopping on held-out d
 tempered objective (``zoo.Loss(kl_weight=...)``, the KL's factor). Each row here is the default
 call (seed 0; the range test's rate) of ``--family`` on ``--problem`` (``fairness.problem``)
 with one ``--kl-weights``; a callback scores the fit's predictive (``--samples`` draws) at
-the end of every ``--every``-th epoch and of the last, on ``--validation`` held-out training
-digits (the ones after the fit's 2,000) and on the test digits. Early stopping would keep the
-scored epoch of the lowest held-out NLL (the fit's end among them): the row gives that epoch
-and its test NLL beside the fit's final test NLL. Mid-fit scores read
-batch norm's running statistics; the final one is after the fit's refresh pass. One fit per
-process, ``--processes`` at a time.
+the end of every ``--every``-th epoch, and the fit is scored again at its end, on
+``--validation`` held-out training digits (the ones after the fit's 2,000) and on the test
+digits. Early stopping would keep the scored point of the lowest held-out NLL (the fit's end
+among them): the row gives its epoch and its test NLL beside the fit's final test NLL.
+Mid-fit scores read batch norm's running statistics; the end's is after the fit's refresh
+pass. One fit per process, ``--processes`` at a time.
 
 Results go to ``--out`` (JSON).
 """
