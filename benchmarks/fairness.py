@@ -69,6 +69,9 @@ BASELINES = ("ensemble", "laplace")
 FULL_BATCH = ("toy", "diabetes")
 #: The joint Gaussian is fitted where the network has at most this many weights.
 JOINT_MAX = 1500
+#: The MNIST training digits every MNIST problem fits (the first ones); held-out digits are
+#: the ones after them (:func:`validation_digits`).
+MNIST_TRAIN = 2000
 #: The option that sets a family's initial spread, where it is not ``init_scale``: the Posch
 #: tridiagonal's relative scale ``tau`` (its default parameterisation).
 INIT_OPTIONS = {"tridiagonal": "init_tau"}
@@ -128,7 +131,7 @@ def _problem(name: str, data_root: str | None = None):
     if name in ("mnist", "resnet", *HELD_OUT):
         root = data_root or os.environ.get("ZOO_DATA")
         test_size = 1000 if name == "resnet" else 2000
-        train_set = zoo.data.mnist(root, train=True, download=False, limit=2000)
+        train_set = zoo.data.mnist(root, train=True, download=False, limit=MNIST_TRAIN)
         test_set = zoo.data.mnist(root, train=False, download=False, limit=test_size)
         train = tuple(torch.stack(t) for t in zip(*train_set))
         test = tuple(torch.stack(t) for t in zip(*test_set))
@@ -173,22 +176,36 @@ def given_rate(row: str, family: str, default_lr: float, times: float) -> dict:
 
 
 def fit_once(name: str, family: str, budget: int = 1, times: float | None = None,
-             data_root: str | None = None, extra: dict | None = None):  # fmt: skip
+             data_root: str | None = None, extra: dict | None = None, loaded=None):  # fmt: skip
     """``(model, fit, train, test)``: one ``zoo.fit`` of ``family`` on problem ``name`` at
     seed 0, its default call (``times=None``) or the grid's rate ``times`` (``given_rate``),
     with ``extra`` flat ``zoo.fit`` options over the problem's (``{"kl_weight": 0.1}``), for
     the scripts that study one row (``laplace_prior.py``, ``elbo_against_nll.py``,
-    ``held_out_curve.py``)."""
+    ``held_out_curve.py``); ``loaded`` is ``problem(name, data_root, budget)`` where the
+    caller has it already."""
     import zoo
     from zoo.training.options import grouped
 
-    train, test, factory, options, default_lr = problem(name, data_root, budget)
+    train, test, factory, options, default_lr = loaded or problem(name, data_root, budget)
     given = {}
     if times is not None:
         given = given_rate(row_name(name, budget), family, default_lr, times)
     model = factory()
     run = grouped({"seed": 0, "progress": False, **options, **given, **(extra or {})})
     return model, zoo.fit(model, family, train, **run), train, test
+
+
+def validation_digits(name: str, size: int, data_root: str | None = None):
+    """``(x, y)``: ``size`` MNIST training digits after the ``MNIST_TRAIN`` that an MNIST
+    problem ``name`` fits, in the problem's input form; ``None`` for ``size`` 0."""
+    import zoo
+
+    if size == 0:
+        return None
+    train_set = zoo.data.mnist(data_root or os.environ.get("ZOO_DATA"), train=True,
+                               download=False, limit=MNIST_TRAIN + size)  # fmt: skip
+    x, y = (torch.stack(t)[MNIST_TRAIN:] for t in zip(*train_set))
+    return (x.flatten(1) if name == "mlp" else x), y
 
 
 def jobs(

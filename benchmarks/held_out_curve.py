@@ -33,7 +33,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fairness  # noqa: E402
-from laplace_prior import validation_digits  # noqa: E402
 from saving import write_json  # noqa: E402
 
 import zoo  # noqa: E402
@@ -49,8 +48,9 @@ def curve(job: dict) -> dict:
     ``job["every"]``-th epoch and at the fit's end (after its refresh pass)."""
     torch.set_num_threads(job["threads"])
     start = time.perf_counter()
-    held_out = validation_digits(job["problem"], job["validation"], job["data_root"])
-    test = fairness.problem(job["problem"], job["data_root"], job["budget"])[1]
+    held_out = fairness.validation_digits(job["problem"], job["validation"], job["data_root"])
+    loaded = fairness.problem(job["problem"], job["data_root"], job["budget"])
+    test = loaded[1]
     samples, every, scored, begun = job["samples"], job["every"], [], [0]
 
     def score(view) -> None:
@@ -61,7 +61,7 @@ def curve(job: dict) -> dict:
 
     extra = {"kl_weight": job["kl_weight"], "callbacks": [score]}
     _, fit, _, _ = fairness.fit_once(job["problem"], job["family"], job["budget"], None,
-                                     job["data_root"], extra)  # fmt: skip
+                                     job["data_root"], extra, loaded)  # fmt: skip
     end = (begun[0], nll(fit, *held_out, samples), nll(fit, *test, samples))
     best = min([*scored, end], key=lambda point: point[1])
     print(f"  kl_weight {job['kl_weight']:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr)

@@ -40,17 +40,6 @@ def nll(posterior, x: torch.Tensor, y: torch.Tensor, samples: int) -> float:
     return zoo.metrics.nll(prediction.probs, y)
 
 
-def validation_digits(problem: str, size: int, data_root=None):
-    """``(x, y)``: ``size`` MNIST training digits after the 2,000 of ``problem``'s fit (the
-    MNIST problems), in the problem's input form; ``None`` for ``size`` 0."""
-    if size == 0:
-        return None
-    train_set = zoo.data.mnist(data_root or os.environ.get("ZOO_DATA"), train=True,
-                               download=False, limit=2000 + size)  # fmt: skip
-    x, y = (torch.stack(t)[2000:] for t in zip(*train_set))
-    return (x.flatten(1) if problem == "mlp" else x), y
-
-
 def rows_at(problem: str, budget: int, scale, precisions, samples: int, data_root=None,
             validation=None):  # fmt: skip
     """One row per prior precision ("marglik" first, "gridsearch" last with ``validation``)
@@ -122,7 +111,7 @@ def main(argv=None) -> list[dict]:
         parser.error("--validation takes a count >= 0 of held-out MNIST digits (MNIST problems)")
     torch.set_num_threads(args.threads)
     rows = []
-    validation = validation_digits(args.problem, args.validation, args.data_root)
+    validation = fairness.validation_digits(args.problem, args.validation, args.data_root)
     for scale in (None, *args.scales):
         rows += rows_at(args.problem, args.budget, scale, args.precisions, args.samples,
                         args.data_root, validation)  # fmt: skip

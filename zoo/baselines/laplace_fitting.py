@@ -117,24 +117,30 @@ def laplace(
     return result
 
 
+def check_pairing(rule: str, has_validation: bool, where: str) -> None:
+    """Refuse held-out data without ``prior_precision="gridsearch"``, and the grid search
+    without held-out data; ``where`` names the call in the message (``"zoo.laplace"``, a
+    ``zoo.compare`` row)."""
+    if rule == "gridsearch" and not has_validation:
+        raise ValueError(
+            f"{where}: prior_precision='gridsearch' chooses the precision on held-out data: "
+            "pass validation=(X_val, y_val), data the MAP fit does not see (not the test data)"
+        )
+    if rule != "gridsearch" and has_validation:
+        raise ValueError(
+            f"{where}: validation data are read only by prior_precision='gridsearch' "
+            f"(options give {rule!r}); pass options={{'prior_precision': 'gridsearch'}} or "
+            "leave validation out"
+        )
+
+
 def validation_tensors(model, options: LaplaceOptions, validation) -> tuple | None:
     """``(x, y)`` of the held-out data of ``prior_precision="gridsearch"``, checked against
     the model (on the device its network is on, before any fit), or ``None`` for the other
-    rules; refused where the rule and the data do not go together."""
-    rule = options.prior_precision
-    if rule != "gridsearch":
-        if validation is not None:
-            raise ValueError(
-                f"zoo.laplace: validation data are read only by prior_precision='gridsearch' "
-                f"(options give {rule!r}); pass options={{'prior_precision': 'gridsearch'}} or "
-                "leave validation out"
-            )
-        return None
+    rules; refused where the rule and the data do not go together (:func:`check_pairing`)."""
+    check_pairing(options.prior_precision, validation is not None, "zoo.laplace")
     if validation is None:
-        raise ValueError(
-            "zoo.laplace: prior_precision='gridsearch' chooses the precision on held-out data: "
-            "pass validation=(X_val, y_val), data the MAP fit does not see (not the test data)"
-        )
+        return None
     x, y = gather_tensors(validation)
     check_labelled_data(model, x, y, next(model.net.parameters()).device)  # where it is now
     return x, y

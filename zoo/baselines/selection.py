@@ -56,19 +56,20 @@ def diagonal_variances(
         precision = "marglik"
     diagonal = LaplaceOptions(weights="all", hessian="diag", prior_precision=precision)
     try:
-        return _diagonal_variances(build(model, weights, diagonal), options, loader, sigma_noise)
+        return _diagonal_variances(build(model, weights, diagonal), diagonal, loader, sigma_noise)
     except ValueError as err:  # ASDL's diagonal GGN covers standard layers only (no attention)
         if "ASDL" not in str(err):
             raise
     from laplace.curvature import CurvlinopsGGN  # laplace-torch's default: any module, more memory
 
     la = build(model, weights, diagonal, backend=CurvlinopsGGN)
-    return _diagonal_variances(la, options, loader, sigma_noise)
+    return _diagonal_variances(la, diagonal, loader, sigma_noise)
 
 
-def _diagonal_variances(la, options: LaplaceOptions, loader, sigma_noise) -> torch.Tensor:
-    """:func:`diagonal_variances` on laplace-torch's diagonal Laplace ``la`` (not fitted): one
-    pass over ``loader``, then its ``posterior_variance``, which is what
+def _diagonal_variances(la, diagonal: LaplaceOptions, loader, sigma_noise) -> torch.Tensor:
+    """:func:`diagonal_variances` on laplace-torch's diagonal Laplace ``la`` (not fitted), built
+    with ``diagonal``: one pass over ``loader``, its precision fitted where ``diagonal`` says
+    ``"marglik"``, then its ``posterior_variance``, which is what
     ``LargestVarianceDiagLaplaceSubnetMask.compute_param_scores`` returns after fitting ``la``
     again (that second pass would give the same curvature)."""
     if sigma_noise is not None:
@@ -77,6 +78,6 @@ def _diagonal_variances(la, options: LaplaceOptions, loader, sigma_noise) -> tor
         # laplace-torch's note on link_approx, which the marginal likelihood does not use
         warnings.filterwarnings("ignore", "By default `link_approx`", UserWarning)
         la.fit(loader)
-        if options.prior_precision in PRIOR_RULES:  # gridsearch scores the subnetwork's
+        if diagonal.prior_precision == "marglik":  # also the caller's gridsearch
             la.optimize_prior_precision(pred_type="glm", method="marglik")
         return la.posterior_variance.detach()

@@ -10,7 +10,7 @@ from typing import Any
 
 import guides
 from zoo.baselines.ensembles import check_ensemble, ensemble
-from zoo.baselines.laplace_fitting import laplace
+from zoo.baselines.laplace_fitting import check_pairing, laplace
 from zoo.results.laplace_torch import LaplaceOptions
 from zoo.results.posterior import Posterior
 from zoo.training.fitting import fit as run_fit
@@ -125,11 +125,8 @@ def _check_laplace(options: dict) -> None:
     if at not in (None, "module"):
         raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
     fields = LaplaceOptions.of({k: v for k, v in options.items() if k not in LAPLACE_CALL})
-    if (fields.prior_precision == "gridsearch") != (options.get("validation") is not None):
-        raise ValueError(
-            "prior_precision='gridsearch' and 'validation' (held-out data, not the test data) "
-            "go together: give both or neither"
-        )
+    check_pairing(fields.prior_precision, options.get("validation") is not None,
+                  "a zoo.compare 'laplace' row")  # fmt: skip
 
 
 def _make_laplace(model_factory, family, options, train, args, progress) -> Posterior:
