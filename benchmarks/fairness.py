@@ -280,7 +280,15 @@ def run_one(job: dict, data_root=None) -> dict:
         "lr_used": float(result["lr"]),
         "lr_rule": result["lr_rule"],
         "steps": int(result["steps"]),
+        "statistics": _statistics(fitted),
     }
+
+
+def _statistics(fitted) -> str | None:
+    """``"per_draw"`` where the fit's model keeps training inputs for each draw's batch norm
+    statistics (``zoo.models.per_draw``), else ``None`` (no batch norm, or one set)."""
+    model = getattr(fitted, "model", None)
+    return "per_draw" if getattr(model, "statistics_inputs", None) is not None else None
 
 
 @contextlib.contextmanager

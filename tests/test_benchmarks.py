@@ -555,6 +555,24 @@ def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mni
     assert out.count("\n| 1 |") == 1 and "| 0.1 |" in out
 
 
+def test_draw_statistics_scores_one_posterior_both_ways(tmp_path, mnist_root):
+    """Each scored epoch and the end: the same posterior with shared and per-draw statistics,
+    on training and test digits, with the end's prediction seconds side by side."""
+    out_file = tmp_path / "draw_statistics.json"
+    out = _run(
+        "benchmarks/draw_statistics.py", "--budget", "1", "--epochs", "2", "--samples", "2",
+        "--train", "50", "--threads", "1", "--data-root", str(mnist_root), "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    assert [r["epoch"] for r in saved["rows"]] == [2, "end"] and saved["lr"] > 0
+    for r in saved["rows"]:
+        for way in ("shared", "per_draw"):
+            assert r[way]["train_nll"] > 0 and 0 <= r[way]["test_accuracy"] <= 1
+        assert r["shared"]["test_nll"] != r["per_draw"]["test_nll"]
+    assert saved["rows"][-1]["per_draw"]["test_seconds"] > 0
+    assert "| end |" in out and "per draw / shared" in out
+
+
 def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
     out_file = tmp_path / "elbo_against_nll.json"
     out = _run(
@@ -767,6 +785,14 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/held_out_curve.py", "--kl-weights", "0"],
             "--kl-weights positive",
+        ),
+        (
+            ["benchmarks/draw_statistics.py", "--epochs", "0"],
+            "--budget, --samples, --train, --threads and --epochs must be at least 1",
+        ),
+        (
+            ["benchmarks/draw_statistics.py", "--samples", "0"],
+            "--budget, --samples, --train, --threads and --epochs must be at least 1",
         ),
         (
             ["benchmarks/elbo_against_nll.py", "--scales", "-1"],

@@ -13,6 +13,7 @@ from tqdm import tqdm
 from zoo.arguments import check_positive, check_seed
 from zoo.data.checks import check_inputs
 from zoo.models.base import BayesianModel
+from zoo.models.per_draw import draw_statistics
 from zoo.models.predictions import Prediction
 from zoo.models.statistics import evaluation_mode
 from zoo.runtime.distributed import Ranks
@@ -139,8 +140,10 @@ def predict(
     ``threads``: torch's intra-op CPU threads for the passes, as ``zoo.fit``'s (``"auto"``: one
     thread when a pass is small, :mod:`zoo.runtime.threads`), the caller's setting restored after.
 
-    The network runs in evaluation mode (batch norm reads its running statistics, as after
-    ``model.eval()``), whatever its mode, which is back as it was afterwards.
+    The network runs in evaluation mode, whatever its mode, which is back as it was afterwards:
+    batch norm reads its running statistics, as after ``model.eval()``, or, where the model
+    keeps training inputs for them (a fit's default, :mod:`zoo.models.per_draw`), each
+    draw's own statistics on those inputs.
     """
     check_positive(
         num_samples=num_samples, batch_size=batch_size, sample_batch_size=sample_batch_size
@@ -181,8 +184,9 @@ def predict(
 
 
 def _passes(model, x, x0, params, num_samples, batch_size, step, device, progress) -> torch.Tensor:
-    """The network's outputs ``(S, n, ...)`` on this rank's ``x``, in blocks of ``batch_size``
-    inputs x ``step`` draws."""
+    """The network's outputs ``(S, n, ...)`` on this rank's ``x``, in blocks of ``step`` draws
+    x ``batch_size`` inputs, each block of draws with its own batch norm statistics where the
+    model keeps inputs for them (:mod:`zoo.models.per_draw`)."""
     starts = range(0, x.shape[0], batch_size)
     draws = range(0, num_samples, step)
     bar = tqdm(
@@ -193,24 +197,26 @@ def _passes(model, x, x0, params, num_samples, batch_size, step, device, progres
         delay=PROGRESS_DELAY,
         leave=False,
     )
+    if not starts:  # an empty shard (fewer inputs than ranks)
+        probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
+        return probe.new_empty((num_samples, 0, *probe.shape[1:]))
     blocks = []
     with bar:
-        for start in starts:
-            chunk = x[start : start + batch_size].to(device)
+        for s in draws:
+            if step == 1:  # a plain forward per draw, no vmap
+                block = {k: v[s] for k, v in params.items()}
+            else:
+                block = {k: v[s : s + step] for k, v in params.items()}
+            # each draw's batch norm statistics, on the fit's kept inputs (None: the running ones)
+            own = draw_statistics(model, block)
             parts = []
-            for s in draws:
-                if step == 1:  # a plain forward per draw, no vmap
-                    out = model.network(chunk, {k: v[s] for k, v in params.items()})
-                    parts.append(out.unsqueeze(0))
+            for start in starts:
+                chunk = x[start : start + batch_size].to(device)
+                if own is None:  # a subclass's network(x, params) need not take buffers
+                    out = model.network(chunk, block)
                 else:
-                    parts.append(
-                        model.network(chunk, {k: v[s : s + step] for k, v in params.items()})
-                    )
+                    out = model.network(chunk, block, buffers=own)
+                parts.append(out.unsqueeze(0) if step == 1 else out)
                 bar.update(1)
-            blocks.append(torch.cat(parts, dim=0))
-    if blocks:
-        outputs = torch.cat(blocks, dim=1)
-    else:  # an empty shard (fewer inputs than ranks)
-        probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
-        outputs = probe.new_empty((num_samples, 0, *probe.shape[1:]))
-    return outputs
+            blocks.append(torch.cat(parts, dim=1))
+    return torch.cat(blocks, dim=0)

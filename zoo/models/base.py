@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from guides.site import fan_in
-from zoo.models import semantics, statistics
+from zoo.models import per_draw, semantics, statistics
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.models.predictions import PredictionT
 from zoo.priors import Prior, resolve_prior
@@ -157,6 +157,9 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
                 + (" (every one is deterministic)" if names else "")
             )
         self._read_network()
+        # training inputs each draw's batch norm statistics are estimated on (a fit's, at its
+        # end; zoo.models.per_draw); not in the state dict: a fit saves it itself
+        self.register_buffer("statistics_inputs", None, persistent=False)
         self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
         self.prior.bind(self.site_shapes, self._fan_in)
 
@@ -169,6 +172,8 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         super().__setstate__(state)
         if "_statistics" not in self.__dict__:  # pickled before running statistics
             self._read_network()
+        if "statistics_inputs" not in self._buffers:  # pickled before per-draw statistics
+            self.register_buffer("statistics_inputs", None, persistent=False)
 
     def _read_network(self) -> None:
         """What the forward pass needs to know of the network: the names of its running
@@ -266,15 +271,26 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         return out
 
     # ---- batched evaluation ----
-    def network(self, x: torch.Tensor, params: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    def network(
+        self,
+        x: torch.Tensor,
+        params: Mapping[str, torch.Tensor],
+        buffers: Mapping[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Network output for weights ``params``; leading sample dims ``(*S, B, ...)``.
 
         ``params[name]`` has shape ``(*S, *site_shape)`` with the same ``S`` for every site
         (``S`` may be empty). ``x`` is ``(B, ...)`` and is shared by all samples.
+        ``buffers`` (``{buffer: (S, *shape)}``, one leading dim ``S`` or none, from
+        :func:`zoo.models.per_draw.draw_statistics`): each draw's own running
+        statistics, read in evaluation mode in place of the network's.
         """
         weights = {name: params[name] for name in self.site_shapes}
         first = next(iter(self.site_shapes))
         lead = weights[first].shape[: weights[first].dim() - len(self.site_shapes[first])]
+        if buffers is not None:
+            out = per_draw.network_with(self, x, weights, dict(buffers), tuple(lead))
+            return self._shaped(out, len(lead))
         if not lead:
             weights = {name: self.to_parameter(name, w) for name, w in weights.items()}
             if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace

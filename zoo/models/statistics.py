@@ -13,7 +13,9 @@ training mode (``model.train()``, what ``zoo.fit`` runs in)
     cumulative average of PyTorch, over steps). One draw (``P = 1``, the default) is exactly
     PyTorch's update. Draws never see each other's statistics.
 evaluation mode (``model.eval()``, every prediction)
-    every draw normalises with the running statistics, as ``model.eval()`` does in PyTorch.
+    every draw normalises with the running statistics, as ``model.eval()`` does in PyTorch, or,
+    where a fit left the model training inputs for them, with its own statistics on those
+    inputs (:mod:`zoo.models.per_draw`, ``zoo.Run(statistics="per_draw")``).
 
 The running statistics therefore estimate the batch statistics expected under the posterior
 (they are a property of the fit, saved and resumed with it), the choice of TyXe and

@@ -1,5 +1,6 @@
 """A model as plain data, the saved form every kind of posterior holds of its model: what a file
-holds of it (:func:`model_payload`: its spec and the network's fitted state), how it is
+holds of it (:func:`model_payload`: its spec, the network's fitted state and the training inputs
+of each draw's batch norm statistics, :mod:`zoo.models.per_draw`), how it is
 restored (:func:`restore_model`, the state checked before the model holds any of it) and the
 fingerprint a checkpoint's identity records (:func:`model_fingerprint`). The guide's entry is
 :mod:`zoo.storage.guide_form`."""
@@ -9,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from zoo.models import build
+from zoo.models.per_draw import check_kept_inputs
 from zoo.storage import checks as file_checks
 
 __all__ = ["model_fingerprint", "model_payload", "restore_model"]
@@ -27,7 +29,11 @@ def model_payload(model) -> dict:
         state.pop(key, None)
     spec_of = getattr(model, "spec", None)
     spec = spec_of() if spec_of is not None else None
-    return {"spec": spec, "state": state, "class": type(model).__name__}
+    payload = {"spec": spec, "state": state, "class": type(model).__name__}
+    inputs = getattr(model, "statistics_inputs", None)
+    if inputs is not None:  # training inputs of each draw's batch norm statistics
+        payload["statistics_inputs"] = inputs
+    return payload
 
 
 def model_fingerprint(model) -> dict:
@@ -79,6 +85,16 @@ def restore_model(payload: dict, model=None):
             ) from None
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
+    inputs = payload.get("statistics_inputs")
+    if inputs is not None:
+        if not hasattr(model, "statistics_inputs"):
+            raise ValueError(
+                f"the saved fit keeps training inputs for batch norm's per-draw statistics, "
+                f"which a {type(model).__name__} cannot hold: pass a zoo model"
+            )
+        check_kept_inputs(inputs, "the saved model")
+        device = next((b.device for b in model.buffers()), inputs.device)
+        model.statistics_inputs = inputs.to(device)
     return model
 
 

@@ -240,6 +240,8 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         dev = resolve_device(s.engine.device)
     if isinstance(model, torch.nn.Module):
         model.to(dev)
+        if getattr(model, "statistics_inputs", None) is not None:  # a former fit's: this one
+            model.statistics_inputs = None  # keeps its own at its end (statistics="per_draw")
     seed = s.seed
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
@@ -315,10 +317,11 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         try:
             with intra_op_threads(plan.threads):
                 trainer.run(total, list(s.run.callbacks), s.run.progress)
-                if s.run.statistics == "refresh" and not result.interrupted:
+                if s.run.statistics != "running" and not result.interrupted:
                     start = time.perf_counter()
-                    if refresh_statistics(objective, batches, ranks):
-                        result.options["statistics"] = "refresh"
+                    keep = s.run.statistics == "per_draw"
+                    if refresh_statistics(objective, batches, ranks, keep=keep):
+                        result.options["statistics"] = s.run.statistics
                     result.wall_time += time.perf_counter() - start
         finally:
             graph = stepper.graph.state if stepper.graph is not None else plan.graph_record

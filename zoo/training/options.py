@@ -313,11 +313,14 @@ class Run:
         another is refused). With in-memory data on the CPU the resumed fit ends with the same
         parameters as an uninterrupted one. Ctrl-C during a fit returns the partial result
         (``result.interrupted`` is True).
-    statistics : {"refresh", "running"}
-        Batch norm's running statistics at the end of the fit: re-estimated at the fitted
-        posterior over one pass of the training minibatches (``"refresh"``, the default;
-        :mod:`zoo.training.refresh`), or the running averages the steps left (``"running"``).
-        A network without running statistics is unaffected.
+    statistics : {"per_draw", "refresh", "running"}
+        Batch norm's statistics after the fit. ``"per_draw"`` (the default): the running
+        statistics re-estimated at the fitted posterior over one pass of the training
+        minibatches (:mod:`zoo.training.refresh`), and the model keeps that pass's first
+        inputs (at most 512; a saved fit holds them), on which every prediction estimates each
+        weight draw's own statistics (:mod:`zoo.models.per_draw`). ``"refresh"``: the
+        pass only, every draw reading the one set of running statistics. ``"running"``: the
+        running averages the steps left. A network without running statistics is unaffected.
     """
 
     progress: bool = field(
@@ -342,9 +345,10 @@ class Run:
         default=None, metadata=_cli("continue the fit of this checkpoint", one_fit=True)
     )
     statistics: str = field(
-        default="refresh",
+        default="per_draw",
         metadata=_cli(
-            "batch norm's statistics at the end: re-estimated, or the steps' running averages",
+            "batch norm's statistics after the fit: each draw's own on kept training inputs, "
+            "re-estimated once, or the steps' running averages",
             choices=STATISTICS,
         ),
     )

@@ -1,5 +1,5 @@
 """Batch norm's running statistics re-estimated at the end of a fit (``zoo.Run(statistics=
-"refresh")``, the default).
+"per_draw")``, the default, and ``"refresh"``).
 
 During a fit each normalisation layer's running statistics move by its momentum towards each
 step's batch statistics (:mod:`zoo.models.statistics`): an exponential average over the last
@@ -29,21 +29,28 @@ from typing import Any
 import torch
 
 from zoo.inference.objective import Objective
+from zoo.models.per_draw import KEPT_INPUTS, kept_size
 from zoo.models.statistics import statistics_of, tracks_running_statistics
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import forked
 
 __all__ = ["STATISTICS", "refresh_statistics"]
 
-#: ``zoo.Run(statistics=...)``: re-estimated at the end of the fit, or the steps' running ones.
-STATISTICS = ("refresh", "running")
+#: ``zoo.Run(statistics=...)``: re-estimated at the end of the fit, with training inputs kept
+#: for each draw's own statistics (:mod:`zoo.models.per_draw`) or without, or the steps'
+#: running ones.
+STATISTICS = ("per_draw", "refresh", "running")
 
 
-def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None) -> int:
+def refresh_statistics(
+    objective: Objective, batches, ranks: Ranks | None = None, keep: bool = False
+) -> int:
     """Re-estimate the running statistics of ``objective.model``'s normalisation layers that
     the fit updates, over one epoch of ``batches`` (the fit's :class:`zoo.data.batches.Batches`)
     under the guide's draws; returns the examples seen (0 when no layer tracks statistics).
-    On a failure mid-pass the statistics are put back as they were."""
+    On a failure mid-pass the statistics are put back as they were. ``keep``: the model keeps
+    the pass's first inputs (:func:`zoo.models.per_draw.kept_size`; rank 0's) as its
+    ``statistics_inputs``, on which a prediction estimates each draw's own statistics."""
     model = objective.model
     net = getattr(model, "net", None)
     modules = net.modules() if isinstance(net, torch.nn.Module) else ()
@@ -55,7 +62,7 @@ def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None
     kept = [b.clone() for b in buffers]
     momenta = [m.momentum for m in layers]
     device = next((b.device for b in buffers), torch.device("cpu"))
-    seen = 0
+    seen, first = 0, []
     try:
         for m in layers:
             m.reset_running_stats()
@@ -63,6 +70,8 @@ def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None
         with torch.no_grad(), forked(device):
             for x, y in batches.epoch(0):
                 objective.loss(x, y, len(batches), eager=True)
+                if keep and seen < KEPT_INPUTS:
+                    first.append(x[: KEPT_INPUTS - seen].detach())
                 seen += len(x)
     except BaseException:
         with torch.no_grad():
@@ -72,5 +81,9 @@ def refresh_statistics(objective: Objective, batches, ranks: Ranks | None = None
     finally:
         for m, momentum in zip(layers, momenta):
             m.momentum = momentum
-    (ranks or Ranks()).average_(buffers)
+    ranks = ranks or Ranks()
+    ranks.average_(buffers)
+    if keep and first:
+        inputs = ranks.gather(torch.cat(first).cpu())[0]  # rank 0's, on every rank
+        model.statistics_inputs = inputs[: kept_size(inputs)].to(device).clone()
     return seen

@@ -86,12 +86,15 @@ def test_the_hmc_reference_refuses_batch_norm_clearly():
 @pytest.mark.parametrize("family", guides.available())
 def test_every_family_fits_and_predicts_a_resnet(family):
     """Batch norm's statistics move with every family's draws and are read in prediction;
-    at the end they are re-estimated over an epoch (48 examples: 3 minibatches of 16)."""
+    at the end they are re-estimated over an epoch (48 examples: 3 minibatches of 16), whose
+    inputs the model keeps for each draw's own statistics; a later fit drops them."""
     model = resnet()
     fit = zoo.fit(model, family, data("resnet"), num_steps=2, batch_size=16, run=RUN)
-    assert int(model.net.bn1.num_batches_tracked) == 3 and fit.options["statistics"] == "refresh"
+    assert int(model.net.bn1.num_batches_tracked) == 3 and fit.options["statistics"] == "per_draw"
+    assert model.statistics_inputs.shape == (48, 1, 12, 12)
     running = zoo.Run(progress=False, statistics="running")
     zoo.fit(model, family, data("resnet"), num_steps=2, batch_size=16, run=running)
     assert int(model.net.bn1.num_batches_tracked) == 3 + 2  # the steps' running averages
+    assert model.statistics_inputs is None
     pred = fit.predict(data("resnet", 8, 1)[0], num_samples=2)
     assert pred.probs.shape == (8, 10) and torch.isfinite(pred.probs).all()

@@ -109,5 +109,6 @@ def test_a_pass_that_fails_puts_the_statistics_back(monkeypatch):
 
 @pytest.mark.parametrize("bad", ["fresh", None, 1])
 def test_an_unknown_choice_is_refused_naming_the_choices(bad):
-    with pytest.raises(InvalidArgument, match="statistics must be one of 'refresh', 'running'"):
+    choices = "statistics must be one of 'per_draw', 'refresh', 'running'"
+    with pytest.raises(InvalidArgument, match=choices):
         zoo.Run(statistics=bad)

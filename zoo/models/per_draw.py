@@ -1,0 +1,148 @@
+"""Batch norm's statistics per weight draw: what a prediction normalises each draw with after a
+fit with ``zoo.Run(statistics="per_draw")``, the default.
+
+In training mode every weight draw normalises with its *own* batch statistics
+(:mod:`zoo.models.statistics`); the running statistics are one set, averaged over the draws. A
+network's statistics are a function of its weights, and under a posterior whose draws differ
+(a variational family, MC dropout) one draw's activation means and variances can be far from
+the average: normalised with the average, each sampled network is one the fit never trained,
+and the predictive can be worse on the *training* data than the networks it averages
+(``benchmarks/README.md``, "Batch norm's statistics per draw").
+
+So at the end of such a fit (:mod:`zoo.training.refresh`) the model keeps some of its training
+inputs, ``model.statistics_inputs``: the first :func:`kept_size` inputs of one pass of the fit's
+training minibatches, at most :data:`KEPT_INPUTS` inputs and :data:`KEPT_BYTES` bytes. Every
+prediction then estimates each draw's statistics on them before it predicts
+(:func:`draw_statistics`): for every normalisation layer that the fit updates, the draw's batch
+statistics over all the kept inputs in one pass (mean and unbiased variance per channel, as
+PyTorch's running update takes them), whatever passes the prediction itself is split into. A
+frozen body's fixed layers read their running statistics as before.
+The cost is one forward pass of the kept inputs per draw; a saved fit holds the kept inputs (they
+are training data). A fit with ``statistics="refresh"`` or ``"running"``, a network without
+running statistics, and a ``lightning.Trainer`` run keep none, and every draw reads the running
+statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+
+import torch
+from torch.func import functional_call, vmap
+
+from zoo.models.statistics import tracks_running_statistics, training_mode
+
+__all__ = [
+    "KEPT_BYTES",
+    "KEPT_INPUTS",
+    "check_kept_inputs",
+    "draw_statistics",
+    "kept_size",
+    "network_with",
+]
+
+#: The most training inputs a fit keeps for its draws' statistics: a few of the fit's own
+#: minibatches, whose batch statistics are what each draw was trained to normalise with.
+KEPT_INPUTS = 512
+
+#: The most bytes of kept inputs (a saved fit holds them): fewer inputs for large ones.
+KEPT_BYTES = 64 << 20
+
+
+def kept_size(inputs: torch.Tensor) -> int:
+    """How many of ``inputs`` (``(N, ...)``) a fit keeps: ``N``, :data:`KEPT_INPUTS` and
+    :data:`KEPT_BYTES` bytes' worth, whichever is least (at least one)."""
+    per_input = max(inputs[:1].numel() * inputs.element_size(), 1)
+    return max(1, min(len(inputs), KEPT_INPUTS, KEPT_BYTES // per_input))
+
+
+def check_kept_inputs(inputs, where: str) -> None:
+    """Refuse kept inputs that are not a non-empty tensor ``(N, ...)`` of finite values (a
+    changed file); ``where`` names what holds them."""
+    if not torch.is_tensor(inputs) or inputs.dim() < 1 or len(inputs) == 0:
+        raise ValueError(
+            f"{where}: the kept training inputs of batch norm's per-draw statistics must be a "
+            f"non-empty tensor (N, ...), got {type(inputs).__name__}: the file was changed"
+        )
+    if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
+        raise ValueError(
+            f"{where}: the kept training inputs of batch norm's per-draw statistics hold values "
+            "that are not finite: the file was changed or written by a diverged fit"
+        )
+
+
+def draw_statistics(model, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Each draw's running statistics estimated on ``model.statistics_inputs`` (see the module
+    notes): ``{buffer: (S, *shape)}`` for draws ``params`` ``{site: (S, *site_shape)}``, or
+    ``{buffer: shape}`` for one draw without the leading dim; ``None`` when the model keeps no
+    inputs or the network has no running statistics (every draw reads the running ones). One
+    pass of all the kept inputs per draw, so a prediction does not depend on how it is split
+    into passes."""
+    inputs = getattr(model, "statistics_inputs", None)
+    names = list(getattr(model, "_statistics", ()))
+    if inputs is None or not names:
+        return None
+    first = next(iter(model.site_shapes))
+    single = params[first].dim() == len(model.site_shapes[first])
+    weights = {
+        n: model.to_parameter(n, w.unsqueeze(0) if single else w)
+        for n, w in params.items()
+        if n in model.site_shapes
+    }
+    own = dict(model.net.named_buffers())
+    per_draw = []
+    with torch.no_grad(), training_mode(model), _exact_batch_statistics(model.net):
+        for k in range(weights[first].shape[0]):
+            copies = {n: own[n].clone() for n in names}  # a fixed layer's stay as they are
+            functional_call(model.net, ({n: w[k] for n, w in weights.items()}, copies), (inputs,))
+            per_draw.append(copies)
+    if single:
+        return per_draw[0]
+    return {n: torch.stack([c[n] for c in per_draw]) for n in names}
+
+
+@contextlib.contextmanager
+def _exact_batch_statistics(net: torch.nn.Module) -> Iterator[None]:
+    """Within the block, the normalisation layers that update their statistics (those in
+    training mode) replace them with each pass's batch statistics (``momentum=1``). Their
+    momenta are back afterwards."""
+    layers = [m for m in net.modules() if tracks_running_statistics(m) and m.training]
+    momenta = [m.momentum for m in layers]
+    try:
+        for m in layers:
+            m.momentum = 1.0
+        yield
+    finally:
+        for m, momentum in zip(layers, momenta):
+            m.momentum = momentum
+
+
+def network_with(model, x: torch.Tensor, weights: dict, buffers: dict, lead: tuple) -> torch.Tensor:
+    """The network's raw output on ``x`` under ``weights`` (site-shaped, after ``lead``: no
+    draw dim, or one, ``(S,)``), each draw reading its own ``buffers`` (as
+    :func:`draw_statistics` returns them) in place of the network's running statistics."""
+    if len(lead) > 1:
+        raise ValueError(f"per-draw statistics take one draw dim, got draws of {lead}")
+    drawn = bool(lead)
+    net = model.net
+    weights = {n: model.to_parameter(n, w) for n, w in weights.items()}
+    if not drawn:
+        return functional_call(net, (weights, buffers), (x,))
+    if model._vectorised:
+        try:
+            return vmap(lambda p, b: functional_call(net, (p, b), (x,)))(weights, buffers)
+        except RuntimeError as err:  # an operation vmap cannot batch: .item(), a branch
+            if "vmap" not in str(err):
+                raise
+    num = next(iter(weights.values())).shape[0]
+    return torch.stack(
+        [
+            functional_call(
+                net,
+                ({n: w[k] for n, w in weights.items()}, {n: b[k] for n, b in buffers.items()}),
+                (x,),
+            )
+            for k in range(num)
+        ]
+    )
