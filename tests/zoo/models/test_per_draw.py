@@ -160,3 +160,47 @@ def test_a_later_fit_drops_a_former_fits_inputs():
     assert model.statistics_inputs is not None
     fitted(model, statistics="running")
     assert model.statistics_inputs is None
+
+
+def test_a_fit_stopped_and_resumed_keeps_what_one_run_keeps(tmp_path):
+    """Stopped at step 15 (its checkpoint written) and resumed to 30: the same kept inputs
+    and the same prediction as one uninterrupted run."""
+    path = tmp_path / "fit.ckpt"
+    whole = fitted(network())
+    stop = zoo.Run(progress=False, checkpoint=path, callbacks=[lambda view: view.step >= 15])
+    zoo.fit(network(), "diagonal", images(), num_steps=30, batch_size=16, seed=0, run=stop)
+    resumed = zoo.fit(network(), "diagonal", images(), num_steps=30, batch_size=16, seed=0,
+                      run=zoo.Run(progress=False, resume=path))  # fmt: skip
+    assert resumed.steps == 30
+    torch.testing.assert_close(resumed.model.statistics_inputs, whole.model.statistics_inputs)
+    x, _ = images(5, seed=2)
+    torch.testing.assert_close(
+        resumed.predict(x, num_samples=3, progress=False).probs,
+        whole.predict(x, num_samples=3, progress=False).probs,
+    )
+
+
+def test_predictions_from_two_threads_match_one_and_leave_the_layers_as_they_were():
+    import threading
+
+    fit = fitted(network())
+    x, _ = images(6, seed=2)
+    alone = fit.predict(x, num_samples=4, progress=False).probs
+    got, errors = [], []
+
+    def predict():
+        try:
+            for _ in range(3):
+                got.append(fit.predict(x, num_samples=4, progress=False).probs)
+        except Exception as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=predict) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads) and not errors
+    assert len(got) == 6 and all(torch.equal(p, alone) for p in got)
+    norms = [m for m in fit.model.net.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert {m.momentum for m in norms} == {0.1}
