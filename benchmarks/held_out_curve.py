@@ -5,9 +5,10 @@ every few epochs, at the default call with the KL weighted as given.
     python benchmarks/held_out_curve.py --problem mnist --budget 1 --kl-weights 1
 
 ``benchmarks/elbo_against_nll.py`` found the diagonal family's default call on the ResNet-8 at
-ten times its budget near chance: the KL of its 74,522 weights outweighs 2,000 digits, so the
-ELBO improves most by moving towards the prior, and the grid's best is a low rate that stops
-early. Two ways out change what a fit does, not its rate: stopping on held-out data, or a
+ten times its budget near chance, read then as the KL of its 74,522 weights outweighing 2,000
+digits. Most of that was batch norm: every draw read one shared set of statistics
+(``benchmarks/draw_statistics.py``; each draw's own are the default since). The curves here
+study two ways out that change what a fit does, not its rate: stopping on held-out data, or a
 tempered objective (``zoo.Loss(kl_weight=...)``, the KL's factor). Each row here is the default
 call (seed 0; the range test's rate) of ``--family`` on ``--problem`` (``fairness.problem``)
 with one ``--kl-weights``; a callback scores the fit's predictive (``--samples`` draws) at
@@ -15,8 +16,9 @@ the end of every ``--every``-th epoch, and the fit is scored again at its end, o
 ``--validation`` held-out training digits (the ones after the fit's 2,000) and on the test
 digits. Early stopping would keep the scored point of the lowest held-out NLL (the fit's end
 among them): the row gives its epoch and its test NLL beside the fit's final test NLL.
-Mid-fit scores read batch norm's running statistics; the end's is after the fit's refresh
-pass. One fit per process, ``--processes`` at a time.
+Mid-fit scores read batch norm's running statistics (no fit keeps inputs for per-draw
+statistics before its end); the end's is after the fit's refresh pass, with each draw's own
+statistics. One fit per process, ``--processes`` at a time.
 
 Results go to ``--out`` (JSON).
 """
