@@ -270,6 +270,18 @@ def test_the_elbo_against_nll_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
+def test_the_draw_statistics_table_is_its_saved_run():
+    """The per-draw table and its cost ratio, as ``draw_statistics.py`` prints its saved run."""
+    import draw_statistics
+
+    saved = json.loads((RESULTS / "draw_statistics.json").read_text())
+    lines = draw_statistics.table_lines(saved)
+    for line in lines[:-1]:
+        assert line in BENCH_README, line
+    ratio = _numbers(lines[-1])[0]
+    assert f"1,000 test digits {ratio:.2f} times" in BENCH_README
+
+
 def test_the_fairness_table_is_its_saved_run():
     """benchmarks/README.md's table of the default call against the grid is
     ``fairness.py``'s print of its saved fits, and each family's declared ``lr_scale`` is the

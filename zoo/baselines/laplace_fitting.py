@@ -117,7 +117,7 @@ def laplace(
     return result
 
 
-def check_pairing(rule: str, has_validation: bool, where: str) -> None:
+def check_pairing(rule: str | float, has_validation: bool, where: str) -> None:
     """Refuse held-out data without ``prior_precision="gridsearch"``, and the grid search
     without held-out data; ``where`` names the call in the message (``"zoo.laplace"``, a
     ``zoo.compare`` row)."""

@@ -289,8 +289,8 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         first = next(iter(self.site_shapes))
         lead = weights[first].shape[: weights[first].dim() - len(self.site_shapes[first])]
         if buffers is not None:
-            out = per_draw.network_with(self, x, weights, dict(buffers), tuple(lead))
-            return self._shaped(out, len(lead))
+            drawn = per_draw.network_with(self, x, weights, dict(buffers), tuple(lead))
+            return self._shaped(drawn, len(lead))
         if not lead:
             weights = {name: self.to_parameter(name, w) for name, w in weights.items()}
             if torch.jit.is_tracing():  # functional_call refuses to run under torch.jit.trace

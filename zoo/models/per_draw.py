@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.func import functional_call, vmap
@@ -107,7 +108,8 @@ def _exact_batch_statistics(net: torch.nn.Module) -> Iterator[None]:
     """Within the block, the normalisation layers that update their statistics (those in
     training mode) replace them with each pass's batch statistics (``momentum=1``). Their
     momenta are back afterwards."""
-    layers = [m for m in net.modules() if tracks_running_statistics(m) and m.training]
+    # batch and instance norm layers (zoo.models.statistics.TRACKING_LAYERS)
+    layers: list[Any] = [m for m in net.modules() if tracks_running_statistics(m) and m.training]
     momenta = [m.momentum for m in layers]
     try:
         for m in layers:

@@ -241,7 +241,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
     if isinstance(model, torch.nn.Module):
         model.to(dev)
         if getattr(model, "statistics_inputs", None) is not None:  # a former fit's: this one
-            model.statistics_inputs = None  # keeps its own at its end (statistics="per_draw")
+            setattr(model, "statistics_inputs", None)  # noqa: B010 - keeps its own at its end
     seed = s.seed
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]

@@ -85,5 +85,6 @@ def refresh_statistics(
     ranks.average_(buffers)
     if keep and first:
         inputs = ranks.gather(torch.cat(first).cpu())[0]  # rank 0's, on every rank
-        model.statistics_inputs = inputs[: kept_size(inputs)].to(device).clone()
+        kept = inputs[: kept_size(inputs)].to(device).clone()
+        setattr(model, "statistics_inputs", kept)  # noqa: B010 - a zoo model's buffer
     return seen
