@@ -189,6 +189,9 @@ def _passes(model, x, x0, params, num_samples, batch_size, step, device, progres
     model keeps inputs for them (:mod:`zoo.models.per_draw`)."""
     starts = range(0, x.shape[0], batch_size)
     draws = range(0, num_samples, step)
+    if not starts:  # an empty shard (fewer inputs than ranks): no passes, no bar
+        probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
+        return probe.new_empty((num_samples, 0, *probe.shape[1:]))
     bar = tqdm(
         total=len(starts) * len(draws),
         desc="predict",
@@ -197,9 +200,6 @@ def _passes(model, x, x0, params, num_samples, batch_size, step, device, progres
         delay=PROGRESS_DELAY,
         leave=False,
     )
-    if not starts:  # an empty shard (fewer inputs than ranks)
-        probe = model.network(x0[:1].to(device), {k: v[0] for k, v in params.items()})
-        return probe.new_empty((num_samples, 0, *probe.shape[1:]))
     blocks = []
     with bar:
         for s in draws:

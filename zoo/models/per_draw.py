@@ -25,14 +25,12 @@ statistics.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch.func import functional_call, vmap
 
-from zoo.models.statistics import tracks_running_statistics, training_mode
+from zoo.models.statistics import looped_call, momentum_set, training_mode, updating_layers
 
 __all__ = [
     "KEPT_BYTES",
@@ -93,31 +91,18 @@ def draw_statistics(model, params: Mapping[str, torch.Tensor]) -> dict[str, torc
     }
     own = dict(model.net.named_buffers())
     per_draw = []
-    with torch.no_grad(), training_mode(model), _exact_batch_statistics(model.net):
-        for k in range(weights[first].shape[0]):
-            copies = {n: own[n].clone() for n in names}  # a fixed layer's stay as they are
-            functional_call(model.net, ({n: w[k] for n, w in weights.items()}, copies), (inputs,))
-            per_draw.append(copies)
+    with torch.no_grad(), training_mode(model):
+        # each pass's batch statistics replace the running ones on the layers the fit updates
+        # (a frozen body's fixed layers stay in evaluation mode and read theirs)
+        with momentum_set(updating_layers(model.net), 1.0):
+            for k in range(weights[first].shape[0]):
+                copies = {n: own[n].clone() for n in names}  # a fixed layer's stay as they are
+                draw = {n: w[k] for n, w in weights.items()}
+                functional_call(model.net, (draw, copies), (inputs,))
+                per_draw.append(copies)
     if single:
         return per_draw[0]
     return {n: torch.stack([c[n] for c in per_draw]) for n in names}
-
-
-@contextlib.contextmanager
-def _exact_batch_statistics(net: torch.nn.Module) -> Iterator[None]:
-    """Within the block, the normalisation layers that update their statistics (those in
-    training mode) replace them with each pass's batch statistics (``momentum=1``). Their
-    momenta are back afterwards."""
-    # batch and instance norm layers (zoo.models.statistics.TRACKING_LAYERS)
-    layers: list[Any] = [m for m in net.modules() if tracks_running_statistics(m) and m.training]
-    momenta = [m.momentum for m in layers]
-    try:
-        for m in layers:
-            m.momentum = 1.0
-        yield
-    finally:
-        for m, momentum in zip(layers, momenta):
-            m.momentum = momentum
 
 
 def network_with(model, x: torch.Tensor, weights: dict, buffers: dict, lead: tuple) -> torch.Tensor:
@@ -137,14 +122,9 @@ def network_with(model, x: torch.Tensor, weights: dict, buffers: dict, lead: tup
         except RuntimeError as err:  # an operation vmap cannot batch: .item(), a branch
             if "vmap" not in str(err):
                 raise
+            model._vectorised = False  # one draw after another from now on
     num = next(iter(weights.values())).shape[0]
-    return torch.stack(
-        [
-            functional_call(
-                net,
-                ({n: w[k] for n, w in weights.items()}, {n: b[k] for n, b in buffers.items()}),
-                (x,),
-            )
-            for k in range(num)
-        ]
+    # a weight's and a buffer's names differ: one mapping per draw holds both
+    return looped_call(
+        lambda state: functional_call(net, dict(state), (x,)), weights | buffers, num
     )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator, Mapping
+from typing import TypeGuard
 
 import torch
 from torch import nn
@@ -53,9 +54,33 @@ def frozen_statistics() -> Iterator[None]:
         _FROZEN.reset(token)
 
 
-def tracks_running_statistics(module: nn.Module) -> bool:
+def tracks_running_statistics(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._NormBase]:
     """Whether ``module`` is a normalisation layer that keeps running statistics."""
     return isinstance(module, TRACKING_LAYERS) and module.track_running_stats
+
+
+def updating_layers(net) -> list[nn.modules.batchnorm._NormBase]:
+    """The normalisation layers of ``net`` that a forward pass now updates: those that track
+    running statistics and are in training mode (none for anything not an ``nn.Module``)."""
+    if not isinstance(net, nn.Module):
+        return []
+    return [m for m in net.modules() if tracks_running_statistics(m) and m.training]
+
+
+@contextlib.contextmanager
+def momentum_set(layers: list, momentum: float | None) -> Iterator[None]:
+    """Within the block, every normalisation layer of ``layers`` has ``momentum`` (``None``:
+    PyTorch's cumulative average over the block's passes; ``1.0``: each pass's batch
+    statistics replace the running ones); each layer's own momentum is back afterwards, also
+    after an error."""
+    momenta = [m.momentum for m in layers]
+    try:
+        for m in layers:
+            m.momentum = momentum
+        yield
+    finally:
+        for m, own in zip(layers, momenta):
+            m.momentum = own
 
 
 def running_buffers(net: nn.Module) -> list[str]:

@@ -75,6 +75,14 @@ def restore_model(payload: dict, model=None):
                 "zoo.load(path, model=...)"
             )
         model = build(payload["spec"])
+    inputs = payload.get("statistics_inputs")
+    if inputs is not None:  # checked, like the state, before the model holds any of it
+        if not hasattr(model, "statistics_inputs"):
+            raise ValueError(
+                f"the saved fit keeps training inputs for batch norm's per-draw statistics, "
+                f"which a {type(model).__name__} cannot hold: pass a zoo model"
+            )
+        check_kept_inputs(inputs, "the saved model")
     if isinstance(model, torch.nn.Module) and payload["state"]:
         _check_network_state(payload["state"], model)  # before the model holds any of it
         try:
@@ -85,14 +93,7 @@ def restore_model(payload: dict, model=None):
             ) from None
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
-    inputs = payload.get("statistics_inputs")
     if inputs is not None:
-        if not hasattr(model, "statistics_inputs"):
-            raise ValueError(
-                f"the saved fit keeps training inputs for batch norm's per-draw statistics, "
-                f"which a {type(model).__name__} cannot hold: pass a zoo model"
-            )
-        check_kept_inputs(inputs, "the saved model")
         device = next((b.device for b in model.buffers()), inputs.device)
         model.statistics_inputs = inputs.to(device)
     return model

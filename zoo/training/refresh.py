@@ -24,13 +24,11 @@ steps' running averages.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from zoo.inference.objective import Objective
 from zoo.models.per_draw import KEPT_INPUTS, kept_size
-from zoo.models.statistics import statistics_of, tracks_running_statistics
+from zoo.models.statistics import momentum_set, statistics_of, updating_layers
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import forked
 
@@ -52,22 +50,18 @@ def refresh_statistics(
     the pass's first inputs (:func:`zoo.models.per_draw.kept_size`; rank 0's) as its
     ``statistics_inputs``, on which a prediction estimates each draw's own statistics."""
     model = objective.model
-    net = getattr(model, "net", None)
-    modules = net.modules() if isinstance(net, torch.nn.Module) else ()
-    # batch and instance norm layers (zoo.models.statistics.TRACKING_LAYERS)
-    layers: list[Any] = [m for m in modules if tracks_running_statistics(m) and m.training]
+    layers = updating_layers(getattr(model, "net", None))  # not a frozen body's fixed ones
     if not layers:
         return 0
     buffers = statistics_of(model)
     kept = [b.clone() for b in buffers]
-    momenta = [m.momentum for m in layers]
     device = next((b.device for b in buffers), torch.device("cpu"))
     seen, first = 0, []
     try:
-        for m in layers:
-            m.reset_running_stats()
-            m.momentum = None
-        with torch.no_grad(), forked(device):
+        # PyTorch's cumulative average over the pass, each minibatch weighted alike
+        with momentum_set(layers, None), torch.no_grad(), forked(device):
+            for m in layers:
+                m.reset_running_stats()
             for x, y in batches.epoch(0):
                 objective.loss(x, y, len(batches), eager=True)
                 if keep and seen < KEPT_INPUTS:
@@ -78,9 +72,6 @@ def refresh_statistics(
             for b, k in zip(buffers, kept):
                 b.copy_(k)
         raise
-    finally:
-        for m, momentum in zip(layers, momenta):
-            m.momentum = momentum
     ranks = ranks or Ranks()
     ranks.average_(buffers)
     if keep and first:

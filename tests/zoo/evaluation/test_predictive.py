@@ -200,3 +200,36 @@ def test_predict_is_seeded_by_default_as_evaluate_and_to_arviz_are():
     assert torch.equal(a, b) and torch.equal(torch.get_rng_state(), state)
     c = fit.predict(x, num_samples=5, progress=False, seed=None).outputs
     assert not torch.equal(a, c)
+
+
+def test_an_empty_shard_builds_no_progress_bar_and_keeps_the_output_shape(monkeypatch):
+    """A rank with no inputs (fewer inputs than ranks) returns ``(S, 0, ...)`` and leaves no
+    progress bar open."""
+    import guides
+    import zoo.evaluation.predictive as predictive
+    from zoo.models import BayesianMLP
+
+    bars = []
+
+    class Recorded(predictive.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.closed_here = False
+            bars.append(self)
+
+        def close(self):
+            self.closed_here = True
+            super().close()
+
+    monkeypatch.setattr(predictive, "tqdm", Recorded)
+    model = BayesianMLP(2, (3,), 1)
+    guide = guides.AutoDiagonal(model)
+    x = torch.randn(10, 2)
+    with torch.no_grad():
+        guide(x, torch.randn(10))
+        params = {k: torch.stack([guide()[k] for _ in range(4)]) for k in model.site_shapes}
+    cpu = torch.device("cpu")
+    empty = predictive._passes(model, x[:0], x, params, 4, 5, 2, cpu, True)
+    assert empty.shape == (4, 0, 1) and bars == []
+    full = predictive._passes(model, x, x, params, 4, 5, 2, cpu, True)
+    assert full.shape == (4, 10, 1) and [b.closed_here for b in bars] == [True]

@@ -145,13 +145,18 @@ def test_a_saved_fit_keeps_its_inputs_and_predicts_alike(tmp_path):
         (torch.zeros(0, 1, 6, 6), "non-empty"),
     ],
 )
-def test_changed_kept_inputs_are_refused(bad, match):
+def test_changed_kept_inputs_are_refused_before_the_model_holds_any_of_the_file(bad, match):
     from zoo.storage import model_form
 
     payload = model_form.model_payload(fitted(network()).model)
     payload["statistics_inputs"] = bad
+    model = network()
+    before = copy.deepcopy(model.state_dict())
     with pytest.raises(ValueError, match=match):
-        model_form.restore_model(payload, network())
+        model_form.restore_model(payload, model)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+    assert model.statistics_inputs is None
 
 
 def test_a_later_fit_drops_a_former_fits_inputs():
@@ -204,3 +209,59 @@ def test_predictions_from_two_threads_match_one_and_leave_the_layers_as_they_wer
     assert len(got) == 6 and all(torch.equal(p, alone) for p in got)
     norms = [m for m in fit.model.net.modules() if isinstance(m, nn.BatchNorm2d)]
     assert {m.momentum for m in norms} == {0.1}
+
+
+def test_a_pass_failing_midway_leaves_the_layers_their_momenta_statistics_and_modes():
+    """The third draw's pass of the kept inputs fails: the error reaches the caller, and every
+    layer's momentum, running statistics and mode are as before; the next prediction is the
+    one the model made before the failure."""
+    fit = fitted(network(fixed_first=True))
+    net = fit.model.net
+    x, _ = images(5, seed=2)
+    before = fit.predict(x, num_samples=4, seed=0, progress=False).probs
+    buffers = {n: b.clone() for n, b in net.named_buffers()}
+    modes = [m.training for m in net.modules()]
+    calls = []
+
+    kept = len(fit.model.statistics_inputs)
+
+    def fail_on_the_third_draw(module, args):
+        if len(args[0]) == kept:  # a pass of the kept inputs, not the prediction's own
+            calls.append(1)
+            if len(calls) == 3:
+                raise RuntimeError("a pass that fails midway")
+
+    handle = net[3].register_forward_pre_hook(fail_on_the_third_draw)
+    try:
+        with pytest.raises(RuntimeError, match="fails midway"):
+            fit.predict(x, num_samples=4, seed=0, progress=False)
+    finally:
+        handle.remove()
+    assert len(calls) == 3 and kept == 40
+    norms = [m for m in net.modules() if isinstance(m, nn.BatchNorm2d)]
+    assert [m.momentum for m in norms] == [0.1, 0.1]
+    assert all(torch.equal(b, buffers[n]) for n, b in net.named_buffers())
+    assert [m.training for m in net.modules()] == modes
+    after = fit.predict(x, num_samples=4, seed=0, progress=False).probs
+    torch.testing.assert_close(after, before)
+
+
+class _Gate(nn.Module):
+    """A layer ``torch.func.vmap`` cannot batch: it reads a value with ``.item()``."""
+
+    def forward(self, x):
+        return x * (1.0 if x.abs().max().item() >= 0 else 0.0)
+
+
+def test_a_layer_vmap_cannot_batch_turns_the_model_to_the_loop_once():
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), _Gate(), nn.ReLU(),
+        nn.Flatten(), nn.Linear(4 * 36, 3),
+    )  # fmt: skip
+    fit = fitted(zoo.models.from_module(net, task="classification"))
+    x, _ = images(5, seed=2)
+    prediction = fit.predict(x, num_samples=4, seed=0, progress=False, sample_batch_size=4)
+    assert fit.model._vectorised is False  # the next call goes straight to the loop
+    expected = by_hand(fit.model, fit.sample(4, seed=0), x, fit.model.statistics_inputs)
+    torch.testing.assert_close(prediction.probs, expected, rtol=1e-5, atol=1e-6)
