@@ -59,15 +59,19 @@ def row(problem: str, budget: int, family: str, scale: float | None, samples: in
     }
 
 
-def table_lines(rows: list[dict]) -> list[str]:
+def table_lines(rows: list[dict], family: str | None = None) -> list[str]:
+    """The rows as a Markdown table; with ``family``, a first column names it (so that the
+    tables of several families' runs stack into one)."""
+    lead, rule = ("| family ", "| --- ") if family else ("", "")
     lines = [
-        "| rate | lr | -ELBO, first epoch | -ELBO, last epoch | train accuracy / NLL "
+        f"{lead}| rate | lr | -ELBO, first epoch | -ELBO, last epoch | train accuracy / NLL "
         "| test accuracy / NLL |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        f"{rule}| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['rate']} | {r['lr']:.3g} | {r['first_epoch_loss']:,.0f} "
+            (f"| {family} " if family else "")
+            + f"| {r['rate']} | {r['lr']:.3g} | {r['first_epoch_loss']:,.0f} "
             f"| {r['last_epoch_loss']:,.0f} | {r['train_accuracy']:.3f} / {r['train_nll']:.3f} "
             f"| {r['test_accuracy']:.3f} / {r['test_nll']:.3f} |"
         )
@@ -93,7 +97,7 @@ def main(argv=None) -> list[dict]:
         row(args.problem, args.budget, args.family, scale, args.samples, args.data_root)
         for scale in (None, *args.scales)
     ]
-    print("\n".join(table_lines(rows)))
+    print("\n".join(table_lines(rows, args.family)))
     saved = {"problem": args.problem, "budget": args.budget, "family": args.family,
              "load": list(os.getloadavg()), "rows": rows}  # fmt: skip
     write_json(saved, args.out)

@@ -270,6 +270,19 @@ def test_the_elbo_against_nll_table_is_its_saved_run():
         assert line in BENCH_README, line
 
 
+def test_the_per_draw_elbo_table_is_its_three_saved_runs():
+    """One table stacked from the diagonal, matrix normal and tridiagonal runs, each row as
+    ``elbo_against_nll.py`` prints it, the header once."""
+    import elbo_against_nll
+
+    for k, family in enumerate(("diagonal", "matrix_normal", "tridiagonal")):
+        saved = json.loads((RESULTS / f"elbo_per_draw_{family}.json").read_text())
+        assert saved["family"] == family and saved["problem"] == "resnet"
+        lines = elbo_against_nll.table_lines(saved["rows"], family)
+        for line in lines if k == 0 else lines[2:]:
+            assert line in BENCH_README, line
+
+
 def test_the_draw_statistics_table_is_its_saved_run():
     """The per-draw table and its cost ratio, as ``draw_statistics.py`` prints its saved run."""
     import draw_statistics
