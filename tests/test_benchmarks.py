@@ -573,6 +573,23 @@ def test_draw_statistics_scores_one_posterior_both_ways(tmp_path, mnist_root):
     assert "| end |" in out and "per draw / shared" in out
 
 
+def test_kept_inputs_predicts_one_posterior_with_each_count_beside_the_shared_set(
+    tmp_path, mnist_root
+):
+    """One fit, then a row per count of kept inputs after the shared set's, the same draws in
+    each; the model's own kept inputs are what the fit left."""
+    out_file = tmp_path / "kept_inputs.json"
+    out = _run(
+        "benchmarks/kept_inputs.py", "--budget", "1", "--kept", "8", "64", "--samples", "2",
+        "--threads", "1", "--data-root", str(mnist_root), "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    assert [r["kept"] for r in saved["rows"]] == [None, 8, 64] and saved["kept_by_fit"] == 512
+    assert all(r["test_nll"] > 0 and r["test_seconds"] > 0 for r in saved["rows"])
+    assert len({r["test_nll"] for r in saved["rows"]}) == 3  # the statistics differ per row
+    assert "| one shared set |" in out and "| per draw, 64 kept inputs |" in out
+
+
 def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
     out_file = tmp_path / "elbo_against_nll.json"
     out = _run(
@@ -801,6 +818,18 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/elbo_against_nll.py", "--samples", "0"],
             "--budget and --samples must be at least 1, --scales positive",
+        ),
+        (
+            ["benchmarks/kept_inputs.py", "--kept", "0"],
+            "--kept takes counts from 1 to 512, what a fit keeps at most",
+        ),
+        (
+            ["benchmarks/kept_inputs.py", "--kept", "513"],
+            "--kept takes counts from 1 to 512, what a fit keeps at most",
+        ),
+        (
+            ["benchmarks/kept_inputs.py", "--samples", "0"],
+            "--budget, --samples and --threads must be at least 1",
         ),
     ],
 )

@@ -283,6 +283,15 @@ def test_the_per_draw_elbo_table_is_its_three_saved_runs():
             assert line in BENCH_README, line
 
 
+def test_the_kept_inputs_table_is_its_saved_run():
+    import kept_inputs
+
+    saved = json.loads((RESULTS / "kept_inputs.json").read_text())
+    assert [r["kept"] for r in saved["rows"]] == [None, 64, 128, 256, 512]
+    for line in kept_inputs.table_lines(saved):
+        assert line in BENCH_README, line
+
+
 def test_the_draw_statistics_table_is_its_saved_run():
     """The per-draw table and its cost ratio, as ``draw_statistics.py`` prints its saved run."""
     import draw_statistics
