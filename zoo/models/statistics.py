@@ -98,7 +98,7 @@ def running_buffers(net: nn.Module) -> list[str]:
 def updates_statistics(net: nn.Module, names: list[str]) -> bool:
     """Whether a forward pass of ``net`` now would use batch statistics of layers that track
     running ones (a layer in training mode)."""
-    return bool(names) and any(m.training for m in net.modules() if tracks_running_statistics(m))
+    return bool(names) and bool(updating_layers(net))
 
 
 def batched_call(
