@@ -1,11 +1,12 @@
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pyro
 import pytest
 import torch
+
+from tests.warm import WARM
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -17,15 +18,9 @@ HANG_AFTER = float(os.environ.get("ZOO_TEST_HANG_AFTER", 3600))
 def run_script(script: Path) -> subprocess.CompletedProcess:
     """``python script`` in its own folder (the scratch folder it was written to: examples write
     files) with the checkout importable and matplotlib off screen; output captured, the wait
-    bounded by :data:`HANG_AFTER`."""
-    return subprocess.run(
-        [sys.executable, str(script)],
-        cwd=script.parent,
-        capture_output=True,
-        text=True,
-        timeout=HANG_AFTER,
-        env={**os.environ, "PYTHONPATH": str(REPO), "MPLBACKEND": "Agg"},
-    )
+    bounded by :data:`HANG_AFTER`; run by the worker's warm interpreter (:mod:`tests.warm`)."""
+    return WARM.run([str(script)], cwd=script.parent, timeout=HANG_AFTER,
+                    env={**os.environ, "MPLBACKEND": "Agg"})  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -19,19 +18,13 @@ import torch
 import guides
 import zoo
 from tests.conftest import HANG_AFTER, REPO
+from tests.warm import WARM
 
 pytestmark = pytest.mark.slow  # runs the benchmark scripts
 
 
 def _run(*args: str, timeout: float = HANG_AFTER, env: dict | None = None) -> str:
-    proc = subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+    proc = WARM.run(list(args), cwd=REPO, timeout=timeout, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     # a pool's workers killed at its end (Pool.terminate) leave their semaphores (tqdm's lock)
     assert "leaked semaphore" not in proc.stderr, proc.stderr[-3000:]
@@ -636,10 +629,8 @@ def test_fairness_runs_the_first_rule_and_other_sweep_lengths_beside_the_library
     assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
     shorter = fairness.run_one({**job, "test_steps": 8})
     assert shorter["lr_rule"] == "range test (8 steps)" and rate.sweep_length(120) == 20
-    out = subprocess.run(
-        [sys.executable, "benchmarks/fairness.py", "--problems", "digits", "--test-steps", "2"],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_AFTER,
-    )  # fmt: skip
+    out = WARM.run(["benchmarks/fairness.py", "--problems", "digits", "--test-steps", "2"],
+                   cwd=REPO, timeout=HANG_AFTER)  # fmt: skip
     assert out.returncode == 2 and "the sweep needs 3 to 60 steps" in out.stderr
 
 
@@ -661,10 +652,8 @@ def test_rate_cost_sets_each_default_call_beside_its_chosen_rate_given(tmp_path)
 def test_rate_cost_without_a_saved_default_call_is_refused_before_any_fit(tmp_path):
     saved = tmp_path / "saved.json"
     saved.write_text(json.dumps({"results": []}))
-    proc = subprocess.run(
-        [sys.executable, "benchmarks/rate_cost.py", "--families", "map", "--saved", str(saved)],
-        cwd=REPO, capture_output=True, text=True, timeout=HANG_AFTER,
-    )  # fmt: skip
+    proc = WARM.run(["benchmarks/rate_cost.py", "--families", "map", "--saved", str(saved)],
+                    cwd=REPO, timeout=HANG_AFTER)  # fmt: skip
     assert proc.returncode == 2 and "no saved default call" in proc.stderr
 
 
@@ -834,8 +823,7 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
     ],
 )
 def test_the_new_benchmark_options_refuse_bad_input_before_any_fit(args, message):
-    proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=HANG_AFTER)  # fmt: skip
+    proc = WARM.run(args, cwd=REPO, timeout=HANG_AFTER)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr[-2000:]
 
 
@@ -857,7 +845,7 @@ def test_joint_elbo_prints_a_many_draw_estimate():
 
 def test_trained_network_prints_its_three_tables(mnist_root):
     env = {**os.environ, "ZOO_DATA": str(mnist_root)}
-    small = ["--train", "256", "--test", "64", "--epochs", "1"]
+    small = ["--train", "128", "--test", "32", "--epochs", "1"]
     out = _run("benchmarks/trained_network.py", "finetune", *small, "--steps", "2",
                "--families", "diagonal", "map", env=env)  # fmt: skip
     for row in (
