@@ -94,6 +94,15 @@ def test_a_different_thread_count_runs_cold_and_is_seen(warm, tmp_path):
     assert warm.run([str(script)], cwd=tmp_path, env=env, timeout=120).stdout == "2\n"
 
 
+def test_a_cold_run_starts_no_server(tmp_path):
+    script = tmp_path / "ok.py"
+    script.write_text("print('cold')\n")
+    fresh = WarmPython(REPO)
+    env = {**os.environ, "OMP_NUM_THREADS": str(int(os.environ.get("OMP_NUM_THREADS", 1)) + 1)}
+    assert fresh.run([str(script)], cwd=tmp_path, env=env, timeout=120).stdout == "cold\n"
+    assert fresh._server is None
+
+
 def test_closing_ends_the_server_and_a_later_run_starts_another(warm, tmp_path):
     script = tmp_path / "ok.py"
     script.write_text("print('ok')\n")

@@ -73,10 +73,17 @@ class WarmPython:
         self._pending = b""
         atexit.register(self.close)
 
+    def _running(self) -> bool:
+        return self._server is not None and self._server.poll() is None
+
+    def _served(self) -> dict[str, str]:
+        """The environment the server has, or the one it would start with now."""
+        return self._env if self._running() else {**os.environ, "PYTHONPATH": str(self.path)}
+
     def _start(self) -> subprocess.Popen:
-        if self._server is None or self._server.poll() is not None:
+        if not self._running():
             self._pending = b""
-            self._env = {**os.environ, "PYTHONPATH": str(self.path)}
+            self._env = self._served()
             self._server = subprocess.Popen(
                 [sys.executable, "-c", SERVER],
                 stdin=subprocess.PIPE,
@@ -103,7 +110,8 @@ class WarmPython:
         so a line already sent is never left waiting in a buffer ``select`` cannot see)."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self._pending:
-            ready, _, _ = select.select([server.stdout], [], [], deadline - time.monotonic())
+            left = max(0.0, deadline - time.monotonic())  # select refuses a negative wait
+            ready, _, _ = select.select([server.stdout], [], [], left)
             if not ready:
                 return None
             chunk = os.read(server.stdout.fileno(), 4096)
@@ -122,10 +130,11 @@ class WarmPython:
         killed with everything it started and raises :class:`subprocess.TimeoutExpired`."""
         env = {**(os.environ if env is None else env), "PYTHONPATH": str(self.path)}
         with self._lock:
-            server = self._start()
-            if any(env.get(k) != self._env.get(k) for k in READ_AT_START):
+            served = self._served()  # a run that goes cold starts no server
+            if any(env.get(k) != served.get(k) for k in READ_AT_START):
                 return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, timeout=timeout,
                                       capture_output=True, text=True)  # fmt: skip
+            server = self._start()
             with tempfile.TemporaryDirectory() as folder:
                 out, err = Path(folder, "out"), Path(folder, "err")
                 request = {"argv": argv, "cwd": str(cwd), "env": env, "out": str(out)}
