@@ -598,6 +598,30 @@ def test_elbo_against_nll_sets_the_objective_beside_the_predictions(tmp_path):
     assert "| default |" in out and "| x 0.3 |" in out
 
 
+def test_posch_objective_sets_the_kl_gradient_and_each_kl_weight_beside_the_predictions(
+    tmp_path, mnist_root
+):
+    out_file = tmp_path / "posch_objective.json"
+    out = _run(
+        "benchmarks/posch_objective.py", "--kl-weights", "1", "0.5", "--scales", "--epochs",
+        "1", "--train", "256", "--test", "64", "--samples", "2", "--data-root",
+        str(mnist_root), "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    start, fits = saved["start"], saved["fits"]
+    assert sum(r["weights"] for r in start) == 74_522  # every weight of the ResNet-8
+    assert all(0 <= r["kl_larger"] <= r["weights"] for r in start)
+    assert sum(r["kl_larger"] for r in start) > 74_522 / 2  # the log barrier's, at the start
+    assert [(r["rate"], r["kl_weight"]) for r in fits] == [("default", 1.0), ("default", 0.5)]
+    true, tempered = fits
+    assert tempered["last_epoch_loss"] < true["last_epoch_loss"]  # the KL is most of it
+    assert all(r["mean_tau"] > 0 and 0 <= r["test_accuracy"] <= 1 for r in fits)
+    assert "| all | 74,522 |" in out and "| default | 0.5 |" in out
+    proc = WARM.run(["benchmarks/posch_objective.py", "--kl-weights", "0"], cwd=REPO,
+                    timeout=HANG_AFTER)  # fmt: skip
+    assert proc.returncode == 2 and "--kl-weights" in proc.stderr  # refused before any work
+
+
 def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     """``--seeds`` with none: the grid alone (a held-out problem's, for rate_rules.py) is
     saved, with no row to set it beside."""

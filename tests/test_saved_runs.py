@@ -240,11 +240,12 @@ def test_the_held_out_default_calls_are_their_saved_runs(name):
         assert line in BENCH_README, (name, line)
 
 
-def test_the_rate_cost_table_is_its_saved_run():
+@pytest.mark.parametrize("saved", ["rate_cost.json", "rate_cost_per_draw.json"])
+def test_the_rate_cost_tables_are_their_saved_runs(saved):
     import rate_cost
 
-    saved = json.loads((RESULTS / "rate_cost.json").read_text())
-    for line in rate_cost.table_lines(saved["results"]):
+    results = json.loads((RESULTS / saved).read_text())["results"]
+    for line in rate_cost.table_lines(results):
         assert line in BENCH_README, line
 
 
@@ -268,6 +269,20 @@ def test_the_elbo_against_nll_table_is_its_saved_run():
 
     for line in elbo_against_nll.table_lines(_rows("elbo_against_nll.json")):
         assert line in BENCH_README, line
+
+
+def test_the_posch_objective_tables_are_their_saved_run():
+    import posch_objective
+
+    saved = json.loads((RESULTS / "posch_objective.json").read_text())
+    assert [(r["rate"], r["kl_weight"]) for r in saved["fits"]] == [
+        (rate, weight) for rate in ("default", "x 10") for weight in (1.0, 0.1, 0.01)
+    ]
+    lines = posch_objective.table_lines(
+        saved["start"], saved["fits"], saved["initial_median_abs_mean"]
+    )
+    for line in lines:
+        assert not line or line in BENCH_README, line
 
 
 def test_the_per_draw_elbo_table_is_its_three_saved_runs():
