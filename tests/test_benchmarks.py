@@ -888,3 +888,23 @@ def test_trained_network_prints_its_three_tables(mnist_root):
     out = _run("benchmarks/trained_network.py", "relative", *small, "--steps", "2",
                "--relative-scales", "0.1", "inf", env=env)  # fmt: skip
     assert "| diagonal, relative scale 0.1 |" in out and "relative scale inf |" in out
+
+
+def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights(
+    tmp_path, mnist_root
+):
+    out_file = tmp_path / "subnetwork_correlations.json"
+    out = _run(
+        "benchmarks/subnetwork_correlations.py", "--train", "512", "--epochs", "1", "--scales",
+        "10", "--rules", "magnitude", "--data-root", str(mnist_root), "--out", str(out_file),
+    )  # fmt: skip
+    rows = json.loads(out_file.read_text())["rows"]
+    assert [r["row"].split(" (")[0] for r in rows] == ["default call", "lr 0.03", "Laplace"]
+    assert all(sum(r["sites"].values()) == 256 for r in rows)  # the same weights in each row
+    assert rows[0]["sites"] == rows[2]["sites"]
+    for r in rows:
+        assert r["blocks"] and all(0 <= v <= 1 for v in r["blocks"].values())
+    assert "| magnitude | Laplace (full GGN) at the default call's means |" in out
+    proc = WARM.run(["benchmarks/subnetwork_correlations.py", "--train", "10"], cwd=REPO,
+                    timeout=HANG_AFTER)  # fmt: skip
+    assert proc.returncode == 2 and "--train" in proc.stderr  # refused before any work

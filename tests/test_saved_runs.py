@@ -335,3 +335,20 @@ def test_the_fairness_table_is_its_saved_run():
     for family, scales in saved["lr_scales"].items():
         recipe = guides.recipe(family)
         assert [recipe.scale(False), recipe.scale(True)] == scales, family
+
+
+def test_the_subnetwork_correlations_table_is_its_saved_run():
+    import subnetwork_correlations
+
+    saved = json.loads((RESULTS / "subnetwork_correlations.json").read_text())
+    rows = saved["rows"]
+    assert [(r["rule"], r["row"].split(" (")[0]) for r in rows] == [
+        (rule, row)
+        for rule in ("variance", "magnitude")
+        for row in ("default call", "lr 0.03", "lr 0.09", "Laplace")
+    ]
+    for line in subnetwork_correlations.table_lines(rows):
+        assert line in BENCH_README, line
+    # the README's reading: the default call learns at least 40 times less than the Laplace
+    default, laplace = rows[4]["blocks"], rows[7]["blocks"]
+    assert all(laplace[k] > 40 * default[k] for k in default)

@@ -1,0 +1,172 @@
+"""Does the subnetwork family learn the correlations of the weights it holds jointly?
+
+    python benchmarks/subnetwork_correlations.py
+    python benchmarks/subnetwork_correlations.py --train 1000 --epochs 1 --scales 10
+
+Notebook 04's setting: a 784-32-10 ReLU MLP (prior ``N(0, 1)``, fresh initial means) on the
+first 20,000 MNIST training digits, a diagonal fit of 3 epochs at ``lr=1e-3`` and batch 128, and
+from it ``guides.AutoSubnetwork.from_fit(fit, size=256, select=rule)`` for both rules
+(``"variance"``, ``"magnitude"``). Each subnetwork is fitted by its default call (no rate given)
+and again at each ``--scales`` times the rate that call ran at. Beside them, a Laplace
+approximation over the same weights at the default call's means, through laplace-torch
+(``SubnetLaplace``: the full generalised Gauss-Newton of the 256 weights, the rest fixed, prior
+precision 1 as the model's prior): the correlations of the posterior the family approximates,
+to second order.
+
+Per row and per pair of sites: the mean ``|correlation|`` off the diagonal of the 256 x 256
+correlation matrix (small sizes: the dense matrix is what is measured), and for the fits the
+rate, what chose it and the last epoch's ``-ELBO``. Results go to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from saving import write_json  # noqa: E402
+
+import guides  # noqa: E402
+import zoo  # noqa: E402
+
+
+def factory() -> zoo.models.BayesianModel:
+    """Notebook 04's network: untrained, the classification prior ``N(0, 1)``."""
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+    return zoo.models.from_module(net, input_shape=(1, 28, 28), prior=1.0, init="fresh")
+
+
+def correlation(cov: torch.Tensor) -> torch.Tensor:
+    sd = cov.diagonal().sqrt()
+    return cov / sd[:, None] / sd[None, :]
+
+
+def block_means(corr: torch.Tensor, sites: list[str], sizes: list[int]) -> dict[str, float]:
+    """The mean ``|corr|`` of each pair of sites' block (a site with itself: off the
+    diagonal; a one-weight site has no such entries and is left out)."""
+    edges = torch.tensor(sizes).cumsum(0).tolist()
+    starts = [0, *edges[:-1]]
+    out = {}
+    for i, a in enumerate(sites):
+        for j in range(i, len(sites)):
+            block = corr[starts[i] : edges[i], starts[j] : edges[j]]
+            if i == j:
+                block = block[~torch.eye(len(block), dtype=torch.bool)]
+            if block.numel():
+                out[f"{a} x {sites[j]}"] = float(block.abs().mean())
+    return out
+
+
+def subnetwork_fit(diagonal, rule: str, train, epochs: int, lr: float | None) -> dict:
+    """The subnetwork of ``rule`` chosen from ``diagonal``, fitted (by the default call where
+    ``lr`` is None), and its correlations."""
+    guide = guides.AutoSubnetwork.from_fit(diagonal, size=256, select=rule)
+    start = time.process_time()
+    run = zoo.Run(progress=False)
+    how = {"lr": lr} if lr is not None else {}
+    fit = zoo.fit(guide.model, guide, train, epochs=epochs, run=run, seed=0, **how)
+    sites = fit.guide.joint_sites()
+    sizes = [fit.guide.site_scalars(name).numel() for name in sites]
+    corr = correlation(fit.guide.joint.covariance().detach())
+    fitting = fit.fitting()
+    return {
+        "rule": rule,
+        "row": "default call" if lr is None else f"lr {lr:.3g}",
+        "lr": fitting["lr"],
+        "lr_rule": fitting["lr_rule"],
+        "last_epoch_loss": (fit.epoch_losses or fit.losses)[-1],
+        "sites": dict(zip(sites, sizes, strict=True)),
+        "blocks": block_means(corr, sites, sizes),
+        "cpu_seconds": time.process_time() - start,
+        "fit": fit,
+    }
+
+
+def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
+    """laplace-torch's full-GGN Laplace over ``row``'s subnetwork at its fit's means."""
+    from laplace import Laplace
+
+    fit = row["fit"]
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+    medians = {name: value.detach() for name, value in fit.guide.median().items()}
+    net.load_state_dict(medians)
+    offsets, offset = {}, 0
+    for name, parameter in net.named_parameters():
+        offsets[name] = offset
+        offset += parameter.numel()
+    sites = list(row["sites"])
+    indices = torch.cat([offsets[s] + fit.guide.site_scalars(s).cpu() for s in sites])
+    la = Laplace(net, "classification", subset_of_weights="subnetwork",
+                 hessian_structure="full", subnetwork_indices=indices.long(),
+                 prior_precision=1.0)  # fmt: skip
+    loader = torch.utils.data.DataLoader(train, batch_size=batch)
+    start = time.process_time()
+    la.fit(loader, progress_bar=False)
+    cov = torch.linalg.inv(la.posterior_precision.double()).float()
+    return {
+        "rule": row["rule"],
+        "row": "Laplace (full GGN) at the default call's means",
+        "sites": row["sites"],
+        "blocks": block_means(correlation(cov), sites, list(row["sites"].values())),
+        "cpu_seconds": time.process_time() - start,
+    }
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """One Markdown table: a row per fit or Laplace, a column per pair of sites."""
+    pairs = list(dict.fromkeys(p for r in rows for p in r["blocks"]))
+    lines = [
+        "| rule | row | lr (rule) | -ELBO, last epoch | " + " | ".join(pairs) + " |",
+        "| --- | --- | --- | ---: | " + " | ".join("---:" for _ in pairs) + " |",
+    ]
+    for r in rows:
+        rate = f"{r['lr']:.3g} ({r['lr_rule'].split(' (')[0]})" if "lr" in r else "-"
+        loss = f"{r['last_epoch_loss']:,.0f}" if "last_epoch_loss" in r else "-"
+        cells = [f"{r['blocks'][p]:.4f}" if p in r["blocks"] else "" for p in pairs]
+        lines.append(f"| {r['rule']} | {r['row']} | {rate} | {loss} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--train", type=int, default=20_000, help="training digits")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--scales", type=float, nargs="*", default=[10.0, 30.0],
+                        help="given rates, times the default call's")  # fmt: skip
+    parser.add_argument("--rules", nargs="+", default=["variance", "magnitude"],
+                        choices=["variance", "magnitude"])  # fmt: skip
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--data-root", default=None, help="MNIST root (default: ZOO_DATA)")
+    parser.add_argument("--out", default="benchmarks/results/subnetwork_correlations.json")
+    args = parser.parse_args(argv)
+    if args.train < 256 or args.epochs < 1 or any(s <= 0 for s in args.scales):
+        parser.error("--train must be at least 256, --epochs at least 1, --scales positive")
+    torch.set_num_threads(args.threads)
+    train = zoo.data.mnist(args.data_root, limit=args.train)  # a Dataset, as the notebook's
+    run = zoo.Run(progress=False)
+    diagonal = zoo.fit(factory(), guides.family("diagonal"), train, epochs=args.epochs,
+                       lr=1e-3, run=run, seed=0)  # fmt: skip
+    rows = []
+    for rule in args.rules:
+        default = subnetwork_fit(diagonal, rule, train, args.epochs, None)
+        rows.append(default)
+        for scale in args.scales:
+            rows.append(subnetwork_fit(diagonal, rule, train, args.epochs, scale * default["lr"]))
+        rows.append(laplace_row(default, train, 128))
+        print(f"  {rule}: done", file=sys.stderr, flush=True)
+    print("\n".join(table_lines(rows)))
+    for r in rows:
+        r.pop("fit", None)
+    saved = {"load": list(os.getloadavg()), "train": args.train, "epochs": args.epochs,
+             "rows": rows}  # fmt: skip
+    write_json(saved, args.out)
+    return saved
+
+
+if __name__ == "__main__":
+    main()
