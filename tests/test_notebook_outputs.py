@@ -60,3 +60,24 @@ def test_every_sampled_prediction_is_seeded(path):
             if owner.endswith("_ref") or owner == "reference":
                 continue
             assert "seed=" in arguments, f"{path.name} cell {index}: {owner}.predict({arguments})"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_loop_over_panels_draws_every_item_or_fails(path):
+    """``for ax, item in zip(axes, items)`` stops at the shorter list: a figure of a fixed grid
+    silently dropped the families past its size once. Each such loop zips with ``strict=True``
+    (a mismatch raises in the notebooks' smoke runs), over ``plots.panels``' exact count."""
+    import ast
+
+    for index, source, _ in code_cells(path):
+        code = "\n".join(line for line in source.splitlines() if not line.startswith(("%", "!")))
+        for node in ast.walk(ast.parse(code)):
+            if not (isinstance(node, ast.For) and isinstance(node.iter, ast.Call)):
+                continue
+            target = node.target.elts[0] if isinstance(node.target, ast.Tuple) else node.target
+            if getattr(node.iter.func, "id", None) == "zip" and getattr(target, "id", "") == "ax":
+                strict = [k for k in node.iter.keywords if k.arg == "strict"]
+                assert strict and getattr(strict[0].value, "value", None) is True, (
+                    f"{path.name} cell {index}, line {node.lineno}: zip(axes, ...) without "
+                    "strict=True"
+                )

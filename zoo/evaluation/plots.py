@@ -35,6 +35,40 @@ def new_figure(**options: Any) -> Figure:
     return fig
 
 
+def panels(
+    count: int,
+    per_row: int = 5,
+    panel_size: tuple[float, float] = (3.4, 3.25),
+    **subplot_options: Any,
+) -> tuple[Figure, list[Axes]]:
+    """A figure of exactly ``count`` panels, ``per_row`` to a row, for one panel per item.
+
+    The grid has ``ceil(count / per_row)`` rows of ``min(count, per_row)`` panels; the cells past
+    ``count`` in the last row are removed, so ``zip(axes, items, strict=True)`` draws every item
+    or raises (a fixed grid silently drops the items past its size). ``panel_size``: one panel's
+    ``(width, height)`` in inches; ``subplot_options`` go to ``Figure.subplots`` (``sharex=``,
+    ``sharey=``).
+
+    Returns
+    -------
+    tuple[Figure, list[Axes]]
+        The figure (constrained layout, out of pyplot's registry) and its ``count`` axes, row
+        by row.
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"panels: count must be a positive int, got {count!r}")
+    if isinstance(per_row, bool) or not isinstance(per_row, int) or per_row < 1:
+        raise ValueError(f"panels: per_row must be a positive int, got {per_row!r}")
+    columns = min(per_row, count)
+    rows = -(-count // columns)
+    width, height = panel_size
+    fig = new_figure(figsize=(width * columns, height * rows), layout="constrained")
+    grid = list(fig.subplots(rows, columns, squeeze=False, **subplot_options).ravel())
+    for ax in grid[count:]:
+        ax.remove()
+    return fig, grid[:count]
+
+
 def _figure_and_axis(ax, figsize):
     if ax is not None:
         return ax.figure, ax

@@ -187,3 +187,29 @@ def test_band_plots_take_any_posterior(tmp_path):
     want = fit.predict(grid[:, None], progress=False).mean.reshape(-1)
     assert torch.allclose(torch.as_tensor(line, dtype=want.dtype), want)
     assert written(plots.band_against_reference(x, y, grid, fit, draws), tmp_path, "posteriors")
+
+
+@pytest.mark.parametrize(
+    "count, per_row, shape", [(1, 5, (1, 1)), (4, 5, (1, 4)), (9, 5, (2, 5)), (10, 5, (2, 5))]
+)
+def test_panels_gives_exactly_one_axis_per_item_row_by_row(count, per_row, shape, tmp_path):
+    fig, axes = plots.panels(count, per_row=per_row, panel_size=(2.0, 1.5), sharey=True)
+    assert len(axes) == count and fig.axes == axes  # the grid's spare cells are gone
+    rows, columns = shape
+    assert tuple(fig.get_size_inches()) == pytest.approx((2.0 * columns, 1.5 * rows))
+    spec = [ax.get_subplotspec() for ax in axes]
+    assert [(s.rowspan.start, s.colspan.start) for s in spec] == [
+        divmod(i, columns) for i in range(count)
+    ]
+    assert spec[0].get_gridspec().get_geometry() == shape
+    for ax in axes:
+        ax.plot([0, 1], [0, 1])
+    assert written(fig, tmp_path, f"panels{count}")
+    with pytest.raises(ValueError):  # the guard the grid exists for
+        list(zip(axes, range(count + 1), strict=True))
+
+
+@pytest.mark.parametrize("bad", [{"count": 0}, {"count": 2.0}, {"count": 3, "per_row": 0}])
+def test_panels_refuses_a_count_or_row_that_is_not_a_positive_int(bad):
+    with pytest.raises(ValueError, match="positive int"):
+        plots.panels(**bad)
