@@ -904,6 +904,7 @@ def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights
     assert rows[0]["sites"] == rows[2]["sites"]
     for r in rows:
         assert r["blocks"] and all(0 <= v <= 1 for v in r["blocks"].values())
+    assert rows[2]["correlations_worth"] > 0  # a full covariance's gain over a diagonal one
     assert "| magnitude | Laplace (full GGN) at the default call's means |" in out
     proc = WARM.run(["benchmarks/subnetwork_correlations.py", "--train", "10"], cwd=REPO,
                     timeout=HANG_AFTER)  # fmt: skip
