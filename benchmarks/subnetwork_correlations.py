@@ -7,23 +7,29 @@ Notebook 04's setting: a 784-32-10 ReLU MLP (prior ``N(0, 1)``, fresh initial me
 first 20,000 MNIST training digits, a diagonal fit of 3 epochs at ``lr=1e-3`` and batch 128, and
 from it ``guides.AutoSubnetwork.from_fit(fit, size=256, select=rule)`` for both rules
 (``"variance"``, ``"magnitude"``). Each subnetwork is fitted by its default call (no rate given)
-and again at each ``--scales`` times the rate that call ran at. Beside them, a Laplace
-approximation over the same weights at the default call's means, through laplace-torch
-(``SubnetLaplace``: the full generalised Gauss-Newton of the 256 weights, the rest fixed, prior
-precision 1 as the model's prior): the correlations of the posterior the family approximates,
-to second order.
+and again at each ``--scales`` times the rate that call ran at, with its factor's off-diagonal
+learned as the library learns it (``K N``, ``guides.joint_gaussian``) and as each other
+``--factors`` (``sqrt(K) N``, ``N`` itself: the same covariances in another optimiser geometry).
+Beside them, a Laplace approximation over the same weights at the default call's means, through
+laplace-torch (``SubnetLaplace``: the full generalised Gauss-Newton of the 256 weights, the rest
+fixed, prior precision 1 as the model's prior): the correlations of the posterior the family
+approximates, to second order.
 
 Per row and per pair of sites: the mean ``|correlation|`` off the diagonal of the 256 x 256
 correlation matrix (small sizes: the dense matrix is what is measured), and for the fits the
 rate, what chose it and the last epoch's ``-ELBO``. For the Laplace, what its correlations are
 worth: ``0.5 (sum_i log P_ii - log det P)`` nats for its precision ``P``, the KL from the best
 diagonal Gaussian to it, which is what a full covariance adds to the ELBO over a diagonal one
-were the posterior that Gaussian. Results go to ``--out`` (JSON).
+were the posterior that Gaussian. For each fit, the pattern: Pearson's correlation between its
+correlations and the Laplace's, entry by entry (the Laplace at the first factor's default call).
+Results go to ``--out`` (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
 import os
 import sys
 import time
@@ -35,7 +41,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from saving import write_json  # noqa: E402
 
 import guides  # noqa: E402
+import guides.joint_gaussian  # noqa: E402
 import zoo  # noqa: E402
+
+#: How the joint factor's off-diagonal ``N`` is learned: the library's ``K N`` and two others
+#: (``guides.joint_gaussian.lower_scale``, replaced for the fit by :func:`factor_learned_as`).
+FACTOR_SCALES = {"K N": lambda k: 1.0 / k, "sqrt(K) N": lambda k: 1.0 / math.sqrt(k),
+                 "N": lambda k: 1.0}  # fmt: skip
+
+
+@contextlib.contextmanager
+def factor_learned_as(name: str):
+    """Within this block the joint family learns its factor as ``name`` (a key of
+    :data:`FACTOR_SCALES`); the library's map is put back after it, whatever happens."""
+    library = guides.joint_gaussian.lower_scale
+    guides.joint_gaussian.lower_scale = FACTOR_SCALES[name]
+    try:
+        yield
+    finally:
+        guides.joint_gaussian.lower_scale = library
 
 
 def factory() -> zoo.models.BayesianModel:
@@ -65,20 +89,24 @@ def block_means(corr: torch.Tensor, sites: list[str], sizes: list[int]) -> dict[
     return out
 
 
-def subnetwork_fit(diagonal, rule: str, train, epochs: int, lr: float | None) -> dict:
-    """The subnetwork of ``rule`` chosen from ``diagonal``, fitted (by the default call where
-    ``lr`` is None), and its correlations."""
+def subnetwork_fit(
+    diagonal, rule: str, train, epochs: int, lr: float | None, factor: str = "K N"
+) -> dict:
+    """The subnetwork of ``rule`` chosen from ``diagonal``, its factor learned as ``factor``,
+    fitted (by the default call where ``lr`` is None), and its correlations."""
     guide = guides.AutoSubnetwork.from_fit(diagonal, size=256, select=rule)
     start = time.process_time()
     run = zoo.Run(progress=False)
     how = {"lr": lr} if lr is not None else {}
-    fit = zoo.fit(guide.model, guide, train, epochs=epochs, run=run, seed=0, **how)
-    sites = fit.guide.joint_sites()
-    sizes = [fit.guide.site_scalars(name).numel() for name in sites]
-    corr = correlation(fit.guide.joint.covariance().detach())
+    with factor_learned_as(factor):
+        fit = zoo.fit(guide.model, guide, train, epochs=epochs, run=run, seed=0, **how)
+        sites = fit.guide.joint_sites()
+        sizes = [fit.guide.site_scalars(name).numel() for name in sites]
+        corr = correlation(fit.guide.joint.covariance().detach())
     fitting = fit.fitting()
     return {
         "rule": rule,
+        "factor": factor,
         "row": "default call" if lr is None else f"lr {lr:.3g}",
         "lr": fitting["lr"],
         "lr_rule": fitting["lr_rule"],
@@ -87,7 +115,15 @@ def subnetwork_fit(diagonal, rule: str, train, epochs: int, lr: float | None) ->
         "blocks": block_means(corr, sites, sizes),
         "cpu_seconds": time.process_time() - start,
         "fit": fit,
+        "corr": corr,
     }
+
+
+def pattern(corr: torch.Tensor, reference: torch.Tensor) -> float:
+    """Pearson's correlation between two correlation matrices' off-diagonal entries: whether a
+    fit's correlations are the reference's (1) or unrelated to them (0)."""
+    off = ~torch.eye(len(corr), dtype=torch.bool)
+    return float(torch.corrcoef(torch.stack([corr[off], reference[off]]))[0, 1])
 
 
 def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
@@ -119,6 +155,7 @@ def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
         "rule": row["rule"],
         "row": "Laplace (full GGN) at the default call's means",
         "sites": row["sites"],
+        "corr": correlation(cov),
         "blocks": block_means(correlation(cov), sites, list(row["sites"].values())),
         "correlations_worth": float(worth),
         "cpu_seconds": time.process_time() - start,
@@ -129,18 +166,21 @@ def table_lines(rows: list[dict]) -> list[str]:
     """One Markdown table: a row per fit or Laplace, a column per pair of sites."""
     pairs = list(dict.fromkeys(p for r in rows for p in r["blocks"]))
     lines = [
-        "| rule | row | lr (rule) | -ELBO, last epoch | correlations' worth (nats) | "
-        + " | ".join(pairs)
+        "| rule | factor learned as | row | lr (rule) | -ELBO, last epoch | correlations' worth "
+        "(nats) | pattern: Pearson with the Laplace | " + " | ".join(pairs) + " |",
+        "| --- | --- | --- | --- | ---: | ---: | ---: | "
+        + " | ".join("---:" for _ in pairs)
         + " |",
-        "| --- | --- | --- | ---: | ---: | " + " | ".join("---:" for _ in pairs) + " |",
     ]
     for r in rows:
         rate = f"{r['lr']:.3g} ({r['lr_rule'].split(' (')[0]})" if "lr" in r else "-"
         loss = f"{r['last_epoch_loss']:,.0f}" if "last_epoch_loss" in r else "-"
         worth = f"{r['correlations_worth']:.0f}" if "correlations_worth" in r else "-"
+        agree = f"{r['pattern']:+.3f}" if "pattern" in r else "-"
         cells = [f"{r['blocks'][p]:.4f}" if p in r["blocks"] else "" for p in pairs]
         lines.append(
-            f"| {r['rule']} | {r['row']} | {rate} | {loss} | {worth} | " + " | ".join(cells) + " |"
+            f"| {r['rule']} | {r.get('factor', '-')} | {r['row']} | {rate} | {loss} | {worth} "
+            f"| {agree} | " + " | ".join(cells) + " |"
         )
     return lines
 
@@ -153,6 +193,9 @@ def main(argv=None) -> dict:
                         help="given rates, times the default call's")  # fmt: skip
     parser.add_argument("--rules", nargs="+", default=["variance", "magnitude"],
                         choices=["variance", "magnitude"])  # fmt: skip
+    parser.add_argument("--factors", nargs="+", default=list(FACTOR_SCALES),
+                        choices=list(FACTOR_SCALES),
+                        help="how the factor is learned (the library's: K N)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-root", default=None, help="MNIST root (default: ZOO_DATA)")
     parser.add_argument("--out", default="benchmarks/results/subnetwork_correlations.json")
@@ -166,15 +209,22 @@ def main(argv=None) -> dict:
                        lr=1e-3, run=run, seed=0)  # fmt: skip
     rows = []
     for rule in args.rules:
-        default = subnetwork_fit(diagonal, rule, train, args.epochs, None)
-        rows.append(default)
-        for scale in args.scales:
-            rows.append(subnetwork_fit(diagonal, rule, train, args.epochs, scale * default["lr"]))
-        rows.append(laplace_row(default, train, 128))
+        fits = []
+        for factor in args.factors:
+            default = subnetwork_fit(diagonal, rule, train, args.epochs, None, factor)
+            fits.append(default)
+            for scale in args.scales:
+                lr = scale * default["lr"]
+                fits.append(subnetwork_fit(diagonal, rule, train, args.epochs, lr, factor))
+        laplace = laplace_row(fits[0], train, 128)  # at the first factor's default call
+        for r in fits:
+            r["pattern"] = pattern(r["corr"], laplace["corr"])
+        rows += [*fits, laplace]
         print(f"  {rule}: done", file=sys.stderr, flush=True)
     print("\n".join(table_lines(rows)))
     for r in rows:
         r.pop("fit", None)
+        r.pop("corr", None)
     saved = {"load": list(os.getloadavg()), "train": args.train, "epochs": args.epochs,
              "rows": rows}  # fmt: skip
     write_json(saved, args.out)

@@ -896,16 +896,38 @@ def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights
     out_file = tmp_path / "subnetwork_correlations.json"
     out = _run(
         "benchmarks/subnetwork_correlations.py", "--train", "512", "--epochs", "1", "--scales",
-        "10", "--rules", "magnitude", "--data-root", str(mnist_root), "--out", str(out_file),
+        "10", "--rules", "magnitude", "--factors", "K N", "N", "--data-root", str(mnist_root),
+        "--out", str(out_file),
     )  # fmt: skip
     rows = json.loads(out_file.read_text())["rows"]
-    assert [r["row"].split(" (")[0] for r in rows] == ["default call", "lr 0.03", "Laplace"]
-    assert all(sum(r["sites"].values()) == 256 for r in rows)  # the same weights in each row
-    assert rows[0]["sites"] == rows[2]["sites"]
+    assert [(r.get("factor"), r["row"].split(" (")[0]) for r in rows] == [
+        ("K N", "default call"), ("K N", "lr 0.03"), ("N", "default call"), ("N", "lr 0.03"),
+        (None, "Laplace"),
+    ]  # fmt: skip
+    assert all(r["sites"] == rows[0]["sites"] for r in rows)  # the same 256 weights in each
+    assert sum(rows[0]["sites"].values()) == 256
     for r in rows:
         assert r["blocks"] and all(0 <= v <= 1 for v in r["blocks"].values())
-    assert rows[2]["correlations_worth"] > 0  # a full covariance's gain over a diagonal one
-    assert "| magnitude | Laplace (full GGN) at the default call's means |" in out
+        assert r is rows[-1] or -1 <= r["pattern"] <= 1
+    assert rows[-1]["correlations_worth"] > 0  # a full covariance's gain over a diagonal one
+    # learned as N itself, the same step moves the factor K times as far
+    assert sum(rows[3]["blocks"].values()) > 10 * sum(rows[1]["blocks"].values())
+    assert "| magnitude | - | Laplace (full GGN) at the default call's means |" in out
     proc = WARM.run(["benchmarks/subnetwork_correlations.py", "--train", "10"], cwd=REPO,
                     timeout=HANG_AFTER)  # fmt: skip
     assert proc.returncode == 2 and "--train" in proc.stderr  # refused before any work
+
+
+def test_subnetwork_correlations_puts_the_librarys_factor_map_back_whatever_happens():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import subnetwork_correlations
+
+    import guides.joint_gaussian
+
+    library = guides.joint_gaussian.lower_scale
+    with subnetwork_correlations.factor_learned_as("N"):
+        assert guides.joint_gaussian.lower_scale(256) == 1.0
+    with pytest.raises(RuntimeError), subnetwork_correlations.factor_learned_as("sqrt(K) N"):
+        assert guides.joint_gaussian.lower_scale(256) == 1 / 16
+        raise RuntimeError("a fit that fails")
+    assert guides.joint_gaussian.lower_scale is library

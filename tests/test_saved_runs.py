@@ -342,13 +342,18 @@ def test_the_subnetwork_correlations_table_is_its_saved_run():
 
     saved = json.loads((RESULTS / "subnetwork_correlations.json").read_text())
     rows = saved["rows"]
-    assert [(r["rule"], r["row"].split(" (")[0]) for r in rows] == [
-        (rule, row)
+    fits = [
+        (rule, factor, row)
         for rule in ("variance", "magnitude")
-        for row in ("default call", "lr 0.03", "lr 0.09", "Laplace")
+        for factor in ("K N", "sqrt(K) N", "N")
+        for row in ("default call", "lr 0.03", "lr 0.09")
     ]
+    assert [(r["rule"], r["factor"], r["row"]) for r in rows if "factor" in r] == fits
     for line in subnetwork_correlations.table_lines(rows):
         assert line in BENCH_README, line
-    # the README's reading: the default call learns at least 40 times less than the Laplace
-    default, laplace = rows[4]["blocks"], rows[7]["blocks"]
+    # the README's reading: the default call learns at least 40 times less than the Laplace,
+    # and no fit's correlations are the Laplace's
+    default, laplace = rows[10]["blocks"], rows[19]["blocks"]
+    assert rows[10]["factor"] == "K N" and rows[19]["row"].startswith("Laplace")
     assert all(laplace[k] > 40 * default[k] for k in default)
+    assert all(abs(r["pattern"]) < 0.2 for r in rows if "pattern" in r)
