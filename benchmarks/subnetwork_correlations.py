@@ -9,7 +9,8 @@ from it ``guides.AutoSubnetwork.from_fit(fit, size=256, select=rule)`` for both 
 (``"variance"``, ``"magnitude"``). Each subnetwork is fitted by its default call (no rate given)
 and again at each ``--scales`` times the rate that call ran at, with its factor's off-diagonal
 learned as the library learns it (``K N``, ``guides.joint_gaussian``) and as each other
-``--factors`` (``sqrt(K) N``, ``N`` itself: the same covariances in another optimiser geometry).
+``--factors`` (``sqrt(K) N``, ``N`` itself: the same covariances in another optimiser geometry),
+and by the default call with ``--draws`` draws a step (less noise in the factor's gradients).
 Beside them, a Laplace approximation over the same weights at the default call's means, through
 laplace-torch (``SubnetLaplace``: the full generalised Gauss-Newton of the 256 weights, the rest
 fixed, prior precision 1 as the model's prior): the correlations of the posterior the family
@@ -90,14 +91,23 @@ def block_means(corr: torch.Tensor, sites: list[str], sizes: list[int]) -> dict[
 
 
 def subnetwork_fit(
-    diagonal, rule: str, train, epochs: int, lr: float | None, factor: str = "K N"
+    diagonal,
+    rule: str,
+    train,
+    epochs: int,
+    lr: float | None,
+    factor: str = "K N",
+    draws: int = 1,
 ) -> dict:
     """The subnetwork of ``rule`` chosen from ``diagonal``, its factor learned as ``factor``,
-    fitted (by the default call where ``lr`` is None), and its correlations."""
+    fitted (by the default call where ``lr`` is None) with ``draws`` draws a step, and its
+    correlations."""
     guide = guides.AutoSubnetwork.from_fit(diagonal, size=256, select=rule)
     start = time.process_time()
     run = zoo.Run(progress=False)
     how = {"lr": lr} if lr is not None else {}
+    if draws > 1:
+        how["loss"] = zoo.Loss(num_particles=draws)
     with factor_learned_as(factor):
         fit = zoo.fit(guide.model, guide, train, epochs=epochs, run=run, seed=0, **how)
         sites = fit.guide.joint_sites()
@@ -107,7 +117,8 @@ def subnetwork_fit(
     return {
         "rule": rule,
         "factor": factor,
-        "row": "default call" if lr is None else f"lr {lr:.3g}",
+        "row": ("default call" if lr is None else f"lr {lr:.3g}")
+        + (f", {draws} draws a step" if draws > 1 else ""),
         "lr": fitting["lr"],
         "lr_rule": fitting["lr_rule"],
         "last_epoch_loss": (fit.epoch_losses or fit.losses)[-1],
@@ -193,6 +204,8 @@ def main(argv=None) -> dict:
                         help="given rates, times the default call's")  # fmt: skip
     parser.add_argument("--rules", nargs="+", default=["variance", "magnitude"],
                         choices=["variance", "magnitude"])  # fmt: skip
+    parser.add_argument("--draws", type=int, default=16,
+                        help="draws a step, one more default call a factor")  # fmt: skip
     parser.add_argument("--factors", nargs="+", default=list(FACTOR_SCALES),
                         choices=list(FACTOR_SCALES),
                         help="how the factor is learned (the library's: K N)")  # fmt: skip
@@ -200,8 +213,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--data-root", default=None, help="MNIST root (default: ZOO_DATA)")
     parser.add_argument("--out", default="benchmarks/results/subnetwork_correlations.json")
     args = parser.parse_args(argv)
-    if args.train < 256 or args.epochs < 1 or any(s <= 0 for s in args.scales):
-        parser.error("--train must be at least 256, --epochs at least 1, --scales positive")
+    if args.train < 256 or min(args.epochs, args.draws) < 1 or any(s <= 0 for s in args.scales):
+        parser.error(
+            "--train must be at least 256, --epochs and --draws at least 1, --scales positive"
+        )
     torch.set_num_threads(args.threads)
     train = zoo.data.mnist(args.data_root, limit=args.train)  # a Dataset, as the notebook's
     run = zoo.Run(progress=False)
@@ -216,6 +231,9 @@ def main(argv=None) -> dict:
             for scale in args.scales:
                 lr = scale * default["lr"]
                 fits.append(subnetwork_fit(diagonal, rule, train, args.epochs, lr, factor))
+            if args.draws > 1:
+                fits.append(subnetwork_fit(diagonal, rule, train, args.epochs, None, factor,
+                                           args.draws))  # fmt: skip
         laplace = laplace_row(fits[0], train, 128)  # at the first factor's default call
         for r in fits:
             r["pattern"] = pattern(r["corr"], laplace["corr"])

@@ -896,12 +896,13 @@ def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights
     out_file = tmp_path / "subnetwork_correlations.json"
     out = _run(
         "benchmarks/subnetwork_correlations.py", "--train", "512", "--epochs", "1", "--scales",
-        "10", "--rules", "magnitude", "--factors", "K N", "N", "--data-root", str(mnist_root),
-        "--out", str(out_file),
+        "10", "--rules", "magnitude", "--factors", "K N", "N", "--draws", "2", "--data-root",
+        str(mnist_root), "--out", str(out_file),
     )  # fmt: skip
     rows = json.loads(out_file.read_text())["rows"]
     assert [(r.get("factor"), r["row"].split(" (")[0]) for r in rows] == [
-        ("K N", "default call"), ("K N", "lr 0.03"), ("N", "default call"), ("N", "lr 0.03"),
+        ("K N", "default call"), ("K N", "lr 0.03"), ("K N", "default call, 2 draws a step"),
+        ("N", "default call"), ("N", "lr 0.03"), ("N", "default call, 2 draws a step"),
         (None, "Laplace"),
     ]  # fmt: skip
     assert all(r["sites"] == rows[0]["sites"] for r in rows)  # the same 256 weights in each
@@ -911,7 +912,7 @@ def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights
         assert r is rows[-1] or -1 <= r["pattern"] <= 1
     assert rows[-1]["correlations_worth"] > 0  # a full covariance's gain over a diagonal one
     # learned as N itself, the same step moves the factor K times as far
-    assert sum(rows[3]["blocks"].values()) > 10 * sum(rows[1]["blocks"].values())
+    assert sum(rows[4]["blocks"].values()) > 10 * sum(rows[1]["blocks"].values())
     assert "| magnitude | - | Laplace (full GGN) at the default call's means |" in out
     proc = WARM.run(["benchmarks/subnetwork_correlations.py", "--train", "10"], cwd=REPO,
                     timeout=HANG_AFTER)  # fmt: skip

@@ -346,14 +346,14 @@ def test_the_subnetwork_correlations_table_is_its_saved_run():
         (rule, factor, row)
         for rule in ("variance", "magnitude")
         for factor in ("K N", "sqrt(K) N", "N")
-        for row in ("default call", "lr 0.03", "lr 0.09")
+        for row in ("default call", "lr 0.03", "lr 0.09", "default call, 16 draws a step")
     ]
     assert [(r["rule"], r["factor"], r["row"]) for r in rows if "factor" in r] == fits
     for line in subnetwork_correlations.table_lines(rows):
         assert line in BENCH_README, line
     # the README's reading: the default call learns at least 40 times less than the Laplace,
     # and no fit's correlations are the Laplace's
-    default, laplace = rows[10]["blocks"], rows[19]["blocks"]
-    assert rows[10]["factor"] == "K N" and rows[19]["row"].startswith("Laplace")
+    default, laplace = rows[13]["blocks"], rows[25]["blocks"]
+    assert rows[13]["factor"] == "K N" and rows[25]["row"].startswith("Laplace")
     assert all(laplace[k] > 40 * default[k] for k in default)
     assert all(abs(r["pattern"]) < 0.2 for r in rows if "pattern" in r)
