@@ -158,7 +158,7 @@ def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
     start = time.process_time()
     la.fit(loader, progress_bar=False)
     precision = la.posterior_precision.double()
-    cov = torch.linalg.inv(precision).float()
+    corr = correlation(torch.linalg.inv(precision).float())
     # KL from the best diagonal Gaussian (precisions P_ii) to this one: the ELBO a full
     # covariance gains over a diagonal one, were the posterior this Gaussian
     worth = 0.5 * (precision.diagonal().log().sum() - torch.logdet(precision))
@@ -166,8 +166,8 @@ def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
         "rule": row["rule"],
         "row": "Laplace (full GGN) at the default call's means",
         "sites": row["sites"],
-        "corr": correlation(cov),
-        "blocks": block_means(correlation(cov), sites, list(row["sites"].values())),
+        "corr": corr,
+        "blocks": block_means(corr, sites, list(row["sites"].values())),
         "correlations_worth": float(worth),
         "cpu_seconds": time.process_time() - start,
     }
