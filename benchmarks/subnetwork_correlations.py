@@ -63,10 +63,14 @@ def factor_learned_as(name: str):
         guides.joint_gaussian.lower_scale = library
 
 
+def network() -> nn.Module:
+    """Notebook 04's plain network, 784-32-10 ReLU."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+
+
 def factory() -> zoo.models.BayesianModel:
-    """Notebook 04's network: untrained, the classification prior ``N(0, 1)``."""
-    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
-    return zoo.models.from_module(net, input_shape=(1, 28, 28), prior=1.0, init="fresh")
+    """Notebook 04's network as a model: untrained, the classification prior ``N(0, 1)``."""
+    return zoo.models.from_module(network(), input_shape=(1, 28, 28), prior=1.0, init="fresh")
 
 
 def correlation(cov: torch.Tensor) -> torch.Tensor:
@@ -142,7 +146,7 @@ def laplace_row(row: dict, train: torch.utils.data.Dataset, batch: int) -> dict:
     from laplace import Laplace
 
     fit = row["fit"]
-    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 32), nn.ReLU(), nn.Linear(32, 10))
+    net = network()
     medians = {name: value.detach() for name, value in fit.guide.median().items()}
     net.load_state_dict(medians)
     offsets, offset = {}, 0

@@ -921,8 +921,10 @@ def test_subnetwork_correlations_sets_each_fit_beside_the_laplace_of_its_weights
 
 def test_subnetwork_correlations_puts_the_librarys_factor_map_back_whatever_happens():
     sys.path.insert(0, str(REPO / "benchmarks"))
-    import subnetwork_correlations
-
+    try:
+        import subnetwork_correlations
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
     import guides.joint_gaussian
 
     library = guides.joint_gaussian.lower_scale

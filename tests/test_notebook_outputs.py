@@ -1,5 +1,6 @@
 """The committed notebooks as a website shows them: every figure saved as an image, once."""
 
+import ast
 import json
 import re
 from pathlib import Path
@@ -67,8 +68,6 @@ def test_every_loop_over_panels_draws_every_item_or_fails(path):
     """``for ax, item in zip(axes, items)`` stops at the shorter list: a figure of a fixed grid
     silently dropped the families past its size once. Each such loop zips with ``strict=True``
     (a mismatch raises in the notebooks' smoke runs), over ``plots.panels``' exact count."""
-    import ast
-
     for index, source, _ in code_cells(path):
         code = "\n".join(line for line in source.splitlines() if not line.startswith(("%", "!")))
         for node in ast.walk(ast.parse(code)):

@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from zoo import metrics
+from zoo.arguments import check_int
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,10 +56,8 @@ def panels(
         The figure (constrained layout, out of pyplot's registry) and its ``count`` axes, row
         by row.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"panels: count must be a positive int, got {count!r}")
-    if isinstance(per_row, bool) or not isinstance(per_row, int) or per_row < 1:
-        raise ValueError(f"panels: per_row must be a positive int, got {per_row!r}")
+    check_int("count", count, 1, meaning="panels in the figure")
+    check_int("per_row", per_row, 1, meaning="panels in a row")
     columns = min(per_row, count)
     rows = -(-count // columns)
     width, height = panel_size

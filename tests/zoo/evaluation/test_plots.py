@@ -209,7 +209,11 @@ def test_panels_gives_exactly_one_axis_per_item_row_by_row(count, per_row, shape
         list(zip(axes, range(count + 1), strict=True))
 
 
-@pytest.mark.parametrize("bad", [{"count": 0}, {"count": 2.0}, {"count": 3, "per_row": 0}])
-def test_panels_refuses_a_count_or_row_that_is_not_a_positive_int(bad):
-    with pytest.raises(ValueError, match="positive int"):
+@pytest.mark.parametrize(
+    "bad, name",
+    [({"count": 0}, "count"), ({"count": 2.0}, "count"), ({"count": True}, "count"),
+     ({"count": 3, "per_row": 0}, "per_row")],
+)  # fmt: skip
+def test_panels_refuses_a_count_or_row_that_is_not_a_positive_int(bad, name):
+    with pytest.raises(ValueError, match=f"{name} must be an int"):
         plots.panels(**bad)
