@@ -528,6 +528,51 @@ def test_laplace_prior_chooses_a_precision_on_held_out_digits(tmp_path, mnist_ro
     assert "(held out)" in out
 
 
+def test_laplace_online_fits_the_precision_during_training(tmp_path):
+    """Immer et al.'s online marginal likelihood: a precision per weight tensor and per bias,
+    the epoch of the best evidence kept, three test NLLs per rate."""
+    out_file = tmp_path / "laplace_online.json"
+    out = _run(
+        "benchmarks/laplace_online.py", "--problem", "digits", "--budget", "1", "--lrs",
+        "0.003", "0.03", "--samples", "4", "--out", str(out_file),
+    )  # fmt: skip
+    saved = json.loads(out_file.read_text())
+    rows = saved["rows"]
+    assert [(r["prior"], r["lr"]) for r in rows] == [
+        ("online", 0.003), ("fixed 1", 0.003), ("online", 0.03), ("fixed 1", 0.03)
+    ]  # fmt: skip
+    for r in rows:
+        assert r["epochs"] == 10 and len(r["prior_precisions"]) == 4
+        if r["prior"] == "online":
+            assert 1 <= r["best_epoch"] <= 10 and min(r["prior_precisions"]) > 0
+            assert r["prior_precisions"] != [1.0] * 4  # learned
+        else:  # the control: the zoo's N(0, 1) prior throughout, the last epoch kept
+            assert r["best_epoch"] is None and r["prior_precisions"] == [1.0] * 4
+        assert r["last_layer_precision"] > 0
+        for key in ("map_test_nll", "full_test_nll", "last_layer_test_nll"):
+            assert 0 < r[key] < 5, (key, r[key])
+    assert out.count("\n| online | 0.0") == 2 and out.count("| last of 10 | 1 |") == 2
+
+
+def test_laplace_online_scores_the_nll_and_reads_the_saved_rates():
+    """Its NLL is cross-entropy's, chunked or not; its default rates are laplace_prior's."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import laplace_online
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    logits = torch.randn(7, 3, generator=torch.Generator().manual_seed(0))
+    y = torch.tensor([0, 2, 1, 1, 0, 2, 2])
+    expected = torch.nn.functional.cross_entropy(logits, y).item()
+    for chunk in (2, 7, 50):
+        got = laplace_online.test_nll(lambda x: torch.softmax(x, -1), logits, y, chunk)
+        assert got == pytest.approx(expected, rel=1e-6)
+    saved = REPO / "benchmarks/results/laplace_prior.json"
+    rows = json.loads(saved.read_text())["rows"]
+    rates = laplace_online.saved_rates(str(saved))
+    assert rates == sorted({r["lr"] for r in rows}, reverse=True) and len(rates) == 2
+
+
 def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mnist_root):
     out_file = tmp_path / "held_out_curve.json"
     out = _run(
@@ -831,6 +876,16 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/elbo_against_nll.py", "--samples", "0"],
             "--budget and --samples must be at least 1, --scales positive",
+        ),
+        (
+            ["benchmarks/laplace_online.py", "--samples", "0"],
+            "--budget, --samples and --threads must be at least 1",
+        ),
+        (["benchmarks/laplace_online.py", "--lrs", "0"], "--lrs must be positive and finite"),
+        (["benchmarks/laplace_online.py", "--lrs", "nan"], "--lrs must be positive and finite"),
+        (
+            ["benchmarks/laplace_online.py", "--rates-from", "no/such.json"],
+            "--rates-from no/such.json: no such run; give --lrs",
         ),
         (
             ["benchmarks/kept_inputs.py", "--kept", "0"],

@@ -257,6 +257,15 @@ def test_the_laplace_prior_tables_are_their_saved_runs(saved):
         assert line in BENCH_README, line
 
 
+def test_the_laplace_online_table_is_its_saved_run():
+    import laplace_online
+
+    rows = _rows("laplace_online.json")
+    assert [r["prior"] for r in rows] == ["online", "fixed 1"] * 2
+    for line in laplace_online.table_lines(rows):
+        assert line in BENCH_README, line
+
+
 def test_the_held_out_curve_table_is_its_saved_run():
     import held_out_curve
 
