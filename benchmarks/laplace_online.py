@@ -1,6 +1,7 @@
 """Would the marginal likelihood, fitted during training, keep Laplace within its target?
 
     python benchmarks/laplace_online.py                       # LeNet-5, 800 steps
+    python benchmarks/laplace_online.py --seeds 1 2 --lrs 0.005076562507093902
     python benchmarks/laplace_online.py --problem digits --budget 1
 
 ``benchmarks/laplace_prior.py`` found why Laplace's default call misses its target at LeNet-5's
@@ -14,7 +15,8 @@ using that precision, and the epoch of the best marginal likelihood kept (laplac
 ``marglik_training``; a precision per parameter tensor, ten hyperparameter steps an epoch).
 
 The network is the problem's own (``fairness.problem``; classification problems without
-batch norm) as a plain module, PyTorch's initialisation at seed 0, trained by Adam for the
+batch norm) as a plain module, PyTorch's initialisation at each ``--seeds`` seed (which also
+orders the minibatches), trained by Adam for the
 problem's epochs and batch size at each ``--lrs`` rate, decaying tenfold over the run as
 ``zoo.fit`` does. By default the rates are those of ``--rates-from`` (a ``laplace_prior.py``
 run: its default call's range-test rate and its grid's), so the rows sit beside that run's.
@@ -111,13 +113,13 @@ def test_nll(predict, x: torch.Tensor, y: torch.Tensor, chunk: int = 50) -> floa
 
 
 def row(problem: str, budget: int, lr: float, samples: int, online: bool = True,
-        data_root=None) -> dict:  # fmt: skip
-    """One fit at ``lr``, the precision learned ``online`` or held at 1, and its three test
-    NLLs."""
+        seed: int = 0, data_root=None) -> dict:  # fmt: skip
+    """One fit at ``lr`` from ``seed``'s start, the precision learned ``online`` or held at
+    1, and its three test NLLs."""
     train, test, _, options, _ = fairness.problem(problem, data_root, budget)
-    network = plain_network(problem)
+    network = plain_network(problem, seed)
     laplace, seconds, best_epoch = online_fit(network, train, options["epochs"],
-                                              options["batch_size"], lr, online)  # fmt: skip
+                                              options["batch_size"], lr, online, seed)  # fmt: skip
     network.eval()
     generator = torch.Generator().manual_seed(0)
 
@@ -131,6 +133,7 @@ def row(problem: str, budget: int, lr: float, samples: int, online: bool = True,
     post_hoc = last_layer(network, train, options["batch_size"])
     return {
         "prior": "online" if online else "fixed 1",
+        "seed": seed,
         "lr": lr,
         "epochs": options["epochs"],
         "best_epoch": best_epoch,
@@ -143,15 +146,15 @@ def row(problem: str, budget: int, lr: float, samples: int, online: bool = True,
     }
 
 
-def plain_network(problem: str) -> torch.nn.Module:
+def plain_network(problem: str, seed: int = 0) -> torch.nn.Module:
     """The problem's network as a plain ``nn.Module`` (laplace-torch trains its parameters),
-    PyTorch's default initialisation drawn at seed 0."""
+    PyTorch's default initialisation drawn at ``seed``."""
     from torch import nn
 
     from zoo.models.lenet import LeNet5Network
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         if problem == "mnist":
             return LeNet5Network(100)
         inputs, hidden = (64, 32) if problem == "digits" else (784, 100)
@@ -167,9 +170,9 @@ def saved_rates(path: str) -> list[float]:
 
 def table_lines(rows: list[dict]) -> list[str]:
     lines = [
-        "| precision | lr | best epoch | prior precisions (per tensor) | MAP test NLL "
+        "| precision | seed | lr | best epoch | prior precisions (per tensor) | MAP test NLL "
         "| full-network Laplace test NLL | last-layer Laplace: precision, test NLL | fit s |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         values = r["prior_precisions"]
@@ -178,8 +181,8 @@ def table_lines(rows: list[dict]) -> list[str]:
         )
         best = "last" if r["best_epoch"] is None else r["best_epoch"]
         lines.append(
-            f"| {r['prior']} | {r['lr']:.3g} | {best} of {r['epochs']} | {precisions} "
-            f"| {r['map_test_nll']:.3f} | {r['full_test_nll']:.3f} "
+            f"| {r['prior']} | {r['seed']} | {r['lr']:.3g} | {best} of {r['epochs']} "
+            f"| {precisions} | {r['map_test_nll']:.3f} | {r['full_test_nll']:.3f} "
             f"| {r['last_layer_precision']:.3g}, {r['last_layer_test_nll']:.3f} "
             f"| {r['seconds']:.0f} |"
         )
@@ -194,6 +197,8 @@ def main(argv=None) -> list[dict]:
                         help="Adam's starting rates (default: --rates-from's)")  # fmt: skip
     parser.add_argument("--rates-from", default="benchmarks/results/laplace_prior.json",
                         help="a laplace_prior.py run whose MAP rates to use")  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="starting weights and minibatch orders")  # fmt: skip
     parser.add_argument("--samples", type=int, default=100, help="sampled functions a test")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data-root", default=None, help="MNIST root (default: ZOO_DATA)")
@@ -201,6 +206,8 @@ def main(argv=None) -> list[dict]:
     args = parser.parse_args(argv)
     if args.budget < 1 or args.samples < 1 or args.threads < 1:
         parser.error("--budget, --samples and --threads must be at least 1")
+    if min(args.seeds) < 0:
+        parser.error("--seeds must be at least 0")
     if args.lrs is not None and not all(math.isfinite(r) and r > 0 for r in args.lrs):
         parser.error("--lrs must be positive and finite")
     if args.lrs is None and not os.path.isfile(args.rates_from):
@@ -208,15 +215,16 @@ def main(argv=None) -> list[dict]:
     rates = args.lrs if args.lrs is not None else saved_rates(args.rates_from)
     torch.set_num_threads(args.threads)
     rows = []
-    for lr in rates:
+    settings = [(seed, lr, online) for seed in args.seeds for lr in rates
+                for online in (True, False)]  # fmt: skip
+    for seed, lr, online in settings:
         with warnings.catch_warnings():  # laplace-torch's and its backend's deprecation notes
             warnings.filterwarnings("ignore", category=FutureWarning)
             warnings.filterwarnings("ignore", "ASDL backend is used", UserWarning)
-            for online in (True, False):
-                rows.append(row(args.problem, args.budget, lr, args.samples, online,
-                                args.data_root))  # fmt: skip
-                print(f"  {rows[-1]['prior']}, lr {lr:.3g}: {rows[-1]['seconds']:.0f} s",
-                      file=sys.stderr, flush=True)  # fmt: skip
+            rows.append(row(args.problem, args.budget, lr, args.samples, online, seed,
+                            args.data_root))  # fmt: skip
+        print(f"  {rows[-1]['prior']}, seed {seed}, lr {lr:.3g}: {rows[-1]['seconds']:.0f} s",
+              file=sys.stderr, flush=True)  # fmt: skip
     print("\n".join(table_lines(rows)))
     saved = {"problem": args.problem, "budget": args.budget, "samples": args.samples,
              "threads": args.threads, "load": list(os.getloadavg()), "rows": rows}  # fmt: skip

@@ -538,8 +538,8 @@ def test_laplace_online_fits_the_precision_during_training(tmp_path):
     )  # fmt: skip
     saved = json.loads(out_file.read_text())
     rows = saved["rows"]
-    assert [(r["prior"], r["lr"]) for r in rows] == [
-        ("online", 0.003), ("fixed 1", 0.003), ("online", 0.03), ("fixed 1", 0.03)
+    assert [(r["prior"], r["seed"], r["lr"]) for r in rows] == [
+        ("online", 0, 0.003), ("fixed 1", 0, 0.003), ("online", 0, 0.03), ("fixed 1", 0, 0.03)
     ]  # fmt: skip
     for r in rows:
         assert r["epochs"] == 10 and len(r["prior_precisions"]) == 4
@@ -551,7 +551,7 @@ def test_laplace_online_fits_the_precision_during_training(tmp_path):
         assert r["last_layer_precision"] > 0
         for key in ("map_test_nll", "full_test_nll", "last_layer_test_nll"):
             assert 0 < r[key] < 5, (key, r[key])
-    assert out.count("\n| online | 0.0") == 2 and out.count("| last of 10 | 1 |") == 2
+    assert out.count("\n| online | 0 | 0.0") == 2 and out.count("| last of 10 | 1 |") == 2
 
 
 def test_laplace_online_scores_the_nll_and_reads_the_saved_rates():
@@ -882,6 +882,7 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
             "--budget, --samples and --threads must be at least 1",
         ),
         (["benchmarks/laplace_online.py", "--lrs", "0"], "--lrs must be positive and finite"),
+        (["benchmarks/laplace_online.py", "--seeds", "-1"], "--seeds must be at least 0"),
         (["benchmarks/laplace_online.py", "--lrs", "nan"], "--lrs must be positive and finite"),
         (
             ["benchmarks/laplace_online.py", "--rates-from", "no/such.json"],
