@@ -263,7 +263,9 @@ def test_the_laplace_online_tables_are_their_saved_runs(saved):
 
     rows = _rows(saved)
     assert [r["prior"] for r in rows] == ["online", "fixed 1"] * 2
-    for line in laplace_online.table_lines(rows)[2:]:
+    lines = laplace_online.table_lines(rows)
+    assert BENCH_README.count("\n".join(lines[:2])) == 2  # both tables headed
+    for line in lines:
         assert line in BENCH_README, line
 
 
