@@ -257,14 +257,23 @@ def test_the_laplace_prior_tables_are_their_saved_runs(saved):
         assert line in BENCH_README, line
 
 
-@pytest.mark.parametrize("saved", ["laplace_online.json", "laplace_online_seeds.json"])
-def test_the_laplace_online_tables_are_their_saved_runs(saved):
+@pytest.mark.parametrize(
+    "saved, rates",
+    [
+        ("laplace_online.json", 2),
+        ("laplace_online_seeds.json", 2),
+        ("laplace_online_digits.json", 1),
+        ("laplace_online_digits_x10.json", 1),
+        ("laplace_online_mnist.json", 1),
+    ],
+)
+def test_the_laplace_online_tables_are_their_saved_runs(saved, rates):
     import laplace_online
 
     rows = _rows(saved)
-    assert [r["prior"] for r in rows] == ["online", "fixed 1"] * 2
+    assert [r["prior"] for r in rows] == ["online", "fixed 1"] * rates
     lines = laplace_online.table_lines(rows)
-    assert BENCH_README.count("\n".join(lines[:2])) == 2  # both tables headed
+    assert BENCH_README.count("\n".join(lines[:2])) == 5  # every table headed
     for line in lines:
         assert line in BENCH_README, line
 
