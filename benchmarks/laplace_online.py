@@ -102,21 +102,19 @@ def last_layer(network, train, batch_size: int):
 
 
 def test_nll(predict, x: torch.Tensor, y: torch.Tensor, chunk: int = 50) -> float:
-    """Mean negative log predictive of ``y``, ``predict(x)`` giving probabilities, in chunks
+    """``zoo.metrics.nll`` of ``y`` under ``predict(x)``'s probabilities, predicted in chunks
     (a GLM predictive holds each chunk's Jacobians)."""
-    total = 0.0
-    for start in range(0, x.shape[0], chunk):
-        probs = predict(x[start : start + chunk]).detach()
-        picked = probs.gather(1, y[start : start + chunk].unsqueeze(1)).clamp_min(1e-30)
-        total -= picked.log().sum().item()
-    return total / x.shape[0]
+    import zoo
+
+    probs = torch.cat([predict(part).detach() for part in x.split(chunk)])
+    return zoo.metrics.nll(probs, y, eps=1e-30)
 
 
-def row(problem: str, budget: int, lr: float, samples: int, online: bool = True,
-        seed: int = 0, data_root=None) -> dict:  # fmt: skip
-    """One fit at ``lr`` from ``seed``'s start, the precision learned ``online`` or held at
-    1, and its three test NLLs."""
-    train, test, _, options, _ = fairness.problem(problem, data_root, budget)
+def row(problem: str, loaded, lr: float, samples: int, online: bool = True,
+        seed: int = 0) -> dict:  # fmt: skip
+    """One fit on ``loaded`` (``fairness.problem(problem, ...)``) at ``lr`` from ``seed``'s
+    start, the precision learned ``online`` or held at 1, and its three test NLLs."""
+    train, test, _, options, _ = loaded
     network = plain_network(problem, seed)
     laplace, seconds, best_epoch = online_fit(network, train, options["epochs"],
                                               options["batch_size"], lr, online, seed)  # fmt: skip
@@ -214,6 +212,7 @@ def main(argv=None) -> list[dict]:
         parser.error(f"--rates-from {args.rates_from}: no such run; give --lrs")
     rates = args.lrs if args.lrs is not None else saved_rates(args.rates_from)
     torch.set_num_threads(args.threads)
+    loaded = fairness.problem(args.problem, args.data_root, args.budget)  # once for every row
     rows = []
     settings = [(seed, lr, online) for seed in args.seeds for lr in rates
                 for online in (True, False)]  # fmt: skip
@@ -221,8 +220,7 @@ def main(argv=None) -> list[dict]:
         with warnings.catch_warnings():  # laplace-torch's and its backend's deprecation notes
             warnings.filterwarnings("ignore", category=FutureWarning)
             warnings.filterwarnings("ignore", "ASDL backend is used", UserWarning)
-            rows.append(row(args.problem, args.budget, lr, args.samples, online, seed,
-                            args.data_root))  # fmt: skip
+            rows.append(row(args.problem, loaded, lr, args.samples, online, seed))
         print(f"  {rows[-1]['prior']}, seed {seed}, lr {lr:.3g}: {rows[-1]['seconds']:.0f} s",
               file=sys.stderr, flush=True)  # fmt: skip
     print("\n".join(table_lines(rows)))
