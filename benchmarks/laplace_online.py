@@ -119,11 +119,15 @@ def row(problem: str, loaded, lr: float, samples: int, online: bool = True,
     laplace, seconds, best_epoch = online_fit(network, train, options["epochs"],
                                               options["batch_size"], lr, online, seed)  # fmt: skip
     network.eval()
-    generator = torch.Generator().manual_seed(0)
 
     def glm(model):
-        return lambda x: model(x, pred_type="glm", link_approx="mc", n_samples=samples,
-                               generator=generator)  # fmt: skip
+        # predictive_samples takes the generator; calling the Laplace with link_approx="mc"
+        # drops it (laplace-torch 0.3) and draws from the global stream. Each predictive's
+        # draws start from seed 0, whichever ran before it.
+        generator = torch.Generator().manual_seed(0)
+        return lambda x: model.predictive_samples(
+            x, pred_type="glm", n_samples=samples, generator=generator
+        ).mean(0)
 
     with torch.no_grad():
         map_nll = test_nll(lambda x: torch.softmax(network(x), -1), *test)

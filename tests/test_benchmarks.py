@@ -552,6 +552,16 @@ def test_laplace_online_fits_the_precision_during_training(tmp_path):
         for key in ("map_test_nll", "full_test_nll", "last_layer_test_nll"):
             assert 0 < r[key] < 5, (key, r[key])
     assert out.count("\n| online | 0 | 0.0") == 2 and out.count("| last of 10 | 1 |") == 2
+    # the sampled predictives are seeded: the same fit, run first instead of after two others,
+    # draws the same functions
+    _run(
+        "benchmarks/laplace_online.py", "--problem", "digits", "--budget", "1", "--lrs",
+        "0.03", "--samples", "4", "--out", str(out_file),
+    )  # fmt: skip
+    again = json.loads(out_file.read_text())["rows"]
+    for first, second in zip(rows[2:], again, strict=True):
+        for key in ("map_test_nll", "full_test_nll", "last_layer_test_nll"):
+            assert second[key] == first[key], key
 
 
 def test_laplace_online_scores_the_nll_and_reads_the_saved_rates():
