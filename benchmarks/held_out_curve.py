@@ -26,6 +26,7 @@ Results go to ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import sys
@@ -45,6 +46,21 @@ def nll(fit, x: torch.Tensor, y: torch.Tensor, samples: int) -> float:
     return zoo.metrics.nll(prediction.probs, y)
 
 
+@contextlib.contextmanager
+def lent_inputs(model, inputs: torch.Tensor | None):
+    """``model`` predicts with each draw's own batch-norm statistics on ``inputs`` inside the
+    block (``None``: as it is) and holds no kept inputs after it, as a fit's model does
+    before its end; a model without running statistics is left alone."""
+    if inputs is None or not getattr(model, "_statistics", ()):
+        yield
+        return
+    setattr(model, "statistics_inputs", inputs)  # noqa: B010 - a zoo model's buffer
+    try:
+        yield
+    finally:
+        setattr(model, "statistics_inputs", None)  # noqa: B010
+
+
 def curve(job: dict) -> dict:
     """One default call with the KL weight ``job["kl_weight"]``, scored at the end of every
     ``job["every"]``-th epoch and at the fit's end (after its refresh pass)."""
@@ -54,11 +70,18 @@ def curve(job: dict) -> dict:
     loaded = fairness.problem(job["problem"], job["data_root"], job["budget"])
     test = loaded[1]
     samples, every, scored, begun = job["samples"], job["every"], [], [0]
+    lent = None
+    if job["mid_fit_statistics"] == "per_draw":
+        from zoo.models.per_draw import KEPT_INPUTS
+
+        lent = loaded[0][0][:KEPT_INPUTS]
 
     def score(view) -> None:
         begun[0] = view.epoch + 1  # the epochs begun (view.epoch counts from 0)
         if view.epoch_end and begun[0] % every == 0:
-            held, tested = nll(view.result, *held_out, samples), nll(view.result, *test, samples)
+            with lent_inputs(view.result.model, lent):
+                held = nll(view.result, *held_out, samples)
+                tested = nll(view.result, *test, samples)
             scored.append((begun[0], held, tested))
 
     extra = {"kl_weight": job["kl_weight"], "callbacks": [score]}
@@ -68,6 +91,7 @@ def curve(job: dict) -> dict:
     best = min([*scored, end], key=lambda point: point[1])
     print(f"  kl_weight {job['kl_weight']:g}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return {
+        "family": job["family"],
         "kl_weight": job["kl_weight"],
         "lr": fit.fitting()["lr"],
         "epochs": begun[0],  # the range test's steps are the budget's: the last may be partial
@@ -85,14 +109,15 @@ def curve(job: dict) -> dict:
 
 def table_lines(rows: list[dict]) -> list[str]:
     lines = [
-        "| KL weight | lr | epochs | final test NLL | lowest held-out NLL (epoch) "
+        "| family | KL weight | lr | epochs | final test NLL | lowest held-out NLL (epoch) "
         "| test NLL there |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(
-            f"| {r['kl_weight']:g} | {r['lr']:.3g} | {r['epochs']} | {r['final_test_nll']:.3f} "
-            f"| {r['best_held_out_nll']:.3f} ({r['best_epoch']}) | {r['test_nll_at_best']:.3f} |"
+            f"| {r['family']} | {r['kl_weight']:g} | {r['lr']:.3g} | {r['epochs']} "
+            f"| {r['final_test_nll']:.3f} | {r['best_held_out_nll']:.3f} ({r['best_epoch']}) "
+            f"| {r['test_nll_at_best']:.3f} |"
         )
     return lines
 
@@ -106,6 +131,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--samples", type=int, default=10, help="draws per prediction")
     parser.add_argument("--every", type=int, default=2, help="epochs between scores")
     parser.add_argument("--validation", type=int, default=1000, help="held-out digits")
+    parser.add_argument("--mid-fit-statistics", default="per_draw", choices=("per_draw", "running"),
+                        help="batch norm's statistics of the mid-fit scores")  # fmt: skip
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
     parser.add_argument("--data-root", default=None, help="MNIST root (default: ZOO_DATA)")
@@ -127,7 +154,8 @@ def main(argv=None) -> list[dict]:
         pool.join()
     print("\n".join(table_lines(rows)))
     load = list(os.getloadavg())
-    kept = ("problem", "budget", "family", "validation", "samples", "every")
+    kept = ("problem", "budget", "family", "validation", "samples", "every",
+            "mid_fit_statistics")  # fmt: skip
     saved = {key: getattr(args, key) for key in kept}
     write_json({**saved, "load": load, "rows": rows}, args.out)
     return rows

@@ -600,7 +600,47 @@ def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mni
             points, key=lambda point: point[1]
         )
         assert r["final_test_nll"] > 0 and r["lr"] > 0
-    assert out.count("\n| 1 |") == 1 and "| 0.1 |" in out
+    assert out.count("\n| diagonal | 1 |") == 1 and "\n| diagonal | 0.1 |" in out
+    assert saved["mid_fit_statistics"] == "per_draw"
+
+
+def test_held_out_curve_lends_kept_inputs_without_moving_the_fit():
+    """Mid-fit scores read each draw's own batch-norm statistics on the lent inputs, as a
+    prediction after a default fit does on its kept ones; the model holds none after a score,
+    and a fit scored every epoch ends where an unscored one ends."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import held_out_curve
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from tests.zoo.models.test_per_draw import images, network
+
+    x, y = images()
+    lent, scores = x[:16], []
+
+    def score(view) -> None:
+        if view.epoch_end:
+            with held_out_curve.lent_inputs(view.result.model, lent):
+                assert view.result.model.statistics_inputs is lent
+                scores.append(held_out_curve.nll(view.result, x, y, 3))
+            assert view.result.model.statistics_inputs is None
+
+    def fitted(callbacks):
+        run = zoo.Run(progress=False, statistics="running", callbacks=callbacks)
+        return zoo.fit(network(), "diagonal", (x, y), num_steps=10, batch_size=16, run=run)
+
+    scored, plain = fitted([score]), fitted([])
+    assert len(scores) == 4  # 40 examples in 16s: epochs end at steps 3, 6, 9, and the last
+    for name, value in plain.guide.state_dict().items():
+        torch.testing.assert_close(scored.guide.state_dict()[name], value, rtol=0, atol=0)
+    shared = held_out_curve.nll(scored, x, y, 3)
+    with held_out_curve.lent_inputs(scored.model, lent):
+        own = held_out_curve.nll(scored, x, y, 3)
+    scored.model.statistics_inputs = lent  # what a fit that kept these inputs reads
+    assert held_out_curve.nll(scored, x, y, 3) == own != shared
+    plain_mlp = zoo.models.BayesianMLP(36, (4,), 3, task="classification")  # no statistics
+    with held_out_curve.lent_inputs(plain_mlp, lent):
+        assert getattr(plain_mlp, "statistics_inputs", None) is None
 
 
 def test_draw_statistics_scores_one_posterior_both_ways(tmp_path, mnist_root):
