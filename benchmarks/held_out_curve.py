@@ -2,6 +2,7 @@
 every few epochs, at the default call with the KL weighted as given.
 
     python benchmarks/held_out_curve.py                       # ResNet-8 x 10, diagonal
+    python benchmarks/held_out_curve.py --families diagonal lowrank --kl-weights 1 0.1
     python benchmarks/held_out_curve.py --problem mnist --budget 1 --kl-weights 1
 
 ``benchmarks/elbo_against_nll.py`` found the diagonal family's default call on the ResNet-8 at
@@ -9,16 +10,23 @@ ten times its budget near chance, read then as the KL of its 74,522 weights outw
 digits. Most of that was batch norm: every draw read one shared set of statistics
 (``benchmarks/draw_statistics.py``; each draw's own are the default since). The curves here
 study two ways out that change what a fit does, not its rate: stopping on held-out data, or a
-tempered objective (``zoo.Loss(kl_weight=...)``, the KL's factor). Each row here is the default
-call (seed 0; the range test's rate) of ``--family`` on ``--problem`` (``fairness.problem``)
-with one ``--kl-weights``; a callback scores the fit's predictive (``--samples`` draws) at
-the end of every ``--every``-th epoch, and the fit is scored again at its end, on
-``--validation`` held-out training digits (the ones after the fit's 2,000) and on the test
-digits. Early stopping would keep the scored point of the lowest held-out NLL (the fit's end
-among them): the row gives its epoch and its test NLL beside the fit's final test NLL.
-Mid-fit scores read batch norm's running statistics (no fit keeps inputs for per-draw
-statistics before its end); the end's is after the fit's refresh pass, with each draw's own
-statistics. One fit per process, ``--processes`` at a time.
+tempered objective (``zoo.Loss(kl_weight=...)``, the KL's factor). Each row is the default call
+(seed 0; the range test's rate) of one of ``--families`` on ``--problem``
+(``fairness.problem``) with one of ``--kl-weights``; a callback scores the fit's predictive
+(``--samples`` draws) at the end of every ``--every``-th epoch, and the fit is scored again at
+its end, on ``--validation`` held-out training digits (the ones after the fit's 2,000) and on
+the test digits. Early stopping would keep the scored point of the lowest held-out NLL (the
+fit's end among them): the row gives its epoch and its test NLL beside the fit's final test
+NLL.
+
+A fit keeps the inputs of each draw's own batch-norm statistics only at its end
+(``zoo.models.per_draw``), so a mid-fit score lends the model the first
+``zoo.models.per_draw.KEPT_INPUTS`` training inputs (in the data's order; a fit keeps its
+shuffled first pass's) for its prediction and takes them back before the next step
+(``--mid-fit-statistics per_draw``, the default: what every prediction after a default fit
+reads); ``running`` reads the steps' running averages, one shared set for every draw, as this
+script's first run did. The end's score is after the fit's refresh pass, each draw with its
+own statistics on the inputs the fit kept. One fit per process, ``--processes`` at a time.
 
 Results go to ``--out`` (JSON).
 """
@@ -126,7 +134,7 @@ def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--problem", default="resnet", choices=("mnist", "resnet"))
     parser.add_argument("--budget", type=int, default=10, help="times the short budget")
-    parser.add_argument("--family", default="diagonal")
+    parser.add_argument("--families", nargs="+", default=["diagonal"])
     parser.add_argument("--kl-weights", type=float, nargs="+", default=[1.0, 0.1])
     parser.add_argument("--samples", type=int, default=10, help="draws per prediction")
     parser.add_argument("--every", type=int, default=2, help="epochs between scores")
@@ -145,8 +153,16 @@ def main(argv=None) -> list[dict]:
             "--budget, --samples, --every, --validation, --processes and --threads must be at "
             "least 1, --kl-weights positive"
         )
+    import guides
+
+    known = [*guides.available(), "joint"]
+    unknown = [f for f in args.families if f not in known]
+    if unknown:
+        parser.error(f"unknown --families {unknown}: the variational families are {known}")
     jobs = [
-        {**vars(args), "kl_weight": w, "kl_weights": None} for w in args.kl_weights
+        {**vars(args), "family": f, "kl_weight": w, "families": None, "kl_weights": None}
+        for f in args.families
+        for w in args.kl_weights
     ]  # one fit each
     with multiprocessing.get_context("spawn").Pool(min(args.processes, len(jobs))) as pool:
         rows = pool.map(curve, jobs)
@@ -154,7 +170,7 @@ def main(argv=None) -> list[dict]:
         pool.join()
     print("\n".join(table_lines(rows)))
     load = list(os.getloadavg())
-    kept = ("problem", "budget", "family", "validation", "samples", "every",
+    kept = ("problem", "budget", "families", "validation", "samples", "every",
             "mid_fit_statistics")  # fmt: skip
     saved = {key: getattr(args, key) for key in kept}
     write_json({**saved, "load": load, "rows": rows}, args.out)

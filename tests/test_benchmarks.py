@@ -587,11 +587,14 @@ def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mni
     out_file = tmp_path / "held_out_curve.json"
     out = _run(
         "benchmarks/held_out_curve.py", "--problem", "mnist", "--budget", "1", "--kl-weights",
-        "1", "0.1", "--samples", "2", "--every", "2", "--validation", "100", "--data-root",
-        str(mnist_root), "--out", str(out_file),
+        "0.1", "--families", "map", "diagonal", "--samples", "2", "--every", "2",
+        "--validation", "100", "--data-root", str(mnist_root), "--out", str(out_file),
     )  # fmt: skip
     saved = json.loads(out_file.read_text())
-    assert [r["kl_weight"] for r in saved["rows"]] == [1.0, 0.1]
+    assert [(r["family"], r["kl_weight"]) for r in saved["rows"]] == [
+        ("map", 0.1),
+        ("diagonal", 0.1),
+    ]
     for r in saved["rows"]:
         assert r["epochs"] == 5 and r["scored_epochs"] == [2, 4]  # every second epoch's end
         points = [*zip(r["scored_epochs"], r["held_out_nll"], r["test_nll"], strict=True),
@@ -600,8 +603,8 @@ def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mni
             points, key=lambda point: point[1]
         )
         assert r["final_test_nll"] > 0 and r["lr"] > 0
-    assert out.count("\n| diagonal | 1 |") == 1 and "\n| diagonal | 0.1 |" in out
-    assert saved["mid_fit_statistics"] == "per_draw"
+    assert out.count("\n| diagonal | 0.1 |") == 1 and "\n| map | 0.1 |" in out
+    assert saved["mid_fit_statistics"] == "per_draw" and saved["families"] == ["map", "diagonal"]
 
 
 def test_held_out_curve_lends_kept_inputs_without_moving_the_fit():
@@ -910,6 +913,10 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         (
             ["benchmarks/held_out_curve.py", "--kl-weights", "0"],
             "--kl-weights positive",
+        ),
+        (
+            ["benchmarks/held_out_curve.py", "--families", "diagonal", "laplace"],
+            "unknown --families ['laplace']: the variational families are",
         ),
         (
             ["benchmarks/draw_statistics.py", "--epochs", "0"],
