@@ -2,6 +2,7 @@
 
     python benchmarks/rate_rules.py record --problems digits mnist resnet   # the sweeps
     python benchmarks/rate_rules.py score                                  # the table
+    python benchmarks/rate_rules.py against --sweeps FILE   # this machine's rates, the table's
 
 ``record`` runs the default call of each family of ``benchmarks/fairness.py``'s problems at
 each seed and keeps its range test's sweep (``result.options["lr_test"]``: rates and data
@@ -17,6 +18,12 @@ the steepest fall's rate, their geometric mean, fastai's ``valley`` (about halfw
 the longest falling run of the smoothed curve: its ``lr_find`` suggestion) and multiples of
 it, and two combinations of ``min/4`` and the valley, the lower of ``min/4`` and four times
 the valley being ``zoo.training.rate_rule.choose``'s rule (read from it).
+
+``against`` lists the sweeps of ``--sweeps`` whose chosen rate differs from the one the default
+call of the same problem, family and seed chose in ``--grids``' saved results, and counts those
+that agree: whether a machine recording the sweeps again chooses the table's rates (the same
+code and seed can sum in another order on another CPU, and a sweep at rising rates can
+amplify it).
 
 Rules read off the table's sweeps are tested on problems they were not chosen on:
 ``--problems mlp cnn`` (``fairness.HELD_OUT``) with their own grids and sweeps
@@ -177,9 +184,33 @@ def score(sweeps: list[dict], results: list[dict]) -> list[str]:
     return lines
 
 
+def against(sweeps: list[dict], results: list[dict]) -> list[str]:
+    """The rates each sweep chose that differ by more than 0.1% from the saved default call's
+    of the same problem, family and seed (sweeps without one left out), with the ratio, and
+    how many agree."""
+    saved = {(r["problem"], r["family"], r.get("seed", 0)): r["lr_used"]
+             for r in results if r["default"]}  # fmt: skip
+    lines = [
+        "| problem | family | seed | rate recorded | rate saved | ratio |",
+        "| --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    ratios = []
+    for s in sweeps:
+        there = saved.get((s["problem"], s["family"], s["seed"]))
+        if there is None:
+            continue
+        ratios.append(s["lr"] / there)
+        if abs(ratios[-1] - 1) >= 1e-3:
+            lines.append(f"| {s['problem']} | {s['family']} | {s['seed']} | {s['lr']:.3g} "
+                         f"| {there:.3g} | {ratios[-1]:.2f} |")  # fmt: skip
+    same = sum(abs(r - 1) < 1e-3 for r in ratios)
+    lines.append(f"\n{same} of {len(ratios)} rates as saved")
+    return lines
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("action", choices=("record", "score"))
+    parser.add_argument("action", choices=("record", "score", "against"))
     parser.add_argument(
         "--problems",
         nargs="+",
@@ -217,7 +248,7 @@ def main(argv=None) -> None:
         sweeps = json.load(f)["sweeps"]
     with open(args.grids) as f:
         results = json.load(f)["results"]
-    print("\n".join(score(sweeps, results)))
+    print("\n".join((score if args.action == "score" else against)(sweeps, results)))
 
 
 if __name__ == "__main__":

@@ -879,6 +879,21 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
         ("diagonal", -1.0),
         ("map", recorded[0]["lr"]),
     ]
+    # against: the recorded map sweep agrees with a saved default call at its rate; the
+    # diagonal's (saved at twice its rate) is listed; a sweep with no saved call is left out
+    lr = recorded[0]["lr"]
+    saved = [
+        {"problem": "digits", "family": "map", "default": True, "seed": 0, "lr_used": lr},
+        {"problem": "digits", "family": "diagonal", "default": True, "seed": 0, "lr_used": -2.0},
+        {"problem": "digits", "family": "map", "default": True, "seed": 1, "lr_used": 1.0},
+        *results,
+    ]
+    grid.write_text(json.dumps({"results": saved}))
+    third = {**recorded[0], "family": "lowrank"}
+    sweeps.write_text(json.dumps({"sweeps": [*again, third]}))
+    out = _run("benchmarks/rate_rules.py", "against", "--sweeps", str(sweeps), "--grids", str(grid))
+    assert "| digits | diagonal | 0 | -1 | -2 | 0.50 |" in out and "| digits | map |" not in out
+    assert "1 of 2 rates as saved" in out and "lowrank" not in out
 
 
 @pytest.mark.parametrize(

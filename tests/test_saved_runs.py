@@ -227,6 +227,35 @@ def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_
         assert line in BENCH_README, line
 
 
+def test_the_rates_of_another_machine_are_its_saved_sweeps_against_the_table():
+    """The rates this machine's sweeps chose that differ from the table's saved default calls
+    (benchmarks/README.md, "The table on another machine") are rate_rules.py's against."""
+    import rate_rules
+
+    sweeps = json.loads((RESULTS / "rate_sweeps_machine.json").read_text())["sweeps"]
+    results = json.loads((RESULTS / "fairness.json").read_text())["results"]
+    lines = rate_rules.against(sweeps, results)
+    assert len(lines) > 3
+    for line in lines:
+        assert line.strip() in BENCH_README, line
+
+
+def test_the_default_calls_of_another_machine_are_its_saved_fits_against_the_grids():
+    """The ResNet-8 rows whose rate another machine chose differently, their default calls fitted
+    there against the table's grids: ``fairness.py``'s print of the saved fits merged into the
+    table's."""
+    import fairness
+
+    here = json.loads((RESULTS / "fairness_machine.json").read_text())["results"]
+    table = json.loads((RESULTS / "fairness.json").read_text())["results"]
+    rows = fairness.summarise(fairness.merged(table, here))
+    refitted = {(r["problem"], r["family"]) for r in here}
+    lines = fairness.table_lines([r for r in rows if (r["problem"], r["family"]) in refitted])
+    assert len(lines) == 2 + 4
+    for line in lines[2:]:
+        assert line in BENCH_README, line
+
+
 @pytest.mark.parametrize("name", ["rate_held_out", "rate_held_out_min4", "rate_held_out_steps8"])
 def test_the_held_out_default_calls_are_their_saved_runs(name):
     """The held-out problems' tables of default calls against their grids (the library's rule,
