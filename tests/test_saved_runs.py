@@ -307,10 +307,12 @@ def test_the_laplace_online_tables_are_their_saved_runs(saved, rates):
         assert line in BENCH_README, line
 
 
-def test_the_held_out_curve_table_is_its_saved_run():
+@pytest.mark.parametrize("name", ["held_out_curve", "held_out_curve_per_draw"])
+def test_the_held_out_curve_tables_are_their_saved_runs(name):
+    """The shared-statistics run and the per-draw one (each draw's own statistics mid-fit)."""
     import held_out_curve
 
-    for line in held_out_curve.table_lines(_rows("held_out_curve.json")):
+    for line in held_out_curve.table_lines(_rows(f"{name}.json")):
         assert line in BENCH_README, line
 
 
