@@ -22,10 +22,12 @@ NLL.
 A fit keeps the inputs of each draw's own batch-norm statistics only at its end
 (``zoo.models.per_draw``), so a mid-fit score lends the model the first
 ``zoo.models.per_draw.KEPT_INPUTS`` training inputs (in the data's order; a fit keeps its
-shuffled first pass's) for its prediction and takes them back before the next step
+shuffled first pass's) for its prediction and puts back what it held before the next step
 (``--mid-fit-statistics per_draw``, the default: what every prediction after a default fit
 reads); ``running`` reads the steps' running averages, one shared set for every draw, as this
-script's first run did. The end's score is after the fit's refresh pass, each draw with its
+script's first run did. (A default fit now holds a random sample of the training inputs
+itself while it fits, ``zoo.training.refresh.hold_inputs``; the lent ones keep the saved runs'
+scores.) The end's score is after the fit's refresh pass, each draw with its
 own statistics on the inputs the fit kept. One fit per process, ``--processes`` at a time.
 
 Results go to ``--out`` (JSON).
@@ -57,16 +59,17 @@ def nll(fit, x: torch.Tensor, y: torch.Tensor, samples: int) -> float:
 @contextlib.contextmanager
 def lent_inputs(model, inputs: torch.Tensor | None):
     """``model`` predicts with each draw's own batch-norm statistics on ``inputs`` inside the
-    block (``None``: as it is) and holds no kept inputs after it, as a fit's model does
-    before its end; a model without running statistics is left alone."""
+    block (``None``: as it is) and holds what it held after it (the fit's own sample, under
+    ``statistics="per_draw"``); a model without running statistics is left alone."""
     if inputs is None or not getattr(model, "_statistics", ()):
         yield
         return
+    held = model.statistics_inputs
     setattr(model, "statistics_inputs", inputs)  # noqa: B010 - a zoo model's buffer
     try:
         yield
     finally:
-        setattr(model, "statistics_inputs", None)  # noqa: B010
+        setattr(model, "statistics_inputs", held)  # noqa: B010
 
 
 def curve(job: dict) -> dict:

@@ -609,8 +609,9 @@ def test_held_out_curve_scores_every_few_epochs_and_reads_the_best(tmp_path, mni
 
 def test_held_out_curve_lends_kept_inputs_without_moving_the_fit():
     """Mid-fit scores read each draw's own batch-norm statistics on the lent inputs, as a
-    prediction after a default fit does on its kept ones; the model holds none after a score,
-    and a fit scored every epoch ends where an unscored one ends."""
+    prediction after a default fit does on its kept ones; the model holds what it held after a
+    score (none here, under ``statistics="running"``), and a fit scored every epoch ends where
+    an unscored one ends."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     try:
         import held_out_curve

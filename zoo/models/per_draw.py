@@ -16,11 +16,13 @@ prediction then estimates each draw's statistics on them before it predicts
 (:func:`draw_statistics`): for every normalisation layer that the fit updates, the draw's batch
 statistics over all the kept inputs in one pass (mean and unbiased variance per channel, as
 PyTorch's running update takes them), whatever passes the prediction itself is split into. A
-frozen body's fixed layers read their running statistics as before.
-The cost is one forward pass of the kept inputs per draw; a saved fit holds the kept inputs (they
-are training data). A fit with ``statistics="refresh"`` or ``"running"``, a network without
-running statistics, and a ``lightning.Trainer`` run keep none, and every draw reads the running
-statistics.
+frozen body's fixed layers read their running statistics as before. While it fits, the model
+holds a random sample of as many training inputs (:func:`zoo.training.refresh.hold_inputs`),
+so that a prediction during the fit (a callback's, an interrupted fit's) normalises each draw
+alike. The cost is one forward pass of the kept inputs per draw; a saved fit holds the kept
+inputs (they are training data). A fit with ``statistics="refresh"`` or ``"running"``, a
+network without running statistics, and a ``lightning.Trainer`` run keep none, and every draw
+reads the running statistics.
 """
 
 from __future__ import annotations
@@ -49,11 +51,13 @@ KEPT_INPUTS = 512
 KEPT_BYTES = 64 << 20
 
 
-def kept_size(inputs: torch.Tensor) -> int:
-    """How many of ``inputs`` (``(N, ...)``) a fit keeps: ``N``, :data:`KEPT_INPUTS` and
-    :data:`KEPT_BYTES` bytes' worth, whichever is least (at least one)."""
+def kept_size(inputs: torch.Tensor, available: int | None = None) -> int:
+    """How many of ``inputs`` (``(N, ...)``), or of ``available`` inputs shaped like them, a
+    fit keeps: ``N`` (or ``available``), :data:`KEPT_INPUTS` and :data:`KEPT_BYTES` bytes'
+    worth, whichever is least (at least one)."""
     per_input = max(inputs[:1].numel() * inputs.element_size(), 1)
-    return max(1, min(len(inputs), KEPT_INPUTS, KEPT_BYTES // per_input))
+    count = len(inputs) if available is None else available
+    return max(1, min(count, KEPT_INPUTS, KEPT_BYTES // per_input))
 
 
 def check_kept_inputs(inputs, where: str) -> None:

@@ -96,13 +96,15 @@ def write_checkpoint(
     trainable = {}
     if isinstance(model, torch.nn.Module):
         trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+    form = model_form.model_payload(model)
+    form.pop("statistics_inputs", None)  # held for mid-fit predictions: a resume holds them anew
     files.atomic_save(
         {
             "format": files.FORMAT,
             "version": files.VERSION,
             "kind": "checkpoint",
             "guide": guide_form.guide_payload(guide),
-            "model": {**model_form.model_payload(model), "trainable": trainable},
+            "model": {**form, "trainable": trainable},
             "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict() if scheduler is not None else None,
             "rng": files.rng_state(generator),

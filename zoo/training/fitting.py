@@ -68,7 +68,7 @@ from zoo.training.recipes import (
     starts_trained,
     warn_if_short,
 )
-from zoo.training.refresh import refresh_statistics
+from zoo.training.refresh import hold_inputs, refresh_statistics
 from zoo.training.step import Stepper
 
 
@@ -241,7 +241,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
     if isinstance(model, torch.nn.Module):
         model.to(dev)
         if getattr(model, "statistics_inputs", None) is not None:  # a former fit's: this one
-            setattr(model, "statistics_inputs", None)  # noqa: B010 - keeps its own at its end
+            setattr(model, "statistics_inputs", None)  # noqa: B010 - holds its own
     seed = s.seed
     if ranks.distributed and seed is None:  # one seed for the shared shuffle and guide
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
@@ -264,6 +264,8 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)
         with frozen_statistics():  # the guide's set-up traces the model: not a training step
             objective.setup(*batches.first(), batch_size=batches.minibatch_size)
+        if s.run.statistics == "per_draw":  # mid-fit predictions normalise each draw as after
+            hold_inputs(model, batches)
         if s.run.checkpoint is not None:
             guide_form.guide_payload(guide)  # a guide that cannot be saved fails now, not later
         opt, plan, total = _optimiser(objective, batches, s, dev, ranks)

@@ -316,11 +316,11 @@ class Run:
     statistics : {"per_draw", "refresh", "running"}
         Batch norm's statistics after the fit. ``"per_draw"`` (the default): the running
         statistics re-estimated at the fitted posterior over one pass of the training
-        minibatches (:mod:`zoo.training.refresh`), and the model keeps that pass's first
-        inputs (at most 512; a saved fit holds them), on which every prediction estimates each
-        weight draw's own statistics (:mod:`zoo.models.per_draw`). ``"refresh"``: the
-        pass only, every draw reading the one set of running statistics. ``"running"``: the
-        running averages the steps left. A network without running statistics is unaffected.
+        minibatches (:mod:`zoo.training.refresh`), the model keeping that pass's first inputs
+        (at most 512; a saved fit holds them), on which every prediction estimates each weight
+        draw's own statistics (:mod:`zoo.models.per_draw`); during the fit it holds a sample
+        of the training inputs, so a callback's or an interrupted fit's prediction does too.
+        ``"refresh"``: the pass only, every draw reading one set. ``"running"``: the steps'.
     """
 
     progress: bool = field(

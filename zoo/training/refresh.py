@@ -20,6 +20,12 @@ statistics. A fit without running statistics, an interrupted fit (``Ctrl-C``) an
 holds the statistics of its step, so a resumed fit ends, refreshed, where one run ends. It is
 ``zoo.fit``'s: a ``lightning.Trainer`` running :class:`zoo.lightning.BayesianModule` keeps the
 steps' running averages.
+
+Under ``"per_draw"`` the model also holds training inputs *while* it fits (:func:`hold_inputs`,
+before the first step): a prediction mid-fit (a callback's, an interrupted fit's) then
+normalises each draw with its own statistics, as one after the fit does, where the running
+averages, one set for every draw, would fit none of a spread posterior's draws. The pass at the
+end keeps its own inputs in their place.
 """
 
 from __future__ import annotations
@@ -32,12 +38,30 @@ from zoo.models.statistics import momentum_set, statistics_of, updating_layers
 from zoo.runtime.distributed import Ranks
 from zoo.runtime.rng import forked
 
-__all__ = ["STATISTICS", "refresh_statistics"]
+__all__ = ["STATISTICS", "hold_inputs", "refresh_statistics"]
 
 #: ``zoo.Run(statistics=...)``: re-estimated at the end of the fit, with training inputs kept
 #: for each draw's own statistics (:mod:`zoo.models.per_draw`) or without, or the steps'
 #: running ones.
 STATISTICS = ("per_draw", "refresh", "running")
+
+
+def hold_inputs(model, batches) -> bool:
+    """Before a fit's first step, under ``statistics="per_draw"``: ``model`` holds training
+    inputs for each draw's own statistics while it fits, so that a prediction during the fit
+    (a callback's, or the ``.result`` of an interrupted, diverged or failed fit) normalises
+    each draw as a prediction after it does, not with the steps' running averages, one set for
+    every draw. The inputs are :func:`zoo.models.per_draw.kept_size`'s count of the training
+    data, drawn at random by :meth:`zoo.data.batches.Batches.sample_inputs` (seeded 0, the
+    same whatever the fit's seed and on every rank); the refresh pass at the fit's end keeps
+    its own in their place. Returns whether the model holds any (not when no layer the fit
+    updates tracks statistics)."""
+    if not updating_layers(getattr(model, "net", None)):
+        return False
+    like = batches.sample_inputs(1)  # its size bounds the count; moves no fit generator
+    inputs = batches.sample_inputs(kept_size(like, available=len(batches)))
+    setattr(model, "statistics_inputs", inputs.detach().clone())  # noqa: B010
+    return True
 
 
 def refresh_statistics(
