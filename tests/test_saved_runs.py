@@ -227,6 +227,18 @@ def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_
         assert line in BENCH_README, line
 
 
+def test_the_fairness_table_is_its_saved_fits():
+    """benchmarks/README.md's table of every family's default call against its grid's best, at
+    every problem and budget, is ``fairness.py``'s print of its saved fits, all 109 rows."""
+    import fairness
+
+    results = json.loads((RESULTS / "fairness.json").read_text())["results"]
+    lines = fairness.table_lines(fairness.summarise(results))
+    assert len(lines) == 2 + 109
+    for line in lines:
+        assert line in BENCH_README, line
+
+
 def test_the_rates_of_another_machine_are_its_saved_sweeps_against_the_table():
     """The rates this machine's sweeps chose that differ from the table's saved default calls
     (benchmarks/README.md, "The table on another machine") are rate_rules.py's against."""
