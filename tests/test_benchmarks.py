@@ -491,6 +491,29 @@ def test_fairness_prints_the_default_against_the_grid(tmp_path):
     assert row["default_lr"] > 0 and "(range test) |" in out
 
 
+def test_fairness_tempers_every_fit_of_a_run_with_kl_weight(tmp_path):
+    """--kl-weight reaches each fit (its ELBO's KL weighted so: another NLL than the saved
+    untempered call's), is recorded in each result, and --merge sets the tempered default
+    calls in place of a saved run's, its grid kept."""
+    saved = tmp_path / "saved.json"
+    _run(
+        "benchmarks/fairness.py", "--problems", "digits", "--families", "diagonal", "--seeds",
+        "0", "--lrs", "1", "--inits", "1", "--processes", "1", "--out", str(saved),
+    )  # fmt: skip
+    tempered = tmp_path / "tempered.json"
+    _run(
+        "benchmarks/fairness.py", "--problems", "digits", "--families", "diagonal", "--seeds",
+        "0", "--no-grid", "--kl-weight", "0.01", "--processes", "1", "--merge", str(saved),
+        "--out", str(tempered),
+    )  # fmt: skip
+    before = json.loads(saved.read_text())["results"]
+    after = json.loads(tempered.read_text())["results"]
+    assert [r.get("kl_weight") for r in after if r["default"]] == [0.01]
+    assert [r for r in after if not r["default"]] == [r for r in before if not r["default"]]
+    default = {r["default"]: r for r in before}[True]
+    assert {r["default"]: r for r in after}[True]["nll"] != default["nll"]
+
+
 def test_laplace_prior_sets_the_marginal_likelihood_beside_fixed_precisions(tmp_path):
     out_file = tmp_path / "laplace_prior.json"
     out = _run(
@@ -901,6 +924,12 @@ def test_rate_rules_records_sweeps_and_scores_each_rule_on_the_grid(tmp_path):
     "args, message",
     [
         (["benchmarks/fairness.py", "--best-seeds", "1"], "--best-seeds reads the grids"),
+        (
+            ["benchmarks/fairness.py", "--kl-weight", "0.1", "--families", "map"],
+            "--kl-weight 0.1: a positive weight of the KL in a variational family's ELBO",
+        ),
+        (["benchmarks/fairness.py", "--kl-weight", "0.1"], "give --families from"),
+        (["benchmarks/fairness.py", "--kl-weight", "inf", "--families", "diagonal"], "positive"),
         (["benchmarks/whvi_blocks.py", "--blocks", "four"], "--blocks takes none, diagonal"),
         (
             ["benchmarks/rate_rules.py", "record", "--merge", "--sweeps", "no/such/sweeps.json"],
