@@ -41,9 +41,9 @@ seeds, and the verdict then reads the gap averaged over the seeds both have (the
 is printed beside it).
 
 ``--kl-weight W`` fits every job of the run with the KL weighted by ``W``
-(``zoo.Loss(kl_weight=W)``, a tempered objective; the variational families only): what a
-tempered default would do to rows fitted at the true ELBO, read against their saved grids
-with ``--merge`` into a copy of the table.
+(``zoo.Loss(kl_weight=W)``, a tempered objective; the variational families only, each
+result records the weight): what a tempered default would do to rows fitted at the true ELBO,
+its default calls read against the table's grids by :func:`refitted_rows`.
 
 Fits run in ``--processes`` worker processes of one thread each. Results go to ``--out`` (JSON:
 every fit's setting and metrics); the table printed is the one in ``benchmarks/README.md``.
@@ -80,6 +80,13 @@ MNIST_TRAIN = 2000
 #: The option that sets a family's initial spread, where it is not ``init_scale``: the Posch
 #: tridiagonal's relative scale ``tau`` (its default parameterisation).
 INIT_OPTIONS = {"tridiagonal": "init_tau"}
+
+
+def variational() -> list[str]:
+    """The variational families a fit takes by name: the registry's and the joint Gaussian."""
+    import guides
+
+    return [*guides.available(), "joint"]
 
 
 def problem(name: str, data_root: str | None = None, budget: int = 1):
@@ -225,14 +232,12 @@ def jobs(
 ) -> list[dict]:
     """Every fit to run: the default call at each of ``seeds``, then (``grid``) the grid at
     seed 0, per problem and family."""
-    import guides
-
     out = []
     for name in problems:
         _, _, factory, _, _ = problem(name, data_root)
         name = row_name(name, budget)
         weights = sum(math.prod(s) for s in factory().site_shapes.values())
-        names = families or [*guides.available(), "joint", *BASELINES]
+        names = families or [*variational(), *BASELINES]
         for family in names:
             if family == "joint" and weights > JOINT_MAX:
                 continue
@@ -568,11 +573,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
     if args.kl_weight is not None:
-        import guides
-
-        tempered = [f for f in (*guides.available(), "joint") if f != "map"]
-        weight, families = args.kl_weight, set(args.families or [None])
-        if not (weight > 0 and math.isfinite(weight)) or families - set(tempered):
+        tempered = [f for f in variational() if f != "map"]
+        weight = args.kl_weight
+        positive = weight > 0 and math.isfinite(weight)
+        if not positive or not args.families or set(args.families) - set(tempered):
             parser.error(
                 f"--kl-weight {args.kl_weight}: a positive weight of the KL in a variational "
                 f"family's ELBO; give --families from {tempered}"
@@ -627,7 +631,7 @@ def main(argv=None) -> dict:
     import guides
 
     scales = {f: [guides.recipe(f).scale(False), guides.recipe(f).scale(True)]
-              for f in [*guides.available(), "joint"]}  # fmt: skip
+              for f in variational()}  # fmt: skip
     saved = {"results": results, "rows": rows, "load": list(os.getloadavg()),
              "lr_scales": scales}  # fmt: skip
     write_json(saved, args.out)
@@ -645,6 +649,14 @@ def merged(old: list[dict], new: list[dict], extend: bool = False) -> list[dict]
             if not (not r["default"] and (r["problem"], r["family"]) in regrid)
             and _identity(r) not in rerun]  # fmt: skip
     return kept + new
+
+
+def refitted_rows(fits: list[dict], saved: list[dict]) -> list[dict]:
+    """The rows of the problems and families that ``fits`` holds, with ``fits`` in place of
+    ``saved``'s of the same setting and seed (:func:`merged`): default calls fitted again (on
+    another machine, at another KL weight) read against the saved grids."""
+    refitted = {(r["problem"], r["family"]) for r in fits}
+    return [r for r in summarise(merged(saved, fits)) if (r["problem"], r["family"]) in refitted]
 
 
 def _identity(r: dict) -> tuple:

@@ -156,9 +156,7 @@ def main(argv=None) -> list[dict]:
             "--budget, --samples, --every, --validation, --processes and --threads must be at "
             "least 1, --kl-weights positive"
         )
-    import guides
-
-    known = [*guides.available(), "joint"]
+    known = fairness.variational()
     unknown = [f for f in args.families if f not in known]
     if unknown:
         parser.error(f"unknown --families {unknown}: the variational families are {known}")

@@ -241,12 +241,13 @@ def test_the_fairness_table_is_its_saved_fits():
 
 def test_the_tempered_default_calls_are_their_saved_fits_against_the_grids():
     """The 30 rows whose default calls were fitted again at a KL weight of 0.1, against the
-    table's grids: ``fairness.py --kl-weight 0.1``'s print of the saved run."""
+    table's grids: ``fairness.refitted_rows`` of the saved tempered fits and the table."""
     import fairness
 
-    results = json.loads((RESULTS / "fairness_kl01.json").read_text())["results"]
-    tempered = {(r["problem"], r["family"]) for r in results if r.get("kl_weight") == 0.1}
-    rows = [r for r in fairness.summarise(results) if (r["problem"], r["family"]) in tempered]
+    tempered = json.loads((RESULTS / "fairness_kl01.json").read_text())["results"]
+    table = json.loads((RESULTS / "fairness.json").read_text())["results"]
+    assert {r["kl_weight"] for r in tempered} == {0.1} and all(r["default"] for r in tempered)
+    rows = fairness.refitted_rows(tempered, table)
     assert len(rows) == 30 and sum(not fairness.within(r) for r in rows) == 2
     for line in fairness.table_lines(rows):
         assert line in BENCH_README, line
@@ -273,9 +274,7 @@ def test_the_default_calls_of_another_machine_are_its_saved_fits_against_the_gri
 
     here = json.loads((RESULTS / "fairness_machine.json").read_text())["results"]
     table = json.loads((RESULTS / "fairness.json").read_text())["results"]
-    rows = fairness.summarise(fairness.merged(table, here))
-    refitted = {(r["problem"], r["family"]) for r in here}
-    lines = fairness.table_lines([r for r in rows if (r["problem"], r["family"]) in refitted])
+    lines = fairness.table_lines(fairness.refitted_rows(here, table))
     assert len(lines) == 2 + 4
     for line in lines[2:]:
         assert line in BENCH_README, line
