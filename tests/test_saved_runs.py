@@ -229,12 +229,12 @@ def test_the_rate_rules_tables_are_their_saved_sweeps_scored(sweeps_file, grids_
 
 def test_the_fairness_table_is_its_saved_fits():
     """benchmarks/README.md's table of every family's default call against its grid's best, at
-    every problem and budget, is ``fairness.py``'s print of its saved fits, all 109 rows."""
+    every problem and budget, is ``fairness.py``'s print of its saved fits, all 112 rows."""
     import fairness
 
     results = json.loads((RESULTS / "fairness.json").read_text())["results"]
     lines = fairness.table_lines(fairness.summarise(results))
-    assert len(lines) == 2 + 109
+    assert len(lines) == 2 + 112
     for line in lines:
         assert line in BENCH_README, line
 
@@ -361,12 +361,12 @@ def test_the_posch_objective_tables_are_their_saved_run():
         assert not line or line in BENCH_README, line
 
 
-def test_the_per_draw_elbo_table_is_its_three_saved_runs():
-    """One table stacked from the diagonal, matrix normal and tridiagonal runs, each row as
-    ``elbo_against_nll.py`` prints it, the header once."""
+def test_the_per_draw_elbo_table_is_its_four_saved_runs():
+    """One table stacked from the diagonal, matrix normal, tridiagonal and block diagonal runs,
+    each row as ``elbo_against_nll.py`` prints it, the header once."""
     import elbo_against_nll
 
-    for k, family in enumerate(("diagonal", "matrix_normal", "tridiagonal")):
+    for k, family in enumerate(("diagonal", "matrix_normal", "tridiagonal", "block_diagonal")):
         saved = json.loads((RESULTS / f"elbo_per_draw_{family}.json").read_text())
         assert saved["family"] == family and saved["problem"] == "resnet"
         lines = elbo_against_nll.table_lines(saved["rows"], family)
