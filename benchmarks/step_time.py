@@ -402,7 +402,11 @@ def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
                 options,
                 {**fit_options, "cuda_graph": False},
             )
+    weights = sum(p.numel() for p in net.parameters())
     for name, (family, options, fit_options) in zoo_rows.items():
+        if options.get("size", 0) > weights:  # a subnetwork larger than the network
+            print(f"{name}: more than the network's {weights:,} weights: its row is left out")
+            continue
         methods[name] = lambda f=family, o=options, k=fit_options: ZooStep(
             net, x, y, f, o, device, **k
         )

@@ -55,6 +55,17 @@ def test_step_time_on_the_tiny_net_alone_and_contended():
         assert len(row.split("|")) == 8  # name, idle, contended, slowdown, two ratios
 
 
+def test_step_time_leaves_out_a_subnetwork_larger_than_the_network():
+    """The tiny net has 751 weights: S=256 is timed, S=1024 and S=4096 (which the guide
+    refuses) are left out with a line, not a crash of the whole run."""
+    args = ["--net", "tiny", "--rounds", "1", "--steps", "2", "--no-memory", "--only", "subnetwork"]
+    out = _run("benchmarks/step_time.py", *args)
+    assert "| zoo subnetwork S=256 |" in out
+    for size in ("1024", "4096"):
+        assert f"zoo subnetwork S={size}: more than the network's 751 weights" in out
+        assert f"| zoo subnetwork S={size} |" not in out
+
+
 def test_graph_size_counts_match_the_readme():
     """The operation counts are deterministic: the table in benchmarks/README.md must show the
     script's (the timings there are one run's)."""
