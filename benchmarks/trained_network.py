@@ -104,7 +104,7 @@ def finetune(args) -> None:
     print(_line(rows[0], rows[0]), flush=True)
 
     def fit(family, model=None, **kw):
-        model = model or zoo.models.from_module(net)
+        model = model or zoo.models.from_module(net, init="module")
         return zoo.fit(model, family, (x, y), num_steps=args.steps, run=QUIET, **kw)
 
     calls = {f: (lambda f=f: fit(f)) for f in args.families or guides.available()}
@@ -120,10 +120,10 @@ def finetune(args) -> None:
             float("inf"), lambda: fit("diagonal")
         ),
         "last layer (lowrank), frozen body": lambda: fit(
-            "lowrank", zoo.models.from_module(_frozen(net), bayesian=["9.*"])
+            "lowrank", zoo.models.from_module(_frozen(net), bayesian=["9.*"], init="module")
         ),
         "Laplace post hoc (last layer, KFAC)": lambda: zoo.laplace(
-            zoo.models.from_module(net), (x, y), at="module", options={"hessian": "kron"}
+            zoo.models.from_module(net, init="module"), (x, y), at="module", options={"hessian": "kron"}
         ),
     }
     if not args.no_extras:
@@ -189,7 +189,7 @@ def prior(args) -> None:
         noise = torch.randn(16, *shape, generator=torch.Generator().manual_seed(1))
         cells = []
         for prior_ in (None, 1.0):
-            model = from_module(net, prior=prior_)
+            model = from_module(net, prior=prior_, init="module")
             pred = zoo.prior_predictive(model, noise, num_samples=args.draws)
             cells.append(f"{float(pred.sample_probs.max(-1).values.mean()):.3f}")
         print(f"| {label} | {cells[0]} | {cells[1]} |", flush=True)
@@ -211,7 +211,7 @@ def relative(args) -> None:
     for scale in args.relative_scales:
         start = time.perf_counter()
         result = _with_relative_scale(scale, lambda: zoo.fit(
-            zoo.models.from_module(net), "diagonal", (x, y), num_steps=args.steps, run=QUIET
+            zoo.models.from_module(net, init="module"), "diagonal", (x, y), num_steps=args.steps, run=QUIET
         ))  # fmt: skip
         probs = result.predict(xt, num_samples=20, progress=False, seed=0).probs
         label = f"diagonal, relative scale {scale:g}"

@@ -31,9 +31,13 @@ evaluation mode (:mod:`zoo.models.semantics`).
 
 A trained network
 -----------------
-The module's weights are the initial posterior means of every family by default
-(``init="module"``): a trained network starts the fit where it is, and ``init="fresh"`` starts
-from new draws. The default prior is ``N(0, 2 / fan_in)`` per layer
+``init="module"`` makes the module's weights every family's initial posterior means: a
+trained network starts the fit where it is. ``init="fresh"`` starts from new draws, as a
+network just built must (a fine-tune of random weights learns little). The default,
+``init="auto"``, lets ``zoo.fit`` decide before the first step from the network's loss on a
+sample of the training data against the best constant prediction, and warn that it did
+(:mod:`zoo.training.start`); ``result.options["start"]`` says which start ran and why.
+The default prior is ``N(0, 2 / fan_in)`` per layer
 (:class:`~zoo.priors.LayerwiseNormalPrior` with :data:`~zoo.priors.HE_GAIN`), He et al.'s
 variance-preserving scale, whose prior predictive is far from certain on noise, where
 ``N(0, 1)`` on every weight of a deep net is near-certain (``benchmarks/prior_predictive.py``);
@@ -131,7 +135,7 @@ def from_module(
     *,
     bayesian: Iterable[str] | None = None,
     deterministic: Iterable[str] = (),
-    init: str = "module",
+    init: str = "auto",
     output: int | str | Callable | None = None,
 ) -> BayesianModel[Any]:
     """A :class:`BayesianModel` with a sample site over the parameters of ``module``.
@@ -139,10 +143,15 @@ def from_module(
     Any ``nn.Module`` converts, trained or not: ResNets with batch norm, transformers,
     embeddings, recurrent nets. The module docstring (:mod:`zoo.models.convert`) states which
     parameters are sites, what the copy changes and what a trained network keeps. A trained
-    network made Bayesian starts where it is::
+    network made Bayesian starts where it is, and a network just built is trained from
+    scratch::
 
-        model = zoo.models.from_module(my_trained_net)
+        model = zoo.models.from_module(my_trained_net, init="module")
         fit = zoo.fit(model, "diagonal", data)  # the means start at my_trained_net's weights
+        fresh = zoo.models.from_module(MyNet(), init="fresh")  # trained as the zoo's own nets
+
+    Left at ``init="auto"``, ``zoo.fit`` tells the two apart from the network's loss on the
+    data and warns which it took.
 
     A Bayesian last layer on a trained, fixed body (its batch norm keeps its statistics)::
 
@@ -164,10 +173,13 @@ def from_module(
     deterministic : iterable of str, optional
         Name patterns of parameters that are deterministic although ``bayesian`` (or the
         default) would make them sites.
-    init : {"module", "fresh"}, default "module"
-        ``"module"``: every family's initial means are ``module``'s weights (a guide's own
-        ``init_module=`` or ``init_loc_fn="kaiming"`` still wins); ``"fresh"``: drawn anew as
-        for the zoo's own networks.
+    init : {"auto", "module", "fresh"}, default "auto"
+        ``"module"``: a trained network; every family's initial means are ``module``'s weights
+        and the fit is a fine-tune (a guide's own ``init_module=`` or ``init_loc_fn="kaiming"``
+        still wins); ``"fresh"``: a network to train from scratch, its means drawn anew as for
+        the zoo's own networks; ``"auto"``: ``zoo.fit`` decides from the network's loss on a
+        sample of the training data against the best constant prediction, and warns
+        (:class:`zoo.training.start.StartWarning`) which start it took.
     output : int, str or callable, optional
         For a network that returns a tuple, list or dict: the index or key of the output the
         likelihood reads (``output=0`` for a bare ``nn.LSTM``), or a function of the whole

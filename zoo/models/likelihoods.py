@@ -89,6 +89,14 @@ class Likelihood(nn.Module):
         """Plain data that rebuilds this likelihood (:func:`from_spec`)."""
         return {"class": type(self).__name__, "args": {}}
 
+    def point_losses(self, out: torch.Tensor, y: torch.Tensor) -> tuple[float, float] | None:
+        """How well one network's output ``out`` (``(B, ...)``) explains ``y``, beside the best
+        constant prediction of the same ``y``: ``(network's loss, constant's loss)`` in one
+        unit, lower better; ``None`` when the likelihood cannot say (a user's likelihood that
+        does not define it). ``zoo.fit`` reads it to tell a trained network from a fresh one
+        (:mod:`zoo.training.start`)."""
+        return None
+
 
 class _Kept(Summary):
     """The blocks themselves, scored as one prediction (a likelihood without running sums)."""
@@ -128,6 +136,15 @@ class Categorical(Likelihood):
     def summary(self, y):
         return ClassificationSummary(y)
 
+    def point_losses(self, out, y):
+        """Mean cross-entropy of the logits, beside that of the labels' own frequencies (their
+        entropy, the best constant prediction), in nats."""
+        y = y.long().reshape(-1)
+        network = float(F.cross_entropy(out.float(), y))
+        freq = torch.bincount(y, minlength=out.shape[-1]).double() / len(y)
+        constant = float(-(freq[freq > 0] * freq[freq > 0].log()).sum())
+        return network, constant
+
     def metrics(self, prediction, y):
         probs = prediction.probs
         return {
@@ -149,6 +166,14 @@ class _GaussianBase(Likelihood):
 
     def summary(self, y):
         return RegressionSummary(y)
+
+    def point_losses(self, out, y):
+        """Mean squared error of the predicted means, beside that of the targets' own mean
+        (their variance, the best constant prediction), in squared units of ``y``."""
+        half = out.shape[-1] // self.outputs_per_target if self.outputs_per_target > 1 else None
+        mean = (out[..., :half] if half is not None else out).float()
+        y = y.float().reshape(mean.shape)
+        return float((mean - y).pow(2).mean()), float((y - y.mean(0)).pow(2).mean())
 
     def metrics(self, prediction, y):
         y = y.reshape(prediction.mean.shape)

@@ -69,6 +69,8 @@ class FitResult(Posterior[PredictionT], kind="fit"):
         skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
         test = (self.options.get("lr_test") or {}).get("steps")
         after = f" after a rate test of {test}" if test else ""
+        start = self.options.get("start")
+        after += f", {start} start" if start else ""
         return (
             f"FitResult(guide={self.options.get('guide', self.family)}, "
             f"model={type(self.model).__name__},\n"

@@ -69,6 +69,7 @@ from zoo.training.recipes import (
     warn_if_short,
 )
 from zoo.training.refresh import hold_inputs, refresh_statistics
+from zoo.training.start import Start, record, resolve_start, warn_inferred
 from zoo.training.step import Stepper
 
 
@@ -191,6 +192,8 @@ def fit(
     given = dict(epochs=epochs, num_steps=num_steps, batch_size=batch_size)
     check_positive(**given, lr=None if lr == "auto" else lr)
     auto = convergence is not None
+    start = resolve_start(model, data)  # trained or fresh: before the rate is chosen
+    trained = starts_trained(model, guide)
     length = resolve_length(
         data,
         model,
@@ -201,11 +204,13 @@ def fit(
         lr_schedule=optim.lr_schedule,
         auto=auto,
         recipe=guide_registry.recipe(guide),  # the family's (guides.registry.Recipe)
-        trained=starts_trained(model, guide),
+        trained=trained,
     )
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     loss = loss.resolved(guide_registry.recipe(guide))  # the family's ELBO and estimator
-    settings = Settings(length, seed, optim, loss, engine, run, convergence)
+    settings = Settings(
+        length, seed, optim, loss, engine, run, convergence, record(start, trained), start
+    )
     if engine.distributed:
         return distributed.launch(
             functools.partial(_fit, model=model, guide=guide, data=data, settings=settings),
@@ -229,6 +234,10 @@ class Settings:
     engine: Engine
     run: Run
     convergence: Convergence | None
+    #: ``result.options``' ``start`` and ``start_rule`` (:func:`zoo.training.start.record`)
+    start: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    #: The model's start, warned of once the data pass their checks (an inferred one)
+    inferred: Start | None = None
 
 
 def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
@@ -247,6 +256,8 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         seed = ranks.gather(int(torch.randint(2**31, ())))[0]
     with seeded(seed, dev), training_mode(model):
         batches, generator = fit_batches(model, data, s.length.batch_size, dev, seed, ranks)
+        if ranks.rank == 0:
+            warn_inferred(s.inferred)
         guide = guide_registry.instantiate(guide, model, {})
         # What a checkpoint records and a resume must match; the data's fingerprint is kept in
         # result.options too (a saved fit says what it was fitted to).
@@ -282,6 +293,7 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         result: FitResult[Any] = FitResult(model=model, guide=guide, device=dev)
         result.options = _options(guide, total, batches, s, objective, plan, seed, ranks)
         result.options["data"] = identity["data"]
+        result.options.update(s.start)  # where it started and why (zoo.training.start)
         if measured is not None:
             result.options["lr_test"] = measured.record
         if resumed is not None:

@@ -234,11 +234,12 @@ def _rate_rule(lr, auto: bool, trained: bool) -> tuple[str | None, str]:
 
 def starts_trained(model, guide) -> bool:
     """Whether a fit of ``guide`` (as ``zoo.fit`` takes it) on ``model`` starts at a trained
-    network's weights: the model offers them (``model.init == "module"``, a converted
-    network) and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
+    network's weights: the model offers them (``model.start_init == "module"``: a converted
+    network given ``init="module"`` or taken for a trained one, :mod:`zoo.training.start`)
+    and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
     that cannot start at given weights, ``STARTS_AT_WEIGHTS = False``: WHVI), or a guide is
     given ``init_module``. A guide factory of the user's cannot be asked: ``False``."""
-    offered = getattr(model, "init", None) == "module"
+    offered = getattr(model, "start_init", getattr(model, "init", None)) == "module"
     if isinstance(guide, Family):
         if "init_module" in guide.options:
             return True

@@ -435,7 +435,8 @@ def test_ensemble_members_start_from_their_own_draws():
     from zoo.models import from_module
 
     net, (x, y), _ = trained_cnn()
-    ens = zoo.ensemble(lambda: from_module(net), (x[:64], y[:64]), members=2, num_steps=1,
+    ens = zoo.ensemble(lambda: from_module(net, init="module"),
+        (x[:64], y[:64]), members=2, num_steps=1,
                        progress=False)  # fmt: skip
     first, second = (m.guide.median()["5.weight"] for m in ens.members)
     assert not torch.allclose(first, second, atol=1e-2)

@@ -158,7 +158,7 @@ def test_targets_on_a_scale_that_dwarfs_the_noise_are_flagged(noise, message):
 def test_real_valued_targets_on_a_classifier_hint_at_task():
     import zoo
 
-    model = zoo.models.from_module(torch.nn.Linear(2, 1))
+    model = zoo.models.from_module(torch.nn.Linear(2, 1), init="module")
     with pytest.raises(ValueError, match="task='regression'"):
         zoo.fit(
             model,
@@ -377,7 +377,7 @@ def test_token_ids_are_checked_against_the_vocabulary_before_any_work(make, phra
     tokens = torch.randint(0, 10, (20, 5), generator=torch.Generator().manual_seed(0))
     y = torch.randint(0, 3, (20,))
     bad = make(tokens.clone())
-    model = zoo.models.from_module(_Tokens())
+    model = zoo.models.from_module(_Tokens(), init="module")
     steps = []
     with pytest.raises(ValueError, match=phrase):
         zoo.fit(model, "diagonal", (bad, y), num_steps=2,

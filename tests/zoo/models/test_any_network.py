@@ -76,7 +76,7 @@ def family_for(name: str, family: str, model):
 
 def build(name):
     torch.manual_seed(0)
-    return zoo.models.from_module(NETWORKS[name][0]())
+    return zoo.models.from_module(NETWORKS[name][0](), init="module")
 
 
 def data(name, n=16):

@@ -28,7 +28,7 @@ class Head(nn.Module):
 
 
 def test_default_rule_normalisation_deterministic_everything_else_a_site():
-    model = from_module(Head())
+    model = from_module(Head(), init="module")
     assert sorted(model.deterministic) == [
         "body.1.bias",
         "body.1.weight",
@@ -50,25 +50,25 @@ def test_default_rule_normalisation_deterministic_everything_else_a_site():
 
 def test_patterns_choose_the_sites():
     net = Head()
-    model = from_module(net, bayesian=["fc.*"])
+    model = from_module(net, bayesian=["fc.*"], init="module")
     assert sorted(model.site_shapes) == ["fc.bias", "fc.weight"]
-    model = from_module(net, deterministic=["token", "body.0.*"])
+    model = from_module(net, deterministic=["token", "body.0.*"], init="module")
     assert sorted(model.site_shapes) == ["fc.bias", "fc.weight"]
-    model = from_module(net, bayesian=["*"], deterministic=["fc.bias"])
+    model = from_module(net, bayesian=["*"], deterministic=["fc.bias"], init="module")
     assert "body.1.weight" in model.site_shapes and "fc.bias" in model.deterministic
 
 
 def test_a_bayesian_last_layer_on_a_fixed_trained_body_is_one_call():
     net = Head()
     net.requires_grad_(False)
-    model = from_module(net, bayesian=["fc.*"])
+    model = from_module(net, bayesian=["fc.*"], init="module")
     x, y = torch.randn(16, 1, 8, 8), torch.randint(0, 3, (16,))
     before = {n: p.clone() for n, p in model.net.named_parameters()}
     fit = zoo.fit(model, "lowrank", (x, y), num_steps=5, lr=0.1, run=zoo.Run(progress=False))
     for name in model.deterministic + ("body.0.weight", "token"):
         assert torch.equal(dict(model.net.named_parameters())[name], before[name]), name
     assert fit.guide.site_names == ["fc.weight", "fc.bias"]
-    trainable = from_module(Head(), bayesian=["fc.*"])
+    trainable = from_module(Head(), bayesian=["fc.*"], init="module")
     zoo.fit(trainable, "diagonal", (x, y), num_steps=5, lr=0.1, run=zoo.Run(progress=False))
     moved = dict(trainable.net.named_parameters())["body.0.weight"]
     assert not torch.equal(moved, Head().body[0].weight)  # a trainable body is fitted
@@ -85,19 +85,19 @@ def test_a_bayesian_last_layer_on_a_fixed_trained_body_is_one_call():
 )
 def test_bad_patterns_are_refused_naming_what_to_write(kwargs, error, match):
     with pytest.raises(error, match=match):
-        from_module(Head(), **kwargs)
+        from_module(Head(), **kwargs, init="module")
 
 
 def test_not_a_module_and_a_module_without_parameters_are_refused():
     with pytest.raises(TypeError, match="needs an nn.Module"):
-        from_module(lambda x: x)
+        from_module(lambda x: x, init="module")
     with pytest.raises(ValueError, match="no parameters"):
-        from_module(nn.ReLU())
+        from_module(nn.ReLU(), init="module")
 
 
 def test_the_users_module_is_not_changed():
     net = Head().eval()
-    from_module(net)
+    from_module(net, init="module")
     assert isinstance(net.body[3], nn.Dropout) and not net.training
     assert all(p.requires_grad for p in net.parameters())
 
@@ -123,7 +123,7 @@ def test_every_family_serves_every_parameter_shape(family):
             h = self.attn(h, h, h, need_weights=False)[0]
             return self.fc(self.rnn(h)[0][:, -1] * self.scale)
 
-    model = from_module(Mixed())
+    model = from_module(Mixed(), init="module")
     assert {n: tuple(s) for n, s in model.site_shapes.items() if "in_proj" in n or "ih" in n} == {
         "attn.in_proj_weight": (12, 4),
         "attn.in_proj_bias": (12,),
@@ -152,7 +152,7 @@ def test_the_matrix_families_view_every_shape_as_the_table_says():
             h = self.rnn(h + self.attn(h, h, h, need_weights=False)[0])[0]
             return self.conv(h.transpose(1, 2)).mean(-1)
 
-    model = from_module(Shapes())
+    model = from_module(Shapes(), init="module")
     x, y = torch.randint(0, 11, (2, 5)), torch.randint(0, 3, (2,))
     mn = guides.AutoMatrixNormal(model)
     mn(x, y)
@@ -194,7 +194,7 @@ def _metrics(probs, y):
 @pytest.mark.parametrize("family", sorted(set(PRIMARY) - {"whvi"}))
 def test_every_family_starts_at_the_trained_weights(trained, family):
     net, (x, y), _ = trained
-    model = from_module(net)
+    model = from_module(net, init="module")
     guide = guides.get(family)(model)
     with zoo.models.frozen_statistics():
         guide(x[:4], y[:4])
@@ -209,9 +209,9 @@ def test_every_family_starts_at_the_trained_weights(trained, family):
 
 def test_whvi_starts_from_its_own_draw_and_fresh_starts_anew(trained):
     net, (x, y), _ = trained
-    whvi = guides.get("whvi")(from_module(net))
+    whvi = guides.get("whvi")(from_module(net, init="module"))
     fresh = guides.get("diagonal")(from_module(net, init="fresh"))
-    kaiming = guides.get("diagonal")(from_module(net), init_loc_fn="kaiming")
+    kaiming = guides.get("diagonal")(from_module(net, init="module"), init_loc_fn="kaiming")
     for guide in (whvi, fresh, kaiming):
         with zoo.models.frozen_statistics():
             guide(x[:4], y[:4])
@@ -223,7 +223,7 @@ def test_a_short_default_fit_keeps_the_trained_accuracy_and_nll(trained):
     with torch.no_grad():
         acc0, nll0 = _metrics(net(xt).softmax(-1), yt)
     assert acc0 > 0.9  # the network learned the task
-    fit = zoo.fit(from_module(net), "diagonal", data, num_steps=30, run=QUIET)
+    fit = zoo.fit(from_module(net, init="module"), "diagonal", data, num_steps=30, run=QUIET)
     pred = fit.predict(xt, num_samples=20, progress=False)
     acc, nll = _metrics(pred.probs, yt)
     assert acc >= acc0 - 0.02 and nll <= nll0 + 0.05, (acc0, nll0, acc, nll)
@@ -237,7 +237,7 @@ def test_stochastic_layers_are_removed_by_one_rule():
 
     net = nn.Sequential(nn.Linear(4, 4), StochasticDepth(0.5, "row"), nn.Dropout(0.3))
     net.append(nn.Linear(4, 2))
-    model = from_module(net)
+    model = from_module(net, init="module")
     assert isinstance(model.net[1], nn.Identity) and isinstance(model.net[2], nn.Identity)
     assert isinstance(net[1], StochasticDepth)  # the user's module is unchanged
     x = torch.randn(8, 4)
@@ -249,14 +249,14 @@ def test_stochastic_layers_are_removed_by_one_rule():
 @pytest.mark.parametrize("shape", [(-3,), (0, 4), "28", (2.5,)])
 def test_a_bad_input_shape_is_refused(shape):
     with pytest.raises(ValueError, match="input_shape must be a tuple of sizes"):
-        from_module(nn.Linear(3, 2), input_shape=shape)
+        from_module(nn.Linear(3, 2), input_shape=shape, init="module")
 
 
 def test_init_must_be_module_or_fresh():
     with pytest.raises(ValueError, match="init must be 'module'"):
         from_module(nn.Linear(3, 2), init="trained")
     with pytest.raises(ValueError, match="init_loc_fn must be 'auto', 'kaiming'"):
-        guides.AutoDiagonal(from_module(nn.Linear(3, 2)), init_loc_fn="module")
+        guides.AutoDiagonal(from_module(nn.Linear(3, 2), init="module"), init_loc_fn="module")
 
 
 class _Masked(nn.Module):
@@ -282,14 +282,14 @@ class _Branchy(nn.Module):
 
 def test_a_forward_that_needs_a_second_argument_is_refused_when_converted():
     with pytest.raises(TypeError, match=r"_Masked.forward takes \(x, mask\).*one input"):
-        from_module(_Masked())
+        from_module(_Masked(), init="module")
     with pytest.raises(TypeError, match="MultiheadAttention.forward takes"):
-        from_module(nn.MultiheadAttention(4, 2))
+        from_module(nn.MultiheadAttention(4, 2), init="module")
 
 
 def test_a_forward_that_reads_a_weights_value_fits_and_predicts():
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
-    model = from_module(_Branchy())
+    model = from_module(_Branchy(), init="module")
     fit = zoo.fit(model, "diagonal", (x, y), num_steps=2, loss=zoo.Loss(num_particles=3),
                   run=QUIET)  # fmt: skip
     batched = fit.predict(x, num_samples=4, sample_batch_size=4, seed=0, progress=False)
@@ -300,8 +300,8 @@ def test_a_forward_that_reads_a_weights_value_fits_and_predicts():
 def test_a_network_too_large_for_memory_is_refused_with_the_gib_it_needs():
     huge = nn.Linear(10**6, 10**6, device="meta")  # 1e12 weights, no memory held
     with pytest.raises(ValueError, match=r"needs at least [\d,]+ GiB .* where this machine"):
-        from_module(huge)
-    assert from_module(huge, bayesian=["bias"]).site_shapes == {"bias": (10**6,)}
+        from_module(huge, init="module")
+    assert from_module(huge, bayesian=["bias"], init="module").site_shapes == {"bias": (10**6,)}
 
 
 def test_net_means_copies_unless_asked_for_views():
@@ -309,7 +309,7 @@ def test_net_means_copies_unless_asked_for_views():
     probe is the network's size again); the means a guide starts from are copies."""
     embed = torch.nn.Sequential(torch.nn.Embedding(5, 3, padding_idx=0), torch.nn.Flatten(),
                                 torch.nn.Linear(6, 2))  # fmt: skip
-    model = from_module(embed, task="classification")
+    model = from_module(embed, task="classification", init="module")
     params = dict(model.net.named_parameters())
     views, copies = model.net_means(copy=False), model.net_means()
     for name, view in views.items():

@@ -26,7 +26,8 @@ MODELS = {
     "cifarnet": (lambda: CifarNet(), (3, 32, 32), 10),
     "converted": (
         lambda: from_module(
-            nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+            nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 3)),
+            init="module",
         ),
         (1, 8, 8),
         3,

@@ -26,8 +26,10 @@ def network(fixed_first: bool = False):
         net[1].running_mean.fill_(0.3)
         net[0].requires_grad_(False)
         net[1].requires_grad_(False)
-        return zoo.models.from_module(net, bayesian=["3.*", "7.*"], task="classification")
-    return zoo.models.from_module(net, task="classification")
+        return zoo.models.from_module(
+            net, bayesian=["3.*", "7.*"], task="classification", init="module"
+        )
+    return zoo.models.from_module(net, task="classification", init="module")
 
 
 def fitted(model, family="diagonal", statistics="per_draw", data=None):
@@ -259,7 +261,7 @@ def test_a_layer_vmap_cannot_batch_turns_the_model_to_the_loop_once():
         nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), _Gate(), nn.ReLU(),
         nn.Flatten(), nn.Linear(4 * 36, 3),
     )  # fmt: skip
-    fit = fitted(zoo.models.from_module(net, task="classification"))
+    fit = fitted(zoo.models.from_module(net, task="classification", init="module"))
     x, _ = images(5, seed=2)
     prediction = fit.predict(x, num_samples=4, seed=0, progress=False, sample_batch_size=4)
     assert fit.model._vectorised is False  # the next call goes straight to the loop

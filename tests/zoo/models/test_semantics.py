@@ -23,14 +23,14 @@ def trained():
 
 def test_a_frozen_body_keeps_its_running_statistics(trained):
     net, data, _ = trained
-    frozen = from_module(net.requires_grad_(False), bayesian=["5.*"])
+    frozen = from_module(net.requires_grad_(False), bayesian=["5.*"], init="module")
     net.requires_grad_(True)
     before = {n: b.clone() for n, b in frozen.net.named_buffers()}
     zoo.fit(frozen, "lowrank", data, num_steps=10, lr=0.05, run=QUIET)
     for name, value in frozen.net.named_buffers():
         assert torch.equal(value, before[name]), name
     assert not frozen.net[1].training  # evaluation mode, whatever the model's
-    trainable = from_module(net, bayesian=["5.*"])
+    trainable = from_module(net, bayesian=["5.*"], init="module")
     zoo.fit(trainable, "lowrank", data, num_steps=10, lr=0.05, run=QUIET)
     assert not torch.equal(trainable.net[1].running_mean, before["1.running_mean"])
 
@@ -48,7 +48,7 @@ class Bag(nn.Module):
 def test_padding_rows_stay_zero_and_padding_changes_no_prediction():
     torch.manual_seed(0)
     net = Bag(padding_idx=-1)  # row 11
-    model = from_module(net)
+    model = from_module(net, init="module")
     assert model.site_shapes["emb.weight"] == (11, 4)
     tokens = torch.randint(0, 11, (40, 5))
     y = torch.randint(0, 3, (40,))
@@ -59,7 +59,9 @@ def test_padding_rows_stay_zero_and_padding_changes_no_prediction():
     torch.testing.assert_close(short, long)
     with torch.no_grad():
         torch.testing.assert_close(net(tokens), net(padded))  # PyTorch's meaning
-    guide = guides.AutoDiagonal(from_module(net), init_module=net)  # a (12, 4) weight given
+    guide = guides.AutoDiagonal(
+        from_module(net, init="module"), init_module=net
+    )  # a (12, 4) weight given
     with zoo.models.frozen_statistics():
         guide(tokens[:2], y[:2])
     torch.testing.assert_close(guide.median()["emb.weight"], net.emb.weight[:11])
@@ -90,34 +92,40 @@ class Bare(nn.Module):
 def test_outputs_outside_the_contract_are_refused_or_selected():
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
     with pytest.raises(ValueError, match=r"classification takes logits of shape \(batch"):
-        zoo.fit(from_module(Broadcast()), "diagonal", (x, y), num_steps=1, run=QUIET)
+        zoo.fit(from_module(Broadcast(), init="module"), "diagonal", (x, y), num_steps=1, run=QUIET)
     lstm = nn.LSTM(4, 3, batch_first=True)
     seq = torch.randn(20, 5, 4)
     with pytest.raises(TypeError, match="returns a tuple of 2.*output=0"):
-        zoo.fit(from_module(lstm), "diagonal", (seq, y), num_steps=1, run=QUIET)
-    selected = from_module(lstm, output=lambda out: out[0][:, -1])
+        zoo.fit(from_module(lstm, init="module"), "diagonal", (seq, y), num_steps=1, run=QUIET)
+    selected = from_module(lstm, output=lambda out: out[0][:, -1], init="module")
     fit = zoo.fit(selected, "diagonal", (seq, y), num_steps=2, run=QUIET)
     assert fit.predict(seq, num_samples=3, progress=False).probs.shape == (20, 3)
     with pytest.raises(TypeError, match="output must be an index"):
-        from_module(lstm, output=1.5)
+        from_module(lstm, output=1.5, init="module")
 
 
 def test_bare_parameters_are_sites_and_the_class_count_is_the_outputs():
-    model = from_module(Bare())
+    model = from_module(Bare(), init="module")
     assert "scale" in model.site_shapes
     x, y = torch.randn(30, 4), torch.randint(0, 10, (30,))
     fit = zoo.fit(model, "diagonal", (x, y), num_steps=2, run=QUIET)
     assert model.out_features == 10  # read from the output, not from the last layer (16)
     assert fit.predict(x, num_samples=2, progress=False).probs.shape == (30, 10)
     with pytest.raises(ValueError, match="label"):
-        zoo.fit(from_module(Bare()), "diagonal", (x, y + 5), num_steps=1, run=QUIET)
+        zoo.fit(from_module(Bare(), init="module"), "diagonal", (x, y + 5), num_steps=1, run=QUIET)
 
 
 def test_regression_outputs_of_shape_batch_are_one_output_per_example():
     net = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 1), nn.Flatten(0))
     x = torch.randn(40, 3)
     y = x.sum(1)
-    fit = zoo.fit(from_module(net, task="regression"), "diagonal", (x, y), num_steps=3, run=QUIET)
+    fit = zoo.fit(
+        from_module(net, task="regression", init="module"),
+        "diagonal",
+        (x, y),
+        num_steps=3,
+        run=QUIET,
+    )
     assert fit.predict(x, num_samples=2, progress=False).mean.shape == (40,)
 
 
@@ -136,7 +144,7 @@ class Tied(nn.Module):
 
 def test_tied_weights_are_one_site_and_the_compiled_loss_uses_the_draw_everywhere():
     torch.manual_seed(0)
-    model = from_module(Tied())
+    model = from_module(Tied(), init="module")
     assert list(model.site_shapes) == ["emb.weight"]
     tokens, y = torch.randint(0, 20, (64, 5)), torch.randint(0, 20, (64,))
     with warnings.catch_warnings():

@@ -35,7 +35,7 @@ def plain_forward(net, weights, x, train=True):
 
 def test_one_draw_in_training_mode_is_pytorchs_forward_and_update():
     net = small_net()
-    model = zoo.models.from_module(net)
+    model = zoo.models.from_module(net, init="module")
     x = torch.randn(16, 3)
     w = {n: v[0] for n, v in draws(model, 1).items()}
     out = model.network(x, w)
@@ -47,7 +47,7 @@ def test_one_draw_in_training_mode_is_pytorchs_forward_and_update():
 
 def test_vectorised_draws_normalise_alone_and_average_their_updates():
     net = small_net()
-    model = zoo.models.from_module(net)
+    model = zoo.models.from_module(net, init="module")
     x = torch.randn(16, 3)
     w = draws(model, 5)
     out = model.network(x, w)
@@ -69,7 +69,7 @@ def test_vectorised_draws_normalise_alone_and_average_their_updates():
 
 def test_evaluation_mode_reads_the_running_statistics_and_changes_nothing():
     net = small_net()
-    model = zoo.models.from_module(net)
+    model = zoo.models.from_module(net, init="module")
     x = torch.randn(16, 3)
     model.network(x, {n: v[0] for n, v in draws(model, 1).items()})  # move the statistics
     before = copy.deepcopy(model.net[1].state_dict())
@@ -84,7 +84,7 @@ def test_evaluation_mode_reads_the_running_statistics_and_changes_nothing():
 
 
 def test_frozen_statistics_use_the_batch_and_leave_the_running_ones():
-    model = zoo.models.from_module(small_net())
+    model = zoo.models.from_module(small_net(), init="module")
     x = torch.randn(16, 3)
     w = draws(model, 3)
     before = copy.deepcopy(model.net[1].state_dict())
@@ -103,7 +103,7 @@ def test_a_fit_updates_the_statistics_as_a_hand_written_loop_does():
     with the fit's running statistics (the guide's set-up traces the model without moving
     them), and a prediction reads them as ``model.eval()`` does."""
     net = small_net()
-    model = zoo.models.from_module(net)
+    model = zoo.models.from_module(net, init="module")
     x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
     guide = guides.AutoMAP(model)
     with frozen_statistics():  # set up before the fit, to read the starting weights
@@ -146,7 +146,7 @@ def test_a_fit_updates_the_statistics_as_a_hand_written_loop_does():
 def test_a_checkpoint_or_file_with_damaged_statistics_is_refused(tmp_path):
     from zoo.storage import files
 
-    model = zoo.models.from_module(small_net())
+    model = zoo.models.from_module(small_net(), init="module")
     x, y = torch.randn(32, 3), torch.randint(0, 2, (32,))
     ckpt = tmp_path / "ckpt.pt"
     fit = zoo.fit(
@@ -158,7 +158,7 @@ def test_a_checkpoint_or_file_with_damaged_statistics_is_refused(tmp_path):
     files.atomic_save(payload, tmp_path / "nan.pt")
     with pytest.raises(ValueError, match="running_var.*NaN|NaN.*running_var"):
         zoo.fit(
-            zoo.models.from_module(small_net()),
+            zoo.models.from_module(small_net(), init="module"),
             "diagonal",
             (x, y),
             num_steps=4,
@@ -170,7 +170,7 @@ def test_a_checkpoint_or_file_with_damaged_statistics_is_refused(tmp_path):
     payload.pop("checksum", None)
     files.atomic_save(payload, tmp_path / "missing.pt")
     with pytest.raises(ValueError, match="lacks the network's fitted entries.*running_mean"):
-        zoo.load(tmp_path / "missing.pt", model=zoo.models.from_module(small_net()))
+        zoo.load(tmp_path / "missing.pt", model=zoo.models.from_module(small_net(), init="module"))
 
 
 def test_the_layout_of_mnist_is_checked_before_any_file_is_read(tmp_path):

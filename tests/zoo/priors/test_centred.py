@@ -32,7 +32,7 @@ def test_a_centred_prior_is_moped_around_the_trained_weights(trained):
     from zoo.priors import CentredNormalPrior
 
     net, (x, y), _ = trained
-    model = from_module(net, prior=CentredNormalPrior(net, delta=0.1))
+    model = from_module(net, prior=CentredNormalPrior(net, delta=0.1), init="module")
     params = model.net_means()
     site = model.prior.site_distribution("5.weight", model.site_shapes["5.weight"], 128, {})
     torch.testing.assert_close(site.mean, params["5.weight"])
@@ -49,7 +49,9 @@ def test_a_centred_prior_is_moped_around_the_trained_weights(trained):
                   run=QUIET)  # fmt: skip
     assert fit.losses[-1] == fit.losses[-1]  # finite, closed-form KL
     with pytest.raises(ValueError, match="needs a centre of each site's shape"):
-        from_module(Bare(), prior=CentredNormalPrior({"out.weight": torch.zeros(10, 16)}))
+        from_module(
+            Bare(), prior=CentredNormalPrior({"out.weight": torch.zeros(10, 16)}), init="module"
+        )
     with pytest.raises(ValueError, match="scale must be a positive number"):
         CentredNormalPrior(net, scale=0)
     with pytest.raises(TypeError, match="weights must be an nn.Module or a mapping"):

@@ -228,11 +228,18 @@ def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):
 
 def test_a_user_network_is_passed_again_on_load(tmp_path):
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3))
-    fit = zoo.fit(zoo.models.from_module(net), "lowrank", data(), num_steps=5, **OPTIONS, run=QUIET)
+    fit = zoo.fit(
+        zoo.models.from_module(net, init="module"),
+        "lowrank",
+        data(),
+        num_steps=5,
+        **OPTIONS,
+        run=QUIET,
+    )
     path = fit.save(tmp_path / "fit.pt")
     with pytest.raises(ValueError, match="not a zoo.models class.*model="):
         zoo.load(path)
-    loaded = zoo.load(path, model=zoo.models.from_module(net))
+    loaded = zoo.load(path, model=zoo.models.from_module(net, init="module"))
     x = data()[0][:4]
     torch.testing.assert_close(loaded.guide.median()["0.weight"], fit.guide.median()["0.weight"])
     assert loaded.predict(x, num_samples=3, progress=False).probs.shape == (4, 3)

@@ -226,7 +226,8 @@ def _bn_fit(tmp_path):
     net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
     path = tmp_path / "bn.ckpt"
-    fit = zoo.fit(zoo.models.from_module(net), "diagonal", (x, y), num_steps=4, batch_size=32,
+    fit = zoo.fit(zoo.models.from_module(net, init="module"),
+        "diagonal", (x, y), num_steps=4, batch_size=32,
                   run=zoo.Run(progress=False, checkpoint=path))  # fmt: skip
     return net, (x, y), fit, path
 
@@ -247,13 +248,14 @@ def test_batch_norm_state_no_fit_writes_is_refused(tmp_path, name, value, phrase
         state = payload[key]["state"]
         state[name] = torch.full_like(state[name], value)
         files.atomic_save(payload, path)  # rewritten with its checksum, as one who knows would
-    fresh = zoo.models.from_module(net)
+    fresh = zoo.models.from_module(net, init="module")
     with pytest.raises(ValueError, match=phrase):
         zoo.load(saved, model=fresh)
     assert torch.isfinite(fresh.net[1].running_mean).all()  # refused before loading any of it
     assert (fresh.net[1].running_var >= 0).all()
     with pytest.raises(ValueError, match=phrase):
-        zoo.fit(zoo.models.from_module(net), "diagonal", data, num_steps=8, batch_size=32,
+        zoo.fit(zoo.models.from_module(net, init="module"),
+            "diagonal", data, num_steps=8, batch_size=32,
                 run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
 
 
@@ -266,7 +268,8 @@ def test_a_checkpoint_with_a_nan_trainable_weight_is_refused_before_a_step(tmp_p
     files.atomic_save(payload, checkpoint)
     steps = []
     with pytest.raises(ValueError, match="NaN or infinite"):
-        zoo.fit(zoo.models.from_module(net), "diagonal", data, num_steps=8, batch_size=32,
+        zoo.fit(zoo.models.from_module(net, init="module"),
+            "diagonal", data, num_steps=8, batch_size=32,
                 run=zoo.Run(progress=False, resume=checkpoint,
                             callbacks=[lambda view: steps.append(view.step)]))  # fmt: skip
     assert steps == []
@@ -281,10 +284,11 @@ def test_a_minibatch_of_one_for_batch_norm_is_refused_before_a_step(n, batch_siz
     net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
     x, y = torch.randn(n, 3), torch.randint(0, 2, (n,))
     with pytest.raises(ValueError, match=f"minibatch of one example.*{phrase}"):
-        zoo.fit(zoo.models.from_module(net), "diagonal", (x, y), batch_size=batch_size,
+        zoo.fit(zoo.models.from_module(net, init="module"),
+            "diagonal", (x, y), batch_size=batch_size,
                 num_steps=3, run=zoo.Run(progress=False))  # fmt: skip
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
                                          batch_size=batch_size, drop_last=True)  # fmt: skip
     if batch_size > 1:  # dropping the last batch is a way out
-        zoo.fit(zoo.models.from_module(net), "diagonal", loader, num_steps=3,
+        zoo.fit(zoo.models.from_module(net, init="module"), "diagonal", loader, num_steps=3,
                 run=zoo.Run(progress=False))  # fmt: skip

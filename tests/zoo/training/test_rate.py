@@ -248,7 +248,7 @@ def test_accumulated_steps_sweep_with_the_same_minibatches_a_step():
 
 def test_a_trained_start_keeps_the_fine_tune_rate():
     net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
-    converted = zoo.models.from_module(net, task="classification")
+    converted = zoo.models.from_module(net, task="classification", init="module")
     result = zoo.fit(converted, "diagonal", classification(), num_steps=80, batch_size=32,
                      run=zoo.Run(progress=False))  # fmt: skip
     assert "lr_test" not in result.options

@@ -200,7 +200,10 @@ def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_ra
     from zoo.training.recipes import TRAINED_LR_FACTOR, starts_trained
 
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    trained, fresh = zoo.models.from_module(net), zoo.models.from_module(net, init="fresh")
+    trained, fresh = (
+        zoo.models.from_module(net, init="module"),
+        zoo.models.from_module(net, init="fresh"),
+    )
     assert starts_trained(trained, "diagonal") and starts_trained(trained, guides.AutoLowRank)
     assert not starts_trained(trained, "whvi")  # starts from its own draw
     assert not starts_trained(fresh, "diagonal")
@@ -215,7 +218,7 @@ def test_a_fit_from_trained_weights_runs_at_the_trained_factor_of_the_default_ra
     assert fit.options["recipe"].endswith("trained start")
     given = zoo.fit(trained, "diagonal", (x, y), num_steps=2, lr=0.05, run=quiet)
     assert given.options["lr"] == 0.05 and "trained" not in given.options["recipe"]
-    regression = zoo.models.from_module(nn.Linear(4, 1), task="regression")
+    regression = zoo.models.from_module(nn.Linear(4, 1), task="regression", init="module")
     small = zoo.fit(regression, "diagonal", (x, x.sum(1)), run=quiet)
     assert small.options["lr"] == pytest.approx(REGRESSION_FIT["lr"] * TRAINED_LR_FACTOR)
 

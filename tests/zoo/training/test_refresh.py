@@ -62,7 +62,7 @@ def test_a_frozen_bodys_statistics_are_kept():
     net[1].running_mean.fill_(0.3)
     net[0].requires_grad_(False)
     net[1].requires_grad_(False)
-    model = zoo.models.from_module(net, bayesian=["3.*"])
+    model = zoo.models.from_module(net, bayesian=["3.*"], init="module")
     before = running(model.net)
     result = fit(model, "diagonal")
     assert "statistics" not in result.options  # no layer the steps update
@@ -159,7 +159,7 @@ def test_an_interrupted_fit_predicts_with_the_inputs_it_held():
         nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
         nn.Flatten(), nn.Linear(4 * 64, 10),
     )  # fmt: skip
-    bayesian = zoo.models.from_module(model, task="classification")
+    bayesian = zoo.models.from_module(model, task="classification", init="module")
     run = zoo.Run(progress=False, callbacks=[interrupt])
     result = zoo.fit(bayesian, "diagonal", (x, y), num_steps=10, batch_size=16, run=run)
     assert result.interrupted and "statistics" not in result.options
