@@ -30,7 +30,7 @@ def sample_examples(data, count: int, seed: int = 0) -> tuple[torch.Tensor, torc
     collate = data.collate_fn if isinstance(data, DataLoader) else None
     items = data.dataset if isinstance(data, DataLoader) else data
     if not isinstance(items, IterableDataset):
-        picked = torch.randperm(len(items), generator=order)[:count]
+        picked = torch.randperm(len(items), generator=order)[:count]  # type: ignore[arg-type]
         items = Subset(items, picked.tolist())
     probe = DataLoader(items, batch_size=count, collate_fn=collate, generator=order)
     return split_batch(next(iter(probe)))

@@ -77,9 +77,8 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         Where a guide's initial means come from when it is not told
         (:meth:`initial_means`): ``"module"``, ``net``'s own weights (a trained network's);
         ``"fresh"``, drawn anew by the guide (PyTorch's default layer initialisation), as for
-        the zoo's own networks; ``"auto"`` (:func:`zoo.models.from_module`'s default),
-        decided by ``zoo.fit`` from a look at the network on the data, before the first step
-        (:mod:`zoo.training.start`), and recorded in :attr:`inferred_init`.
+        the zoo's own networks; ``"auto"`` (``from_module``'s default), one of the two
+        chosen by ``zoo.fit`` on the data (:mod:`zoo.training.start`; ``inferred_init``).
 
     Notes
     -----
@@ -136,14 +135,9 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
             raise ValueError(f"deterministic names parameters the network lacks: {unknown}")
         self.deterministic = tuple(n for n in names if n in fixed)
         if init not in ("fresh", "module", "auto"):
-            raise ValueError(
-                f"init must be 'module' (the network's weights are the initial means), "
-                f"'fresh' (drawn anew) or 'auto' (zoo.fit looks at the network), got {init!r}"
-            )
+            raise ValueError(f"init must be 'module', 'fresh' or 'auto', got {init!r}")
         self.init = init
-        #: What ``zoo.fit`` inferred of an ``init="auto"`` network (``"module"`` or
-        #: ``"fresh"``), ``None`` before a fit.
-        self.inferred_init: str | None = None
+        self.inferred_init: str | None = None  # "module" or "fresh": zoo.fit's look at "auto"
         for name, p in names.items():
             if name not in fixed:
                 p.requires_grad_(False)
@@ -226,19 +220,10 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         views = {n: self.to_site(n, params[n].detach()) for n in self.site_shapes}
         return {n: v.clone() for n, v in views.items()} if copy else views
 
-    @property
-    def start_init(self) -> str:
-        """``init`` as a fit reads it: ``"module"`` or ``"fresh"``; an ``"auto"`` network is
-        what ``zoo.fit`` inferred (:attr:`inferred_init`), its weights before any fit."""
-        if self.init != "auto":
-            return self.init
-        return self.inferred_init or "module"
-
     def initial_means(self) -> dict[str, torch.Tensor] | None:
-        """The initial posterior means a guide takes when it is not told otherwise: the
-        network's weights (:meth:`net_means`) where :attr:`start_init` is ``"module"``, else
-        ``None`` (the guide draws them)."""
-        return self.net_means() if self.start_init == "module" else None
+        """The means a guide takes when not told otherwise: the network's weights
+        (:meth:`net_means`) unless ``init`` is or was inferred ``"fresh"`` (``None``)."""
+        return self.net_means() if (self.inferred_init or self.init) != "fresh" else None
 
     def check_output(self, out: torch.Tensor) -> None:
         """Refuse a network output that the likelihood cannot read (a tuple, a tensor of the

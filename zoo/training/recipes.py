@@ -239,7 +239,8 @@ def starts_trained(model, guide) -> bool:
     and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
     that cannot start at given weights, ``STARTS_AT_WEIGHTS = False``: WHVI), or a guide is
     given ``init_module``. A guide factory of the user's cannot be asked: ``False``."""
-    offered = getattr(model, "start_init", getattr(model, "init", None)) == "module"
+    init = getattr(model, "init", None)
+    offered = init == "module" or (init == "auto" and model.inferred_init != "fresh")
     if isinstance(guide, Family):
         if "init_module" in guide.options:
             return True

@@ -155,5 +155,5 @@ def test_bad_data_get_their_own_error_and_no_start_warning():
 
 def test_init_is_checked_when_the_model_is_built():
     net, _ = _built("cnn")
-    with pytest.raises(ValueError, match="'auto' \\(zoo.fit looks at the network\\)"):
+    with pytest.raises(ValueError, match="init must be 'module', 'fresh' or 'auto'"):
         zoo.models.from_module(net, init="trained")
