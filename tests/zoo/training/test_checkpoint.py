@@ -251,12 +251,20 @@ def test_a_resume_with_another_batch_norm_is_refused(tmp_path):
     base = net()
     path = tmp_path / "bn.ckpt"
     convert = zoo.models.from_module
-    fit("diagonal", model_=convert(base, task="regression"), num_steps=4, checkpoint=path)
+    fit(
+        "diagonal",
+        model_=convert(base, task="regression", init="module"),
+        num_steps=4,
+        checkpoint=path,
+    )
     for changed in (net(momentum=0.5), net(eps=1e-3)):
         changed.load_state_dict(base.state_dict())
         with pytest.raises(ValueError, match="the model differs \\(its network"):
-            fit("diagonal", model_=convert(changed, task="regression"), resume=path)
-    assert fit("diagonal", model_=convert(base, task="regression"), resume=path).steps == 20
+            fit("diagonal", model_=convert(changed, task="regression", init="module"), resume=path)
+    assert (
+        fit("diagonal", model_=convert(base, task="regression", init="module"), resume=path).steps
+        == 20
+    )
 
 
 @pytest.mark.parametrize(
