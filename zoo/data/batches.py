@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Subset
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from zoo.data.checks import (
     as_tensors,
@@ -20,6 +20,7 @@ from zoo.data.checks import (
     check_tokens,
     split_batch,
 )
+from zoo.data.sample import sample_examples
 from zoo.models.base import BayesianModel
 from zoo.models.statistics import frozen_statistics, training_mode
 
@@ -172,20 +173,8 @@ class Batches:
         replacement by a generator of their own seeded ``seed``: the fit's generators do not
         move, and every rank draws the same. An ``IterableDataset``, which cannot be indexed,
         gives its first ``count``."""
-        order = torch.Generator().manual_seed(seed)
-        if self.tensors is not None:
-            x = self.tensors[0]
-            picked = torch.randperm(len(x), generator=order)[:count]
-            return x[picked.to(x.device)]
-        loader = self.data_loader
-        items = loader.dataset
-        if not isinstance(items, IterableDataset):
-            picked = torch.randperm(len(items), generator=order)[:count]  # type: ignore[arg-type]
-            items = Subset(items, picked.tolist())
-        # the loader's own seed is drawn from ``order``, not from the global generator
-        probe = DataLoader(items, batch_size=count, collate_fn=loader.collate_fn, generator=order)
-        xb, _ = split_batch(next(iter(probe)))
-        return xb.to(self.device)
+        x, _ = sample_examples(self.tensors or self.data_loader, count, seed)
+        return x.to(self.device)
 
     def first(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A small batch (for the prototype trace and the shape check)."""

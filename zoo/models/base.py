@@ -74,11 +74,9 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         their values and their ``requires_grad`` (set it to ``False`` to keep one fixed, a
         trained body under a Bayesian last layer, say). Every other parameter is a site.
     init : {"fresh", "module", "auto"}, default "fresh"
-        Where a guide's initial means come from when it is not told
-        (:meth:`initial_means`): ``"module"``, ``net``'s own weights (a trained network's);
-        ``"fresh"``, drawn anew by the guide (PyTorch's default layer initialisation), as for
-        the zoo's own networks; ``"auto"`` (``from_module``'s default), one of the two
-        chosen by ``zoo.fit`` on the data (:mod:`zoo.training.start`; ``inferred_init``).
+        A guide's initial means when not told (:meth:`initial_means`): ``"module"``, ``net``'s
+        own weights (a trained network's); ``"fresh"``, drawn anew by the guide (PyTorch's
+        layer initialisation); ``"auto"``, either, as ``zoo.fit`` finds (:mod:`zoo.training.start`).
 
     Notes
     -----
@@ -100,6 +98,8 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
     its first call (:meth:`check_output`): ``(B, C)`` logits for classification, ``(B,)`` or
     ``(B, D)`` for regression.
     """
+
+    inferred_init: str | None = None  # "module" or "fresh": zoo.fit's look at init="auto"
 
     def __init__(
         self,
@@ -137,7 +137,6 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         if init not in ("fresh", "module", "auto"):
             raise ValueError(f"init must be 'module', 'fresh' or 'auto', got {init!r}")
         self.init = init
-        self.inferred_init: str | None = None  # "module" or "fresh": zoo.fit's look at "auto"
         for name, p in names.items():
             if name not in fixed:
                 p.requires_grad_(False)
@@ -167,7 +166,6 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
             _likelihood_from_v1(state)
         state.setdefault("deterministic", ())
         state.setdefault("init", "fresh")
-        state.setdefault("inferred_init", None)
         state.setdefault("_padding", {})
         super().__setstate__(state)
         if "_statistics" not in self.__dict__:  # pickled before running statistics
@@ -220,10 +218,14 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         views = {n: self.to_site(n, params[n].detach()) for n in self.site_shapes}
         return {n: v.clone() for n, v in views.items()} if copy else views
 
+    @property
+    def offers_weights(self) -> bool:
+        """Whether guides start at the network's weights: ``init`` not given nor inferred fresh."""
+        return (self.inferred_init or self.init) != "fresh"
+
     def initial_means(self) -> dict[str, torch.Tensor] | None:
-        """The means a guide takes when not told otherwise: the network's weights
-        (:meth:`net_means`) unless ``init`` is or was inferred ``"fresh"`` (``None``)."""
-        return self.net_means() if (self.inferred_init or self.init) != "fresh" else None
+        """The network's weights (:meth:`net_means`) where it :attr:`offers_weights`, else None."""
+        return self.net_means() if self.offers_weights else None
 
     def check_output(self, out: torch.Tensor) -> None:
         """Refuse a network output that the likelihood cannot read (a tuple, a tensor of the

@@ -234,13 +234,12 @@ def _rate_rule(lr, auto: bool, trained: bool) -> tuple[str | None, str]:
 
 def starts_trained(model, guide) -> bool:
     """Whether a fit of ``guide`` (as ``zoo.fit`` takes it) on ``model`` starts at a trained
-    network's weights: the model offers them (``model.start_init == "module"``: a converted
+    network's weights: the model offers them (``model.offers_weights``: a converted
     network given ``init="module"`` or taken for a trained one, :mod:`zoo.training.start`)
     and the family takes them (``init_loc_fn`` left at ``"auto"``, and not a family
     that cannot start at given weights, ``STARTS_AT_WEIGHTS = False``: WHVI), or a guide is
     given ``init_module``. A guide factory of the user's cannot be asked: ``False``."""
-    init = getattr(model, "init", None)
-    offered = init == "module" or (init == "auto" and model.inferred_init != "fresh")
+    offered = getattr(model, "offers_weights", False)
     if isinstance(guide, Family):
         if "init_module" in guide.options:
             return True
