@@ -95,7 +95,8 @@ def curve(job: dict) -> dict:
                 tested = nll(view.result, *test, samples)
             scored.append((begun[0], held, tested))
 
-    extra = {"kl_weight": job["kl_weight"], "callbacks": [score]}
+    # the family's ELBO from its own start, epoch by epoch (no MAP phase: zoo.training.map_start)
+    extra = {"kl_weight": job["kl_weight"], "callbacks": [score], "map_start": False}
     _, fit, _, _ = fairness.fit_once(job["problem"], job["family"], job["budget"], None,
                                      job["data_root"], extra, loaded)  # fmt: skip
     end = (begun[0], nll(fit, *held_out, samples), nll(fit, *test, samples))

@@ -123,7 +123,10 @@ def finetune(args) -> None:
             "lowrank", zoo.models.from_module(_frozen(net), bayesian=["9.*"], init="module")
         ),
         "Laplace post hoc (last layer, KFAC)": lambda: zoo.laplace(
-            zoo.models.from_module(net, init="module"), (x, y), at="module", options={"hessian": "kron"}
+            zoo.models.from_module(net, init="module"),
+            (x, y),
+            at="module",
+            options={"hessian": "kron"},
         ),
     }
     if not args.no_extras:
@@ -210,8 +213,9 @@ def relative(args) -> None:
     print(_line(base, base), flush=True)
     for scale in args.relative_scales:
         start = time.perf_counter()
+        converted = zoo.models.from_module(net, init="module")
         result = _with_relative_scale(scale, lambda: zoo.fit(
-            zoo.models.from_module(net, init="module"), "diagonal", (x, y), num_steps=args.steps, run=QUIET
+            converted, "diagonal", (x, y), num_steps=args.steps, run=QUIET
         ))  # fmt: skip
         probs = result.predict(xt, num_samples=20, progress=False, seed=0).probs
         label = f"diagonal, relative scale {scale:g}"

@@ -69,6 +69,9 @@ class FitResult(Posterior[PredictionT], kind="fit"):
         skipped = f", {len(self.skipped_steps)} skipped" if self.skipped_steps else ""
         test = (self.options.get("lr_test") or {}).get("steps")
         after = f" after a rate test of {test}" if test else ""
+        phase = self.options.get("map_start")
+        if isinstance(phase, dict):  # zoo.training.map_start
+            after = f" after a MAP phase of {phase['steps']}"
         start = self.options.get("start")
         after += f", {start} start" if start else ""
         return (
@@ -245,6 +248,9 @@ def fitting_of(options: dict, steps: int) -> dict:
     rule = options.get("lr_rule", "unknown")
     if test:
         rule = f"range test ({test.get('steps', 0)} steps)"
+    phase = options.get("map_start")
+    if isinstance(phase, dict):  # the MAP phase's steps are the fit's (zoo.training.map_start)
+        steps, rule = int(steps) + int(phase["steps"]), f"MAP start ({phase['steps']} steps)"
     lr = options.get("lr")
     return {
         "steps": int(steps) + int(test.get("steps", 0)),

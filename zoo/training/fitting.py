@@ -39,7 +39,7 @@ from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import intra_op_threads
 from zoo.storage import guide_form, model_form
-from zoo.training import rate
+from zoo.training import map_start, rate
 from zoo.training import rules as step_rules
 from zoo.training.checkpoint import (
     LoopState,
@@ -144,14 +144,12 @@ def fit(
     lr : float or "auto", optional
         Learning rate. Default: measured by a learning-rate range test at the start of the
         fit, its steps charged to the fit (:mod:`zoo.training.rate`), then decaying tenfold;
-        a fixed rate instead where the fit is too short to measure (under 64 steps: 3e-3
-        decaying tenfold), for small regression data (the full-batch recipe's 1e-2 decaying,
-        whatever the length), from
-        a trained network's weights (a thirtieth of those) and under ``num_steps="auto"`` (a
-        constant 1e-3), each times the family's scale (:func:`guides.recipe`). ``"auto"``:
-        measured, or refused where the fit is too short. A given rate is constant unless
-        ``zoo.Optim(lr_schedule=...)`` is given too (the small-data recipe decays it anyway).
-        ``result.options["lr_rule"]`` says which applied, ``["lr_test"]`` records the test.
+        fixed where the fit is too short to measure (under 64 steps: 3e-3 decaying tenfold),
+        for small regression data (1e-2 decaying), from a trained network's weights (a
+        thirtieth of those) and under ``num_steps="auto"`` (a constant 1e-3), each times the
+        family's scale (:func:`guides.recipe`). ``"auto"``: measured, or refused where the fit
+        is too short. A given rate is constant unless ``zoo.Optim(lr_schedule=...)`` is given
+        too. ``result.options["lr_rule"]`` says which applied, ``["lr_test"]`` the test.
     seed : int or None, default 0
         Seeds the weight draws and the shuffling, in a generator state of the fit's own: the
         caller's global random state is the same after the fit as before. ``None`` draws
@@ -159,7 +157,9 @@ def fit(
     optim : zoo.Optim or dict, optional
         The optimiser, its schedule and options, gradient clipping, ``per_example`` scaling.
     loss : zoo.Loss or dict, optional
-        The ELBO (``"trace"`` or ``"meanfield"``), the estimator, particles, KL weight.
+        The ELBO (``"trace"`` or ``"meanfield"``), the estimator, particles, KL weight, and
+        whether a fit from scratch starts with a MAP phase (``map_start``; by default where
+        :mod:`zoo.training.map_start` says: ``result.options["map_start"]``).
     engine : zoo.Engine or dict, optional
         The device, threads, compiled loss, the host's read cadence, the CUDA graph, gradient
         accumulation, and the processes of a distributed fit (:mod:`zoo.training.rules` says which
@@ -176,9 +176,8 @@ def fit(
 
     Notes
     -----
-    Every group's fields and defaults are documented once, in :mod:`zoo.training.options`; a field
-    passed as a keyword of its own (``optimizer=``, ``progress=``) is refused with a
-    ``TypeError`` naming its group.
+    Every group's fields and defaults are documented once, in :mod:`zoo.training.options`; a
+    field passed as a keyword of its own (``progress=``) is refused, naming its group.
     """
     optim, loss = group(Optim, optim), group(Loss, loss)
     engine, run = group(Engine, engine), group(Run, run)
@@ -206,11 +205,19 @@ def fit(
         recipe=guide_registry.recipe(guide),  # the family's (guides.registry.Recipe)
         trained=trained,
     )
+    phases, why = map_start.plan(
+        model, guide, data, loss=loss, length=length, lr=lr, optim=optim, engine=engine,
+        run=run, convergence=convergence, trained=trained,
+    )  # fmt: skip
+    if phases is not None:  # a MAP phase, then the family from its weights
+        return map_start.run(
+            fit, phases, model, guide, data, seed=seed, length=length, optim=optim, loss=loss,
+            engine=engine, run=run,
+        )  # fmt: skip
     optim = dataclasses.replace(optim, lr_schedule=length.lr_schedule)
     loss = loss.resolved(guide_registry.recipe(guide))  # the family's ELBO and estimator
-    settings = Settings(
-        length, seed, optim, loss, engine, run, convergence, record(start, trained), start
-    )
+    started = {**record(start, trained), "map_start": why}
+    settings = Settings(length, seed, optim, loss, engine, run, convergence, started, start)
     if engine.distributed:
         return distributed.launch(
             functools.partial(_fit, model=model, guide=guide, data=data, settings=settings),
@@ -234,7 +241,8 @@ class Settings:
     engine: Engine
     run: Run
     convergence: Convergence | None
-    #: ``result.options``' ``start`` and ``start_rule`` (:func:`zoo.training.start.record`)
+    #: ``result.options``' ``start``, ``start_rule`` (:func:`zoo.training.start.record`)
+    #: and ``map_start`` (:func:`zoo.training.map_start.plan`'s why)
     start: Mapping[str, str] = dataclasses.field(default_factory=dict)
     #: The model's start, warned of once the data pass their checks (an inferred one)
     inferred: Start | None = None
@@ -289,7 +297,8 @@ def _fit(ranks: Ranks, *, model, guide, data, settings: Settings) -> FitResult:
         if measured is not None:
             s = dataclasses.replace(s, length=measured.length)
             total = measured.total
-        sched, tracker = _schedule(opt, batches, s, total)
+        tracker = ConvergenceTracker(s.convergence, len(batches)) if s.convergence else None
+        sched = make_scheduler(opt, s.optim.lr_schedule, total, tracker)  # over its steps
         result: FitResult[Any] = FitResult(model=model, guide=guide, device=dev)
         result.options = _options(guide, total, batches, s, objective, plan, seed, ranks)
         result.options["data"] = identity["data"]
@@ -354,12 +363,6 @@ def _optimiser(objective, batches, s: Settings, dev, ranks: Ranks):
     if s.run.resume is None and ranks.rank == 0:
         warn_if_short(length.recipe, total, len(batches), batches.batch_size)
     return opt, plan, total
-
-
-def _schedule(opt, batches, s: Settings, total: int):
-    """The fit's learning-rate schedule over ``total`` steps and its convergence tracker."""
-    tracker = s.convergence and ConvergenceTracker(s.convergence, len(batches))
-    return make_scheduler(opt, s.optim.lr_schedule, total, tracker), tracker
 
 
 def _seed_rank(rank_seed: int, dev) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 import torch
 
-from zoo.arguments import check_factor, is_int, is_number
+from zoo.arguments import InvalidArgument, check_factor, is_int, is_number
 from zoo.training.optim import SCHEDULES
 
 __all__ = [
@@ -129,3 +129,9 @@ def check_kl_weight(weight) -> None:
         raise ValueError(f"kl_weight must be a number >= 0 or step -> number, got {weight!r}")
     elif not math.isfinite(weight):
         raise ValueError(f"kl_weight must be finite, got {weight!r}")
+
+
+def check_map_start(value) -> None:
+    """``zoo.Loss(map_start=...)``: ``"auto"``, ``True`` or ``False``."""
+    if not (isinstance(value, bool) or value == "auto"):
+        raise InvalidArgument(f"map_start must be 'auto', True or False; got {value!r}")

@@ -43,7 +43,7 @@ def steps_between_value(value: str):
 
 
 def jit_value(value: str):
-    """``--jit``: ``auto``, ``true`` or ``false``."""
+    """``--jit``, ``--map-start``: ``auto``, ``true`` or ``false``."""
     choices = {"auto": "auto", "true": True, "false": False}
     if value.lower() not in choices:
         raise argparse.ArgumentTypeError(f"expected auto, true or false, got {value!r}")

@@ -12,11 +12,9 @@ everything else comes in four small groups, each a frozen dataclass whose defaul
 - :class:`Run` (``run=``): what watches and keeps the run (progress, callbacks, the divergence
   policy, checkpoints).
 
-A field's ``metadata["cli"]`` holds the ``argparse`` keywords of its command-line flag
-(``--field-name``); :func:`zoo.cli.parser.add_flags` builds the flags and
-:func:`zoo.cli.parser.from_flags` the group back, so the command line restates nothing. A
-group's field passed as a keyword of its own (``zoo.fit(..., optimizer="sgd")``) is refused with
-the group to pass it in (:func:`refuses_flat_keywords`).
+A field's ``metadata["cli"]`` holds the ``argparse`` keywords of its flag (``--field-name``;
+:mod:`zoo.cli.parser`). A group's field passed as a keyword of its own
+(``zoo.fit(..., optimizer="sgd")``) is refused, naming its group.
 """
 
 from __future__ import annotations
@@ -100,7 +98,6 @@ class Optim:
     )
 
     def __post_init__(self):
-
         check_optimizer(self.optimizer)
         check_positive(clip_grad_norm=self.clip_grad_norm)
         checks.check_optimizer_options(self.optimizer_options)
@@ -134,6 +131,10 @@ class Loss:
     kl_weight : float or callable, default 1.0
         Factor on the prior-minus-guide (KL) part of the ELBO, or ``step -> factor`` for
         annealing. ``1`` is the true ELBO.
+    map_start : {"auto", True, False}, default "auto"
+        Start a fit from scratch with a MAP phase inside the same budget, then the family at
+        the MAP weights (:mod:`zoo.training.map_start`, which says where ``"auto"`` applies);
+        ``False``: the model's ELBO from the family's own initialisation all the way.
     """
 
     elbo: str | None = field(
@@ -154,9 +155,10 @@ class Loss:
     kl_weight: float | Callable[[int], float] = field(
         default=1.0, metadata=_cli("factor on the KL term", type=positive_float)
     )
+    map_start: bool | str = field(default="auto", metadata=_cli("MAP phase first", type=jit_value))
 
     def __post_init__(self):
-
+        checks.check_map_start(self.map_start)
         check_positive(num_particles=self.num_particles)
         checks.check_kl_weight(self.kl_weight)
         if self.elbo is not None:
@@ -269,7 +271,6 @@ class Engine:
     )
 
     def __post_init__(self):
-
         check_threads(self.threads)
         check_jit(self.jit)
         every = self.check_every
@@ -354,7 +355,6 @@ class Run:
     )
 
     def __post_init__(self):
-
         check_on_divergence(self.on_divergence)
         check_choice("statistics", self.statistics, STATISTICS)
         check_positive(checkpoint_every=self.checkpoint_every)

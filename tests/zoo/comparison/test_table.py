@@ -137,9 +137,9 @@ def test_each_row_says_how_it_was_fitted():
     ]
     table, fits = zoo.compare(factory, rows, (x, y), (x, y), num_samples=4, num_steps=80,
                               batch_size=32, return_fits=True, progress=False)  # fmt: skip
-    measured = fits["diagonal"].options["lr_test"]
-    assert table.loc["diagonal", "lr_rule"] == f"range test ({measured['steps']} steps)"
-    assert table.loc["diagonal", "lr"] == measured["lr"]
+    phase = fits["diagonal"].options["map_start"]  # from scratch: a MAP phase, then the family
+    assert table.loc["diagonal", "lr_rule"] == f"MAP start ({phase['steps']} steps)"
+    assert table.loc["diagonal", "lr"] == phase["lr"] == phase["lr_test"]["lr"]
     assert (table.loc[["diagonal", "given", "laplace"], "steps"] == 80).all()
     assert table.loc["given", "lr_rule"] == "given" and table.loc["given", "lr"] == 0.02
     assert table.loc["ensemble", "steps"] == 160
@@ -148,4 +148,4 @@ def test_each_row_says_how_it_was_fitted():
         f"range test ({first['steps']} steps) of the first member, given to the other 1"
     )
     assert table.loc["laplace", "lr_rule"].startswith("range test")
-    assert fits["diagonal"].wall_time >= measured["seconds"] > 0
+    assert fits["diagonal"].wall_time >= phase["seconds"] >= phase["lr_test"]["seconds"] > 0

@@ -145,6 +145,7 @@ def test_fit_result_repr_is_a_few_lines():
         (x, (x[:, 0] > 0).long()),
         num_steps=500,
         batch_size=8,
+        loss={"map_start": False},  # the family's own rate test (a MAP phase: its own repr)
         run=zoo.Run(progress=False),
     )
     text = repr(fit)

@@ -200,7 +200,8 @@ def test_saved_files_are_plain_data_and_small(family, tmp_path):
     assert payload["model"]["spec"]["class"] == "BayesianMLP"
     params = sum(p.numel() * p.element_size() for p in fit.guide.parameters())
     history = 8 * (len(fit.losses) + len(fit.epoch_losses))
-    assert path.stat().st_size <= 1.2 * (params + history) + 8192  # + the file's fixed overhead
+    # + the file's fixed overhead and the options' text (what ran and why: a few hundred bytes)
+    assert path.stat().st_size <= 1.2 * (params + history) + 8192 + 512
 
 
 def test_lenet_tridiagonal_save_is_at_most_1_2x_its_parameters(tmp_path):

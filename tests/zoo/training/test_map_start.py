@@ -1,0 +1,165 @@
+"""zoo.training.map_start: a fit from scratch starts with a MAP phase inside the same budget."""
+
+import pytest
+import torch
+
+import zoo
+from tests.trained import blobs, trained_cnn
+from zoo.training.map_start import MAP_SHARE
+
+QUIET = zoo.Run(progress=False)
+
+
+def data(n=480, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 6, generator=g)
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
+    return x, y
+
+
+def model():
+    return zoo.models.BayesianMLP(6, (16,), 3, task="classification")
+
+
+def fit(guide="diagonal", net=None, **options):
+    options.setdefault("num_steps", 120)
+    options.setdefault("batch_size", 32)
+    options.setdefault("run", QUIET)
+    return zoo.fit(net if net is not None else model(), guide, data(), **options)
+
+
+def test_a_default_fit_from_scratch_is_a_map_phase_then_the_family_in_one_budget():
+    result = fit()
+    phase = result.options["map_start"]
+    assert phase["steps"] == round(MAP_SHARE * 120)  # the rate test's steps among them
+    assert phase["lr_test"]["steps"] > 0 and phase["lr"] == phase["lr_test"]["lr"]
+    assert phase["steps"] + result.steps == result.options["num_steps"] == 120
+    assert result.fitting()["steps"] == 120
+    assert result.options["recipe"].endswith(", MAP start")
+    assert result.options["start"] == "fresh" and "MAP start" in result.options["start_rule"]
+    assert f"after a MAP phase of {phase['steps']}" in repr(result)
+    assert "lr_test" not in result.options  # the family's phase measured nothing itself
+
+
+def test_the_phases_are_a_map_fit_and_the_family_from_its_weights():
+    """Independently: the MAP default call stopped at its share, then the family fitted from a
+    converted network holding the MAP weights (init="module"), at the rate the MAP phase's
+    schedule reached, decaying on to a tenth: the same steps, loss for loss."""
+    result = fit()
+    net = model()
+    stop_at = round(MAP_SHARE * 120)
+
+    def stop(view):
+        return view.step >= stop_at - view.result.options["lr_test"]["steps"]
+
+    first = zoo.Run(progress=False, callbacks=[stop], statistics="running")
+    point = zoo.fit(net, "map", data(), num_steps=120, batch_size=32, run=first)
+    taken, left = point.steps, point.options["num_steps"]
+    converted = model()
+    converted.init = "module"  # its network's weights are the guide's means: the MAP's below
+    with torch.no_grad():
+        for name, value in point.guide.median().items():
+            converted.net.get_parameter(name).copy_(value)
+    by_hand = zoo.fit(
+        converted, "diagonal", data(), num_steps=left - taken, batch_size=32,
+        lr=point.options["lr"], optim={"lr_schedule": lambda t: 0.1 ** ((taken + t) / left)},
+        loss={"map_start": False}, run=QUIET,
+    )  # fmt: skip
+    assert result.options["map_start"]["last_loss"] == point.losses[-1]
+    torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(by_hand.losses))
+
+
+def test_the_model_is_left_as_it_was_and_a_second_fit_is_the_same():
+    net = model()
+    before = {k: v.clone() for k, v in net.net.state_dict().items() if "weight" in k}
+    first = fit(net=net)
+    assert net.init == "fresh" and net.inferred_init is None
+    for name, value in before.items():
+        assert torch.equal(net.net.state_dict()[name], value)  # the network's own weights back
+    second = fit(net=net)
+    assert first.losses == second.losses
+
+
+def test_map_start_false_is_the_model_elbo_from_the_family_start():
+    off = fit(loss={"map_start": False})
+    assert off.options["map_start"].startswith("off")
+    assert "lr_test" in off.options and off.steps + off.options["lr_test"]["steps"] == 120
+
+
+@pytest.mark.parametrize(
+    "options, why",
+    [
+        ({"num_steps": 60}, "could not measure its rate"),  # a MAP phase of 48 steps
+        ({"lr": 0.01}, "a rate, schedule"),
+        ({"optim": {"lr_schedule": "cosine"}}, "a rate, schedule"),
+        ({"num_steps": "auto"}, "convergence rule"),
+        ({"guide": "whvi"}, "does not start at given weights"),
+        ({"guide": "map"}, "does not start at given weights"),
+    ],
+)
+def test_where_auto_does_not_run_it_says_why(options, why):
+    result = fit(**options)
+    assert result.options["map_start"].startswith("not run") and why in result.options["map_start"]
+
+
+def test_checkpoints_keep_the_family_fit_and_say_why(tmp_path):
+    result = fit(run=zoo.Run(progress=False, checkpoint=tmp_path / "fit.ckpt"))
+    assert "checkpoints" in result.options["map_start"]
+
+
+def test_a_trained_network_is_fine_tuned_without_a_map_phase():
+    net, train, _ = trained_cnn()
+    model = zoo.models.from_module(net, init="module")
+    result = zoo.fit(model, "diagonal", train, num_steps=120, batch_size=32, run=QUIET)
+    assert "trained network" in result.options["map_start"]
+
+
+def test_map_start_true_runs_a_short_fit_and_refuses_what_it_cannot_run(tmp_path):
+    short = fit(num_steps=20, loss={"map_start": True})
+    assert short.options["map_start"]["steps"] == 16 and short.steps == 4
+    refused = [
+        {"lr": 0.01},
+        {"run": zoo.Run(progress=False, checkpoint=tmp_path / "c.ckpt")},
+        {"guide": "whvi"},
+    ]
+    for options in refused:
+        with pytest.raises(ValueError, match="map_start=True.*cannot run here"):
+            fit(loss={"map_start": True}, **options)
+    assert not (tmp_path / "c.ckpt").exists()  # refused before any step
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None])
+def test_a_bad_map_start_is_refused_naming_the_choices(value):
+    with pytest.raises(ValueError, match="map_start must be 'auto', True or False"):
+        zoo.Loss(map_start=value)
+
+
+def test_a_callback_sees_both_phases_and_ctrl_c_in_the_map_phase_returns_it():
+    seen = []
+
+    def watch(view):
+        seen.append(type(view.result.guide).__name__)
+
+    result = fit(run=zoo.Run(progress=False, callbacks=[watch]))
+    assert seen.count("AutoMAP") + seen.count("AutoDiagonal") == len(seen)
+    assert seen.count("AutoDiagonal") == result.steps and "AutoMAP" in seen
+
+    def interrupt(view):
+        if view.step == 5:
+            raise KeyboardInterrupt
+
+    stopped = fit(run=zoo.Run(progress=False, callbacks=[interrupt]))
+    assert stopped.interrupted and stopped.options["guide"] == "map"
+
+
+def test_a_batch_norm_cnn_from_scratch_beats_its_start_and_keeps_its_statistics():
+    x, y = blobs(600, 0)
+    net = zoo.models.from_module(trained_cnn()[0].apply(_reset), init="fresh")
+    result = zoo.fit(net, "diagonal", (x, y), num_steps=100, batch_size=32, run=QUIET)
+    assert isinstance(result.options["map_start"], dict)
+    assert result.evaluate(blobs(400, 1), num_samples=8, progress=False)["accuracy"] > 0.9
+
+
+def _reset(module):
+    if hasattr(module, "reset_parameters"):
+        module.reset_parameters()

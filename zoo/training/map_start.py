@@ -1,0 +1,222 @@
+"""A variational fit from scratch started at a MAP fit made inside the same call.
+
+Under the model's own ELBO, a family fitted from its own initialisation on a deep network and
+few data goes where that ELBO's optimum is: a noisy network, whose predictions fall behind
+the point estimate's, and further the longer it trains (``benchmarks/against_map.py``). The
+field's answer is to start the posterior at a good mode (Rossi et al. 2018, "Good
+Initializations of Variational Bayes for Deep Models"; bayesian-torch's MOPED). So a fit
+that :func:`plan` accepts runs in two phases of one budget and one rate schedule:
+
+1. **MAP**: the point-mass family (``"map"``: ``-log p(D | w) - log p(w)`` under the model's
+   prior) on the same model, data, minibatches and seed, for the first :data:`MAP_SHARE` of
+   the fit's steps. Its rate is measured by the range test over the whole fit's length (the
+   MAP default call's test, :mod:`zoo.training.rate`) and decays as the whole fit's schedule
+   does (tenfold over all its steps); the phase stops where its share ends. Batch norm's
+   running statistics go on from there.
+2. **The family** from the MAP weights, as from a trained network's (its means at them, its
+   scales at :data:`guides.initial.TRAINED_RELATIVE_SCALE` of each site's root mean square),
+   for the remaining steps, on the model's ELBO (the fit's ``loss`` group as given), at the
+   rate the MAP phase left, decaying on to a tenth of the measured rate at the last step.
+
+The result is the family's fit: its ``losses`` are the second phase's ``-ELBO``; its
+``wall_time`` both phases'; ``options["recipe"]`` ends ``", MAP start"``;
+``options["map_start"]`` records the MAP phase (``steps``, its rate and ``lr_test``, its last
+loss, seconds) or, where the rule did not apply, why; ``options["num_steps"]`` is the whole
+fit's. A callback runs in both phases (each counts its own steps). Ctrl-C in the MAP phase
+returns the MAP fit so far (``interrupted``).
+
+``zoo.Loss(map_start=...)``: ``"auto"`` (the default) applies the rule to a fresh minibatch
+fit of a family that can start at given weights (every family but WHVI and the point mass
+itself) on a zoo model, at the default rate and schedule, long enough for the MAP phase to
+measure its rate (:data:`zoo.training.rate.MIN_FIT_STEPS`); ``False`` fits the model's ELBO
+from the family's own initialisation all the way; ``True`` applies it wherever it can run (a
+short fit, small regression data's full-batch recipe), and refuses, saying why, where it
+cannot: a trained start, a given rate or schedule, a convergence rule, checkpoints (a resume
+across the phases is not supported), a distributed fit, a guide instance or factory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+
+import guides as guide_registry
+from zoo.models.base import BayesianModel
+from zoo.training.rate import MIN_FIT_STEPS
+from zoo.training.recipes import data_size, warn_if_short
+from zoo.training.start import StartWarning
+
+__all__ = ["MAP_SHARE", "MapStart", "plan", "run"]
+
+#: The MAP phase's share of the fit's optimiser steps.
+MAP_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class MapStart:
+    """A fit of ``total`` steps whose first ``map_steps`` are the MAP phase."""
+
+    total: int
+    map_steps: int
+
+
+def plan(model, guide, data, *, loss, length, lr, optim, engine, run, convergence, trained):
+    """``(MapStart or None, why)``: whether a fit with these resolved settings starts with a
+    MAP phase (the module docstring's rule, under ``loss.map_start``), and, where it does not,
+    why (``result.options["map_start"]``). Raises ``ValueError`` where ``map_start=True``
+    cannot run."""
+    option = loss.map_start
+    if option is False:
+        return None, "off (zoo.Loss(map_start=False))"
+    cannot = _cannot(model, guide, data, lr, optim, engine, run, convergence, trained)
+    total = None if cannot else _total(data, length, engine)
+    if total is None:
+        cannot = cannot or "the data have no length to share the steps by"
+        if option is True:
+            raise ValueError(f"zoo.Loss(map_start=True) cannot run here: {cannot}")
+        return None, f"not run: {cannot}"
+    map_steps = int(round(MAP_SHARE * total))
+    if option == "auto":
+        if length.recipe.startswith("small regression data"):
+            return None, "not run: small regression data's full-batch recipe"
+        if map_steps < MIN_FIT_STEPS:
+            return None, f"not run: a MAP phase of {map_steps} steps could not measure its rate"
+    if not 1 <= map_steps < total:
+        raise ValueError(f"zoo.Loss(map_start=True): a fit of {total} step(s) has no two phases")
+    return MapStart(total, map_steps), "run"
+
+
+def _cannot(model, guide, data, lr, optim, engine, run, convergence, trained) -> str | None:
+    """Why no MAP phase can run (``None`` when one can)."""
+    if not isinstance(model, BayesianModel):
+        return "the model is not a zoo model (zoo.models, zoo.models.from_module)"
+    cls = _family_class(guide)
+    if cls is None:
+        return "the guide is an instance or a factory (give a family name or guides.family)"
+    if getattr(cls, "family", None) == "map" or not getattr(cls, "STARTS_AT_WEIGHTS", False):
+        return f"the {cls.__name__} family does not start at given weights"
+    if trained:
+        return "the fit starts at a trained network's weights"
+    if lr is not None or optim.lr_schedule is not None or optim.lr_multipliers is not None:
+        return "a rate, schedule or rate multipliers are given"
+    if convergence is not None:
+        return "a convergence rule decides the length"
+    if run.checkpoint is not None or run.resume is not None:
+        return "checkpoints (a resume across the MAP phase is not supported)"
+    if engine.distributed:
+        return "a distributed fit"
+    return None
+
+
+def _family_class(guide) -> type | None:
+    if isinstance(guide, guide_registry.Family):
+        return guide.cls
+    if isinstance(guide, str):
+        return guide_registry.get(guide)
+    if isinstance(guide, type):
+        return guide
+    return None
+
+
+def _total(data, length, engine) -> int | None:
+    """The fit's optimiser steps, as :func:`zoo.training.fitting` counts them."""
+    if length.num_steps is not None:
+        return int(length.num_steps)
+    if isinstance(data, DataLoader):
+        batches = len(data)
+    else:
+        n = data_size(data)
+        if n is None:
+            return None
+        batches = math.ceil(n / length.batch_size)
+    return length.epochs * math.ceil(batches / engine.accumulate)
+
+
+def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss, engine, run):
+    """Both phases (the module docstring) through ``fit`` (``zoo.fit``): the family's
+    ``FitResult``, or the MAP fit so far when it was interrupted."""
+    warn_if_short(length.recipe, phases.total, data_size(data) or 0, length.batch_size)
+    common = dict(batch_size=length.batch_size, seed=seed, engine=engine)
+
+    def stop(view) -> bool:  # the rate test's steps are the MAP phase's too
+        tested = (view.result.options.get("lr_test") or {}).get("steps", 0)
+        return view.step >= phases.map_steps - tested
+
+    first = dataclasses.replace(run, callbacks=[*run.callbacks, stop], statistics="running")
+    point = fit(model, "map", data, num_steps=phases.total, optim=optim, run=first, **common)
+    if point.interrupted:
+        return point
+    taken, left, rate = len(point.losses), int(point.options["num_steps"]), point.options["lr"]
+    weights = {k: v.detach() for k, v in point.guide.median().items() if k in model.site_shapes}
+    rest = max(left - taken, 1)
+    schedule = _Continued(taken, left)
+    second = dataclasses.replace(optim, lr_schedule=schedule)
+    family_loss = dataclasses.replace(loss, map_start=False)
+    with _offering(model, weights), warnings.catch_warnings():
+        warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
+        result = fit(
+            model, guide, data, num_steps=rest, lr=rate, optim=second, loss=family_loss,
+            run=run, **common,
+        )  # fmt: skip
+    result.wall_time += point.wall_time
+    result.options.update(
+        num_steps=phases.total,
+        recipe=length.recipe + ", MAP start",
+        lr_rule="the MAP phase's " + str(point.options.get("lr_rule")),
+        lr_schedule=optim.lr_schedule or "exponential",
+        start="fresh",
+        start_rule=f"MAP start (then the family: {result.options.get('start_rule')})",
+        map_start=_record(point, taken),
+    )
+    return result
+
+
+def _record(point, taken: int) -> dict:
+    """``result.options["map_start"]`` of a fit that ran its MAP phase."""
+    test = point.options.get("lr_test")
+    return {
+        "steps": taken + (int(test["steps"]) if test else 0),
+        "lr": point.options["lr"],
+        "lr_rule": point.options.get("lr_rule"),
+        "lr_test": test,
+        "last_loss": float(point.losses[-1]) if point.losses else None,
+        "seconds": point.wall_time,
+    }
+
+
+class _Continued:
+    """The whole fit's tenfold decay from step ``taken`` of ``left`` on: the second phase's
+    schedule (``0.1 ** ((taken + step) / left)``)."""
+
+    def __init__(self, taken: int, left: int):
+        self.taken, self.left = taken, max(left, 1)
+
+    def __call__(self, step: int) -> float:
+        return 0.1 ** ((self.taken + step) / self.left)
+
+
+@contextlib.contextmanager
+def _offering(model: BayesianModel, weights: dict):
+    """``model`` offering ``weights`` as its guides' initial means inside the block (as a
+    trained network converted with ``init="module"`` does); its network's own weights and its
+    ``init`` back afterwards."""
+    params = dict(model.net.named_parameters())
+    saved = {name: params[name].detach().clone() for name in weights}
+    init, inferred = model.init, model.inferred_init
+    try:
+        with torch.no_grad():
+            for name, value in weights.items():
+                params[name].copy_(model.to_parameter(name, value))
+        model.init, model.inferred_init = "module", None
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, value in saved.items():
+                params[name].copy_(value)
+        model.init, model.inferred_init = init, inferred
