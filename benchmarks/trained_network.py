@@ -214,8 +214,8 @@ def relative(args) -> None:
     for scale in args.relative_scales:
         start = time.perf_counter()
         converted = zoo.models.from_module(net, init="module")
-        result = _with_relative_scale(scale, lambda: zoo.fit(
-            converted, "diagonal", (x, y), num_steps=args.steps, run=QUIET
+        result = _with_relative_scale(scale, lambda m=converted: zoo.fit(
+            m, "diagonal", (x, y), num_steps=args.steps, run=QUIET
         ))  # fmt: skip
         probs = result.predict(xt, num_samples=20, progress=False, seed=0).probs
         label = f"diagonal, relative scale {scale:g}"

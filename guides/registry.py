@@ -58,6 +58,10 @@ class Recipe:
         (``zoo.Loss(estimator=None)``; ``"reparam"`` where this is ``None``). ``"auto"``: the
         local reparameterisation on each layer where the family's distribution prefers it
         (``prefers_local``), a shared draw elsewhere and with several particles.
+    map_start : bool, default True
+        Whether a fit from scratch of this family starts with a MAP phase where ``zoo.fit``'s
+        rule applies (:mod:`zoo.training.map_start`); ``False`` for a family whose own start
+        fits better than the MAP weights do (MC dropout's).
     why : str
         The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
         ``benchmarks/task_rate.py``), or behind a loss of the family's own.
@@ -72,6 +76,7 @@ class Recipe:
     full_batch_lr_scale: float | None = None
     elbo: str | None = None
     estimator: str | None = None
+    map_start: bool = True
     why: str = ""
 
     def __post_init__(self):

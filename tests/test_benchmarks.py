@@ -1103,3 +1103,18 @@ def test_subnetwork_correlations_puts_the_librarys_factor_map_back_whatever_happ
         assert guides.joint_gaussian.lower_scale(256) == 1 / 16
         raise RuntimeError("a fit that fails")
     assert guides.joint_gaussian.lower_scale is library
+
+
+def test_against_map_sets_each_family_beside_map_and_the_plain_loop(tmp_path):
+    out_file = tmp_path / "against_map.json"
+    out = _run(
+        "benchmarks/against_map.py", "--problems", "digits", "--families", "diagonal",
+        "--budgets", "1", "--seeds", "0", "--processes", "1", "--out", str(out_file),
+    )  # fmt: skip
+    rows = json.loads(out_file.read_text())["rows"]
+    assert [r["family"] for r in rows] == ["map", "plain", "diagonal"]
+    diagonal = rows[-1]
+    assert diagonal["recipe"].endswith("MAP start") and rows[0]["recipe"].endswith("measured")
+    for r in rows:
+        assert 0 < r["accuracy"] <= 1 and r["nll"] > 0 and 0 <= r["ood_auroc"] <= 1
+    assert "| digits | diagonal | 0 |" in out and "| digits | map | 0 |" in out

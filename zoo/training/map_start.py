@@ -26,13 +26,14 @@ fit's. A callback runs in both phases (each counts its own steps). Ctrl-C in the
 returns the MAP fit so far (``interrupted``).
 
 ``zoo.Loss(map_start=...)``: ``"auto"`` (the default) applies the rule to a fresh minibatch
-fit of a family that can start at given weights (every family but WHVI and the point mass
-itself) on a zoo model, at the default rate and schedule, long enough for the MAP phase to
-measure its rate (:data:`zoo.training.rate.MIN_FIT_STEPS`); ``False`` fits the model's ELBO
-from the family's own initialisation all the way; ``True`` applies it wherever it can run (a
-short fit, small regression data's full-batch recipe), and refuses, saying why, where it
-cannot: a trained start, a given rate or schedule, a convergence rule, checkpoints (a resume
-across the phases is not supported), a distributed fit, a guide instance or factory.
+fit of a family that can start at given weights (every family but WHVI, the point mass itself
+and MC dropout, whose recipe says ``map_start=False``) on a zoo model, at the default rate and
+schedule, long enough for the MAP phase to measure its rate
+(:data:`zoo.training.rate.MIN_FIT_STEPS`); ``False`` fits the model's ELBO from the family's
+own initialisation all the way; ``True`` applies it wherever it can run (a short fit, small
+regression data's full-batch recipe), and refuses, saying why, where it cannot: a trained
+start, a given rate or schedule, a convergence rule, checkpoints (a resume across the phases
+is not supported), a distributed fit, a guide instance or factory.
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ def _cannot(model, guide, data, lr, optim, engine, run, convergence, trained) ->
         return "the guide is an instance or a factory (give a family name or guides.family)"
     if getattr(cls, "family", None) == "map" or not getattr(cls, "STARTS_AT_WEIGHTS", False):
         return f"the {cls.__name__} family does not start at given weights"
+    recipe = getattr(cls, "RECIPE", None)
+    if recipe is not None and not recipe.map_start:
+        return f"the {cls.__name__} family fits from its own start (its recipe's map_start)"
     if trained:
         return "the fit starts at a trained network's weights"
     if lr is not None or optim.lr_schedule is not None or optim.lr_multipliers is not None:

@@ -95,6 +95,7 @@ def test_map_start_false_is_the_model_elbo_from_the_family_start():
         ({"num_steps": "auto"}, "convergence rule"),
         ({"guide": "whvi"}, "does not start at given weights"),
         ({"guide": "map"}, "does not start at given weights"),
+        ({"guide": "mc_dropout"}, "its own start"),
     ],
 )
 def test_where_auto_does_not_run_it_says_why(options, why):
