@@ -72,9 +72,8 @@ def _sequence_net(kind: str) -> torch.nn.Module:
 
 
 def problem(name: str, budget: int, root: str | None):
-    """``(train, test, net_factory or None, model_factory, options)``: ``net_factory`` builds
-    the plain network of the plain loop and of a converted model (``None`` for the zoo's own
-    models, whose plain loop runs on ``model.net``)."""
+    """``(train, test, model_factory, fit_options)`` of a problem at ``budget`` times its
+    length; the plain loop trains the built model's own network (``model.net``)."""
     import fairness
 
     import zoo

@@ -100,18 +100,22 @@ class Recipe:
         return self.lr_scale
 
 
+def family_class(guide: Any) -> type:
+    """The guide class of a family name, a guide class, a ``guides.family(...)`` spec or a
+    guide instance."""
+    if isinstance(guide, str):
+        return get(guide)
+    if isinstance(guide, type):
+        return guide
+    if isinstance(guide, Family):
+        return guide.cls
+    return type(guide)
+
+
 def recipe(guide: Any) -> Recipe:
     """The recipe of a family name, a guide class, a ``guides.family(...)`` spec or a guide
     instance (its class's ``RECIPE``); a guide of another library gets ``Recipe()``."""
-    if isinstance(guide, str):
-        cls = get(guide)
-    elif isinstance(guide, type):
-        cls = guide
-    elif isinstance(guide, Family):
-        cls = guide.cls
-    else:
-        cls = type(guide)
-    found = getattr(cls, "RECIPE", None)
+    found = getattr(family_class(guide), "RECIPE", None)
     return found if isinstance(found, Recipe) else Recipe()
 
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import DataLoader
 
-import guides as guide_registry
+from guides.registry import Family, family_class, recipe
 from zoo.models.base import BayesianModel
 from zoo.training.rate import MIN_FIT_STEPS
 from zoo.training.recipes import data_size, warn_if_short
@@ -75,7 +75,7 @@ def plan(model, guide, data, *, loss, length, lr, optim, engine, run, convergenc
     option = loss.map_start
     if option is False:
         return None, "off (zoo.Loss(map_start=False))"
-    cannot = _cannot(model, guide, data, lr, optim, engine, run, convergence, trained)
+    cannot = _cannot(model, guide, lr, optim, engine, run, convergence, trained)
     total = None if cannot else _total(data, length, engine)
     if total is None:
         cannot = cannot or "the data have no length to share the steps by"
@@ -93,17 +93,16 @@ def plan(model, guide, data, *, loss, length, lr, optim, engine, run, convergenc
     return MapStart(total, map_steps), "run"
 
 
-def _cannot(model, guide, data, lr, optim, engine, run, convergence, trained) -> str | None:
+def _cannot(model, guide, lr, optim, engine, run, convergence, trained) -> str | None:
     """Why no MAP phase can run (``None`` when one can)."""
     if not isinstance(model, BayesianModel):
         return "the model is not a zoo model (zoo.models, zoo.models.from_module)"
-    cls = _family_class(guide)
-    if cls is None:
+    if not isinstance(guide, (str, type, Family)):  # built already, or built by the user's code
         return "the guide is an instance or a factory (give a family name or guides.family)"
+    cls = family_class(guide)
     if getattr(cls, "family", None) == "map" or not getattr(cls, "STARTS_AT_WEIGHTS", False):
         return f"the {cls.__name__} family does not start at given weights"
-    recipe = getattr(cls, "RECIPE", None)
-    if recipe is not None and not recipe.map_start:
+    if not recipe(guide).map_start:
         return f"the {cls.__name__} family fits from its own start (its recipe's map_start)"
     if trained:
         return "the fit starts at a trained network's weights"
@@ -115,16 +114,6 @@ def _cannot(model, guide, data, lr, optim, engine, run, convergence, trained) ->
         return "checkpoints (a resume across the MAP phase is not supported)"
     if engine.distributed:
         return "a distributed fit"
-    return None
-
-
-def _family_class(guide) -> type | None:
-    if isinstance(guide, guide_registry.Family):
-        return guide.cls
-    if isinstance(guide, str):
-        return guide_registry.get(guide)
-    if isinstance(guide, type):
-        return guide
     return None
 
 

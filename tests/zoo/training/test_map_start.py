@@ -5,20 +5,14 @@ import torch
 
 import zoo
 from tests.trained import blobs, trained_cnn
+from tests.zoo.training.test_rate import classification, model
 from zoo.training.map_start import MAP_SHARE
 
 QUIET = zoo.Run(progress=False)
 
 
-def data(n=480, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 6, generator=g)
-    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long() + (x[:, 2] > 1).long()
-    return x, y
-
-
-def model():
-    return zoo.models.BayesianMLP(6, (16,), 3, task="classification")
+def data():
+    return classification(480)
 
 
 def fit(guide="diagonal", net=None, **options):
