@@ -237,6 +237,8 @@ def main(argv=None) -> list[dict]:
     context = multiprocessing.get_context("spawn")  # a fresh interpreter and lock per fit
     with context.Pool(args.processes, maxtasksperchild=1) as pool:
         rows = pool.map(run_one, jobs, chunksize=1)
+        pool.close()  # workers end on their own: terminate() would leave their semaphores
+        pool.join()
     command = "python benchmarks/against_map.py " + " ".join(argv or sys.argv[1:])
     write_json({"command": command, "seconds": time.time() - start, "rows": rows}, args.out)
     print("\n".join(table_lines(rows)))
