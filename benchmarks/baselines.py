@@ -38,8 +38,8 @@ import zoo
 from zoo.metrics import ood_auroc
 
 LAPLACE = {
-    "laplace LL-KFAC": {"weights": "last_layer", "hessian": "kron"},
-    "laplace all-diag": {"weights": "all", "hessian": "diag"},
+    "laplace LL-KFAC": {"weights": "last_layer", "hessian": "kron", "prior_precision": "marglik"},
+    "laplace all-diag": {"weights": "all", "hessian": "diag", "prior_precision": "marglik"},
 }
 ENSEMBLES = {"ensemble 5 MAP": {"members": 5, "family": "map"}}
 

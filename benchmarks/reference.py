@@ -50,8 +50,12 @@ VARIANTS = [
 #: The field's baselines as rows (``zoo.compare``): Laplace through laplace-torch (last-layer
 #: KFAC; all weights with a full Hessian, which these small networks allow) and 5 MAP nets.
 BASELINES = [
-    ("laplace LL-KFAC", "laplace", {}),
-    ("laplace full", "laplace", {"weights": "all", "hessian": "full"}),
+    ("laplace LL-KFAC", "laplace", {"prior_precision": "marglik"}),
+    (
+        "laplace full",
+        "laplace",
+        {"weights": "all", "hessian": "full", "prior_precision": "marglik"},
+    ),
     ("ensemble 5 MAP", "ensemble", {"members": 5}),
 ]
 

@@ -55,8 +55,11 @@ DEFAULT_SPLITS = {"diabetes": 5, "linnerud": 5, "friedman1": 5}
 #: laplace-torch's last-layer KFAC, all weights with a dense Hessian (601 for the 50-unit net
 #: on ten inputs), and five MAP networks, each fitted with the same recipe as a family's row.
 BASELINES = {
-    "laplace LL-KFAC": ("laplace", {}),
-    "laplace full": ("laplace", {"weights": "all", "hessian": "full"}),
+    "laplace LL-KFAC": ("laplace", {"prior_precision": "marglik"}),
+    "laplace full": (
+        "laplace",
+        {"weights": "all", "hessian": "full", "prior_precision": "marglik"},
+    ),
     "ensemble 5 MAP": ("ensemble", {"members": 5}),
 }
 

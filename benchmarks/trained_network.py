@@ -126,7 +126,7 @@ def finetune(args) -> None:
             zoo.models.from_module(net, init="module"),
             (x, y),
             at="module",
-            options={"hessian": "kron"},
+            options={"hessian": "kron", "prior_precision": "marglik"},
         ),
     }
     if not args.no_extras:

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import Unpack
 
 from zoo.arguments import check_positive
-from zoo.baselines.prior_search import held_out_precision
+from zoo.baselines.prior_search import held_out_precision, held_out_split
 from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.base import BayesianModel
@@ -61,10 +61,17 @@ def laplace(
     options : LaplaceOptions or dict, optional
         Which weights, the Hessian's structure, the prior precision, the predictive.
     validation : data, optional
-        Held-out data (``(X, y)``, a Dataset or a DataLoader; not the test data), needed by
-        ``prior_precision="gridsearch"`` and read by it alone: the precision whose predictive
-        scores the lowest NLL on them (:mod:`zoo.baselines.prior_search`; its grid and scores
-        are in ``info["prior_search"]``). Checked against the model before any fit.
+        Held-out data (``(X, y)``, a Dataset or a DataLoader; not the test data), read by
+        ``prior_precision="auto"`` (the default) and ``"gridsearch"`` (which needs them): the
+        precision whose predictive scores the lowest NLL on them
+        (:mod:`zoo.baselines.prior_search`; its grid and scores are in
+        ``info["prior_search"]``). Checked against the model before any fit. Without them,
+        ``"auto"`` holds a random tenth of ``data`` out (drawn from the fit's ``seed``; the
+        marginal likelihood where that tenth would be under 20 rows): with ``at=None`` the MAP
+        fit and the curvature see the other nine tenths; at given weights (``"module"``, a
+        ``FitResult``) the curvature sees all of ``data``, and where those weights were trained
+        on the held rows the choice leans to the network's own predictive.
+        ``info["prior_rule"]`` says which rule ran on which rows.
     progress : bool, default True
         The MAP fit's progress bar (unless ``run`` is given: then its ``progress``).
     **how : HowToFit
@@ -85,7 +92,9 @@ def laplace(
         raise TypeError(f"at must be None, a FitResult or 'module', got {at!r}")
     held_out = validation_tensors(model, options, validation)
     import_laplace()
-    start, info = time.perf_counter(), {}
+    start = time.perf_counter()
+    data, held_out, rule = prior_rule(model, data, at, options, held_out, how.get("seed"))
+    info: dict = {"prior_rule": rule}
     weights, loader, map_fit = map_point(model, data, at, fit_args, batch_size)
     if map_fit is not None:  # how the MAP weights were fitted, here or before
         info["map_fit"] = map_fit.fitting()
@@ -101,7 +110,7 @@ def laplace(
         la.sigma_noise = noise
     with laplace_torch_call("zoo.laplace's fit"):
         la.fit(loader)
-    if options.prior_precision == "marglik":
+    if rule.startswith("marglik"):
         pred_type = "nn" if options.predictive == "nn" else "glm"
         with laplace_torch_call("zoo.laplace's prior precision"), warnings.catch_warnings():
             # laplace-torch's note on link_approx, which the marginal likelihood does not use
@@ -111,33 +120,55 @@ def laplace(
     if held_out is not None:
         x, y = (t.to(result.device) for t in held_out)
         search_options = result.predict_options(None, seed=0, progress=False)
-        info["prior_search"] = held_out_precision(result, x, y, search_options)
+        warn_top = options.prior_precision == "gridsearch"
+        info["prior_search"] = held_out_precision(result, x, y, search_options, warn_top)
     info["prior_precision"] = la.prior_precision.detach().reshape(-1).tolist()
     result.wall_time = time.perf_counter() - start
     return result
 
 
+def prior_rule(model, data, at, options: LaplaceOptions, held_out, seed):
+    """``(data, held_out, rule)``: the rows the fit and the curvature see, the held-out
+    ``(x, y)`` the grid search scores (``None`` for the other rules), and what ran on which
+    rows, in words (``info["prior_rule"]``). ``"auto"`` without ``validation`` splits ``data``
+    (:func:`held_out_split`); everything else passes through."""
+    rule = options.prior_precision
+    if rule != "auto":
+        named = "fixed" if not isinstance(rule, str) else rule
+        return data, held_out, named + (" (on validation)" if held_out is not None else "")
+    if held_out is not None:
+        return data, held_out, "gridsearch (on validation)"
+    x, y = gather_tensors(data)
+    split = held_out_split(len(x), seed)
+    if split is None:
+        return data, None, f"marglik ({len(x)} rows are too few to hold a tenth out)"
+    kept, held = split
+    where = "held out of the MAP fit" if at is None else "of the data, at the given weights"
+    rule = f"gridsearch (on {len(held)} rows {where})"
+    return ((x[kept], y[kept]) if at is None else (x, y)), (x[held], y[held]), rule
+
+
 def check_pairing(rule: str | float, has_validation: bool, where: str) -> None:
-    """Refuse held-out data without ``prior_precision="gridsearch"``, and the grid search
-    without held-out data; ``where`` names the call in the message (``"zoo.laplace"``, a
-    ``zoo.compare`` row)."""
+    """Refuse held-out data with neither ``prior_precision="gridsearch"`` nor ``"auto"``, and
+    the grid search without held-out data; ``where`` names the call in the message
+    (``"zoo.laplace"``, a ``zoo.compare`` row)."""
     if rule == "gridsearch" and not has_validation:
         raise ValueError(
             f"{where}: prior_precision='gridsearch' chooses the precision on held-out data: "
             "pass validation=(X_val, y_val), data the MAP fit does not see (not the test data)"
         )
-    if rule != "gridsearch" and has_validation:
+    if rule not in ("gridsearch", "auto") and has_validation:
         raise ValueError(
-            f"{where}: validation data are read only by prior_precision='gridsearch' "
-            f"(options give {rule!r}); pass options={{'prior_precision': 'gridsearch'}} or "
-            "leave validation out"
+            f"{where}: validation data are read only by prior_precision='auto' or "
+            f"'gridsearch' (options give {rule!r}); pass options={{'prior_precision': "
+            "'auto'}} or leave validation out"
         )
 
 
 def validation_tensors(model, options: LaplaceOptions, validation) -> tuple | None:
-    """``(x, y)`` of the held-out data of ``prior_precision="gridsearch"``, checked against
-    the model (on the device its network is on, before any fit), or ``None`` for the other
-    rules; refused where the rule and the data do not go together (:func:`check_pairing`)."""
+    """``(x, y)`` of the held-out data (``prior_precision="auto"`` or ``"gridsearch"``),
+    checked against the model (on the device its network is on, before any fit), or ``None``
+    without them; refused where the rule and the data do not go together (:func:`check_pairing`)."""
     check_pairing(options.prior_precision, validation is not None, "zoo.laplace")
     if validation is None:
         return None
@@ -171,5 +202,7 @@ def map_point(model, data, at, fit_args: dict, batch_size: int):
     check_labelled_data(model, x, y, device)
     if model.likelihood.task == "regression":
         y = y.reshape(len(y), -1)  # laplace-torch's regression targets are (N, outputs)
-    loader = DataLoader(TensorDataset(x.to(device), y.to(device)), batch_size=batch_size)
+    rows = TensorDataset(x.to(device), y.to(device))
+    # a generator of its own: each pass's iterator draws a seed from it, not the global one
+    loader = DataLoader(rows, batch_size=batch_size, generator=torch.Generator())
     return weights, loader, map_fit

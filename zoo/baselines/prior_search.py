@@ -26,15 +26,40 @@ import torch
 
 from zoo.results.laplace_torch import LaplaceTorchError
 
-__all__ = ["COARSE", "FINE", "held_out_precision"]
+__all__ = [
+    "COARSE",
+    "FINE",
+    "HELD_OUT_SHARE",
+    "MIN_HELD_OUT",
+    "held_out_precision",
+    "held_out_split",
+]
 
 #: log10 of the first grid's precisions: one a decade.
 COARSE = tuple(float(k) for k in range(-4, 5))
 #: Decades around the coarse grid's best that the second grid adds.
 FINE = (-0.75, -0.5, -0.25, 0.25, 0.5, 0.75)
+#: The share of ``data`` that ``prior_precision="auto"`` holds out when no validation is given.
+HELD_OUT_SHARE = 0.1
+#: Fewer held-out rows than this score too noisily: ``"auto"`` takes the marginal likelihood.
+MIN_HELD_OUT = 20
 
 
-def held_out_precision(fit, x: torch.Tensor, y: torch.Tensor, options) -> dict:
+def held_out_split(n: int, seed: int | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(kept, held)``: sorted row indices of ``n`` rows, ``held`` a random
+    :data:`HELD_OUT_SHARE` of them (rounded) drawn from ``seed`` (0 when ``None``) by a
+    generator of its own, the global one untouched; ``None`` where ``held`` would hold fewer
+    than :data:`MIN_HELD_OUT` rows."""
+    size = round(HELD_OUT_SHARE * n)
+    if size < MIN_HELD_OUT:
+        return None
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed or 0))
+    return order[size:].sort().values, order[:size].sort().values
+
+
+def held_out_precision(
+    fit, x: torch.Tensor, y: torch.Tensor, options, warn_top: bool = True
+) -> dict:
     """Set ``fit.laplace``'s prior precision to the grid's best on held-out ``(x, y)`` and
     return the search: ``{"precisions": [...], "nll": [...]}`` in the order scored.
 
@@ -48,6 +73,10 @@ def held_out_precision(fit, x: torch.Tensor, y: torch.Tensor, options) -> dict:
     options : PredictOptions
         How each precision's predictive is drawn (``seed`` fixed, the same at every
         precision).
+    warn_top : bool, default True
+        Warn at the grid's top edge too. ``prior_precision="auto"`` does not: there the
+        predictive is the MAP network's own to within its draws (the data favour no spread), a
+        safe answer it records as ``"at_edge"``.
 
     Warns
     -----
@@ -74,7 +103,8 @@ def held_out_precision(fit, x: torch.Tensor, y: torch.Tensor, options) -> dict:
             f"from 1e{COARSE[0]:g} to 1e{COARSE[-1]:g}; refit the MAP weights or use "
             "prior_precision='marglik'"
         )
-    if best in (COARSE[0], COARSE[-1]):
+    edges = (COARSE[0], COARSE[-1]) if warn_top else (COARSE[0],)
+    if best in edges:
         warnings.warn(
             f"zoo.laplace: the held-out NLL is lowest at the grid's edge (prior precision "
             f"1e{best:g}); a better precision may lie beyond it: give a fixed prior_precision "
@@ -83,7 +113,11 @@ def held_out_precision(fit, x: torch.Tensor, y: torch.Tensor, options) -> dict:
             stacklevel=5,  # zoo.laplace's caller, past its two decorators
         )
     _set(fit, 10.0**best)
-    return {"precisions": [10.0**k for k in scored], "nll": list(scored.values())}
+    return {
+        "precisions": [10.0**k for k in scored],
+        "nll": list(scored.values()),
+        "at_edge": best in (COARSE[0], COARSE[-1]),
+    }
 
 
 def _held_out_nll(fit, precision: float, x, y, options) -> float:

@@ -95,10 +95,11 @@ def subnetwork_guide(
         raise ValueError(
             f"size={size} is more than the model's {total} network weights: pass size <= {total}"
         )
-    if isinstance(prior_precision, str) and prior_precision == "gridsearch":
+    if isinstance(prior_precision, str) and prior_precision in ("gridsearch", "auto"):
         raise ValueError(
-            "subnetwork_guide(prior_precision='gridsearch'): the diagonal Laplace that chooses "
-            "the weights has no held-out data here; pass 'marglik' or a positive number"
+            f"subnetwork_guide(prior_precision={prior_precision!r}): the diagonal Laplace "
+            "that chooses the weights has no held-out data here; pass 'marglik' or a positive "
+            "number"
         )
     options = LaplaceOptions(weights="subnetwork", hessian="full", subnetwork_size=size,
                              prior_precision=prior_precision)  # fmt: skip

@@ -39,7 +39,7 @@ SUBNETWORK_RULES = ("variance", "magnitude")
 HESSIANS = ("kron", "diag", "full")
 #: How the prior precision is chosen when it is not a number: the training data's marginal
 #: likelihood, or the held-out NLL of the fit's predictive (validation data given).
-PRIOR_RULES = ("marglik", "gridsearch")
+PRIOR_RULES = ("auto", "marglik", "gridsearch")
 PREDICTIVES = ("glm", "nn", "probit")
 #: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
 FULL_HESSIAN_MAX = 20_000
@@ -58,13 +58,16 @@ class LaplaceOptions:
     hessian : {"kron", "diag", "full"}, default "kron"
         The curvature's structure: Kronecker-factored per layer (KFAC), diagonal, or dense
         (refused above ``FULL_HESSIAN_MAX`` weights).
-    prior_precision : "marglik", "gridsearch" or float, default "marglik"
-        ``P``: fitted by maximising the marginal likelihood of the training data
-        (laplace-torch's recommended recipe); ``"gridsearch"``, the precision whose predictive
-        scores the lowest NLL on held-out data (``zoo.laplace``'s ``validation=``, needed;
-        :mod:`zoo.baselines.prior_search`), for a MAP network that interpolates its training
-        data, where the evidence favours a prior too broad; or a fixed precision
-        (``1 / sigma^2`` of an isotropic ``N(0, sigma^2)``).
+    prior_precision : "auto", "marglik", "gridsearch" or float, default "auto"
+        ``P``. ``"auto"``: the grid search on ``validation=`` when given, otherwise on a split
+        that ``zoo.laplace`` holds out of ``data`` itself
+        (:func:`zoo.baselines.prior_search.held_out_split`), or the marginal likelihood where
+        ``data`` are too few to split. ``"marglik"``: fitted by maximising the marginal
+        likelihood of the training data (laplace-torch's recommended recipe; where the MAP
+        network interpolates its training data, the evidence favours a prior too broad and the
+        predictive under-fits). ``"gridsearch"``: the precision whose predictive scores the
+        lowest NLL on ``validation=`` (needed; :mod:`zoo.baselines.prior_search`). A number: a
+        fixed precision (``1 / sigma^2`` of an isotropic ``N(0, sigma^2)``).
     predictive : {"glm", "nn", "probit"}, default "glm"
         How predictions are made: function-space samples of the linearised network (the GLM
         predictive, consistent with the curvature), sampled networks (``"nn"``), or, for
@@ -83,7 +86,7 @@ class LaplaceOptions:
 
     weights: str = "last_layer"
     hessian: str = "kron"
-    prior_precision: str | float = "marglik"
+    prior_precision: str | float = "auto"
     predictive: str = "glm"
     subnetwork_size: int = 1000
     subnetwork_select: str = "variance"
@@ -133,8 +136,9 @@ class LaplaceOptions:
         if p not in PRIOR_RULES:
             if isinstance(p, str) or not is_number(p) or not p > 0:
                 raise ValueError(
-                    f"LaplaceOptions(prior_precision={p!r}): 'marglik' (fitted by marginal "
-                    "likelihood), 'gridsearch' (chosen on validation data) or a positive number"
+                    f"LaplaceOptions(prior_precision={p!r}): 'auto' (chosen on held-out data), "
+                    "'marglik' (fitted by marginal likelihood), 'gridsearch' (chosen on "
+                    "validation data) or a positive number"
                 )
 
 

@@ -4,6 +4,7 @@ data, the exact predictive of a conjugate linear regression, the grid, saves, co
 and what is refused before any fit. Skipped without laplace-torch."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -133,7 +134,10 @@ def test_a_gridsearch_fit_saves_loads_and_is_a_compare_row(tmp_path):
     "call,match",
     [
         (dict(**GRID), "pass validation="),
-        (dict(validation=classification(8)), "read only by prior_precision='gridsearch'"),
+        (
+            dict(validation=classification(8), options={"prior_precision": "marglik"}),
+            "read only by prior_precision='auto' or 'gridsearch'",
+        ),
         (dict(validation=(torch.randn(8, 5), torch.zeros(8).long()), **GRID), "5"),
         (dict(validation=(torch.randn(8, 3), torch.full((8,), 7)), **GRID), "label"),
         (dict(validation=(torch.randn(8, 3), torch.zeros(6).long()), **GRID), "8"),
@@ -154,7 +158,102 @@ def test_rows_and_the_subnetwork_guide_refuse_gridsearch_without_held_out_data()
     with pytest.raises(ValueError, match="compare 'laplace' row.*pass validation="):
         zoo.compare(classifier, [("L", "laplace", {"prior_precision": "gridsearch"})], (x, y),
                     (x, y))  # fmt: skip
+    row = ("L", "laplace", {"validation": (x, y), "prior_precision": 1.0})
     with pytest.raises(ValueError, match="compare 'laplace' row.*read only by"):
-        zoo.compare(classifier, [("L", "laplace", {"validation": (x, y)})], (x, y), (x, y))
-    with pytest.raises(ValueError, match="no held-out data"):
-        zoo.subnetwork_guide(classifier(), (x, y), 8, prior_precision="gridsearch")
+        zoo.compare(classifier, [row], (x, y), (x, y))
+    for rule in ("gridsearch", "auto"):
+        with pytest.raises(ValueError, match="no held-out data"):
+            zoo.subnetwork_guide(classifier(), (x, y), 8, prior_precision=rule)
+
+
+def test_auto_without_validation_is_the_grid_search_on_a_tenth_held_out_of_the_map_fit():
+    """The default rule, no validation given: a tenth of the rows drawn from the fit's seed
+    (the global generator untouched, laplace-torch's passes over the data too) is held out
+    of the MAP fit and the curvature, and the result is the explicit grid search given those
+    rows as validation and fitted on the rest; the top edge (the network's own predictive)
+    is recorded, not warned about."""
+    x, y = classification(400)
+    kept, held = prior_search.held_out_split(400, seed=3)
+    assert len(held) == 40 and len(kept) == 360
+    assert sorted(torch.cat([kept, held]).tolist()) == list(range(400))
+    model, state = classifier(), torch.get_rng_state()
+    auto = zoo.laplace(model, (x, y), num_steps=100, seed=3, progress=False)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert auto.info["prior_rule"] == "gridsearch (on 40 rows held out of the MAP fit)"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*grid's edge", UserWarning)  # the explicit rule's
+        grid = zoo.laplace(classifier(), (x[kept], y[kept]), num_steps=100, seed=3,
+                           progress=False, validation=(x[held], y[held]), **GRID)  # fmt: skip
+    assert auto.info["prior_search"] == grid.info["prior_search"]
+    torch.testing.assert_close(auto.map_weights, grid.map_weights)  # the MAP fit's 360 rows
+    torch.testing.assert_close(
+        auto.predict(x[:20], num_samples=8, seed=0, progress=False).probs,
+        grid.predict(x[:20], num_samples=8, seed=0, progress=False).probs,
+    )
+    other = prior_search.held_out_split(400, seed=4)[1]
+    assert not torch.equal(other, held)
+
+
+def test_auto_reads_validation_when_given_and_falls_back_on_few_rows(monkeypatch):
+    train, held_out = classification(), classification(64, seed=1)
+    model = classifier()
+    map_fit = zoo.fit(model, "map", train, num_steps=50, run=zoo.Run(progress=False))
+    auto = zoo.laplace(model, train, at=map_fit, validation=held_out)
+    grid = zoo.laplace(model, train, at=map_fit, validation=held_out, **GRID)
+    assert auto.info["prior_rule"] == "gridsearch (on validation)"
+    assert auto.info["prior_search"] == grid.info["prior_search"]
+    few = zoo.laplace(model, classification(150), at=map_fit)  # 15 rows would be held out
+    assert few.info["prior_rule"] == "marglik (150 rows are too few to hold a tenth out)"
+    marglik = zoo.laplace(model, classification(150), at=map_fit,
+                          options={"prior_precision": "marglik"})  # fmt: skip
+    assert few.info["prior_precision"] == marglik.info["prior_precision"]
+    assert "prior_search" not in few.info
+    monkeypatch.setattr(prior_search, "_held_out_nll", lambda fit, p, *a: 1 / p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the top edge: no warning from the default
+        top = zoo.laplace(model, classification(400), at=map_fit)
+    assert top.info["prior_search"]["at_edge"] and top.info["prior_precision"] == [1e4]
+    monkeypatch.setattr(prior_search, "_held_out_nll", lambda fit, p, *a: p)
+    with pytest.warns(UserWarning, match="grid's edge"):  # the bottom edge still warns
+        zoo.laplace(model, classification(400), at=map_fit)
+
+
+def test_the_default_keeps_a_trained_networks_calibration():
+    """A batch-norm CNN trained by a plain Adam loop on the 8x8 digits, then made Bayesian
+    post hoc with the default call: the Laplace predictive's test NLL and ECE are the
+    network's within 0.01 (the marginal likelihood's precision loses both, which the test
+    also shows, so it tests the rule)."""
+    from sklearn.datasets import load_digits
+
+    images, labels = load_digits(return_X_y=True)
+    x = torch.tensor(images, dtype=torch.float32).reshape(-1, 1, 8, 8) / 16
+    y = torch.tensor(labels)
+    g = torch.Generator().manual_seed(0)
+    order = torch.randperm(len(x), generator=g)
+    train, test = order[:1400], order[1400:]
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        net = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(2), nn.Flatten(), nn.Linear(128, 10),
+        )  # fmt: skip
+    opt = torch.optim.Adam(net.parameters(), 1e-2)
+    for _ in range(10):
+        for rows in train[torch.randperm(len(train), generator=g)].split(64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(net(x[rows]), y[rows]).backward()
+            opt.step()
+    net.eval()
+    with torch.no_grad():
+        probs = net(x[test]).softmax(-1)
+    own = {"nll": zoo.metrics.nll(probs, y[test]), "ece": zoo.metrics.ece(probs, y[test])}
+    model = zoo.models.from_module(net, init="module")
+    fit = zoo.laplace(model, (x[train], y[train]), at="module")
+    got = fit.evaluate((x[test], y[test]), num_samples=100, seed=0, progress=False)
+    assert fit.info["prior_rule"] == "gridsearch (on 140 rows of the data, at the given weights)"
+    assert got["nll"] <= own["nll"] + 0.01 and got["ece"] <= own["ece"] + 0.01
+    marglik = zoo.laplace(model, (x[train], y[train]), at="module",
+                          options={"prior_precision": "marglik"})  # fmt: skip
+    old = marglik.evaluate((x[test], y[test]), num_samples=100, seed=0, progress=False)
+    assert old["nll"] > own["nll"] + 0.03 and old["ece"] > own["ece"] + 0.03
