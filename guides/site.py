@@ -154,14 +154,22 @@ def inverse_softplus(x: torch.Tensor | float) -> torch.Tensor:
 
 
 def fan_in(name: str, shapes) -> int:
-    """Fan-in of site ``name``: ``prod(shape[1:])`` for a weight; a bias ``layer.bias`` uses the
-    fan-in of ``layer.weight``; otherwise the number of elements."""
+    """Fan-in of site ``name`` from the sites' shapes alone: ``prod(shape[1:])`` for a weight
+    (the inputs that feed one output: ``in_features``, ``in_channels * kernel`` of a
+    convolution, an RNN's ``weight_ih_l0`` its input size and ``weight_hh_l0`` its hidden
+    size); a bias uses its weight's (``bias`` of ``weight``, an RNN's ``bias_ih_l0`` of
+    ``weight_ih_l0``, attention's ``in_proj_bias`` of ``in_proj_weight``); any other site
+    its number of elements. Layers whose shape does not say it (an embedding, whose lookup
+    reads one row) are the model's: ``zoo.models.semantics.fan_ins``."""
     shape = shapes[name]
     if len(shape) >= 2:
         return math.prod(shape[1:])
-    sibling = shapes.get(name.rsplit(".", 1)[0] + ".weight") if "." in name else None
-    if sibling is not None and len(sibling) >= 2:
-        return math.prod(sibling[1:])
+    head, _, leaf = name.rpartition(".")
+    if "bias" in leaf:
+        weight = leaf.replace("bias", "weight")
+        sibling = shapes.get(f"{head}.{weight}" if head else weight)
+        if sibling is not None and len(sibling) >= 2:
+            return math.prod(sibling[1:])
     return max(math.prod(shape), 1)
 
 

@@ -27,7 +27,6 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from guides.site import fan_in
 from zoo.models import per_draw, semantics, statistics
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.models.predictions import PredictionT
@@ -158,7 +157,7 @@ class BayesianModel(nn.Module, Generic[PredictionT]):
         # training inputs each draw's batch norm statistics are estimated on (a fit's, at its
         # end; zoo.models.per_draw); not in the state dict: a fit saves it itself
         self.register_buffer("statistics_inputs", None, persistent=False)
-        self._fan_in = {name: fan_in(name, self.site_shapes) for name in self.site_shapes}
+        self._fan_in = semantics.fan_ins(self.net, self.site_shapes)
         self.prior.bind(self.site_shapes, self._fan_in)
 
     def __setstate__(self, state):

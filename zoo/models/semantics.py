@@ -12,6 +12,13 @@ Padding rows
     The ``padding_idx`` row of an ``nn.Embedding`` or ``nn.EmbeddingBag`` whose weight is a
     site is fixed at zero, as PyTorch keeps it (its gradient is zero): it is not part of the
     site, whose shape has one row fewer, so padding tokens add nothing to a prediction.
+Fan-in
+    A site's prior (``N(0, gain^2 / fan_in)`` by default) reads the inputs that feed one of
+    its layer's outputs (:func:`fan_ins`): the site's shape says it for linear, convolution,
+    recurrent and attention weights and their biases (:func:`guides.site.fan_in`); an
+    embedding's lookup reads one row of its weight, so its fan-in is 1 (not
+    ``embedding_dim``), which puts PyTorch's ``N(0, 1)`` initialisation within a prior
+    standard deviation of zero.
 The output contract
     The network returns one tensor: ``(B, C)`` logits for classification, ``(B,)`` or ``(B, D)``
     for regression. A tuple (a bare ``nn.LSTM``'s ``(output, (h, c))``) or another rank is
@@ -25,6 +32,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from guides.site import fan_in
 from zoo.models.likelihoods import shape_n
 from zoo.models.statistics import TRACKING_LAYERS
 
@@ -44,12 +52,33 @@ def fixed_norm_layers(net: nn.Module, deterministic: Iterable[str]) -> tuple[str
     return tuple(names)
 
 
+EMBEDDINGS = (nn.Embedding, nn.EmbeddingBag)
+
+
+def fan_ins(net: nn.Module, site_shapes: dict[str, torch.Size]) -> dict[str, int]:
+    """``{site: fan-in}`` of every site of ``net``: :func:`guides.site.fan_in` of its shape,
+    and 1 for an embedding's weight (a lookup reads one row) unless another layer reads the
+    same tensor as its weight (an output layer tied to the embedding keeps its shape's)."""
+    out = {name: fan_in(name, site_shapes) for name in site_shapes}
+    others = {
+        id(p)
+        for m in net.modules()
+        if not isinstance(m, EMBEDDINGS)
+        for p in m.parameters(recurse=False)
+    }
+    for prefix, module in net.named_modules():
+        name = f"{prefix}.weight" if prefix else "weight"
+        if isinstance(module, EMBEDDINGS) and name in out and id(module.weight) not in others:
+            out[name] = 1
+    return out
+
+
 def padding_rows(net: nn.Module, sites: set[str]) -> dict[str, int]:
     """``{site name: padding row}`` for the embeddings of ``net`` with a ``padding_idx`` whose
     weight is among ``sites`` (the row as a non-negative index)."""
     rows = {}
     for prefix, module in net.named_modules():
-        if not isinstance(module, (nn.Embedding, nn.EmbeddingBag)):
+        if not isinstance(module, EMBEDDINGS):
             continue
         idx = module.padding_idx
         name = f"{prefix}.weight" if prefix else "weight"

@@ -1,8 +1,10 @@
 """What a converted network means, kept (zoo.models.semantics): a frozen body's batch-norm
-statistics, padding rows, and the output contract checked on the first call."""
+statistics, padding rows, each layer kind's prior fan-in, and the output contract checked on
+the first call."""
 
 import warnings
 
+import pyro
 import pytest
 import torch
 from torch import nn
@@ -157,3 +159,53 @@ def test_tied_weights_are_one_site_and_the_compiled_loss_uses_the_draw_everywher
         with swapped_parameters(model.net, draw):
             swapped = model.net(tokens)
     torch.testing.assert_close(swapped, eager)
+
+
+class Kinds(nn.Module):
+    """One layer of each kind the prior's fan-in rule names (docs/concepts.md)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(50, 16, padding_idx=0)
+        self.conv = nn.Conv1d(16, 12, 3, groups=4)
+        self.lstm = nn.LSTM(12, 8, batch_first=True)
+        self.att = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        h = self.conv(self.emb(tokens).transpose(1, 2)).transpose(1, 2)
+        h = self.lstm(h)[0]
+        return self.fc(self.att(h, h, h)[0].mean(1))
+
+
+def test_each_layer_kinds_prior_reads_the_inputs_that_feed_one_output():
+    """The default prior's standard deviation of every site is ``sqrt(2 / fan_in)`` with the
+    fan-in counted by hand per layer kind: an embedding's lookup reads one row, a grouped
+    convolution ``in_channels / groups * kernel``, an LSTM's biases their weights', attention's
+    the embedding width. A trained embedding at PyTorch's ``N(0, 1)`` is then under a prior
+    standard deviation from zero (it was ``sqrt(d / 2)`` with the width as its fan-in)."""
+    torch.manual_seed(0)
+    model = from_module(Kinds(), task="classification", init="module")
+    by_hand = {
+        "emb.weight": 1, "conv.weight": 4 * 3, "conv.bias": 4 * 3,
+        "lstm.weight_ih_l0": 12, "lstm.weight_hh_l0": 8, "lstm.bias_ih_l0": 12,
+        "lstm.bias_hh_l0": 8, "att.in_proj_weight": 8, "att.in_proj_bias": 8,
+        "att.out_proj.weight": 8, "att.out_proj.bias": 8, "fc.weight": 8, "fc.bias": 8,
+    }  # fmt: skip
+    sites = prior_sites(model, torch.randint(1, 50, (2, 6)))
+    assert set(sites) == set(by_hand)
+    for name, fn in sites.items():
+        scale = torch.as_tensor(fn.scale)
+        torch.testing.assert_close(scale, torch.full_like(scale, (2 / by_hand[name]) ** 0.5))
+    assert sites["emb.weight"].event_shape == (49, 16)  # the padding row is no site
+    rows = model.net.emb.weight[1:]  # N(0, 1) from PyTorch
+    assert float(rows.pow(2).mean().sqrt()) < 2**0.5  # within one prior sd, as a ratio
+    tied = from_module(Tied(), init="module")  # the output layer reads the same tensor
+    scale = torch.as_tensor(prior_sites(tied, torch.randint(0, 20, (2, 5)))["emb.weight"].scale)
+    torch.testing.assert_close(scale, torch.full_like(scale, (2 / 8) ** 0.5))
+
+
+def prior_sites(model, x) -> dict:
+    """``{site: prior}`` as the model's trace holds them."""
+    trace = pyro.poutine.trace(model).get_trace(x)
+    return {n: s["fn"] for n, s in trace.nodes.items() if n in model.site_shapes}
