@@ -25,6 +25,13 @@ loss, seconds) or, where the rule did not apply, why; ``options["num_steps"]`` i
 fit's. A callback runs in both phases (each counts its own steps). Ctrl-C in the MAP phase
 returns the MAP fit so far (``interrupted``).
 
+Checkpoints: the MAP phase writes beside the fit's checkpoint (:func:`phase_path`:
+``fit.ckpt``'s is ``fit.map-phase.ckpt``), the family's phase to it. ``resume=path`` goes on
+where the fit stopped, exactly as if it had not: in the MAP phase from its checkpoint (then the
+family from the start), or in the family's phase from ``path`` (the MAP phase's record read
+from its checkpoint). A checkpoint of a fit without a MAP phase (no phase file beside it)
+resumes as that fit, without one.
+
 ``zoo.Loss(map_start=...)``: ``"auto"`` (the default) applies the rule to a fresh minibatch
 fit of a family that can start at given weights (every family but WHVI, the point mass itself
 and MC dropout, whose recipe says ``map_start=False``) on a zoo model, at the default rate and
@@ -32,8 +39,8 @@ schedule, long enough for the MAP phase to measure its rate
 (:data:`zoo.training.rate.MIN_FIT_STEPS`); ``False`` fits the model's ELBO from the family's
 own initialisation all the way; ``True`` applies it wherever it can run (a short fit, small
 regression data's full-batch recipe), and refuses, saying why, where it cannot: a trained
-start, a given rate or schedule, a convergence rule, checkpoints (a resume across the phases
-is not supported), a distributed fit, a guide instance or factory.
+start, a given rate or schedule, a convergence rule, a distributed fit, a guide instance or
+factory, the resume of a fit that had no MAP phase.
 """
 
 from __future__ import annotations
@@ -43,17 +50,19 @@ import dataclasses
 import math
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader
 
 from guides.registry import Family, family_class, recipe
 from zoo.models.base import BayesianModel
+from zoo.training.checkpoint import read_checkpoint
 from zoo.training.rate import MIN_FIT_STEPS
 from zoo.training.recipes import data_size, warn_if_short
 from zoo.training.start import StartWarning
 
-__all__ = ["MAP_SHARE", "MapStart", "plan", "run"]
+__all__ = ["MAP_SHARE", "MapStart", "phase_path", "plan", "run"]
 
 #: The MAP phase's share of the fit's optimiser steps.
 MAP_SHARE = 0.8
@@ -110,11 +119,19 @@ def _cannot(model, guide, lr, optim, engine, run, convergence, trained) -> str |
         return "a rate, schedule or rate multipliers are given"
     if convergence is not None:
         return "a convergence rule decides the length"
-    if run.checkpoint is not None or run.resume is not None:
-        return "checkpoints (a resume across the MAP phase is not supported)"
+    if run.resume is not None and not phase_path(run.resume).exists():
+        beside = phase_path(run.resume).name
+        return f"resume={str(run.resume)!r} is a fit without a MAP phase (no {beside})"
     if engine.distributed:
         return "a distributed fit"
     return None
+
+
+def phase_path(path) -> Path:
+    """The MAP phase's checkpoint beside the fit's ``path``: ``fit.ckpt`` -> ``fit.map-phase.ckpt``
+    (``fit`` -> ``fit.map-phase``)."""
+    path = Path(path)
+    return path.with_name(f"{path.stem}.map-phase{path.suffix}")
 
 
 def _total(data, length, engine) -> int | None:
@@ -136,50 +153,88 @@ def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss,
     ``FitResult``, or the MAP fit so far when it was interrupted."""
     warn_if_short(length.recipe, phases.total, data_size(data) or 0, length.batch_size)
     common = dict(batch_size=length.batch_size, seed=seed, engine=engine)
+    family_loss = dataclasses.replace(loss, map_start=False)
+    if run.resume is not None and Path(run.resume).exists():  # in the family's phase
+        return _resume_family(fit, phases, model, guide, data, common, length, optim,
+                              family_loss, run)  # fmt: skip
 
     def stop(view) -> bool:  # the rate test's steps are the MAP phase's too
         tested = (view.result.options.get("lr_test") or {}).get("steps", 0)
         return view.step >= phases.map_steps - tested
 
-    first = dataclasses.replace(run, callbacks=[*run.callbacks, stop], statistics="running")
+    first = dataclasses.replace(
+        run, callbacks=[*run.callbacks, stop], statistics="running",
+        checkpoint=None if run.checkpoint is None else phase_path(run.checkpoint),
+        resume=None if run.resume is None else phase_path(run.resume),
+    )  # fmt: skip
     point = fit(model, "map", data, num_steps=phases.total, optim=optim, run=first, **common)
     if point.interrupted:
         return point
     taken, left, rate = len(point.losses), int(point.options["num_steps"]), point.options["lr"]
     weights = {k: v.detach() for k, v in point.guide.median().items() if k in model.site_shapes}
-    rest = max(left - taken, 1)
-    schedule = _Continued(taken, left)
-    second = dataclasses.replace(optim, lr_schedule=schedule)
-    family_loss = dataclasses.replace(loss, map_start=False)
+    second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
     with _offering(model, weights), warnings.catch_warnings():
         warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
         result = fit(
-            model, guide, data, num_steps=rest, lr=rate, optim=second, loss=family_loss,
-            run=run, **common,
+            model, guide, data, num_steps=max(left - taken, 1), lr=rate, optim=second,
+            loss=family_loss, run=dataclasses.replace(run, resume=None), **common,
         )  # fmt: skip
-    result.wall_time += point.wall_time
+    record = _record(point.options, point.losses, point.wall_time, taken)
+    return _finish(result, phases, length, optim, point.options, record)
+
+
+def _resume_family(fit, phases, model, guide, data, common, length, optim, loss, run):
+    """The family's phase resumed from ``run.resume``: its length and rate as the checkpoint
+    says (its schedule's position comes back with the scheduler's state), the MAP phase's
+    record from the phase's checkpoint beside it."""
+    saved = read_checkpoint(run.resume)
+    first = read_checkpoint(phase_path(run.resume))
+    options, state = saved["options"], first["state"]
+    if options.get("guide") == "map" or first["options"].get("guide") != "map":
+        raise ValueError(
+            f"resume={str(run.resume)!r}: a fit with a MAP phase writes that phase to "
+            f"{phase_path(run.resume).name} and the family's to {Path(run.resume).name}; "
+            "these files are not such a pair (renamed or changed)"
+        )
+    taken, left = len(state["losses"]), int(first["options"]["num_steps"])
+    second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
+        result = fit(
+            model, guide, data, num_steps=int(options["num_steps"]), lr=float(options["lr"]),
+            optim=second, loss=loss, run=run, **common,
+        )  # fmt: skip
+    record = _record(first["options"], state["losses"], float(state["wall_time"]), taken)
+    return _finish(result, phases, length, optim, first["options"], record)
+
+
+def _finish(result, phases: MapStart, length, optim, map_options: dict, record: dict):
+    """The family's ``result`` as the whole fit's: both phases' seconds, the fit's length,
+    recipe, rate rule and start, and the MAP phase's ``record``."""
+    result.wall_time += record["seconds"]
     result.options.update(
         num_steps=phases.total,
         recipe=length.recipe + ", MAP start",
-        lr_rule="the MAP phase's " + str(point.options.get("lr_rule")),
+        lr_rule="the MAP phase's " + str(map_options.get("lr_rule")),
         lr_schedule=optim.lr_schedule or "exponential",
         start="fresh",
         start_rule=f"MAP start (then the family: {result.options.get('start_rule')})",
-        map_start=_record(point, taken),
+        map_start=record,
     )
     return result
 
 
-def _record(point, taken: int) -> dict:
-    """``result.options["map_start"]`` of a fit that ran its MAP phase."""
-    test = point.options.get("lr_test")
+def _record(options: dict, losses: list, seconds: float, taken: int) -> dict:
+    """``result.options["map_start"]`` of a fit that ran its MAP phase: from that phase's
+    ``options``, ``losses`` and ``seconds`` (its fit's, or its checkpoint's)."""
+    test = options.get("lr_test")
     return {
         "steps": taken + (int(test["steps"]) if test else 0),
-        "lr": point.options["lr"],
-        "lr_rule": point.options.get("lr_rule"),
+        "lr": options["lr"],
+        "lr_rule": options.get("lr_rule"),
         "lr_test": test,
-        "last_loss": float(point.losses[-1]) if point.losses else None,
-        "seconds": point.wall_time,
+        "last_loss": float(losses[-1]) if losses else None,
+        "seconds": seconds,
     }
 
 

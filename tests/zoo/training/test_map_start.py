@@ -6,7 +6,7 @@ import torch
 import zoo
 from tests.trained import blobs, trained_cnn
 from tests.zoo.training.test_rate import classification, model
-from zoo.training.map_start import MAP_SHARE
+from zoo.training.map_start import MAP_SHARE, phase_path
 
 QUIET = zoo.Run(progress=False)
 
@@ -97,9 +97,71 @@ def test_where_auto_does_not_run_it_says_why(options, why):
     assert result.options["map_start"].startswith("not run") and why in result.options["map_start"]
 
 
-def test_checkpoints_keep_the_family_fit_and_say_why(tmp_path):
-    result = fit(run=zoo.Run(progress=False, checkpoint=tmp_path / "fit.ckpt"))
-    assert "checkpoints" in result.options["map_start"]
+def test_a_checkpointed_fit_is_the_same_fit_and_writes_each_phase(tmp_path):
+    path = tmp_path / "fit.ckpt"
+    plain = fit()
+    kept = fit(run=zoo.Run(progress=False, checkpoint=path, checkpoint_every=10))
+    assert kept.losses == plain.losses and isinstance(kept.options["map_start"], dict)
+    assert path.exists() and phase_path(path) == tmp_path / "fit.map-phase.ckpt"
+    assert phase_path(path).exists() and phase_path(tmp_path / "f").name == "f.map-phase"
+
+
+def _interrupt(phase: str, at: int):
+    def callback(view):
+        if type(view.result.guide).__name__ == phase and view.step == at:
+            raise KeyboardInterrupt
+
+    return callback
+
+
+@pytest.mark.parametrize("phase,at", [("AutoMAP", 30), ("AutoDiagonal", 7)])
+def test_a_fit_stopped_in_either_phase_resumes_exactly(tmp_path, phase, at):
+    """Ctrl-C (a kill's checkpoint) in the MAP phase or in the family's, then ``resume=``: the
+    losses, the MAP record and the posterior are the uninterrupted fit's."""
+    path = tmp_path / "fit.ckpt"
+    plain = fit()
+    stopped = fit(run=zoo.Run(progress=False, checkpoint=path, callbacks=[_interrupt(phase, at)]))
+    assert stopped.interrupted
+    resumed = fit(run=zoo.Run(progress=False, checkpoint=path, resume=path))
+    assert resumed.losses == plain.losses and not resumed.interrupted
+    assert _timeless(resumed.options["map_start"]) == _timeless(plain.options["map_start"])
+    assert (
+        resumed.options["num_steps"] == 120
+        and resumed.options["recipe"] == (plain.options["recipe"])
+    )
+    x = data()[0][:16]
+    torch.testing.assert_close(
+        resumed.predict(x, num_samples=4, seed=0, progress=False).probs,
+        plain.predict(x, num_samples=4, seed=0, progress=False).probs,
+    )
+
+
+def _timeless(record: dict) -> dict:
+    """A MAP phase's record without its seconds (its rate test's too)."""
+    test = {k: v for k, v in record["lr_test"].items() if k != "seconds"}
+    return {**{k: v for k, v in record.items() if k != "seconds"}, "lr_test": test}
+
+
+def test_a_checkpoint_without_a_map_phase_resumes_as_its_fit(tmp_path):
+    path = tmp_path / "own.ckpt"
+    off = {"map_start": False}
+    plain = fit(loss=off)
+    stopped = fit(loss=off, run=zoo.Run(progress=False, checkpoint=path,
+                                        callbacks=[_interrupt("AutoDiagonal", 40)]))  # fmt: skip
+    assert stopped.interrupted
+    resumed = fit(run=zoo.Run(progress=False, resume=path))  # map_start left at "auto"
+    assert "without a MAP phase" in resumed.options["map_start"]
+    assert resumed.losses == plain.losses
+    with pytest.raises(ValueError, match="map_start=True.*without a MAP phase"):
+        fit(loss={"map_start": True}, run=zoo.Run(progress=False, resume=path))
+
+
+def test_a_phase_file_that_is_not_a_map_phase_is_refused(tmp_path):
+    path = tmp_path / "fit.ckpt"
+    fit(run=zoo.Run(progress=False, checkpoint=path))
+    phase_path(path).write_bytes(path.read_bytes())  # the family's checkpoint in its place
+    with pytest.raises(ValueError, match="not such a pair"):
+        fit(run=zoo.Run(progress=False, resume=path))
 
 
 def test_a_trained_network_is_fine_tuned_without_a_map_phase():
@@ -113,14 +175,13 @@ def test_map_start_true_runs_a_short_fit_and_refuses_what_it_cannot_run(tmp_path
     short = fit(num_steps=20, loss={"map_start": True})
     assert short.options["map_start"]["steps"] == 16 and short.steps == 4
     refused = [
-        {"lr": 0.01},
-        {"run": zoo.Run(progress=False, checkpoint=tmp_path / "c.ckpt")},
+        {"lr": 0.01, "run": zoo.Run(progress=False, checkpoint=tmp_path / "c.ckpt")},
         {"guide": "whvi"},
     ]
     for options in refused:
         with pytest.raises(ValueError, match="map_start=True.*cannot run here"):
             fit(loss={"map_start": True}, **options)
-    assert not (tmp_path / "c.ckpt").exists()  # refused before any step
+    assert not list(tmp_path.iterdir())  # refused before any step
 
 
 @pytest.mark.parametrize("value", ["yes", 1, None])
