@@ -13,8 +13,8 @@ initialisation and the measured rate) forgets a trained network. So ``zoo.fit`` 
   sample of their own; no generator moves), in evaluation mode, against the best constant
   prediction of the same examples (the labels' frequencies for a classifier, the targets'
   mean for regression; :meth:`zoo.models.likelihoods.Likelihood.point_losses`). A network
-  whose loss is below :data:`TRAINED_BELOW` times the constant's has learned something from
-  these data and starts trained; any other starts fresh. A fit that inferred it warns
+  whose loss is below :data:`TRAINED_BELOW` times the constant's (per task) has learned
+  something from these data and starts trained; any other starts fresh. A fit that inferred it warns
   (:class:`StartWarning`) saying what it read and how to say it.
 
 ``result.options["start"]`` is ``"trained"`` or ``"fresh"`` and ``result.options["start_rule"]``
@@ -47,10 +47,14 @@ __all__ = [
 #: The training examples the look at an ``init="auto"`` network reads.
 PROBE_EXAMPLES = 256
 #: A network whose loss on them is below this fraction of the best constant prediction's is
-#: trained. A network just built predicts no better than a constant (a fresh classifier's
-#: cross-entropy is about ``log C`` or more, at or above the labels' entropy); a network
-#: trained on the data, even for one epoch, is far below it.
-TRAINED_BELOW = 0.9
+#: trained, per task. A classifier just built predicts no better than a constant (its
+#: cross-entropy is about ``log C`` or more, at or above the labels' entropy); one trained on
+#: the data, even for one epoch, is far below it. A regression network just built can explain
+#: part of the targets' variance by chance (a random linear layer on linear targets read 0.38
+#: to 0.6 of it in its best tenth of draws), so regression asks for half the variance
+#: explained: misread, a trained network that explains less is refitted from a fresh start,
+#: which costs it little, where a fresh one taken for trained is fine-tuned and learns little.
+TRAINED_BELOW = {"classification": 0.9, "regression": 0.5}
 _CHUNK = 64  # examples per forward pass of the look: bounded memory on large inputs
 
 
@@ -116,11 +120,12 @@ def _look(model: BayesianModel, data) -> Start:
             "module", f"inferred: {type(model.likelihood).__name__} cannot score one network"
         )
     network, constant = losses
-    trained = network < TRAINED_BELOW * constant
+    below = TRAINED_BELOW.get(model.likelihood.task, TRAINED_BELOW["classification"])
+    trained = network < below * constant
     return Start(
         "module" if trained else "fresh",
         f"inferred: its loss {network:.4g} on {len(x)} training examples is "
-        f"{'below' if trained else 'not below'} {TRAINED_BELOW} x {constant:.4g}, the best "
+        f"{'below' if trained else 'not below'} {below} x {constant:.4g}, the best "
         "constant prediction's",
     )
 

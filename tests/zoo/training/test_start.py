@@ -127,6 +127,9 @@ def test_a_family_that_draws_its_own_start_says_so_on_a_trained_network():
 
 
 def test_regression_is_judged_on_the_targets_variance():
+    """A network is trained when it explains half the targets' variance: random linear layers
+    on linear targets (which explain part of it by chance) all start fresh, the true weights
+    start trained."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(300, 4, generator=g)
     y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
@@ -135,6 +138,18 @@ def test_regression_is_judged_on_the_targets_variance():
     from zoo.training.start import resolve_start
 
     assert resolve_start(model, (x, y[:, None].squeeze(-1))).init == "fresh"
+    chance = []
+    for seed in range(40):
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            layer = nn.Linear(4, 1)
+        network, variance = zoo.models.from_module(
+            layer, task="regression"
+        ).likelihood.point_losses(layer(x).detach().squeeze(-1), y)
+        chance.append(network / variance)
+        start = resolve_start(zoo.models.from_module(layer, task="regression"), (x, y))
+        assert start.init == "fresh", start.rule
+    assert min(chance) < 0.9  # the classifiers' threshold would have taken some for trained
     with torch.no_grad():
         net.weight.copy_(torch.tensor([[1.0, -2.0, 0.5, 3.0]]))
         net.bias.zero_()
