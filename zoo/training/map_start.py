@@ -167,10 +167,12 @@ def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss,
         checkpoint=None if run.checkpoint is None else phase_path(run.checkpoint),
         resume=None if run.resume is None else phase_path(run.resume),
     )  # fmt: skip
-    point = fit(model, "map", data, num_steps=phases.total, optim=optim, run=first, **common)
+    length_now = phases.total if first.resume is None else _left_to_run(phases, first.resume)
+    point = fit(model, "map", data, num_steps=length_now, optim=optim, run=first, **common)
     if point.interrupted:
         return point
-    taken, left, rate = len(point.losses), int(point.options["num_steps"]), point.options["lr"]
+    taken, rate = len(point.losses), point.options["lr"]
+    left = _map_length(phases, point.options)
     weights = {k: v.detach() for k, v in point.guide.median().items() if k in model.site_shapes}
     second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
     with _offering(model, weights), warnings.catch_warnings():
@@ -196,7 +198,7 @@ def _resume_family(fit, phases, model, guide, data, common, length, optim, loss,
             f"{phase_path(run.resume).name} and the family's to {Path(run.resume).name}; "
             "these files are not such a pair (renamed or changed)"
         )
-    taken, left = len(state["losses"]), int(first["options"]["num_steps"])
+    taken, left = len(state["losses"]), _map_length(phases, first["options"])
     second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
@@ -206,6 +208,23 @@ def _resume_family(fit, phases, model, guide, data, common, length, optim, loss,
         )  # fmt: skip
     record = _record(first["options"], state["losses"], float(state["wall_time"]), taken)
     return _finish(result, phases, length, optim, first["options"], record)
+
+
+def _map_length(phases: MapStart, options: dict) -> int:
+    """The MAP fit's own steps: the whole fit's, less its rate test's (as the test charges
+    them), over which its schedule decays."""
+    tested = int((options.get("lr_test") or {}).get("steps", 0))
+    return max(phases.total - tested, 1)
+
+
+def _left_to_run(phases: MapStart, path) -> int:
+    """``num_steps`` for the MAP phase resumed from ``path``: the whole fit's, or, where the
+    phase had ended (a fit stopped before the family's first checkpoint), exactly the steps it
+    took, so the resume takes none (its stopping callback acts after a step)."""
+    saved = read_checkpoint(path)
+    tested = int((saved["options"].get("lr_test") or {}).get("steps", 0))
+    done = len(saved["state"]["losses"])
+    return done + tested if done >= phases.map_steps - tested else phases.total
 
 
 def _finish(result, phases: MapStart, length, optim, map_options: dict, record: dict):

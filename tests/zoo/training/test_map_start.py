@@ -136,6 +136,19 @@ def test_a_fit_stopped_in_either_phase_resumes_exactly(tmp_path, phase, at):
     )
 
 
+def test_a_fit_killed_between_the_phases_resumes_exactly(tmp_path):
+    """Killed after the MAP phase ended and before the family's first checkpoint: only the
+    phase file is there; the resume takes no further MAP step and fits the family as the fit
+    never stopped would."""
+    path = tmp_path / "fit.ckpt"
+    plain = fit()
+    fit(run=zoo.Run(progress=False, checkpoint=path))
+    path.unlink()  # the family's phase had written nothing yet
+    resumed = fit(run=zoo.Run(progress=False, checkpoint=path, resume=path))
+    assert resumed.losses == plain.losses
+    assert _timeless(resumed.options["map_start"]) == _timeless(plain.options["map_start"])
+
+
 def _timeless(record: dict) -> dict:
     """A MAP phase's record without its seconds (its rate test's too)."""
     test = {k: v for k, v in record["lr_test"].items() if k != "seconds"}
