@@ -19,6 +19,7 @@ from zoo.data.checks import Data, check_labelled_data, gather_tensors
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_approximation import LaplaceFit
 from zoo.results.laplace_torch import (
+    HELD_OUT_RULES,
     LaplaceOptions,
     build,
     check_laplace_model,
@@ -110,7 +111,7 @@ def laplace(
         la.sigma_noise = noise
     with laplace_torch_call("zoo.laplace's fit"):
         la.fit(loader)
-    if rule.startswith("marglik"):
+    if held_out is None and options.prior_precision in ("marglik", "auto"):
         pred_type = "nn" if options.predictive == "nn" else "glm"
         with laplace_torch_call("zoo.laplace's prior precision"), warnings.catch_warnings():
             # laplace-torch's note on link_approx, which the marginal likelihood does not use
@@ -157,7 +158,7 @@ def check_pairing(rule: str | float, has_validation: bool, where: str) -> None:
             f"{where}: prior_precision='gridsearch' chooses the precision on held-out data: "
             "pass validation=(X_val, y_val), data the MAP fit does not see (not the test data)"
         )
-    if rule not in ("gridsearch", "auto") and has_validation:
+    if rule not in HELD_OUT_RULES and has_validation:
         raise ValueError(
             f"{where}: validation data are read only by prior_precision='auto' or "
             f"'gridsearch' (options give {rule!r}); pass options={{'prior_precision': "

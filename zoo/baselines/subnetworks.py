@@ -23,6 +23,7 @@ from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_torch import (
+    HELD_OUT_RULES,
     LaplaceOptions,
     check_laplace_model,
     import_laplace,
@@ -95,7 +96,7 @@ def subnetwork_guide(
         raise ValueError(
             f"size={size} is more than the model's {total} network weights: pass size <= {total}"
         )
-    if isinstance(prior_precision, str) and prior_precision in ("gridsearch", "auto"):
+    if isinstance(prior_precision, str) and prior_precision in HELD_OUT_RULES:
         raise ValueError(
             f"subnetwork_guide(prior_precision={prior_precision!r}): the diagonal Laplace "
             "that chooses the weights has no held-out data here; pass 'marglik' or a positive "

@@ -40,6 +40,8 @@ HESSIANS = ("kron", "diag", "full")
 #: How the prior precision is chosen when it is not a number: the training data's marginal
 #: likelihood, or the held-out NLL of the fit's predictive (validation data given).
 PRIOR_RULES = ("auto", "marglik", "gridsearch")
+#: The rules that read held-out data (``validation=``, or a split ``"auto"`` holds out).
+HELD_OUT_RULES = ("auto", "gridsearch")
 PREDICTIVES = ("glm", "nn", "probit")
 #: A full Hessian of more weights than this is refused: it is a dense ``n x n`` matrix.
 FULL_HESSIAN_MAX = 20_000

@@ -159,8 +159,7 @@ def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss,
                               family_loss, run)  # fmt: skip
 
     def stop(view) -> bool:  # the rate test's steps are the MAP phase's too
-        tested = (view.result.options.get("lr_test") or {}).get("steps", 0)
-        return view.step >= phases.map_steps - tested
+        return view.step >= phases.map_steps - _tested(view.result.options)
 
     first = dataclasses.replace(
         run, callbacks=[*run.callbacks, stop], statistics="running",
@@ -213,8 +212,7 @@ def _resume_family(fit, phases, model, guide, data, common, length, optim, loss,
 def _map_length(phases: MapStart, options: dict) -> int:
     """The MAP fit's own steps: the whole fit's, less its rate test's (as the test charges
     them), over which its schedule decays."""
-    tested = int((options.get("lr_test") or {}).get("steps", 0))
-    return max(phases.total - tested, 1)
+    return max(phases.total - _tested(options), 1)
 
 
 def _left_to_run(phases: MapStart, path) -> int:
@@ -222,9 +220,13 @@ def _left_to_run(phases: MapStart, path) -> int:
     phase had ended (a fit stopped before the family's first checkpoint), exactly the steps it
     took, so the resume takes none (its stopping callback acts after a step)."""
     saved = read_checkpoint(path)
-    tested = int((saved["options"].get("lr_test") or {}).get("steps", 0))
-    done = len(saved["state"]["losses"])
+    tested, done = _tested(saved["options"]), len(saved["state"]["losses"])
     return done + tested if done >= phases.map_steps - tested else phases.total
+
+
+def _tested(options: dict) -> int:
+    """The rate test's steps in a MAP fit's ``options`` (0 without one)."""
+    return int((options.get("lr_test") or {}).get("steps", 0))
 
 
 def _finish(result, phases: MapStart, length, optim, map_options: dict, record: dict):
@@ -246,12 +248,11 @@ def _finish(result, phases: MapStart, length, optim, map_options: dict, record: 
 def _record(options: dict, losses: list, seconds: float, taken: int) -> dict:
     """``result.options["map_start"]`` of a fit that ran its MAP phase: from that phase's
     ``options``, ``losses`` and ``seconds`` (its fit's, or its checkpoint's)."""
-    test = options.get("lr_test")
     return {
-        "steps": taken + (int(test["steps"]) if test else 0),
+        "steps": taken + _tested(options),
         "lr": options["lr"],
         "lr_rule": options.get("lr_rule"),
-        "lr_test": test,
+        "lr_test": options.get("lr_test"),
         "last_loss": float(losses[-1]) if losses else None,
         "seconds": seconds,
     }
