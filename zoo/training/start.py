@@ -14,8 +14,8 @@ initialisation and the measured rate) forgets a trained network. So ``zoo.fit`` 
   prediction of the same examples (the labels' frequencies for a classifier, the targets'
   mean for regression; :meth:`zoo.models.likelihoods.Likelihood.point_losses`). A network
   whose loss is below :data:`TRAINED_BELOW` times the constant's (per task) has learned
-  something from these data and starts trained; any other starts fresh. A fit that inferred it warns
-  (:class:`StartWarning`) saying what it read and how to say it.
+  something from these data and starts trained; any other starts fresh. A fit that inferred
+  it warns (:class:`StartWarning`) saying what it read and how to say it.
 
 ``result.options["start"]`` is ``"trained"`` or ``"fresh"`` and ``result.options["start_rule"]``
 why (``"given (init='module')"``, or the measurement). A network the look cannot judge (a
@@ -50,10 +50,10 @@ PROBE_EXAMPLES = 256
 #: trained, per task. A classifier just built predicts no better than a constant (its
 #: cross-entropy is about ``log C`` or more, at or above the labels' entropy); one trained on
 #: the data, even for one epoch, is far below it. A regression network just built can explain
-#: part of the targets' variance by chance (a random linear layer on linear targets read 0.38
-#: to 0.6 of it in its best tenth of draws), so regression asks for half the variance
-#: explained: misread, a trained network that explains less is refitted from a fresh start,
-#: which costs it little, where a fresh one taken for trained is fine-tuned and learns little.
+#: part of the targets' variance by chance (a random linear layer on linear targets, say), so
+#: regression asks for half the variance explained: misread, a trained network that explains
+#: less is refitted from a fresh start, which costs it little, where a fresh one taken for
+#: trained is fine-tuned and learns little.
 TRAINED_BELOW = {"classification": 0.9, "regression": 0.5}
 _CHUNK = 64  # examples per forward pass of the look: bounded memory on large inputs
 
