@@ -13,11 +13,14 @@ Everything is a batched ``b x b`` product or triangular solve: O(n b) time and m
 ``n`` are padding that no weight reads (a lower-triangular factor's leading rows depend only on
 its leading columns, so the last block's covariance is its leading sub-block).
 
-Parameters per site: ``n`` means, ``K b`` diagonal entries (``softplus`` of a free parameter,
-standard deviations of the factor's diagonal) and ``K b (b - 1) / 2`` strictly lower entries,
-learned as ``sqrt(b)`` times their value (as the matrix normal's factors, so that a step of the
-optimiser moves a row of the factor by an amount that does not grow with ``b``). ``b = 1`` is
-the diagonal family.
+Parameters per site: ``n`` means, ``K b`` diagonal entries ``d`` (``softplus`` of a free
+parameter, standard deviations of the factor's diagonal) and ``K b (b - 1) / 2`` strictly lower
+entries ``U_k``, learned relative to their row's diagonal, ``L_k = diag(d_k) (I + U_k /
+sqrt(b))``. An optimiser's step then moves a weight's correlations by an amount relative to its
+standard deviation, whatever that is: a fit from a MAP start begins at standard deviations of a
+hundredth of the weights, where a step of the rate's size on an absolute entry would be many
+standard deviations. The ``1 / sqrt(b)`` keeps a row's step from growing with ``b`` (as the
+matrix normal's factors). ``b = 1`` is the diagonal family.
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ from guides.checks import is_int
 from guides.gaussian import StructuredGaussian
 from guides.kernels import offdiag_scale, squared_norm
 from guides.registry import Recipe
-from guides.site import SitePosterior, SiteSpec, inverse_softplus, param
+from guides.site import (
+    SitePosterior,
+    SiteSpec,
+    inverse_softplus,
+    param,
+    register_strict_lower,
+)
 
 
 class BlockDiagonalNormal(StructuredGaussian):
@@ -130,10 +139,16 @@ class BlockDiagonalNormal(StructuredGaussian):
 
 
 class BlockDiagonalSite(SitePosterior):
-    """Parameters ``loc``, ``diag_rho`` (``(K, b)``, ``softplus`` gives the factor's diagonal)
-    and ``lower`` (``(K, b (b - 1) / 2)``, the strictly lower entries times ``sqrt(b)``)."""
+    """Parameters ``loc``, ``diag_rho`` (``(K, b)``, ``softplus`` gives the factor's diagonal
+    ``d``) and ``lower`` (``(K, b (b - 1) / 2)``: entry ``(i, j)`` of ``L_k`` is
+    ``d_ki lower_k[ij] / sqrt(b)``)."""
 
     family = "block_diagonal"
+    #: Version of the ``lower -> L`` map: 2 multiplies each entry by its row's diagonal. A
+    #: state dict (module version) or pickled site (``lower_map``) of map 1 (``L_ij =
+    #: lower_ij / sqrt(b)``) is converted on loading to the same factor.
+    LOWER_MAP = 2
+    _version = LOWER_MAP
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float, block_size: int = 16):
         super().__init__(init_loc, init_scale)
@@ -146,14 +161,41 @@ class BlockDiagonalSite(SitePosterior):
         d = float(inverse_softplus(init_scale))
         self.diag_rho = param(torch.full((blocks, size), d).to(init_loc))
         self.lower = param(torch.zeros(blocks, size * (size - 1) // 2).to(init_loc))
+        self.lower_map = self.LOWER_MAP
+        register_strict_lower(self, size, init_loc.device)
+
+    @staticmethod
+    def _relative(lower: torch.Tensor, diag_rho: torch.Tensor) -> torch.Tensor:
+        """Map-2 entries of the factor whose map-1 entries are ``lower`` (the same ``L``)."""
+        rows, _ = torch.tril_indices(diag_rho.shape[-1], diag_rho.shape[-1], -1)
+        return lower / F.softplus(diag_rho.detach())[:, rows.to(diag_rho.device)]
+
+    def __setstate__(self, state):
+        params = state.get("_parameters", {})
+        if "lower_map" not in state and "lower_unconstrained" in params:  # pickled under map 1
+            old = params["lower_unconstrained"]
+            new = self._relative(old.detach(), params["diag_rho_unconstrained"])
+            params["lower_unconstrained"] = torch.nn.Parameter(new, old.requires_grad)
+            state["lower_map"] = self.LOWER_MAP
+        super().__setstate__(state)
+        if "rows" not in self._buffers:
+            register_strict_lower(self, self.block_size, self.loc.device)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
+        key, rho = prefix + "lower_unconstrained", prefix + "diag_rho_unconstrained"
+        if local_metadata.get("version", 1) < self.LOWER_MAP and key in state_dict:
+            if rho in state_dict:  # a state dict from before (missing keys are refused below)
+                state_dict[key] = self._relative(state_dict[key], state_dict[rho])
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kwargs)
 
     def factor(self) -> torch.Tensor:
         """The ``(K, b, b)`` lower-triangular factors ``L_k``."""
         return self.distribution().tril
 
     def distribution(self) -> BlockDiagonalNormal:
-        lower = self.lower * offdiag_scale(self.diag_rho.shape[-1])
-        return BlockDiagonalNormal(self.loc, F.softplus(self.diag_rho), lower)
+        diag = F.softplus(self.diag_rho)
+        lower = self.lower * offdiag_scale(diag.shape[-1]) * diag[:, self.rows]
+        return BlockDiagonalNormal(self.loc, diag, lower)
 
 
 def check_block_size(block_size: int) -> None:

@@ -90,3 +90,71 @@ def test_a_bad_block_size_is_refused_when_the_guide_is_built():
         AutoBlockDiagonal(model, block_size=0)
     with pytest.raises(ValueError, match="block_size must be a positive integer"):
         AutoMixed(model, {"*": ("block_diagonal", {"block_size": -1})})
+
+
+def _perturbed_site(seed=3):
+    g = torch.Generator().manual_seed(seed)
+    site = BlockDiagonalSite(torch.randn(5, 7, generator=g, dtype=torch.float64), 0.01, 4)
+    with torch.no_grad():
+        site.diag_rho_unconstrained.add_(torch.randn(site.diag_rho.shape, generator=g))
+        site.lower_unconstrained.add_(torch.randn(site.lower.shape, generator=g))
+    return site
+
+
+def test_the_lower_entries_are_relative_to_their_rows_diagonal():
+    """L_k = diag(d_k) (I + U_k / sqrt(b)): each row of the factor is its diagonal entry times a
+    unit-diagonal row, so the correlations do not depend on the standard deviations."""
+    site = _perturbed_site()
+    b = site.block_size
+    d = torch.nn.functional.softplus(site.diag_rho).detach()
+    unit = torch.eye(b, dtype=torch.float64).repeat(len(d), 1, 1)
+    rows, cols = torch.tril_indices(b, b, -1)
+    unit[:, rows, cols] = site.lower.detach() / b**0.5
+    torch.testing.assert_close(site.factor().detach(), d.unsqueeze(-1) * unit)
+    # the optimiser's step on ``lower`` moves a correlation, not an absolute covariance entry:
+    # the same raw entries at a thousandth of the scales give the same correlations
+    small = _perturbed_site()
+    with torch.no_grad():
+        small.diag_rho_unconstrained.copy_(
+            torch.log(torch.expm1(torch.nn.functional.softplus(small.diag_rho) / 1000))
+        )
+
+    def correlation(s):
+        cov = s.distribution().covariance_matrix.detach()
+        sd = cov.diagonal().sqrt()
+        return cov / sd[:, None] / sd[None, :]
+
+    torch.testing.assert_close(correlation(small), correlation(site))
+
+
+@pytest.mark.parametrize("route", ["pickle", "state_dict"])
+def test_sites_saved_under_the_absolute_map_load_with_the_same_factor(route):
+    """A site saved before the entries were relative to their row (map 1: ``L_ij = lower_ij /
+    sqrt(b)``) loads with the same factor, by its state dict's module version or, pickled,
+    by its missing ``lower_map``."""
+    import pickle
+
+    site = _perturbed_site()
+    want = site.factor().detach()
+
+    def reload(saved, version=None):
+        if route == "pickle":
+            return pickle.loads(pickle.dumps(saved))
+        state = saved.state_dict()
+        if version is not None:
+            state._metadata[""]["version"] = version
+        fresh = BlockDiagonalSite(torch.zeros(5, 7, dtype=torch.float64), 0.5, 4)
+        fresh.load_state_dict(state)
+        return fresh
+
+    torch.testing.assert_close(reload(site).factor().detach(), want, rtol=0, atol=0)
+    b = site.block_size
+    with torch.no_grad():  # what map 1 stored for the same factor
+        rows, cols = torch.tril_indices(b, b, -1)
+        site.lower_unconstrained.copy_(want[:, rows, cols] * b**0.5)
+    del site.lower_map
+    old = reload(site, version=1)
+    assert old.lower_map == BlockDiagonalSite.LOWER_MAP
+    torch.testing.assert_close(old.factor().detach(), want, rtol=1e-12, atol=1e-15)
+    assert isinstance(old.lower_unconstrained, torch.nn.Parameter)
+    torch.testing.assert_close(old.distribution().sample((2,)).shape, torch.Size((2, 5, 7)))
