@@ -36,13 +36,7 @@ from guides.checks import is_int
 from guides.gaussian import StructuredGaussian
 from guides.kernels import offdiag_scale, squared_norm
 from guides.registry import Recipe
-from guides.site import (
-    SitePosterior,
-    SiteSpec,
-    inverse_softplus,
-    param,
-    register_strict_lower,
-)
+from guides.site import SitePosterior, SiteSpec, inverse_softplus, param
 
 
 class BlockDiagonalNormal(StructuredGaussian):
@@ -57,6 +51,10 @@ class BlockDiagonalNormal(StructuredGaussian):
     lower : Tensor
         ``(K, b (b - 1) / 2)`` strictly lower entries of each ``L_k``, in the row-major order of
         ``torch.tril_indices(b, b, -1)``. Entries of the last block beyond ``n`` are ignored.
+    unit : bool
+        If true, ``lower`` holds the strictly lower entries of ``U_k`` in ``L_k = diag(d_k)
+        (I + U_k)`` (entry ``(i, j)`` of ``L_k`` is ``d_ki lower_k[ij]``): the same
+        distribution with no gather of ``d`` to the entries.
 
     Notes
     -----
@@ -71,6 +69,8 @@ class BlockDiagonalNormal(StructuredGaussian):
         diag: torch.Tensor,
         lower: torch.Tensor,
         validate_args: bool | None = None,
+        *,
+        unit: bool = False,
     ):
         blocks, size = diag.shape
         if blocks != math.ceil(loc.numel() / size) or lower.shape != (
@@ -81,7 +81,7 @@ class BlockDiagonalNormal(StructuredGaussian):
                 f"diag must have shape (ceil(n / b), b) and lower (ceil(n / b), b (b - 1) / 2) "
                 f"for n = {loc.numel()}; got {tuple(diag.shape)} and {tuple(lower.shape)}"
             )
-        self.diag, self.lower = diag, lower
+        self.diag, self.lower, self.unit = diag, lower, unit
         rows, cols = torch.tril_indices(size, size, offset=-1, device=diag.device)
         self._rows, self._cols = rows, cols
         super().__init__(loc, validate_args=validate_args)
@@ -100,6 +100,9 @@ class BlockDiagonalNormal(StructuredGaussian):
         blocks, size = self.diag.shape
         flat = self.lower.new_zeros(blocks, size * size)
         flat = flat.index_copy(1, self._rows * size + self._cols, self.lower)
+        if self.unit:
+            eye = torch.eye(size, dtype=flat.dtype, device=flat.device)
+            return (flat.reshape(blocks, size, size) + eye) * self.diag.unsqueeze(-1)
         return flat.reshape(blocks, size, size) + torch.diag_embed(self.diag)
 
     def _blocks(self, flat: torch.Tensor) -> torch.Tensor:
@@ -111,7 +114,10 @@ class BlockDiagonalNormal(StructuredGaussian):
 
     def _deviation(self, eps):
         e = eps.reshape(eps.shape[:-1] + tuple(self.diag.shape))
-        dev = (self.diag * e).index_add(-1, self._rows, self.lower * e[..., self._cols])
+        if self.unit:
+            dev = self.diag * e.index_add(-1, self._rows, self.lower * e[..., self._cols])
+        else:
+            dev = (self.diag * e).index_add(-1, self._rows, self.lower * e[..., self._cols])
         return dev.reshape(eps.shape)[..., : self.num_elements]
 
     def _noise_mahalanobis(self, eps):
@@ -129,7 +135,11 @@ class BlockDiagonalNormal(StructuredGaussian):
         return 2 * self.diag.reshape(-1)[: self.num_elements].log().sum()
 
     def _flat_variance(self):
-        var = self.diag.pow(2).index_add(-1, self._rows, self.lower.pow(2))
+        if self.unit:
+            row = torch.ones_like(self.diag).index_add(-1, self._rows, self.lower.pow(2))
+            var = self.diag.pow(2) * row
+        else:
+            var = self.diag.pow(2).index_add(-1, self._rows, self.lower.pow(2))
         return var.reshape(-1)[: self.num_elements]
 
     def _dense_covariance(self):
@@ -162,7 +172,6 @@ class BlockDiagonalSite(SitePosterior):
         self.diag_rho = param(torch.full((blocks, size), d).to(init_loc))
         self.lower = param(torch.zeros(blocks, size * (size - 1) // 2).to(init_loc))
         self.lower_map = self.LOWER_MAP
-        register_strict_lower(self, size, init_loc.device)
 
     @staticmethod
     def _relative(lower: torch.Tensor, diag_rho: torch.Tensor) -> torch.Tensor:
@@ -178,8 +187,6 @@ class BlockDiagonalSite(SitePosterior):
             params["lower_unconstrained"] = torch.nn.Parameter(new, old.requires_grad)
             state["lower_map"] = self.LOWER_MAP
         super().__setstate__(state)
-        if "rows" not in self._buffers:
-            register_strict_lower(self, self.block_size, self.loc.device)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, *args, **kwargs):
         key, rho = prefix + "lower_unconstrained", prefix + "diag_rho_unconstrained"
@@ -194,8 +201,8 @@ class BlockDiagonalSite(SitePosterior):
 
     def distribution(self) -> BlockDiagonalNormal:
         diag = F.softplus(self.diag_rho)
-        lower = self.lower * offdiag_scale(diag.shape[-1]) * diag[:, self.rows]
-        return BlockDiagonalNormal(self.loc, diag, lower)
+        unit = self.lower * offdiag_scale(diag.shape[-1])
+        return BlockDiagonalNormal(self.loc, diag, unit, unit=True)
 
 
 def check_block_size(block_size: int) -> None:

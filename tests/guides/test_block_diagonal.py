@@ -127,6 +127,24 @@ def test_the_lower_entries_are_relative_to_their_rows_diagonal():
     torch.testing.assert_close(correlation(small), correlation(site))
 
 
+def test_the_unit_form_is_the_same_distribution_as_the_absolute_one():
+    """``unit=True`` (``L_k = diag(d_k) (I + U_k)``, what the site builds) against the absolute
+    entries ``d_ki U_k[ij]``: the same factor, draws, variance and density."""
+    g = torch.Generator().manual_seed(5)
+    loc = torch.randn(11, generator=g, dtype=torch.float64)
+    diag = torch.rand(3, 4, generator=g, dtype=torch.float64) + 0.1
+    unit = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    rows, _ = torch.tril_indices(4, 4, -1)
+    relative = BlockDiagonalNormal(loc, diag, unit, unit=True)
+    absolute = BlockDiagonalNormal(loc, diag, unit * diag[:, rows])
+    torch.testing.assert_close(relative.tril, absolute.tril)
+    eps = torch.randn(5, 12, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(relative._deviation(eps), absolute._deviation(eps))
+    torch.testing.assert_close(relative.variance, absolute.variance)
+    x = torch.randn(5, 11, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(relative.log_prob(x), absolute.log_prob(x))
+
+
 @pytest.mark.parametrize("route", ["pickle", "state_dict"])
 def test_sites_saved_under_the_absolute_map_load_with_the_same_factor(route):
     """A site saved before the entries were relative to their row (map 1: ``L_ij = lower_ij /
