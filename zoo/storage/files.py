@@ -35,6 +35,7 @@ import torch
 from zoo.runtime.children import orphaned
 from zoo.storage import checks as file_checks
 from zoo.storage.declared import declared
+from zoo.storage.sizes import check_declared, compact
 
 FORMAT = "bnn-zoo"
 #: The format's version: 1, pickled objects; 2, plain data (a checksum from some release of
@@ -53,6 +54,7 @@ def atomic_save(obj, path: str | os.PathLike) -> Path:
     """``torch.save(obj)`` to ``path`` atomically (temporary file, fsync, rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    obj = compact(obj)  # no expanded views: a reader refuses them (zoo.storage.sizes)
     if isinstance(obj, dict) and obj.get("format") == FORMAT:  # a payload read back has one
         body = {key: value for key, value in obj.items() if key != "checksum"}
         obj = {**body, "checksum": file_checks.digest(body)}
@@ -125,6 +127,7 @@ def read(
     label = kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
     if not path.exists():
         raise FileNotFoundError(f"no {label} file at {path}")
+    check_declared(path)  # every tensor's sizes, before anything is allocated
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as err:
