@@ -9,10 +9,15 @@ Classification (:class:`ClassificationSummary`)
     ``sum_s p_s(c | x_n)``: the predictive probabilities ``p(c | x_n)``, from which accuracy,
     NLL, Brier score and ECE follow.
 Regression (:class:`RegressionSummary`)
-    ``sum_s mu_s``, ``sum_s mu_s^2`` and ``sum_s sigma_s^2`` (the predictive mean and the law
-    of total variance, hence the moment-matched 95% interval of
-    :meth:`zoo.RegressionPrediction.interval`), and ``logsumexp_s log N(y_n | mu_s, sigma_s^2)``
-    (the mixture's log predictive density, by ``logaddexp`` from block to block).
+    the sampled means' running mean and sum of squared deviations from it, merged block by
+    block by Chan, Golub and LeVeque's pairwise update (``M2 = M2_a + M2_b + delta^2 n_a n_b /
+    n``, ``delta`` the blocks' difference of means), and ``sum_s sigma_s^2``: the predictive
+    mean and the law of total variance, hence the moment-matched 95% interval of
+    :meth:`zoo.RegressionPrediction.interval`. ``E[mu^2] - E[mu]^2`` would cancel
+    catastrophically where the means are large against their spread (targets such as
+    timestamps); the update does not. Also ``logsumexp_s log N(y_n | mu_s, sigma_s^2)`` (the
+    mixture's log predictive density, by ``logaddexp`` from block to block). The mean and
+    variance read back are in the predictions' own dtype.
 """
 
 from __future__ import annotations
@@ -110,39 +115,53 @@ class RegressionSummary(Summary):
 
     def __init__(self, y: torch.Tensor):
         super().__init__(y)
-        self.sums: list[torch.Tensor] | None = None  # mu, mu^2, sigma^2
+        self.dtype = torch.float32  # the predictions' (float32 or float64)
+        self.centre: torch.Tensor | None = None  # mean of the sampled means so far
+        self.m2: torch.Tensor | None = None  # sum_s (mu_s - centre)^2
+        self.noise: torch.Tensor | None = None  # sum_s sigma_s^2
         self.log_density: torch.Tensor | None = None  # logsumexp_s log N(y | mu_s, sigma_s)
 
     def add(self, prediction: Prediction) -> None:
         """Add a block's sampled means, noise variances and log densities of ``y``."""
+        before = self.count
         self._counted(prediction, RegressionPrediction)
         assert isinstance(prediction, RegressionPrediction)
+        self.dtype = prediction.sample_means.dtype
         means, scales = prediction.sample_means.double(), prediction.sample_scales.double()
         y = self.y.reshape(means.shape[1:]).to(means)
-        parts = [means.sum(0), means.pow(2).sum(0), scales.pow(2).sum(0)]
-        self.sums = parts if self.sums is None else [a + b for a, b in zip(self.sums, parts)]
+        size = means.shape[0]
+        centre = means.mean(0)
+        m2 = (means - centre).pow(2).sum(0)
+        noise = scales.pow(2).sum(0)
+        if self.centre is None or self.m2 is None or self.noise is None:
+            self.centre, self.m2, self.noise = centre, m2, noise
+        else:
+            delta = centre - self.centre
+            self.centre = self.centre + delta * (size / self.count)
+            self.m2 = self.m2 + m2 + delta.pow(2) * (before * size / self.count)
+            self.noise = self.noise + noise
         logp = torch.distributions.Normal(means, scales).log_prob(y)
         logp = torch.logsumexp(logp.reshape(logp.shape[0], logp.shape[1], -1).sum(-1), 0)
         self.log_density = logp if self.log_density is None else torch.logaddexp(
             self.log_density, logp
         )  # fmt: skip
 
+    def _moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Float64 predictive mean and total variance so far."""
+        self._check()
+        assert self.centre is not None and self.m2 is not None and self.noise is not None
+        return self.centre, (self.m2 + self.noise) / self.count
+
     @property
     def mean(self) -> torch.Tensor:
         """``(N[, D])`` predictive mean so far."""
-        self._check()
-        assert self.sums is not None
-        return (self.sums[0] / self.count).float()
+        return self._moments()[0].to(self.dtype)
 
     @property
     def variance(self) -> torch.Tensor:
         """``(N[, D])`` predictive variance so far: the sampled means' variance plus the mean
         noise variance."""
-        self._check()
-        assert self.sums is not None
-        mean = self.sums[0] / self.count
-        epistemic = (self.sums[1] / self.count - mean.pow(2)).clamp_min(0)
-        return (epistemic + self.sums[2] / self.count).float()
+        return self._moments()[1].to(self.dtype)
 
     def interval(self, level: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
         """The moment-matched central ``level`` interval (as a prediction's)."""
@@ -159,9 +178,9 @@ class RegressionSummary(Summary):
 
     def metrics(self) -> dict[str, float]:
         """``rmse``, ``nll`` and ``coverage_95`` of the predictive so far."""
-        mean = self.mean
-        y = self.y.reshape(mean.shape)
-        lower, upper = self.interval(0.95)
+        mean, variance = self._moments()
+        y = self.y.reshape(mean.shape).to(mean)
+        lower, upper = moment_interval(mean, variance, 0.95)
         assert self.log_density is not None
         nll = -(self.log_density - math.log(self.count)).mean().item()
         return {

@@ -61,6 +61,36 @@ def test_regression_online_equals_whole(likelihood, sizes):
     torch.testing.assert_close(summary.variance, whole_pred.variance.reshape(summary.mean.shape))
 
 
+@pytest.mark.parametrize("sizes", [[40], [1] * 40, [3, 17, 20], [39, 1]])
+def test_regression_variance_is_exact_at_means_far_from_zero(sizes):
+    """Means of 1e9 +- 20 (timestamps, say): the variance merged over blocks is a float64
+    two-pass variance of the whole array to 1e-8 (the means' own rounding at 1e9 is 1e-16 of
+    them), and the 95% interval covers what it should; ``E[mu^2] - E[mu]^2`` was off by up to
+    84% here."""
+    g = torch.Generator().manual_seed(4)
+    means = 1e9 + 20 * torch.randn(40, 25, generator=g, dtype=torch.float64)
+    scales = torch.full((40, 25), 0.5, dtype=torch.float64)
+    y = 1e9 + 20 * torch.randn(25, generator=g, dtype=torch.float64)
+    summary = RegressionSummary(y)
+    start = 0
+    for size in sizes:
+        block = slice(start, start + size)
+        summary.add(
+            RegressionPrediction(
+                means[block].unsqueeze(-1), sample_means=means[block], sample_scales=scales[block]
+            )
+        )
+        start += size
+    centred = means - means.mean(0)  # exact to rounding: the spread is far above 1e9's ulp
+    exact = centred.pow(2).mean(0) + 0.25
+    assert summary.variance.dtype == torch.float64
+    torch.testing.assert_close(summary.variance, exact, rtol=1e-8, atol=0)
+    torch.testing.assert_close(summary.mean, means.mean(0), rtol=1e-15, atol=1e-6)
+    lower, upper = summary.interval(0.95)
+    inside = ((y >= lower) & (y <= upper)).double().mean().item()
+    assert summary.metrics()["coverage_95"] == inside < 1.0
+
+
 def test_a_likelihood_without_sums_scores_the_kept_blocks():
     class Own(Categorical):  # a user's likelihood: only metrics, no summary of its own
         def summary(self, y):
