@@ -26,13 +26,22 @@ KINDS: dict[str, Any] = {}  # the classes (typed Any: each has its own `read`)
 
 def register_kind(kind: str, cls: type) -> None:
     """Register ``cls`` under ``kind`` (done by the class statement); a name another class
-    holds, or that is not an identifier, is refused."""
+    holds, or that is not an identifier, is refused. The same class defined again (its module
+    and qualified name: a module reloaded) takes its place."""
     if not isinstance(kind, str) or not kind.isidentifier():
         raise ValueError(f"a posterior kind must be a Python identifier, got {kind!r}")
     held = KINDS.get(kind)
-    if held is not None and held.__qualname__ != cls.__qualname__:
-        raise ValueError(f"the posterior kind {kind!r} is {held.__qualname__}'s already")
+    if held is not None and _name(held) != _name(cls):
+        raise ValueError(
+            f"the posterior kind {kind!r} is {_name(held)}'s already, so {_name(cls)} cannot "
+            f"claim it (it would read every {kind!r} file): give {cls.__qualname__} a kind of "
+            "its own"
+        )
     KINDS[kind] = cls
+
+
+def _name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 class Readers(Mapping):

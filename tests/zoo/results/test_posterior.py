@@ -344,3 +344,29 @@ def test_a_new_kind_is_one_class_statement(tmp_path, monkeypatch):
 
         class Bad(zoo.Posterior, kind="not a name"):
             pass
+
+
+def test_a_kind_claimed_twice_is_refused_naming_both_classes(monkeypatch):
+    """A user's ``class FitResult(zoo.Posterior, kind="fit")`` does not become the reader of
+    every fit file: the claim is refused naming both classes, and ``fit`` stays the library's;
+    the same class defined again in its own module (a reload) takes its place."""
+    import types
+
+    from zoo.results import contract
+    from zoo.results.variational import FitResult as Library
+
+    monkeypatch.setattr(contract, "KINDS", dict(contract.KINDS))
+    with pytest.raises(ValueError) as caught:
+
+        class FitResult(zoo.Posterior, kind="fit"):
+            pass
+
+    message = str(caught.value)
+    assert "zoo.results.variational.FitResult" in message
+    assert f"{__name__}.test_a_kind_claimed_twice" in message and "kind of its own" in message
+    assert contract.KINDS["fit"] is Library
+    source = "import zoo\nclass Mine(zoo.Posterior, kind='reloaded_for_a_test'):\n    pass\n"
+    first, again = types.ModuleType("plugin_for_a_test"), types.ModuleType("plugin_for_a_test")
+    exec(compile(source, "plugin.py", "exec"), first.__dict__)
+    exec(compile(source, "plugin.py", "exec"), again.__dict__)
+    assert contract.KINDS["reloaded_for_a_test"] is again.Mine is not first.Mine
