@@ -41,10 +41,12 @@ class CentredNormalPrior(Prior):
     Notes
     -----
     Every site of the model that takes the prior needs a centre of its shape (checked when the
-    model is built); a centre that is no site is refused too. The prior has a closed-form KL to
-    every Gaussian family (``elbo="meanfield"``). It holds a copy of the weights (buffers
-    that move with ``model.to``) and is not rebuilt from plain data: ``zoo.load`` of a fit
-    under it needs ``model=``.
+    model is built). In a mapping, a centre that names no site is refused too (a misspelt
+    name would leave its site without the centre it was meant to have); a module's parameters
+    that are no sites (batch norm's, a frozen layer's) are left out. The prior has a
+    closed-form KL to every Gaussian family (``elbo="meanfield"``). It holds a copy of the
+    weights (buffers that move with ``model.to``) and is not rebuilt from plain data:
+    ``zoo.load`` of a fit under it needs ``model=``.
     """
 
     def __init__(
@@ -58,6 +60,7 @@ class CentredNormalPrior(Prior):
         for label, value in (("scale", scale), ("min_scale", min_scale), ("delta", delta)):
             if value is not None and not (isinstance(value, (int, float)) and value > 0):
                 raise ValueError(f"{label} must be a positive number, got {value!r}")
+        self._named = not isinstance(weights, nn.Module)  # every name a site, or refused
         if isinstance(weights, nn.Module):
             centres = {n: p.detach() for n, p in weights.named_parameters()}
         elif isinstance(weights, Mapping):
@@ -89,6 +92,14 @@ class CentredNormalPrior(Prior):
 
     def bind(self, site_shapes: Mapping[str, torch.Size], fan_ins: Mapping[str, int]) -> None:
         missing = [n for n in site_shapes if n not in self._keys]
+        named = getattr(self, "_named", False)  # a prior pickled before it: as then
+        unknown = [n for n in self._keys if n not in site_shapes] if named else []
+        if unknown:
+            raise ValueError(
+                f"CentredNormalPrior has centres {unknown} that name no site of the model (its "
+                f"sites: {sorted(site_shapes)}): name each centre as its site, as "
+                "model.net_means() does"
+            )
         shapes = {n: self.locs.get_buffer(k).shape for n, k in self._keys.items()}
         wrong = {
             n: (tuple(shapes[n]), tuple(s))

@@ -24,6 +24,7 @@ import io
 import os
 import pickle
 import random
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -113,6 +114,16 @@ def remove_stale_temporaries(path: Path) -> None:
             pass
 
 
+def _file_type(path: Path) -> str:
+    mode = path.stat().st_mode
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a named pipe"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):  # fmt: skip
+        if test(mode):
+            return name
+    return "no regular file"
+
+
 def read(
     path: str | os.PathLike, kind: str | tuple[str, ...], map_location=None, allow_pickle=False
 ):
@@ -127,6 +138,11 @@ def read(
     label = kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} or {kinds[-1]}"
     if not path.exists():
         raise FileNotFoundError(f"no {label} file at {path}")
+    if not path.is_file():  # a FIFO would block the first read for ever; a device never end
+        raise ValueError(
+            f"{path} is not a regular file (it is {_file_type(path)}): a {label} file is one "
+            "that fit.save or a checkpoint wrote; give the path of such a file"
+        )
     check_declared(path)  # every tensor's sizes, before anything is allocated
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)

@@ -52,6 +52,10 @@ def test_a_centred_prior_is_moped_around_the_trained_weights(trained):
         from_module(
             Bare(), prior=CentredNormalPrior({"out.weight": torch.zeros(10, 16)}), init="module"
         )
+    centres = dict(from_module(Bare(), init="module").net_means())
+    centres["out.weigth"] = centres["out.weight"]  # a misspelt extra name
+    with pytest.raises(ValueError, match=r"centres \['out.weigth'\] that name no site"):
+        from_module(Bare(), prior=CentredNormalPrior(centres), init="module")
     with pytest.raises(ValueError, match="scale must be a positive number"):
         CentredNormalPrior(net, scale=0)
     with pytest.raises(TypeError, match="weights must be an nn.Module or a mapping"):

@@ -88,6 +88,32 @@ def test_not_a_zoo_file(tmp_path):
         zoo.load(tmp_path / "missing.pt")
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_named_pipe_or_a_folder_at_the_path_is_refused_without_reading(tmp_path):
+    """A FIFO blocks its first read until a writer comes, for ever: refused from its file type,
+    in a child with a deadline so that a regression fails instead of hanging."""
+    os.mkfifo(tmp_path / "pipe.pt")
+    (tmp_path / "folder.pt").mkdir()
+    script = textwrap.dedent(
+        f"""
+        import zoo
+        for name in ("pipe.pt", "folder.pt"):
+            try:
+                zoo.load({str(tmp_path)!r} + "/" + name)
+            except ValueError as err:
+                print(err)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "pipe.pt is not a regular file (it is a named pipe)" in lines[0]
+    assert "folder.pt is not a regular file (it is a folder)" in lines[1]
+    assert "give the path of such a file" in lines[1]
+
+
 @pytest.mark.skipif(os.name != "posix", reason="POSIX file modes")
 def test_atomic_save_gives_the_mode_of_a_plain_open_and_keeps_a_replaced_files_mode(tmp_path):
     with open(tmp_path / "plain", "wb"):
