@@ -98,6 +98,22 @@ class Likelihood(nn.Module):
         return None
 
 
+def check_finite_outputs(outputs: torch.Tensor) -> None:
+    """Refuse sampled networks' outputs ``(S, N, ...)`` that hold NaN or infinite values (no
+    prediction can be scored from them), naming the first draw and input that does."""
+    finite = torch.isfinite(outputs)
+    if bool(finite.all()):
+        return
+    bad = (~finite).reshape(outputs.shape[0], outputs.shape[1], -1).any(-1)
+    draw, row = (int(i) for i in bad.nonzero()[0])
+    raise ValueError(
+        f"the network's outputs hold NaN or infinite values ({int(bad.sum())} of "
+        f"{bad.numel()} (draw, input) pairs; the first: draw {draw}, input {row}): check the "
+        "network's forward for operations that overflow at these inputs (a log or division "
+        "of a value that reaches 0) and the fit for divergence (fit.losses)"
+    )
+
+
 class _Kept(Summary):
     """The blocks themselves, scored as one prediction (a likelihood without running sums)."""
 
@@ -130,6 +146,7 @@ class Categorical(Likelihood):
         check_labels(y, num_outputs, offset)
 
     def predict(self, outputs, params):
+        check_finite_outputs(outputs)
         lik = self.distribution(outputs, params)
         return ClassificationPrediction(outputs, likelihood=lik, sample_probs=outputs.softmax(-1))
 
@@ -159,6 +176,7 @@ class _GaussianBase(Likelihood):
     task = "regression"
 
     def predict(self, outputs, params):
+        check_finite_outputs(outputs)
         lik = self.distribution(outputs, params)
         return RegressionPrediction(
             outputs, likelihood=lik, sample_means=lik.mean, sample_scales=lik.stddev

@@ -32,7 +32,13 @@ from collections.abc import Mapping
 import torch
 from torch.func import functional_call, vmap
 
-from zoo.models.statistics import looped_call, momentum_set, training_mode, updating_layers
+from zoo.models.statistics import (
+    evaluation_mode,
+    looped_call,
+    momentum_set,
+    training_mode,
+    updating_layers,
+)
 
 __all__ = [
     "KEPT_BYTES",
@@ -60,19 +66,54 @@ def kept_size(inputs: torch.Tensor, available: int | None = None) -> int:
     return max(1, min(count, KEPT_INPUTS, KEPT_BYTES // per_input))
 
 
-def check_kept_inputs(inputs, where: str) -> None:
+def check_kept_inputs(inputs, where: str, model=None) -> None:
     """Refuse kept inputs that are not a non-empty tensor ``(N, ...)`` of finite values (a
-    changed file); ``where`` names what holds them."""
+    changed file); ``where`` names what holds them. With ``model`` (holding its fitted
+    state), also inputs the model's network does not take: another dtype than its weights'
+    (token indices: int64 or int32), another shape than its ``input_shape``, or one its
+    network refuses when run once on two of them."""
+    what = f"{where}: the kept training inputs of batch norm's per-draw statistics"
     if not torch.is_tensor(inputs) or inputs.dim() < 1 or len(inputs) == 0:
         raise ValueError(
-            f"{where}: the kept training inputs of batch norm's per-draw statistics must be a "
-            f"non-empty tensor (N, ...), got {type(inputs).__name__}: the file was changed"
+            f"{what} must be a non-empty tensor (N, ...), got {type(inputs).__name__}: the "
+            "file was changed"
         )
     if inputs.is_floating_point() and not bool(torch.isfinite(inputs).all()):
         raise ValueError(
-            f"{where}: the kept training inputs of batch norm's per-draw statistics hold values "
-            "that are not finite: the file was changed or written by a diverged fit"
+            f"{what} hold values that are not finite: the file was changed or written by a "
+            "diverged fit"
         )
+    if model is not None:
+        _check_taken(inputs, what, model)
+
+
+def _check_taken(inputs: torch.Tensor, what: str, model) -> None:
+    """Refuse kept inputs ``model``'s network does not take (see :func:`check_kept_inputs`)."""
+    changed = "the file was changed or saved for another model"
+    weight = next(model.net.parameters(), None)
+    tokens = getattr(model, "takes_tokens", False)
+    wanted = (torch.int64, torch.int32) if tokens else (getattr(weight, "dtype", inputs.dtype),)
+    if inputs.dtype not in wanted:
+        raise ValueError(
+            f"{what} are {inputs.dtype}, where the model takes {' or '.join(map(str, wanted))}: "
+            f"{changed}"
+        )
+    expected = getattr(model, "input_shape", None)
+    shape = tuple(inputs.shape[1:])
+    if expected is not None and shape != tuple(expected):
+        raise ValueError(
+            f"{what} have shape (N, {', '.join(map(str, shape))}), where the model takes "
+            f"(N, {', '.join(map(str, expected))}): {changed}"
+        )
+    probe = inputs[:2].to(weight.device) if weight is not None else inputs[:2]
+    try:
+        with torch.no_grad(), evaluation_mode(model):
+            model.network(probe, model.net_means(copy=False))
+    except (RuntimeError, IndexError, ValueError, TypeError) as err:  # the network's refusal
+        raise ValueError(
+            f"{what}, of shape {tuple(inputs.shape)} and dtype {inputs.dtype}, are not what the "
+            f"model's network takes ({str(err).splitlines()[0]}): {changed}"
+        ) from None
 
 
 def draw_statistics(model, params: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:

@@ -174,6 +174,12 @@ def check_state(expected: dict, saved: dict, what: str) -> None:
     (the state of the object rebuilt to receive it), naming each difference."""
     missing = sorted(set(expected) - set(saved))
     extra = sorted(set(saved) - set(expected))
+    for key, value in saved.items():
+        if not torch.is_tensor(value):
+            raise ValueError(
+                f"the saved state of {what}: [{key!r}] is a {type(value).__name__}, not a "
+                "tensor. The file was changed; use another copy"
+            )
     differ = [
         f"{k}: {tuple(saved[k].shape)} {saved[k].dtype} saved, {tuple(v.shape)} {v.dtype} rebuilt"
         for k, v in expected.items()

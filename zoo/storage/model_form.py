@@ -94,6 +94,7 @@ def restore_model(payload: dict, model=None):
         if unexpected:
             raise ValueError(f"the model has no entries {sorted(unexpected)} of the saved state")
     if inputs is not None:
+        check_kept_inputs(inputs, "the saved model", model)  # the network takes them
         device = next((b.device for b in model.buffers()), inputs.device)
         model.statistics_inputs = inputs.to(device)
     return model

@@ -370,3 +370,31 @@ def test_a_kind_claimed_twice_is_refused_naming_both_classes(monkeypatch):
     exec(compile(source, "plugin.py", "exec"), first.__dict__)
     exec(compile(source, "plugin.py", "exec"), again.__dict__)
     assert contract.KINDS["reloaded_for_a_test"] is again.Mine is not first.Mine
+
+
+@pytest.mark.parametrize("task", ["classification", "regression"])
+def test_non_finite_network_outputs_are_refused_naming_the_draw_and_input(task):
+    """A network whose forward gives NaN at some inputs: predict and evaluate say so, naming
+    the first (draw, input), instead of Pyro's constraint error on the logits."""
+
+    class Overflows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2 if task == "classification" else 1)
+
+        def forward(self, x):
+            out = self.fc(x)
+            return torch.where(x[:, :1] > 1.5, torch.full_like(out, float("nan")), out)
+
+    torch.manual_seed(0)
+    x = torch.randn(50, 3)
+    y = torch.randint(0, 2, (50,)) if task == "classification" else torch.randn(50)
+    model = zoo.models.from_module(Overflows(), task=task, init="fresh")
+    fit = zoo.fit(model, "diagonal", (x.clamp(max=1.0), y), num_steps=2,
+                  run=zoo.Run(progress=False))  # fmt: skip
+    first = int((x[:, 0] > 1.5).nonzero()[0])
+    phrase = rf"outputs hold NaN or infinite values .* the first: draw 0, input {first}\)"
+    with pytest.raises(ValueError, match=phrase):
+        fit.predict(x, num_samples=4)
+    with pytest.raises(ValueError, match=phrase):
+        fit.evaluate((x, y), num_samples=4)

@@ -2,6 +2,7 @@
 use with a ValueError naming the file and the entry; random bytes are damaged, never 'pickled'."""
 
 import os
+import re
 import time
 
 import pytest
@@ -292,3 +293,49 @@ def test_a_minibatch_of_one_for_batch_norm_is_refused_before_a_step(n, batch_siz
     if batch_size > 1:  # dropping the last batch is a way out
         zoo.fit(zoo.models.from_module(net, init="module"), "diagonal", loader, num_steps=3,
                 run=zoo.Run(progress=False))  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda kept: kept[:, :2], r"shape \(10, 2\) and dtype torch.float32, are not what"),
+        (lambda kept: kept[:, 0], r"shape \(10,\) and dtype torch.float32, are not what"),
+        (lambda kept: kept.long(), "are torch.int64, where the model takes torch.float32"),
+        (lambda kept: kept.double(), "are torch.float64, where the model takes torch.float32"),
+    ],
+    ids=["width", "1-D", "int64", "float64"],
+)
+def test_kept_inputs_the_network_does_not_take_are_refused_at_load(tmp_path, change, phrase):
+    """A per-draw fit's kept batch-norm inputs of another width, rank or dtype (re-signed, as
+    one who knows would): refused by zoo.load naming them, not raw at the first predict."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    x, y = torch.randn(10, 3), torch.randint(0, 2, (10,))
+    fit = zoo.fit(zoo.models.from_module(net, init="module"), "diagonal", (x, y),
+                  num_steps=2, batch_size=5,
+                  run=zoo.Run(progress=False, statistics="per_draw"))  # fmt: skip
+    saved = fit.save(tmp_path / "fit.pt")
+    payload = torch.load(saved, weights_only=True)
+    kept = payload["model"]["statistics_inputs"]
+    assert kept.shape == (10, 3)
+    payload["model"]["statistics_inputs"] = change(kept).contiguous()
+    files.atomic_save(payload, saved)
+    with pytest.raises(ValueError, match=r"the saved model: the kept training inputs") as err:
+        zoo.load(saved, model=zoo.models.from_module(net, init="module"))
+    assert re.search(phrase, str(err.value)), err.value
+
+
+def test_a_running_variance_that_is_no_tensor_is_refused(tmp_path):
+    net, data, fit, checkpoint = _bn_fit(tmp_path)
+    saved = fit.save(tmp_path / "fit.pt")
+    for path in (saved, checkpoint):
+        payload = torch.load(path, weights_only=True)
+        payload["model"]["state"]["net.1.running_var"] = "ones"
+        files.atomic_save(payload, path)
+    with pytest.raises(ValueError, match=r"\['net.1.running_var'\] is a str, not a tensor"):
+        zoo.load(saved, model=zoo.models.from_module(net, init="module"))
+    with pytest.raises(ValueError, match=r"\['net.1.running_var'\] is a str, not a tensor"):
+        zoo.fit(zoo.models.from_module(net, init="module"), "diagonal", data, num_steps=8,
+                batch_size=32, run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
