@@ -324,7 +324,14 @@ def _check_complete(path, saved: Mapping, now: Mapping, version: int) -> None:
     else:
         missing = [f"settings.{k}" for k in now["settings"] if k not in saved["settings"]]
     wanted = ("data", "model") if version >= MODEL_IDENTITY else ("data",)
-    missing += [key for key in wanted if not isinstance(saved, Mapping) or key not in saved]
+    missing += [
+        key
+        for key in wanted
+        if not isinstance(saved, Mapping) or not isinstance(saved.get(key), Mapping)
+    ]  # present and a record: a None there would switch the comparison off
+    data = saved.get("data") if isinstance(saved, Mapping) else None
+    if isinstance(data, Mapping):
+        missing += [f"data.{k}" for k in now["data"] if k not in data]
     if missing:
         raise ValueError(
             f"resume={str(path)!r} has an identity without {', '.join(missing)}, which every "

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from zoo.arguments import is_int
 from zoo.inference.objective import Objective, named_parameters
 from zoo.runtime.distributed import Ranks
 from zoo.storage import files
@@ -253,7 +254,9 @@ def measure(objective, batches, opt, plan, s, total: int, resumed, generator, ra
     if length.measure is None:
         return None
     if resumed is not None:  # the checkpoint's optimiser state holds the rate; its record:
-        record = (resumed.get("options") or {}).get("lr_test")
+        options = resumed.get("options") or {}
+        record = options.get("lr_test")
+        check_record(record, options.get("lr_rule"), "the checkpoint's options['lr_test']")
         return None if record is None else _measured(length, total, record)
     steps = sweep_length(total)
     if steps is None:
@@ -278,6 +281,62 @@ def measure(objective, batches, opt, plan, s, total: int, resumed, generator, ra
         ranks=ranks,
     )
     return _measured(length, total, test.record())
+
+
+def check_record(record, rule, where: str) -> None:
+    """Refuse a rate test's ``record`` (:meth:`RateTest.record`) that no sweep writes: other
+    fields, more than :data:`MAX_TEST_STEPS` steps, step lists of another length, rates that
+    are not positive and finite, ``kept`` outside ``[0, steps]``; and a record whose presence
+    disagrees with ``rule`` (the options' ``lr_rule``: ``"range test"`` exactly where a record
+    is). A resumed fit takes its rate and the steps left to it from the record."""
+    if record is None:
+        if rule == "range test":
+            raise ValueError(f"{where} is missing, where lr_rule={rule!r}: {_CHANGED}")
+        return
+    fields = {f.name for f in dataclasses.fields(RateTest)}
+    if not isinstance(record, dict) or not fields - {"kept"} <= set(record) <= fields:
+        names = sorted(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{where} holds {names}, not the fields {sorted(fields)}: {_CHANGED}")
+    steps, kept = record["steps"], record.get("kept", 0)
+    problem = None
+    if rule != "range test":
+        problem = f"a record where lr_rule={rule!r}"
+    elif not (is_int(steps) and 1 <= steps <= MAX_TEST_STEPS):
+        problem = f"steps={steps!r}, where a sweep takes 1 to {MAX_TEST_STEPS}"
+    elif not all(_floats(record[k], steps) for k in ("rates", "losses", "data_losses")):
+        problem = f"rates, losses or data_losses that are not {steps} numbers each"
+    elif not all(_rate(v) for v in (*record["rates"], record["base"], record["lr"])):
+        problem = "a rate that is not a positive finite number"
+    elif not (_rate(record["lr_min"]) or record["lr_min"] == 0) or not _seconds(record):
+        problem = f"lr_min={record['lr_min']!r} or seconds={record['seconds']!r}"
+    elif not (is_int(kept) and 0 <= kept <= steps):
+        problem = f"kept={kept!r}, outside 0 to steps={steps}"
+    if problem:
+        raise ValueError(f"{where} holds {problem}: {_CHANGED}")
+
+
+_CHANGED = "the checkpoint was changed; start the fit again or use another checkpoint"
+
+
+def _floats(values, count: int) -> bool:
+    return (
+        isinstance(values, list)
+        and len(values) == count
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    )
+
+
+def _rate(value) -> bool:
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and (0 < value < math.inf)
+    )
+
+
+def _seconds(record: dict) -> bool:
+    value = record["seconds"]
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and (0 <= value < math.inf)
+    )
 
 
 def _measured(length, total: int, record: dict) -> Measured:

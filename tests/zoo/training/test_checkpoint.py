@@ -281,3 +281,19 @@ def test_a_partial_identity_is_refused_naming_what_is_missing(checkpoint, remove
     rewrite(checkpoint, lambda payload: remove(payload["identity"]))
     with pytest.raises(ValueError, match=f"identity without {named}.*the file was changed"):
         fit("lowrank", resume=checkpoint)
+
+
+@pytest.mark.parametrize("entry", ["data", "model", "data.digest"])
+def test_a_re_signed_identity_without_its_data_or_model_is_refused(checkpoint, entry):
+    """An identity entry set to None (or a part of the data's record dropped) and the file
+    re-signed, as one who knows the format would: the comparison it stood for is not switched
+    off, the resume on 300 other examples is refused."""
+    payload = torch.load(checkpoint, weights_only=True)
+    key, _, part = entry.partition(".")
+    if part:
+        del payload["identity"][key][part]
+    else:
+        payload["identity"][key] = None
+    files.atomic_save(payload, checkpoint)
+    with pytest.raises(ValueError, match=rf"has an identity without {entry}\b"):
+        fit("lowrank", data(shift=1.0), resume=checkpoint)

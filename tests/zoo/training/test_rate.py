@@ -9,6 +9,7 @@ import guides
 import zoo
 from zoo.data.batches import fit_batches
 from zoo.runtime.distributed import Ranks
+from zoo.storage import files
 from zoo.training import rate, rate_rule
 from zoo.training import warmup as warmup_states
 from zoo.training.optim import optimizer_at
@@ -272,3 +273,44 @@ def test_a_sweep_that_blows_up_stops_there_and_puts_everything_back():
     assert all(math.isfinite(v) for v in test.losses[:-1])
     assert all(torch.equal(v, guide.state_dict()[k]) for k, v in before.items())
     assert math.isfinite(test.lr) and test.lr > 0
+
+
+@pytest.mark.parametrize(
+    "change, phrase",
+    [
+        (lambda r: r.update(steps=10**9), "steps=1000000000, where a sweep takes 1 to 60"),
+        (
+            lambda r: r.update(rates=r["rates"][:-1]),
+            "rates, losses or data_losses that are not 16 numbers each",
+        ),
+        (lambda r: r.update(lr=-1.0), "a rate that is not a positive finite number"),
+        (lambda r: r.update(lr=float("inf")), "a rate that is not a positive finite number"),
+        (lambda r: r.update(kept=99), "kept=99, outside 0 to steps=16"),
+        (lambda r: r.update(extra=1), r"\[.*'extra'.*\], not the fields"),
+        (lambda r: r.clear(), r"\[\], not the fields"),
+    ],
+    ids=["steps", "length", "negative", "infinite", "kept", "extra", "empty"],
+)
+def test_a_re_signed_rate_record_is_refused_on_resume(tmp_path, change, phrase):
+    """The record a resumed fit takes its rate and its remaining steps from is checked as
+    every other option is: a forged one (re-signed) is refused before a step."""
+    path = tmp_path / "fit.ckpt"
+    fit(num_steps=96, run={"checkpoint": path, "checkpoint_every": 10,
+                           "callbacks": [lambda view: view.step >= 30]})  # fmt: skip
+    payload = torch.load(path, weights_only=True)
+    assert payload["options"]["lr_test"]["steps"] == 16
+    change(payload["options"]["lr_test"])
+    files.atomic_save(payload, path)
+    with pytest.raises(ValueError, match=rf"options\['lr_test'\] holds {phrase}"):
+        fit(num_steps=96, run={"resume": path})
+
+
+def test_a_re_signed_checkpoint_without_its_rate_record_is_refused(tmp_path):
+    path = tmp_path / "fit.ckpt"
+    fit(num_steps=96, run={"checkpoint": path, "checkpoint_every": 10,
+                           "callbacks": [lambda view: view.step >= 30]})  # fmt: skip
+    payload = torch.load(path, weights_only=True)
+    del payload["options"]["lr_test"]
+    files.atomic_save(payload, path)
+    with pytest.raises(ValueError, match=r"options\['lr_test'\] is missing, where lr_rule="):
+        fit(num_steps=96, run={"resume": path})
