@@ -244,6 +244,8 @@ class PerSiteGuide(AutoGuide):
         label = self.family or type(self).__name__
         check_fit_memory(label, [(name, cls, init.shape, scale, options)
                                  for name, cls, init, scale, options in plans])  # fmt: skip
+        self._step_bytes = sum(cls.step_bytes(tuple(init.shape), options)
+                               for _, cls, init, _, options in plans)  # fmt: skip
         for name, cls, init, scale, options in plans:
             try:
                 module = cls(init, scale, **options)
@@ -353,12 +355,16 @@ class PerSiteGuide(AutoGuide):
         return sum(p.numel() for p in self.parameters())
 
     def fit_memory(self) -> int:
-        """Bytes a fit of this guide takes at least (:func:`guides.memory.fit_memory`: 16 a
-        variational parameter, 8 a weight); larger than the machine, the guide is refused when
-        it is set up, before its parameters are allocated."""
+        """Bytes a fit of this guide takes at least (:func:`guides.memory.fit_memory`: 20 a
+        variational parameter, and what a step holds per weight of each site, its draw, noise,
+        gradients and the family's temporaries); larger than the machine, the guide is refused
+        when it is set up, before its parameters are allocated."""
         nodes = self._prototype().nodes
-        weights = sum(nodes[name]["value"].numel() for name in self._site_names)
-        return fit_memory(self.num_variational_parameters(), weights)
+        step = getattr(self, "_step_bytes", None)
+        if step is None:  # a guide pickled before the count: the default per weight
+            weights = sum(nodes[name]["value"].numel() for name in self._site_names)
+            step = weights * SitePosterior.STEP_BYTES_PER_WEIGHT
+        return fit_memory(self.num_variational_parameters(), step)
 
     def _require_setup(self) -> None:
         self._prototype()

@@ -159,6 +159,16 @@ class BlockDiagonalSite(SitePosterior):
     #: lower_ij / sqrt(b)``) is converted on loading to the same factor.
     LOWER_MAP = 2
     _version = LOWER_MAP
+    #: Bytes a step holds per strictly lower entry (its product with the noise, gathered,
+    #: and their gradients), besides the weights' :attr:`STEP_BYTES_PER_WEIGHT`.
+    STEP_BYTES_PER_LOWER = 10
+
+    @classmethod
+    def step_bytes(cls, shape: tuple[int, ...], options: dict) -> int:
+        n = math.prod(shape)
+        size = min(options.get("block_size", 16), max(n, 1))
+        lower = math.ceil(n / size) * size * (size - 1) // 2
+        return n * cls.STEP_BYTES_PER_WEIGHT + lower * cls.STEP_BYTES_PER_LOWER
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float, block_size: int = 16):
         super().__init__(init_loc, init_scale)

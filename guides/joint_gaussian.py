@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from guides.checks import physical_memory
+from guides.memory import BYTES_PER_PARAMETER
 from guides.site import (
     SitePosterior,
     inverse_softplus,
@@ -197,6 +198,9 @@ class JointLocSite(SitePosterior):
     """A joint site's means (``loc``, every scalar's): the chosen scalars' are ``mu``, the
     others are points. Its own distribution is the point mass at ``loc``."""
 
+    #: The site's own weights are point masses; the shared factor is counted on its own.
+    STEP_BYTES_PER_WEIGHT = 12
+
     family = "joint"
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
@@ -205,10 +209,6 @@ class JointLocSite(SitePosterior):
 
     def distribution(self) -> dist.Delta:
         return dist.Delta(self.loc, event_dim=self.loc.dim())
-
-
-#: Bytes a parameter costs in a fit: its float32 value, gradient and Adam's two moments.
-BYTES_PER_PARAMETER = 16
 
 
 def check_size(size: int, rank: int | None) -> None:
@@ -227,7 +227,7 @@ def check_size(size: int, rank: int | None) -> None:
     if memory is not None and needed > memory:
         raise ValueError(
             f"a rank-{rank} factor over {size:,} scalars takes {needed / 2**30:,.1f} GiB to fit "
-            f"(value, gradient and Adam's moments), more than this machine's "
+            f"(value, gradient and Adam's state), more than this machine's "
             f"{memory / 2**30:,.1f} GiB: pass a smaller rank or choose fewer scalars"
         )
     if rank is None and size > FULL_MAX:

@@ -238,6 +238,9 @@ FULL_MAX = 4096
 class MatrixNormalSite(SitePosterior):
     """Parameters ``loc``, ``row_raw`` and ``col_raw`` (triangular factors, or their diagonals)."""
 
+    #: The draw, its noise and gradients, and the factors' products with the noise.
+    STEP_BYTES_PER_WEIGHT = 40
+
     family = "matrix_normal"
     fallback = DiagonalSite  # sites of fewer than two dimensions (biases)
     #: Version of the raw -> factor map: 2 divides the strictly lower raw entries by ``sqrt(n)``.

@@ -71,6 +71,9 @@ class PointMass(dist.Delta):
 class PointMassSite(SitePosterior):
     """Parameter ``loc``: the site's value."""
 
+    #: No draw or noise: the weight is the parameter (its gradient counted with it).
+    STEP_BYTES_PER_WEIGHT = 12
+
     family = "map"
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):

@@ -58,6 +58,17 @@ class SitePosterior(PyroModule):
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__()
 
+    #: Bytes a step holds per weight of the site besides its parameters' (a draw, its noise,
+    #: their gradients and the family's own temporaries), measured by ``python
+    #: benchmarks/step_memory.py`` and rounded up; :meth:`step_bytes` reads it.
+    STEP_BYTES_PER_WEIGHT: int = 20
+
+    @classmethod
+    def step_bytes(cls, shape: tuple[int, ...], options: dict) -> int:
+        """Bytes a step of a fit holds for a site of ``shape`` built with ``options``, besides
+        its variational parameters (:mod:`guides.memory`)."""
+        return math.prod(shape) * cls.STEP_BYTES_PER_WEIGHT
+
     @classmethod
     def supports(cls, shape: torch.Size) -> bool:
         """Whether this family can serve a real site of this shape."""

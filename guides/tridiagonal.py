@@ -227,6 +227,7 @@ class PoschSite(SitePosterior):
     """Parameters ``loc`` (per element), ``delta`` and ``gamma`` (one scalar each)."""
 
     family = "tridiagonal"
+    STEP_BYTES_PER_WEIGHT = 24  # the draw, its noise and gradients, the neighbour products
 
     def __init__(
         self,

@@ -162,6 +162,24 @@ class WHVISite(SitePosterior):
     def supports(cls, shape: torch.Size) -> bool:
         return len(shape) >= 2
 
+    #: Bytes a step holds per number of the weight it generates (its rows times its columns
+    #: padded to blocks of ``D``: ``S1 H diag(g) H S2`` and its gradients) where ``H`` is a
+    #: dense product (``D <= DENSE_MAX``); with the butterfly's ``log2 D`` stages, about
+    #: :attr:`STEP_BYTES_PER_STAGE` a stage.
+    STEP_BYTES_PER_GENERATED = 36
+    STEP_BYTES_PER_STAGE = 4.5
+
+    @classmethod
+    def step_bytes(cls, shape: tuple[int, ...], options: dict) -> int:
+        block_size = options.get("block_size", DEFAULT_BLOCK_SIZE)
+        layout = WalshHadamardLayout(torch.Size(shape), torch.device("meta"), block_size)
+        d = layout.size
+        generated = shape[0] * math.ceil(math.prod(shape[1:]) / d) * d
+        per = cls.STEP_BYTES_PER_GENERATED
+        if d > DENSE_MAX:
+            per = math.ceil(cls.STEP_BYTES_PER_STAGE * math.log2(d))
+        return generated * per
+
     @property
     def loc(self) -> torch.Tensor:
         """The mean of ``g``, ``(K, D)``."""

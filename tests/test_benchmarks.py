@@ -482,6 +482,17 @@ def test_fit_memory_prints_a_row_per_tracer():
     assert "load" in out.splitlines()[0]
 
 
+def test_step_memory_prints_the_peak_beside_the_count():
+    out = _run("benchmarks/step_memory.py", "--width", "300", "--families", "diagonal", "map")
+    rows = {line.split("|")[1].strip(): line.split("|") for line in out.splitlines()
+            if line.startswith("| ") and not line.startswith(("| family", "| ---"))}  # fmt: skip
+    assert set(rows) == {"diagonal", "map"}
+    for cells in rows.values():
+        counted, peak, ratio = (float(c.replace(",", "")) for c in cells[4:7])
+        assert counted > 0 and peak > 0  # MiB, rounded: the ratio is of the exact bytes
+        assert (peak - 0.5) / (counted + 0.5) - 0.01 <= ratio <= (peak + 0.5) / (counted - 0.5)
+
+
 def test_fairness_prints_the_default_against_the_grid(tmp_path):
     out_file = tmp_path / "fairness.json"
     out = _run(

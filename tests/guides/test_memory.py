@@ -2,8 +2,6 @@
 allocated, equal to what the built guide holds, and a fit larger than the machine refused with
 the GiB it needs, before allocating anything."""
 
-import math
-
 import pytest
 import torch
 
@@ -38,13 +36,41 @@ def test_the_meta_count_is_what_the_guide_holds(label, monkeypatch):
     monkeypatch.setattr(guides.base, "check_fit_memory", recorded)
     family, options = CASES[label]
     guide = built(family, options)
-    weights = sum(math.prod(s) for s in model().site_shapes.values())
-    assert guide.fit_memory() == guide.num_variational_parameters() * 16 + weights * 8
+    site_cls, site_options = guides.get(family).site_spec(**options)
+    step = 0
+    for shape in model().site_shapes.values():
+        served = site_cls if site_cls is not None and site_cls.supports(shape) else None
+        served = served or getattr(site_cls, "fallback", None) or guides.site.DiagonalSite
+        opts = site_options if served is site_cls else {}
+        step += served.step_bytes(tuple(shape), opts)
+    if site_cls is None:  # a family over several sites: its point masses' count
+        step = guide._step_bytes
+    assert guide.fit_memory() == guide.num_variational_parameters() * 20 + step
     # a joint family's factor over its chosen scalars is checked once they are chosen
     # (guides.joint_gaussian.check_size): the sites' count is the rest
     joint = getattr(guide, "joint", None)
     shared = 0 if joint is None else sum(p.numel() for p in joint.parameters())
-    assert counted == [guide.fit_memory() - 16 * shared]
+    assert counted == [guide.fit_memory() - 20 * shared]
+
+
+def test_a_step_counts_what_each_family_draws_per_weight():
+    """A draw, its noise and their gradients (20 bytes a weight) by default; point masses draw
+    nothing; block diagonal's packed lower entries and WHVI's generated blocks (padded to
+    ``D``) count besides."""
+    from guides.block_diagonal import BlockDiagonalSite
+    from guides.diagonal import DiagonalSite
+    from guides.point_mass import PointMassSite
+    from guides.whvi import WHVISite
+
+    assert DiagonalSite.step_bytes((100, 10), {}) == 20 * 1000
+    assert PointMassSite.step_bytes((100, 10), {}) == 12 * 1000
+    # 1000 weights in 63 blocks of 16 (the last padded): 63 x 120 lower entries
+    assert BlockDiagonalSite.step_bytes((100, 10), {"block_size": 16}) == 20 * 1000 + 10 * 63 * 120
+    assert BlockDiagonalSite.step_bytes((100, 10), {"block_size": 1}) == 20 * 1000
+    # WHVI: 100 rows of 10 columns padded to blocks of 4 (12), H dense
+    assert WHVISite.step_bytes((100, 10), {"block_size": 4}) == 36 * 100 * 12
+    # one block as wide as 3000 columns: D = 4096, the butterfly's 12 stages
+    assert WHVISite.step_bytes((10, 3000), {"block_size": None}) == 54 * 10 * 4096
 
 
 def test_site_parameters_builds_nothing_real():

@@ -7,7 +7,7 @@ from typing import cast
 import torch
 
 from zoo.arguments import check_positive, check_seed
-from zoo.data.checks import check_inputs
+from zoo.evaluation.bounds import check_prediction_size
 from zoo.models.base import BayesianModel
 from zoo.models.predictions import PredictionT
 from zoo.models.statistics import evaluation_mode, frozen_statistics, training_mode
@@ -66,7 +66,7 @@ def prior_predictive(
     if statistics not in ("batch", "running"):
         raise ValueError(f"statistics must be 'batch' or 'running', got {statistics!r}")
     device = next(model.parameters()).device
-    check_inputs(model, x, device)
+    check_prediction_size(model, x, num_samples, device, "prior_predictive")
     x = x.to(device)
     mode = training_mode if statistics == "batch" else evaluation_mode
     outputs, draws = [], []

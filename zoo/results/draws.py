@@ -58,6 +58,7 @@ class DrawnPosterior(Posterior[PredictionT]):
         :data:`MANY_DRAWS` of them by default."""
         flat = {k: v.reshape(-1, *v.shape[2:]) for k, v in self.draws.items()}
         total = next(iter(flat.values())).shape[0]
+        self._warn_past(num_samples)
         if num_samples is None and total > MANY_DRAWS:
             warnings.warn(
                 f"using all {total:,} draws (num_samples=None), one network each: pass "
@@ -65,6 +66,17 @@ class DrawnPosterior(Posterior[PredictionT]):
                 stacklevel=4,
             )
         return flat
+
+    def _warn_past(self, num_samples: int | None) -> None:
+        """Warn, with the numbers, when ``num_samples`` asks for more draws than are held."""
+        c, d = self.shape
+        if num_samples is not None and num_samples > c * d:
+            warnings.warn(
+                f"num_samples={num_samples:,} asks for more draws than this "
+                f"{type(self).__name__} holds ({c * d:,}: {c} chain(s) of {d}); using all "
+                f"{c * d:,}. Pass num_samples={c * d:,} or fewer (None: every draw)",
+                stacklevel=4,
+            )
 
     def sample(self, num_samples: int | None = None, seed: int | None = 0) -> dict:
         """``{site: (S, *shape)}``: :meth:`flat_draws` (``seed`` is accepted for the common
@@ -90,6 +102,7 @@ class DrawnPosterior(Posterior[PredictionT]):
         draws of each chain."""
         check_positive(num_samples=num_samples)
         c, d = self.shape
+        self._warn_past(num_samples)
         if num_samples is None or num_samples >= c * d:
             return dict(self.draws)
         index = torch.linspace(0, d - 1, math.ceil(num_samples / c)).round().long()

@@ -21,6 +21,7 @@ import torch
 
 from zoo.arguments import check_bool, check_keywords, check_positive, check_seed
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.evaluation.bounds import check_prediction_size
 from zoo.evaluation.predictive import predict
 from zoo.models.predictions import PredictionT, mixture
 from zoo.models.summaries import Summary
@@ -228,6 +229,8 @@ class Posterior(Generic[PredictionT]):
         options = self.predict_options(
             num_samples, batch_size, sample_batch_size=sample_batch_size, **drawing
         )
+        if options.num_samples is not None:  # the result's size, before any draw
+            check_prediction_size(self.model, x, options.num_samples, self.device)
         return self.predict_with(x, options)
 
     def sample_size(self, num_samples: int | None, seed: int | None) -> int:
