@@ -182,9 +182,15 @@ class LaplaceFit(Posterior[PredictionT], kind="laplace"):
 
     def payload(self) -> dict:
         """The model, the MAP weights, the options and laplace-torch's state (its curvature
-        factors, prior precision, noise); :func:`zoo.load` reads it with laplace-torch
-        installed."""
+        factors, prior precision, noise; for a last layer, a zero input and target of the
+        training data's shapes where laplace-torch keeps its first training minibatch, which
+        it reads to find the layer); :func:`zoo.load` reads it with laplace-torch installed."""
         state = {k: plain(v) for k, v in self.laplace.state_dict().items()}
+        # a last layer's first training minibatch, which laplace-torch runs the network on
+        # to find the layer: a zero row of its shapes finds the same one, and holds no data
+        data = state.get("data")
+        if isinstance(data, (list, tuple)) and all(torch.is_tensor(t) for t in data):
+            state["data"] = [torch.zeros_like(t[:1]) for t in data]
         return {
             "model": model_form.model_payload(self.model),
             "map_weights": {k: v.detach().cpu() for k, v in self.map_weights.items()},

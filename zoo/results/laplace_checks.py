@@ -81,6 +81,15 @@ def check_laplace_payload(payload: dict, path, model, options: LaplaceOptions) -
         if key not in state:
             raise ValueError(f"{path}: the laplace-torch state has no {key!r}")
     _check_finite(state, path, "state")
+    data = state.get("data")
+    if data is not None and not (
+        isinstance(data, (list, tuple)) and len(data) == 2
+        and all(torch.is_tensor(t) and t.dim() >= 1 and len(t) >= 1 for t in data)
+    ):  # fmt: skip
+        raise ValueError(
+            f"{path}: state['data'] is a {type(data).__name__}, not laplace-torch's (input, "
+            "target) pair of tensors: the file was changed; use another copy"
+        )
     if state["likelihood"] != model.likelihood.task:
         raise ValueError(
             f"{path}: state['likelihood'] is {state['likelihood']!r}, the model's is "

@@ -30,7 +30,7 @@ from zoo.results.contract import Drawing, PredictOptions, register_kind
 from zoo.runtime.rng import seeded
 from zoo.runtime.serial import one_at_a_time
 from zoo.runtime.threads import check_threads
-from zoo.storage import files
+from zoo.storage import files, model_form
 
 if TYPE_CHECKING:  # imported where it is used
     import arviz as az
@@ -368,9 +368,32 @@ class Posterior(Generic[PredictionT]):
         attrs = {**self.describe(), "inference_library": "pyro + bnn-zoo"}
         return bridge.from_groups(groups, dims, attrs)
 
-    def save(self, path: str | os.PathLike) -> os.PathLike:
+    def training_data(self) -> dict[str, tuple[int, ...]]:
+        """The training examples this posterior holds and :meth:`save` writes, ``{entry:
+        shape}`` (``{}``: none): a fit of a network with batch norm (``statistics="per_draw"``,
+        the default) keeps up to 512 training inputs (``model.statistics_inputs``,
+        :mod:`zoo.models.per_draw`), an ensemble's members each their own. No other form
+        holds training data: a Laplace file holds a zero row of the inputs' shape where
+        laplace-torch keeps a minibatch, checkpoints leave the kept inputs out, and
+        ``options["data"]`` is the data's size, shapes and digest."""
+        held: dict[str, tuple[int, ...]] = {}
+        for where, value in model_form.kept_inputs(self.payload()):
+            held[where] = tuple(value.shape)
+        return held
+
+    def save(self, path: str | os.PathLike, training_data: bool = True) -> os.PathLike:
         """Write the posterior to ``path`` atomically, as plain data with its ``kind``
         (:meth:`payload`); :func:`zoo.load` reads it back without unpickling code (pass
-        ``model=`` there for a network that is not a ``zoo.models`` class)."""
+        ``model=`` there for a network that is not a ``zoo.models`` class).
+
+        The file holds the training inputs :meth:`training_data` lists (a per-draw fit's
+        batch norm inputs), unless ``training_data=False``: then none, and the loaded
+        posterior's predictions normalise every draw with the network's running statistics
+        (re-estimated at the fitted posterior at the end of the fit), as a fit with
+        ``statistics="refresh"`` does, instead of each draw's own."""
+        check_bool(training_data=training_data)
         content = {"format": files.FORMAT, "version": files.VERSION, "kind": self.kind}
-        return files.atomic_save({**content, **self.payload()}, path)
+        payload = self.payload()
+        if not training_data:
+            payload = model_form.without_kept_inputs(payload)
+        return files.atomic_save({**content, **payload}, path)

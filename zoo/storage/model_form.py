@@ -13,7 +13,13 @@ from zoo.models import build
 from zoo.models.per_draw import check_kept_inputs
 from zoo.storage import checks as file_checks
 
-__all__ = ["model_fingerprint", "model_payload", "restore_model"]
+__all__ = [
+    "kept_inputs",
+    "model_fingerprint",
+    "model_payload",
+    "restore_model",
+    "without_kept_inputs",
+]
 
 
 def model_payload(model) -> dict:
@@ -114,3 +120,28 @@ def _check_network_state(state: dict, model) -> None:
     file_checks.check_tensors({k: state[k] for k in keys}, "the saved model", "state", False)
     statistics = [f"net.{n}" for n in getattr(model, "_statistics", ())]
     file_checks.check_statistics({k: state[k] for k in statistics}, "the saved model", "state")
+
+
+def kept_inputs(payload, where: str = "file"):
+    """``(where, tensor)`` for each model entry's ``statistics_inputs`` (the training inputs
+    of batch norm's per-draw statistics) in a posterior's ``payload``, ``where`` its key
+    path."""
+    if isinstance(payload, dict):
+        for key, item in payload.items():
+            if key == "statistics_inputs" and torch.is_tensor(item):
+                yield f"{where}[{key!r}]", item
+            else:
+                yield from kept_inputs(item, f"{where}[{key!r}]")
+    elif isinstance(payload, list):
+        for k, item in enumerate(payload):
+            yield from kept_inputs(item, f"{where}[{k}]")
+
+
+def without_kept_inputs(payload):
+    """``payload`` with every model entry's ``statistics_inputs`` left out (copied where
+    changed)."""
+    if isinstance(payload, dict):
+        return {k: without_kept_inputs(v) for k, v in payload.items() if k != "statistics_inputs"}
+    if isinstance(payload, list):
+        return [without_kept_inputs(v) for v in payload]
+    return payload

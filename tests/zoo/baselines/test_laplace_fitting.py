@@ -12,6 +12,7 @@ from torch import nn
 
 import zoo
 from zoo.results import laplace_torch
+from zoo.storage import files
 
 laplace = pytest.importorskip("laplace", exc_type=ImportError)
 
@@ -111,6 +112,31 @@ def test_a_plain_data_save_loads_with_the_same_predictive(tmp_path):
     (tmp_path / "cut.pt").write_bytes(raw[:100])
     with pytest.raises(ValueError, match="damaged"):
         zoo.load(tmp_path / "cut.pt")
+
+
+def test_a_saved_last_layer_holds_no_training_input(tmp_path):
+    """laplace-torch keeps a last layer's first training minibatch (128 inputs and targets)
+    to find the layer again on loading; the file holds a zero input and target of their
+    shapes instead, which finds the same layer: the same predictive, no training data."""
+    x, y = classification()
+    fit = zoo.laplace(classifier(), (x, y), at="module", options={"weights": "last_layer"})
+    held = fit.laplace.data
+    assert len(held[0]) > 1  # in memory: the minibatch
+    path = fit.save(tmp_path / "la.pt")
+    saved = torch.load(path, weights_only=True)["state"]["data"]
+    assert [tuple(t.shape) for t in saved] == [(1, *held[0].shape[1:]), (1, *held[1].shape[1:])]
+    assert all(not t.any() for t in saved)
+    back = zoo.load(path)
+    assert fit.training_data() == back.training_data() == {}
+    torch.testing.assert_close(
+        back.predict(x, num_samples=10, progress=False).probs,
+        fit.predict(x, num_samples=10, progress=False).probs,
+    )
+    payload = torch.load(path, weights_only=True)
+    payload["state"]["data"] = "the training set"
+    files.atomic_save(payload, path)
+    with pytest.raises(ValueError, match=r"state\['data'\] is a str, not laplace-torch's"):
+        zoo.load(path)
 
 
 @pytest.mark.slow  # quick tier: under three minutes

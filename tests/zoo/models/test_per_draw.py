@@ -140,6 +140,36 @@ def test_a_saved_fit_keeps_its_inputs_and_predicts_alike(tmp_path):
     torch.testing.assert_close(back.predict(x, num_samples=3, progress=False).probs, before)
 
 
+def test_a_save_says_what_training_data_it_holds_and_can_hold_none(tmp_path):
+    """``training_data()`` lists the kept inputs, on the fit and on the loaded file; with
+    ``save(training_data=False)`` the file holds no input of the training data, and the loaded
+    fit predicts as the same fit with ``statistics="refresh"`` does: every draw normalised
+    with the running statistics, re-estimated at the end of the fit."""
+    import pickletools
+    import zipfile
+
+    fit = fitted(network())
+    x, _ = images(5, seed=2)
+    held = {"file['model']['statistics_inputs']": (40, 1, 6, 6)}
+    assert fit.training_data() == held
+    kept = fit.save(tmp_path / "kept.zoo")
+    assert zoo.load(kept, model=network()).training_data() == held
+    bare = fit.save(tmp_path / "bare.zoo", training_data=False)
+    back = zoo.load(bare, model=network())
+    assert back.training_data() == {} and back.model.statistics_inputs is None
+    with zipfile.ZipFile(bare) as archive:  # nothing of the inputs' size in the file
+        sizes = [i.file_size for i in archive.infolist() if "/data/" in i.filename]
+        opcodes = pickletools.genops(archive.read(next(n for n in archive.namelist()
+                                                       if n.endswith("data.pkl"))))  # fmt: skip
+        assert "statistics_inputs" not in [arg for _, arg, _ in opcodes]
+    assert 40 * 36 * 4 not in sizes
+    refreshed = fitted(network(), statistics="refresh")
+    expected = refreshed.predict(x, num_samples=3, progress=False).probs
+    torch.testing.assert_close(back.predict(x, num_samples=3, progress=False).probs, expected)
+    with pytest.raises(TypeError, match="training_data must be True or False"):
+        fit.save(tmp_path / "x.zoo", training_data="no")
+
+
 @pytest.mark.parametrize(
     "bad,match",
     [
