@@ -12,6 +12,11 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypedDict
 
+try:
+    import resource
+except ImportError:  # Windows
+    resource = None  # type: ignore[assignment]
+
 if TYPE_CHECKING:  # annotations only: nothing here imports torch
     from torch import nn
 
@@ -81,11 +86,39 @@ def check_choice(name: str, value, choices) -> None:
 
 
 def physical_memory() -> int | None:
-    """This machine's memory in bytes (``None`` where the platform does not say)."""
+    """The memory this process may use, in bytes: this machine's, or less where a limit says
+    so (a cgroup's ``memory.max``, as in a container, or an address-space limit, ``ulimit
+    -v``, less what the process maps already); ``None`` where the platform says nothing."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        sizes = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
     except (AttributeError, OSError, ValueError):
-        return None
+        sizes = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:  # "max" or a huge number: no limit
+            sizes.append(int(text))
+        break
+    sizes.extend(_address_space_left())
+    return min(sizes) if sizes else None
+
+
+def _address_space_left() -> list[int]:
+    """``[bytes]`` the address-space limit leaves this process, or ``[]`` without one."""
+    if resource is None:  # not on this platform
+        return []
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft == resource.RLIM_INFINITY:
+            return []
+        with open("/proc/self/statm") as f:
+            mapped = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [max(soft - mapped, 0)]
 
 
 class GuideStart(TypedDict, total=False):

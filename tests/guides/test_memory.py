@@ -98,3 +98,52 @@ def test_zoo_fit_refuses_it_with_the_same_message(monkeypatch):
     x, y = torch.zeros(8, 6), torch.zeros(8, dtype=torch.long)
     with pytest.raises(ValueError, match="GiB"):
         zoo.fit(model(), "matrix_normal", (x, y), num_steps=1, run=zoo.Run(progress=False))
+
+
+def test_the_memory_is_this_process_s_under_an_address_space_limit():
+    """Under ``ulimit -v`` (here the process's size plus 2 GiB) the usable memory is what the
+    limit leaves, and huge networks are refused clearly before their weights or the guide's
+    parameters are allocated: a zoo network past it, and fits of a zoo network and of a
+    user's module whose guides need more (they ended in the allocator's raw error)."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("needs /proc to read the process's size")
+    script = textwrap.dedent(
+        """
+        import resource, torch, zoo
+        from torch import nn
+        from guides.checks import physical_memory
+        size = int(open("/proc/self/statm").read().split()[0]) * resource.getpagesize()
+        resource.setrlimit(resource.RLIMIT_AS, (size + 2**31, size + 2**31))
+        print("usable", round(physical_memory() / 2**30, 1))
+        x, y = torch.randn(4, 1000), torch.randint(0, 2, (4,))
+        quiet = zoo.Run(progress=False)
+        cases = [
+            lambda: zoo.models.BayesianMLP(1000, (20000, 20000), 2, task="classification"),
+            lambda: zoo.fit(zoo.models.BayesianMLP(1000, (4000, 4000), 2,
+                            task="classification"), "lowrank", (x, y), num_steps=1, run=quiet),
+            lambda: zoo.fit(zoo.models.from_module(nn.Linear(1000, 38000), task="regression"),
+                            "diagonal", (x, torch.randn(4, 38000)), num_steps=1, run=quiet),
+        ]
+        for case in cases:
+            try:
+                case()
+                print("built")
+            except ValueError as err:
+                print("refused:", str(err).split(";")[0])
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[0] == "usable 2.0", lines
+    assert "make a network of 4.2e+08 weights, which needs at least 15.6 GiB" in lines[1]
+    assert "where this machine has 2.0 GiB" in lines[1]
+    assert lines[2].startswith("refused: a lowrank guide of this model holds")
+    assert lines[3].startswith("refused: a diagonal guide of this model holds")

@@ -277,15 +277,25 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
             f"the model expects inputs of shape {shape_n(expected)}, got {shape_n(x.shape[1:])}; "
             f"reshape X (e.g. X.view(-1, {', '.join(map(str, expected))}))"
         )
+    embeds = model.takes_tokens  # a hint where the network embeds token ids
+    hint = ""
+    if embeds and (x.is_floating_point() or x.dim() != 2):
+        hint = (
+            "; the network embeds token ids (an nn.Embedding): it usually takes integer ids of "
+            "shape (N, L), X.long()"
+        )
     try:
         with torch.no_grad(), evaluation_mode(model):
             out = model.network(x, model.net_means(copy=False))
     except (RuntimeError, IndexError, ValueError) as err:  # the network's own refusal
         raise ValueError(
             f"the model cannot take inputs of shape {shape_n(x.shape[1:])} and dtype "
-            f"{x.dtype}: {err}"
+            f"{x.dtype}: {err}{hint}"
         ) from None
-    model.check_output(out)
+    try:
+        model.check_output(out)
+    except ValueError as err:
+        raise ValueError(f"{err}{hint}") from None
     if y is not None:
         model.likelihood.check_target_shape(y, out)
 

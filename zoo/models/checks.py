@@ -7,29 +7,30 @@ from __future__ import annotations
 
 import functools
 import inspect
-import os
 from collections.abc import Callable, Sequence
 
 import torch
 from pyro.infer.autoguide import AutoGuide
 from pyro.nn import PyroModule
 
+from guides.checks import physical_memory
 from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 
 __all__ = ["BYTES_PER_WEIGHT", "check_memory", "check_model", "check_sizes", "memory_bytes"]
 
-#: Bytes a fit holds per weight, at least: the network's float32 placeholder and a guide's
-#: location and scale (each family has two or more parameters per weight).
-BYTES_PER_WEIGHT = 12
+#: Bytes a fit holds per weight, at least: the network's float32 weight, the draw of the
+#: guide's set-up trace, and the least family's share (a point mass with its gradient and
+#: Adam's state, :data:`guides.memory.BYTES_PER_PARAMETER`, and its step's 12,
+#: :meth:`guides.site.SitePosterior.step_bytes`).
+BYTES_PER_WEIGHT = 4 + 4 + 20 + 12
 
 
 def memory_bytes() -> int | None:
-    """This machine's physical memory in bytes, or ``None`` where it cannot be read."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
+    """The memory this process may use in bytes (:func:`guides.checks.physical_memory`: the
+    machine's, or a container's or address-space limit), or ``None`` where it cannot be
+    read."""
+    return physical_memory()
 
 
 def check_sizes(name: str, sizes: Sequence, weights: int | None = None) -> None:
@@ -52,8 +53,8 @@ def check_memory(weights: int, what: str, advice: str) -> None:
     if memory is not None and weights * BYTES_PER_WEIGHT > memory:
         raise ValueError(
             f"{what} {weights:.3g} weights, which needs at least "
-            f"{weights * BYTES_PER_WEIGHT / 2**30:,.0f} GiB to fit ({BYTES_PER_WEIGHT} bytes a "
-            f"weight) where this machine has {memory / 2**30:,.0f} GiB; {advice}"
+            f"{weights * BYTES_PER_WEIGHT / 2**30:,.1f} GiB to fit ({BYTES_PER_WEIGHT} bytes a "
+            f"weight) where this machine has {memory / 2**30:,.1f} GiB; {advice}"
         )
 
 

@@ -367,9 +367,14 @@ class _Tokens(torch.nn.Module):
          "token id -2 at item 0"),
         (lambda t: t[:, :0], "empty sequences"),
         (lambda t: t[:, 0], "cannot take inputs of shape \\(N,\\) and dtype torch.int64"),
-        (lambda t: t[:, :, None], "returns outputs of shape \\(N, 1, 3\\)"),
+        (lambda t: t[:, :, None], "returns outputs of shape \\(N, 1, 3\\).* embeds token ids"),
+        (lambda t: t.reshape(20, 5, 1, 1), "outputs of shape \\(N, 1, 1, 3\\).* \\(N, L\\)"),
+        (lambda t: t.float(), "dtype torch.float32: .*embeds token ids.* X.long\\(\\)"),
+        (lambda t: t.short(), "token indices of dtype torch.int16; the embedding takes int64"),
+        (lambda t: t.bool(), "token indices of dtype torch.bool"),
     ],
-    ids=["too-large", "negative", "empty", "one-dim", "three-dims"],
+    ids=["too-large", "negative", "empty", "one-dim", "three-dims", "four-dims", "float",
+         "int16", "bool"],
 )  # fmt: skip
 def test_token_ids_are_checked_against_the_vocabulary_before_any_work(make, phrase):
     import zoo
@@ -379,15 +384,15 @@ def test_token_ids_are_checked_against_the_vocabulary_before_any_work(make, phra
     bad = make(tokens.clone())
     model = zoo.models.from_module(_Tokens(), init="module")
     steps = []
-    with pytest.raises(ValueError, match=phrase):
+    with pytest.raises((ValueError, TypeError), match=phrase):
         zoo.fit(model, "diagonal", (bad, y), num_steps=2,
                 run=zoo.Run(progress=False, callbacks=[lambda v: steps.append(1)]))  # fmt: skip
     assert steps == []
     fit = zoo.fit(model, "diagonal", (tokens, y), num_steps=1, run=zoo.Run(progress=False))
     if bad.dim() == 2 and bad.shape[1]:
-        with pytest.raises(ValueError, match=phrase):
+        with pytest.raises((ValueError, TypeError), match=phrase):
             fit.predict(bad, num_samples=2, progress=False)
     dataset = torch.utils.data.TensorDataset(bad, y)
-    with pytest.raises(ValueError, match=phrase):
+    with pytest.raises((ValueError, TypeError), match=phrase):
         zoo.fit(model, "diagonal", torch.utils.data.DataLoader(dataset, batch_size=8),
                 num_steps=2, run=zoo.Run(progress=False))  # fmt: skip
