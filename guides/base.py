@@ -27,6 +27,7 @@ collector runs. ``zoo``'s own functions never read or write the global store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from operator import attrgetter
 from typing import Any
@@ -41,7 +42,7 @@ from torch import nn
 from torch.distributions import Transform, biject_to
 
 from guides import initial, registry
-from guides.checks import COMMON_OPTIONS, check_family_options  # noqa: F401 (re-exported)
+from guides.checks import COMMON_OPTIONS, check_family_options, is_number  # noqa: F401
 from guides.memory import check_fit_memory, fit_memory
 from guides.names import free_name, live_guides, rename
 from guides.site import (
@@ -115,8 +116,8 @@ class PerSiteGuide(AutoGuide):
         **family_options: Any,
     ):
         super().__init__(model, create_plates=create_plates)
-        if not init_scale > 0:
-            raise ValueError(f"init_scale must be positive, got {init_scale}")
+        if not (is_number(init_scale) and math.isfinite(init_scale) and init_scale > 0):
+            raise ValueError(f"init_scale must be a positive number, got {init_scale!r}")
         if not (callable(init_loc_fn) or init_loc_fn in ("auto", "kaiming")):
             raise ValueError(
                 f"init_loc_fn must be 'auto', 'kaiming' or a callable, got {init_loc_fn!r}"

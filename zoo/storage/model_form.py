@@ -73,6 +73,14 @@ def model_fingerprint(model) -> dict:
 def restore_model(payload: dict, model=None):
     """The saved model, or ``model`` (checked against the saved sites by the caller), with the
     saved state loaded."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("state"), dict) or (
+        "spec" not in payload
+    ):  # fmt: skip
+        got = sorted(payload) if isinstance(payload, dict) else type(payload).__name__
+        raise ValueError(
+            f"the model entry holds {got}, not a model's spec and state (a dict): the file "
+            "was changed; use another copy"
+        )
     if model is None:
         if payload["spec"] is None:
             raise ValueError(

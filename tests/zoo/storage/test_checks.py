@@ -339,3 +339,33 @@ def test_a_running_variance_that_is_no_tensor_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"\['net.1.running_var'\] is a str, not a tensor"):
         zoo.fit(zoo.models.from_module(net, init="module"), "diagonal", data, num_steps=8,
                 batch_size=32, run=zoo.Run(progress=False, resume=checkpoint))  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["draws", "laplace", "fit"])
+def test_a_model_entry_that_is_no_spec_and_state_is_refused(tmp_path, kind):
+    """A re-signed file whose model entry is an empty mapping, and a guide spec whose
+    init_scale is a tensor: clear refusals, where the draws and Laplace readers raised
+    KeyError('state') and the guide a tensor's truth-value error."""
+    torch.manual_seed(0)
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+
+    def model():
+        return zoo.models.BayesianMLP(3, (4,), 2, task="classification")
+
+    fit = zoo.fit(model(), "diagonal", (x, y), num_steps=2, run=zoo.Run(progress=False))
+    made = {
+        "fit": lambda: fit,
+        "draws": lambda: zoo.from_draws(fit.model, fit.sample(4)),
+        "laplace": lambda: zoo.laplace(model(), (x, y), num_steps=3, progress=False),
+    }[kind]()
+    path = made.save(tmp_path / f"{kind}.pt")
+    payload = torch.load(path, weights_only=True)
+    if kind == "fit":
+        payload["guide"]["spec"]["init_scale"] = torch.zeros(2)
+        phrase = "init_scale must be a positive number, got tensor"
+    else:
+        payload["model"] = {}
+        phrase = r"the model entry holds \[\], not a model's spec and state"
+    files.atomic_save(payload, path)
+    with pytest.raises(ValueError, match=phrase):
+        zoo.load(path, model=model())
