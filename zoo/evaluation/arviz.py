@@ -1,5 +1,9 @@
-"""The bridge to ArviZ. Every ArviZ call of the package is in this module, so a move from ArviZ
-0.23 (``InferenceData``) to 1.x (``xarray.DataTree``) stays local.
+"""The bridge to ArviZ. Every ArviZ call of the package is in this module, which works with the
+ArviZ that is installed: 0.23 (``az.InferenceData``, Python 3.10 and 3.11) or 1.x (the
+``arviz-base``, ``arviz-stats`` and ``arviz-plots`` packages, where a posterior is an
+``xarray.DataTree``; Python 3.12 and later). :meth:`zoo.Posterior.to_arviz` returns that
+ArviZ's own form, and every function here takes it; the numbers are the same under both (PSIS-LOO,
+R-hat and ESS are the same estimators). :data:`ARVIZ_1` says which one runs.
 
 What the diagnostics mean for variational draws
 -----------------------------------------------
@@ -32,6 +36,9 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", FutureWarning)
     import arviz as az
 
+#: Whether the installed ArviZ is 1.x (``DataTree``) rather than 0.23 (``InferenceData``).
+ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+
 _DIM_SUFFIXES = {1: ("out",), 2: ("out", "in"), 3: ("out", "in", "k"), 4: ("out", "in", "kh", "kw")}
 
 
@@ -50,7 +57,19 @@ def from_groups(groups: dict, dims: dict, attrs: dict) -> az.InferenceData:
         # ArviZ's guess that an array is transposed: an ensemble of K point masses is meant
         # to hold K chains of one draw
         warnings.filterwarnings("ignore", "More chains .* than draws", UserWarning)
+        warnings.filterwarnings("ignore", "Found chain dimension to be longer", UserWarning)
+        if ARVIZ_1:  # attrs by group there: the tree's own (as 0.23's), and the posterior's
+            tree = az.from_dict(groups, dims=dims, attrs={"posterior": attrs})
+            tree.attrs.update(attrs)
+            return tree
         return az.from_dict(**groups, dims=dims, attrs=attrs)
+
+
+def groups_of(idata) -> set[str]:
+    """The group names of ``idata`` (``"posterior"``, ...), under either ArviZ."""
+    if ARVIZ_1:
+        return set(idata.children)
+    return set(idata.groups())
 
 
 def add_data_groups(groups: dict, dims: dict, log_lik, replicated, y) -> None:
@@ -111,13 +130,33 @@ def layer_summary(idata: az.InferenceData):
     return pd.DataFrame(rows).set_index("variable")
 
 
+#: The fewest draws PSIS-LOO takes: Pareto smoothing fits the largest ``min(S / 5, 3 sqrt(S))``
+#: importance ratios, at least 5 of them (ArviZ 1.x refuses fewer; 0.23 warned).
+LOO_MIN_DRAWS = 25
+
+
 def loo(idata: az.InferenceData, **kwargs):
     """PSIS-LOO (``reff=1`` for independent variational draws, which also skips an ESS pass
-    over every weight)."""
+    over every weight); at least :data:`LOO_MIN_DRAWS` draws in all."""
+    sizes = idata["log_likelihood"].sizes
+    draws = sizes["chain"] * sizes["draw"]
+    if draws < LOO_MIN_DRAWS:
+        raise ValueError(
+            f"PSIS-LOO needs at least {LOO_MIN_DRAWS} draws (its Pareto fit takes the largest "
+            f"fifth of the importance ratios, at least 5), got {draws}: pass num_samples="
+            f"{LOO_MIN_DRAWS} or more to to_arviz"
+        )
     kwargs.setdefault("reff", 1.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         return az.loo(idata, **kwargs)
+
+
+def elpd(result) -> tuple[float, float]:
+    """``(elpd, se)`` of a :func:`loo` result, under either ArviZ (``elpd_loo`` in 0.23,
+    ``elpd`` in 1.x)."""
+    value = result.elpd if ARVIZ_1 else result.elpd_loo
+    return float(value), float(result.se)
 
 
 def plot_ppc(idata: az.InferenceData, **kwargs):
@@ -131,25 +170,36 @@ def plot_ppc(idata: az.InferenceData, **kwargs):
     if observed.dtype.kind in "iub":
         replicated = idata["posterior_predictive"]["obs"].values
         return class_ppc(observed.ravel(), replicated.reshape(-1, observed.size), **kwargs)
-    kwargs.setdefault("num_pp_samples", min(50, idata["posterior_predictive"].sizes["draw"]))
+    draws = idata["posterior_predictive"].sizes["draw"]
+    if ARVIZ_1:  # arviz-plots' predictive check, on matplotlib
+        kwargs.setdefault("num_samples", min(50, draws))
+        collection = az.plot_ppc_dist(idata, backend="matplotlib", **kwargs)
+        return _detached(collection.viz["figure"].item())
+    kwargs.setdefault("num_pp_samples", min(50, draws))
     ax = az.plot_ppc(idata, **kwargs)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
     return _detached(ax.figure)
 
 
 def plot_posterior(idata: az.InferenceData, var_names, coords=None, **kwargs):
-    """``az.plot_posterior`` of chosen weights; returns the Figure."""
+    """The marginal posterior of chosen weights (``az.plot_posterior``; ``az.plot_dist`` under
+    ArviZ 1.x); returns the Figure."""
+    if ARVIZ_1:
+        collection = az.plot_dist(idata, var_names=var_names, coords=coords,
+                                  backend="matplotlib", **kwargs)  # fmt: skip
+        return _detached(collection.viz["figure"].item())
     axes = az.plot_posterior(idata, var_names=var_names, coords=coords, **kwargs)
     return _detached(np.ravel(axes)[0].figure)
 
 
 def to_netcdf(idata: az.InferenceData, path) -> str:
-    """Write the InferenceData to a netCDF file."""
-    return idata.to_netcdf(str(path))
+    """Write ``idata`` (either ArviZ's form) to a netCDF file; returns the path."""
+    idata.to_netcdf(str(path))
+    return str(path)
 
 
 def from_netcdf(path) -> az.InferenceData:
-    """Read an InferenceData written by :func:`to_netcdf`."""
+    """Read what :func:`to_netcdf` wrote, in the installed ArviZ's form."""
     return az.from_netcdf(str(path))
 
 
