@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -38,6 +38,9 @@ with warnings.catch_warnings():
 
 #: Whether the installed ArviZ is 1.x (``DataTree``) rather than 0.23 (``InferenceData``).
 ARVIZ_1 = int(az.__version__.split(".")[0]) >= 1
+#: The module for the calls only one of the two versions has (typed loosely: the checker sees
+#: the installed version's names only).
+_versioned: Any = az
 
 _DIM_SUFFIXES = {1: ("out",), 2: ("out", "in"), 3: ("out", "in", "k"), 4: ("out", "in", "kh", "kw")}
 
@@ -173,10 +176,10 @@ def plot_ppc(idata: az.InferenceData, **kwargs):
     draws = idata["posterior_predictive"].sizes["draw"]
     if ARVIZ_1:  # arviz-plots' predictive check, on matplotlib
         kwargs.setdefault("num_samples", min(50, draws))
-        collection = az.plot_ppc_dist(idata, backend="matplotlib", **kwargs)
+        collection = _versioned.plot_ppc_dist(idata, backend="matplotlib", **kwargs)
         return _detached(collection.viz["figure"].item())
     kwargs.setdefault("num_pp_samples", min(50, draws))
-    ax = az.plot_ppc(idata, **kwargs)
+    ax = _versioned.plot_ppc(idata, **kwargs)
     ax = np.ravel(ax)[0] if isinstance(ax, np.ndarray) else ax
     return _detached(ax.figure)
 
@@ -188,7 +191,7 @@ def plot_posterior(idata: az.InferenceData, var_names, coords=None, **kwargs):
         collection = az.plot_dist(idata, var_names=var_names, coords=coords,
                                   backend="matplotlib", **kwargs)  # fmt: skip
         return _detached(collection.viz["figure"].item())
-    axes = az.plot_posterior(idata, var_names=var_names, coords=coords, **kwargs)
+    axes = _versioned.plot_posterior(idata, var_names=var_names, coords=coords, **kwargs)
     return _detached(np.ravel(axes)[0].figure)
 
 
