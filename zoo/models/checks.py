@@ -17,20 +17,13 @@ from guides.checks import physical_memory
 from zoo.arguments import is_int
 from zoo.models.base import BayesianModel
 
-__all__ = ["BYTES_PER_WEIGHT", "check_memory", "check_model", "check_sizes", "memory_bytes"]
+__all__ = ["BYTES_PER_WEIGHT", "check_memory", "check_model", "check_sizes"]
 
 #: Bytes a fit holds per weight, at least: the network's float32 weight, the draw of the
 #: guide's set-up trace, and the least family's share (a point mass with its gradient and
 #: Adam's state, :data:`guides.memory.BYTES_PER_PARAMETER`, and its step's 12,
 #: :meth:`guides.site.SitePosterior.step_bytes`).
 BYTES_PER_WEIGHT = 4 + 4 + 20 + 12
-
-
-def memory_bytes() -> int | None:
-    """The memory this process may use in bytes (:func:`guides.checks.physical_memory`: the
-    machine's, or a container's or address-space limit), or ``None`` where it cannot be
-    read."""
-    return physical_memory()
 
 
 def check_sizes(name: str, sizes: Sequence, weights: int | None = None) -> None:
@@ -49,7 +42,7 @@ def check_memory(weights: int, what: str, advice: str) -> None:
     """Refuse ``weights`` weights in sample sites that cannot be fitted in this machine's
     memory at :data:`BYTES_PER_WEIGHT` bytes a weight: ``"{what} {weights} weights, which
     needs at least ... GiB ...; {advice}"``."""
-    memory = memory_bytes()
+    memory = physical_memory()  # the machine's, or a container's or address-space limit
     if memory is not None and weights * BYTES_PER_WEIGHT > memory:
         raise ValueError(
             f"{what} {weights:.3g} weights, which needs at least "

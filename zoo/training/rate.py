@@ -318,25 +318,21 @@ def check_record(record, rule, where: str) -> None:
 _CHANGED = "the checkpoint was changed; start the fit again or use another checkpoint"
 
 
+def _number(value) -> bool:
+    """A plain number of a record (an ``int`` or ``float``, not a ``bool``)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _floats(values, count: int) -> bool:
-    return (
-        isinstance(values, list)
-        and len(values) == count
-        and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    )
+    return isinstance(values, list) and len(values) == count and all(map(_number, values))
 
 
 def _rate(value) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and (0 < value < math.inf)
-    )
+    return _number(value) and 0 < value < math.inf
 
 
 def _seconds(record: dict) -> bool:
-    value = record["seconds"]
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and (0 <= value < math.inf)
-    )
+    return _number(record["seconds"]) and 0 <= record["seconds"] < math.inf
 
 
 def _measured(length, total: int, record: dict) -> Measured:

@@ -29,15 +29,14 @@ def fitted(tmp_path_factory):
     )
     folder = tmp_path_factory.mktemp("sizes")
     fit.save(folder / "fit.pt")
-    zoo.fit(
-        BayesianMLP(3, (8,), noise=1.0),
-        "diagonal",
-        data,
-        num_steps=4,
-        seed=0,
-        run=zoo.Run(checkpoint=folder / "ck.pt", checkpoint_every=2, progress=False),
-    )
+    four_steps(data, checkpoint=folder / "ck.pt", checkpoint_every=2)
     return folder, data
+
+
+def four_steps(data, **run):
+    """The checkpointed fit of :func:`fitted` (written, or resumed with ``resume=``)."""
+    return zoo.fit(BayesianMLP(3, (8,), noise=1.0), "diagonal", data, num_steps=4, seed=0,
+                   run=zoo.Run(progress=False, **run))  # fmt: skip
 
 
 def hostile(tmp_path, source, change, name="hostile.pt"):
@@ -131,14 +130,7 @@ def test_a_checkpoint_given_to_resume_is_checked_the_same_way(fitted, tmp_path):
         lambda p: p["options"].__setitem__("y", torch.ones(1).expand(2**33)),
     )
     with pytest.raises(ValueError, match=r"\['options'\]\['y'\] declares 8.59e\+09 elements"):
-        zoo.fit(
-            BayesianMLP(3, (8,), noise=1.0),
-            "diagonal",
-            data,
-            num_steps=4,
-            seed=0,
-            run=zoo.Run(resume=path, progress=False),
-        )
+        four_steps(data, resume=path)
 
 
 def test_a_storage_declared_past_its_record_is_refused(fitted, tmp_path):
