@@ -18,8 +18,8 @@ from zoo.data.checks import check_inputs
 __all__ = ["STACKED_PER_NETWORK", "check_prediction_size", "prediction_bytes"]
 
 #: Bytes a prediction gathered one network at a time holds per network besides the outputs'
-#: numbers (its tensors' objects and the allocator's blocks: about 6 KB measured on a small
-#: network of ``zoo.prior_predictive``).
+#: numbers (its tensors' Python objects and the allocator's blocks, as ``zoo.prior_predictive``
+#: holds them).
 STACKED_PER_NETWORK = 6 << 10
 
 
