@@ -12,7 +12,7 @@ interleaved rounds of one draw of every site, ``sum log q + sum w`` and its back
   ``PoschSample`` kernel);
 - joint: :func:`guides.posch_joint.posch_joint_draw` over all of them;
 
-both through :func:`guides.tridiagonal.share_posch_work`, as ``AutoTridiagonal`` runs them.
+both through :func:`guides.posch_joint.share_posch_work`, as ``AutoTridiagonal`` runs them.
 
 "ops" counts the tensor operations dispatched for one pass (forward and backward, views left
 out; ``graph_size.dispatched_ops``): on a GPU each is a kernel launch, so it is what a CUDA-graph
@@ -29,8 +29,8 @@ import time
 
 import torch
 
-from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE, joint_draw_pays
-from guides.tridiagonal import PoschSite, share_posch_work
+from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE, joint_draw_pays, share_posch_work
+from guides.tridiagonal import PoschSite
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_size import dispatched_ops  # noqa: E402  (the same count)

@@ -223,3 +223,40 @@ def posch_joint_draw(
     log_q = -0.5 * (maha + log_det + n * _LOG_2PI)
     values = [v.reshape(m.shape) for v, m in zip(value.split(layout.sizes), locs)]
     return values, list(eps.split(layout.sizes)), log_q, log_m, table
+
+
+GAMMA_LIMIT = 10.0
+
+
+def posch_rho(gamma: torch.Tensor) -> torch.Tensor:
+    """``rho = sigmoid(gamma) - 1/2``, ``gamma`` clamped to ``[-10, 10]`` (any shape)."""
+    return torch.sigmoid(gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
+
+
+def share_posch_work(
+    group: list, min_abs_mean: float, layouts: dict, joint: bool | None = None
+) -> None:
+    """Compute what Posch sites share and hand each its part (:attr:`PoschSite.shared`, read
+    by its next :meth:`PoschSite.distribution`): the ratio sequences in one table always, and
+    the draw itself when ``joint`` (by default where it pays,
+    :func:`guides.posch_joint.joint_draw_pays`; otherwise each site draws with its own kernel).
+
+    ``group`` are sites with one ``min_abs_mean``; ``layouts`` caches the joint draw's index
+    tensors (a dict the caller keeps). The caller sets ``shared`` back to ``None`` afterwards.
+    """
+    locs = [site.loc for site in group]
+    sizes = [int(m.numel()) for m in locs]  # ints under the tracer too: the cache key
+    rho = posch_rho(torch.stack([site.gamma for site in group]))
+    if joint is None:
+        joint = joint_draw_pays(sum(sizes), len(sizes), locs[0].device)
+    if not joint:
+        for site, r, ratios in zip(group, rho, batched_posch_ratios(rho, sizes, locs[0])):
+            site.shared = (site.tau, r, ratios, None)
+        return
+    layout = PoschLayout.for_sites(layouts, sizes, locs[0])
+    tau = F.softplus(torch.stack([site.delta for site in group]))
+    values, noises, log_q, log_m, table = posch_joint_draw(locs, tau, rho, layout, min_abs_mean)
+    parts = zip(group, values, noises, log_q.unbind(), log_m.unbind(), tau, rho)
+    for i, (site, value, eps, lq, lm, t, r) in enumerate(parts):
+        ratios = (table[i, : min(value.numel(), RATIO_TERMS)], table[i, layout.width])
+        site.shared = (t, r, ratios, (value, eps, lq, lm))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,6 +62,10 @@ class Recipe:
         Whether a fit from scratch of this family starts with a MAP phase where ``zoo.fit``'s
         rule applies (:mod:`zoo.training.map_start`); ``False`` for a family whose own start
         fits better than the MAP weights do (MC dropout's).
+    map_start_options : dict, optional
+        The constructor options the family is built with after a MAP phase when the caller
+        named it without options (``"tridiagonal"``, not ``guides.family("tridiagonal",
+        ...)``): a parameterisation that fits from given weights better than the default does.
     why : str
         The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
         ``benchmarks/task_rate.py``), or behind a loss of the family's own.
@@ -77,6 +81,7 @@ class Recipe:
     elbo: str | None = None
     estimator: str | None = None
     map_start: bool = True
+    map_start_options: dict[str, Any] = field(default_factory=dict)
     why: str = ""
 
     def __post_init__(self):

@@ -39,22 +39,9 @@ from pyro.poutine.runtime import get_plates
 from guides.base import PerSiteGuide
 from guides.gaussian import StructuredGaussian
 from guides.kernels import PoschSample, bidiagonal_solve
-from guides.posch_joint import (
-    RATIO_TERMS,
-    PoschLayout,
-    batched_posch_ratios,
-    joint_draw_pays,
-    posch_joint_draw,
-    posch_ratios,
-)
+from guides.posch_joint import posch_ratios, posch_rho, share_posch_work
+from guides.registry import Recipe
 from guides.site import SitePosterior, SiteSpec, inverse_softplus, param
-
-GAMMA_LIMIT = 10.0
-
-
-def posch_rho(gamma: torch.Tensor) -> torch.Tensor:
-    """``rho = sigmoid(gamma) - 1/2``, ``gamma`` clamped to ``[-10, 10]`` (any shape)."""
-    return torch.sigmoid(gamma.clamp(-GAMMA_LIMIT, GAMMA_LIMIT)) - 0.5
 
 
 class TridiagonalNormal(StructuredGaussian):
@@ -266,35 +253,6 @@ class PoschSite(SitePosterior):
         return PoschNormal(self.loc, tau, rho, self.min_abs_mean, ratios=ratios, draw=draw)
 
 
-def share_posch_work(
-    group: list[PoschSite], min_abs_mean: float, layouts: dict, joint: bool | None = None
-) -> None:
-    """Compute what Posch sites share and hand each its part (:attr:`PoschSite.shared`, read
-    by its next :meth:`PoschSite.distribution`): the ratio sequences in one table always, and
-    the draw itself when ``joint`` (by default where it pays,
-    :func:`guides.posch_joint.joint_draw_pays`; otherwise each site draws with its own kernel).
-
-    ``group`` are sites with one ``min_abs_mean``; ``layouts`` caches the joint draw's index
-    tensors (a dict the caller keeps). The caller sets ``shared`` back to ``None`` afterwards.
-    """
-    locs = [site.loc for site in group]
-    sizes = [int(m.numel()) for m in locs]  # ints under the tracer too: the cache key
-    rho = posch_rho(torch.stack([site.gamma for site in group]))
-    if joint is None:
-        joint = joint_draw_pays(sum(sizes), len(sizes), locs[0].device)
-    if not joint:
-        for site, r, ratios in zip(group, rho, batched_posch_ratios(rho, sizes, locs[0])):
-            site.shared = (site.tau, r, ratios, None)
-        return
-    layout = PoschLayout.for_sites(layouts, sizes, locs[0])
-    tau = F.softplus(torch.stack([site.delta for site in group]))
-    values, noises, log_q, log_m, table = posch_joint_draw(locs, tau, rho, layout, min_abs_mean)
-    parts = zip(group, values, noises, log_q.unbind(), log_m.unbind(), tau, rho)
-    for i, (site, value, eps, lq, lm, t, r) in enumerate(parts):
-        ratios = (table[i, : min(value.numel(), RATIO_TERMS)], table[i, layout.width])
-        site.shared = (t, r, ratios, (value, eps, lq, lm))
-
-
 class FreeTridiagonalSite(SitePosterior):
     """Parameters ``loc``, ``diag_rho`` (``a = softplus(diag_rho)``) and ``sub`` (free)."""
 
@@ -340,7 +298,12 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     -----
     With ``"posch"`` the entropy contains ``sum_i log |m_i|``: a log barrier at zero, so a mean
     does not change sign; start from sensible signs (the default Kaiming init, ``init_module``
-    or ``init_loc``). With far more weights than data, the barrier and the KL's ``-n log tau``
+    or ``init_loc``). A fit from scratch that starts at a MAP fit (:mod:`zoo.training.map_start`)
+    builds ``"tridiagonal"`` named without options as ``parameterization="free"``: from the
+    MAP weights the entropy's ``sum_i log |m_i|`` grows every mean's magnitude, and the fit
+    ends below the MAP fit it started from (``benchmarks/against_map.py``); ask for
+    ``guides.family("tridiagonal", parameterization="posch")`` to fit the paper's family
+    there. With far more weights than data, the barrier and the KL's ``-n log tau``
     (``n`` weights a site) outweigh the data term: the true ELBO's optimum is noisy whatever
     the rate (``benchmarks/posch_objective.py``). The paper weights the KL by 1/100 (below).
 
@@ -358,6 +321,11 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     """
 
     site_class = PoschSite
+    RECIPE = Recipe(
+        map_start_options={"parameterization": "free"},
+        why="from the MAP weights the Posch entropy's sum log |m| inflates the means, so the "
+        "fit falls behind the MAP fit it started from (benchmarks/against_map.py)",
+    )
     variants = {"": {}, "free": {"parameterization": "free"}}
 
     def __init__(self, model: Callable, *, parameterization: str = "posch", **kwargs: Any):

@@ -8,8 +8,8 @@ import torch
 
 import guides
 import zoo
-from guides.posch_joint import RATIO_TERMS, PoschLayout, posch_joint_draw
-from guides.tridiagonal import PoschSite, TridiagonalNormal, posch_factors, posch_rho
+from guides.posch_joint import RATIO_TERMS, PoschLayout, posch_joint_draw, posch_rho
+from guides.tridiagonal import PoschSite, TridiagonalNormal, posch_factors
 
 #: Site shapes below, at and beyond RATIO_TERMS, and single elements.
 SHAPES = [(5,), (1,), (RATIO_TERMS,), (4, 3), (RATIO_TERMS + 300,), (1, 1)]
@@ -130,8 +130,7 @@ def test_the_cpu_draws_large_networks_site_by_site():
     used below ``CPU_JOINT_ELEMENTS_PER_SITE`` weights per site only (benchmarks/posch_joint.py);
     a GPU always uses it."""
     from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE as PER_SITE
-    from guides.posch_joint import joint_draw_pays
-    from guides.tridiagonal import share_posch_work
+    from guides.posch_joint import joint_draw_pays, share_posch_work
 
     assert joint_draw_pays(10**7, 2, torch.device("cuda"))
     assert not joint_draw_pays(2 * PER_SITE, 2, torch.device("cpu"))
@@ -147,7 +146,7 @@ def test_the_cpu_draws_large_networks_site_by_site():
 def test_a_seeded_guide_draws_the_same_weights_jointly_and_site_by_site():
     """The joint draw takes its noise site by site, so a seeded fit gives the same draws as
     before it (up to rounding)."""
-    from guides.tridiagonal import share_posch_work
+    from guides.posch_joint import share_posch_work
 
     model = zoo.models.BayesianMLP(5, (7, 6), 3, task="classification")
     guide = guides.AutoTridiagonal(model)

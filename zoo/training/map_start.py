@@ -14,9 +14,11 @@ that :func:`plan` accepts runs in two phases of one budget and one rate schedule
    does (tenfold over all its steps); the phase stops where its share ends. Batch norm's
    running statistics go on from there.
 2. **The family** from the MAP weights, as from a trained network's (its means at them, its
-   scales at :data:`guides.initial.TRAINED_RELATIVE_SCALE` of each site's root mean square),
-   for the remaining steps, on the model's ELBO (the fit's ``loss`` group as given), at the
-   rate the MAP phase left, decaying on to a tenth of the measured rate at the last step.
+   scales at :data:`guides.initial.TRAINED_RELATIVE_SCALE` of each site's root mean square;
+   a family named without options built with its recipe's ``map_start_options``,
+   :func:`after_map`), for the remaining steps, on the model's ELBO (the fit's ``loss`` group
+   as given), at the rate the MAP phase left, decaying on to a tenth of the measured rate at
+   the last step.
 
 The result is the family's fit: its ``losses`` are the second phase's ``-ELBO``; its
 ``wall_time`` both phases'; ``options["recipe"]`` ends ``", MAP start"``;
@@ -55,14 +57,14 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader
 
-from guides.registry import Family, family_class, recipe
+from guides.registry import Family, family, family_class, recipe
 from zoo.models.base import BayesianModel
 from zoo.training.checkpoint import read_checkpoint
 from zoo.training.rate import MIN_FIT_STEPS
 from zoo.training.recipes import data_size, warn_if_short
 from zoo.training.start import StartWarning
 
-__all__ = ["MAP_SHARE", "MapStart", "phase_path", "plan", "run"]
+__all__ = ["MAP_SHARE", "MapStart", "after_map", "phase_path", "plan", "run"]
 
 #: The MAP phase's share of the fit's optimiser steps.
 MAP_SHARE = 0.8
@@ -174,13 +176,14 @@ def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss,
     left = _map_length(phases, point.options)
     weights = {k: v.detach() for k, v in point.guide.median().items() if k in model.site_shapes}
     second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
+    built = after_map(guide)
     with _offering(model, weights), warnings.catch_warnings():
         warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
         result = fit(
-            model, guide, data, num_steps=max(left - taken, 1), lr=rate, optim=second,
-            loss=family_loss, run=dataclasses.replace(run, resume=None), **common,
+            model, built, data, num_steps=max(left - taken, 1), lr=rate,
+            optim=second, loss=family_loss, run=dataclasses.replace(run, resume=None), **common,
         )  # fmt: skip
-    record = _record(point.options, point.losses, point.wall_time, taken)
+    record = _record(point.options, point.losses, point.wall_time, taken, guide, built)
     return _finish(result, phases, length, optim, point.options, record)
 
 
@@ -199,14 +202,26 @@ def _resume_family(fit, phases, model, guide, data, common, length, optim, loss,
         )
     taken, left = len(state["losses"]), _map_length(phases, first["options"])
     second = dataclasses.replace(optim, lr_schedule=_Continued(taken, left))
+    built = after_map(guide)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", StartWarning)  # the MAP phase said it
         result = fit(
-            model, guide, data, num_steps=int(options["num_steps"]), lr=float(options["lr"]),
-            optim=second, loss=loss, run=run, **common,
+            model, built, data, num_steps=int(options["num_steps"]),
+            lr=float(options["lr"]), optim=second, loss=loss, run=run, **common,
         )  # fmt: skip
-    record = _record(first["options"], state["losses"], float(state["wall_time"]), taken)
+    record = _record(first["options"], state["losses"], float(state["wall_time"]), taken,
+                     guide, built)  # fmt: skip
     return _finish(result, phases, length, optim, first["options"], record)
+
+
+def after_map(guide):
+    """The family the second phase fits: ``guide`` itself, or, where it names a family without
+    options (a name, a class, ``guides.family(name)``) whose recipe has ``map_start_options``,
+    that family built with them (the tridiagonal family's ``parameterization="free"``)."""
+    options = recipe(guide).map_start_options
+    if not options or (isinstance(guide, Family) and guide.options):
+        return guide
+    return family(guide.guide if isinstance(guide, Family) else guide, **options)
 
 
 def _map_length(phases: MapStart, options: dict) -> int:
@@ -245,10 +260,12 @@ def _finish(result, phases: MapStart, length, optim, map_options: dict, record: 
     return result
 
 
-def _record(options: dict, losses: list, seconds: float, taken: int) -> dict:
+def _record(options: dict, losses: list, seconds: float, taken: int, guide, built) -> dict:
     """``result.options["map_start"]`` of a fit that ran its MAP phase: from that phase's
-    ``options``, ``losses`` and ``seconds`` (its fit's, or its checkpoint's)."""
+    ``options``, ``losses`` and ``seconds`` (its fit's, or its checkpoint's), and the options
+    :func:`after_map` built the family with (``family_options``, ``{}`` for none)."""
     return {
+        "family_options": dict(built.options) if built is not guide else {},
         "steps": taken + _tested(options),
         "lr": options["lr"],
         "lr_rule": options.get("lr_rule"),

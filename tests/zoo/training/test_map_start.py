@@ -232,3 +232,25 @@ def test_a_batch_norm_cnn_from_scratch_beats_its_start_and_keeps_its_statistics(
 def _reset(module):
     if hasattr(module, "reset_parameters"):
         module.reset_parameters()
+
+
+def test_a_family_named_without_options_takes_its_recipes_options_after_the_map_phase(tmp_path):
+    """``"tridiagonal"`` from scratch fits ``parameterization="free"`` from the MAP weights (its
+    recipe's ``map_start_options``), says so, and resumes as that; options the caller gives
+    are the family's, untouched."""
+    import guides
+    from guides.registry import recipe
+
+    assert recipe("tridiagonal").map_start_options == {"parameterization": "free"}
+    assert recipe("diagonal").map_start_options == {}
+    path = tmp_path / "fit.ckpt"
+    named = fit("tridiagonal", run=zoo.Run(progress=False, checkpoint=path))
+    assert named.guide.parameterization == "free"
+    assert named.options["map_start"]["family_options"] == {"parameterization": "free"}
+    resumed = fit("tridiagonal", run=zoo.Run(progress=False, checkpoint=path, resume=path))
+    assert resumed.losses == named.losses and resumed.guide.parameterization == "free"
+    given = fit(guides.family("tridiagonal", parameterization="posch"))
+    assert given.guide.parameterization == "posch"
+    assert given.options["map_start"]["family_options"] == {}
+    plain = fit("diagonal")
+    assert plain.options["map_start"]["family_options"] == {}
