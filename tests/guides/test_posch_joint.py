@@ -175,14 +175,14 @@ def test_no_joint_draw_under_vectorised_particles():
     batch, which the joint draw cannot serve: it is not computed, and the draws stay right."""
     from unittest import mock
 
-    import guides.tridiagonal as tridiagonal
+    import guides.posch_joint as posch_joint
 
     model = zoo.models.BayesianMLP(3, (8,), 2, task="regression")
     guide = guides.AutoTridiagonal(model)
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     guide(x, y)
     with mock.patch.object(
-        tridiagonal, "posch_joint_draw", wraps=tridiagonal.posch_joint_draw
+        posch_joint, "posch_joint_draw", wraps=posch_joint.posch_joint_draw
     ) as spy:
         guide(x, y)
         assert spy.call_count == 1  # no plate: the joint draw serves every site

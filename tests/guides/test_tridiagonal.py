@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from guides.kernels import bidiagonal_solve
+from guides.posch_joint import RATIO_TERMS
 from guides.tridiagonal import (
-    RATIO_TERMS,
     FreeTridiagonalSite,
     PoschSite,
     TridiagonalNormal,
@@ -168,7 +168,7 @@ def test_free_parameter_count():
 def test_the_batched_ratios_are_each_sites_own():
     """The ratios of several sites in one table are each site's own (sizes below, at and
     above ``RATIO_TERMS``)."""
-    from guides.tridiagonal import RATIO_TERMS, batched_posch_ratios, posch_ratios
+    from guides.posch_joint import RATIO_TERMS, batched_posch_ratios, posch_ratios
 
     rho = torch.tensor([0.3, -0.45, 0.0, 0.49], dtype=torch.float64)
     sizes = [5, RATIO_TERMS, RATIO_TERMS + 300, 1]

@@ -544,9 +544,9 @@ def test_the_compiled_loss_builds_no_tables_on_each_call(case, monkeypatch):
     the tracer hands out as tensors, so the trace recorded its construction and every CUDA
     replay copied it from the host (the capture then failed). The joint draw is forced, as on
     a GPU."""
-    import guides.tridiagonal
+    import guides.posch_joint
 
-    monkeypatch.setattr(guides.tridiagonal, "joint_draw_pays", lambda *args: True)
+    monkeypatch.setattr(guides.posch_joint, "joint_draw_pays", lambda *args: True)
     family, options = CASES[case]
     _, compiled, _ = objectives(family, options)
     x, y = data()
