@@ -1129,3 +1129,15 @@ def test_against_map_sets_each_family_beside_map_and_the_plain_loop(tmp_path):
     for r in rows:
         assert 0 < r["accuracy"] <= 1 and r["nll"] > 0 and 0 <= r["ood_auroc"] <= 1
     assert "| digits | diagonal | 0 |" in out and "| digits | map | 0 |" in out
+
+
+def test_rate_test_sets_each_default_call_beside_the_fit_given_its_rate(tmp_path):
+    out_file = tmp_path / "rate_test.json"
+    out = _run(
+        "benchmarks/rate_test.py", "--nets", "digits", "--families", "map", "--out",
+        str(out_file),
+    )  # fmt: skip
+    (row,) = json.loads(out_file.read_text())["rows"]
+    assert row["sweep_steps"] > 0 and row["steps"] == 120 and row["lr"] > 0
+    assert row["ratio"] == pytest.approx(row["default_seconds"] / row["given_seconds"])
+    assert "| digits | map | 120 (" in out and "1.03x" in out

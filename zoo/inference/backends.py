@@ -65,15 +65,25 @@ class LossBackend(ABC):
         return torch.tensor([data_scale, kl_weight], dtype=self.dtype, device=x.device).unbind()
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, data_scale: float, kl_weight: float
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        data_scale: float,
+        kl_weight: float,
+        leaf: torch.Tensor | None = None,
     ) -> torch.Tensor | None:
         """The loss of ``(x, y)``, or ``None`` when this backend declines it (the caller then
-        evaluates it eagerly)."""
+        evaluates it eagerly). ``leaf``: a 0-d tensor of the value ``data_scale`` that the
+        function takes in its place (a leaf the caller differentiates,
+        :meth:`zoo.Objective.loss_with_data_term`)."""
         function = self.function_for(x, y, data_scale, kl_weight)
         if function is None:
             return None
+        scales = self.scales(x, data_scale, kl_weight)
+        if leaf is not None:
+            scales = (leaf, scales[1])
         try:
-            return function(*self.params, x, y, *self.scales(x, data_scale, kl_weight))
+            return function(*self.params, x, y, *scales)
         except RuntimeError as err:  # Ctrl-C inside a compiled function's interpreter
             if "KeyboardInterrupt" in str(err):
                 raise KeyboardInterrupt from err
@@ -110,7 +120,7 @@ class EagerLoss(WiredLoss):
         """:meth:`surrogate`: it sets the scales from its last two inputs and runs the ELBO."""
         return self.surrogate
 
-    def __call__(self, x, y, data_scale: float, kl_weight: float, validate: bool = False):
+    def __call__(self, x, y, data_scale: float | torch.Tensor, kl_weight: float, validate=False):
         """The loss of ``(x, y)``, with Pyro's argument and support checks if ``validate``."""
         self.scale.data_scale, self.scale.kl_weight = data_scale, kl_weight
         with self.context(validate):

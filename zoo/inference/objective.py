@@ -273,18 +273,41 @@ class Objective:
         own (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
         build (``benchmarks/README.md``, "Start-up").
         """
+        return self._loss(x, y, num_data / x.shape[0], step, validate, eager)
+
+    def loss_with_data_term(
+        self, x: torch.Tensor, y: torch.Tensor, num_data: int, step: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`loss` (compiled where it is), and the 0-d leaf ``s = N / B`` it scaled the
+        likelihood by. The loss is ``s * D + kl_weight * KL`` with ``D = -sum_b log p(y_b | w)``
+        over the minibatch (every site inside the data plate) on the same draw, so after a
+        ``backward`` of ``c * loss``, ``s.grad`` is ``c * D``: the data term read from the
+        evaluation itself, without a second pass for the KL (the rate test's,
+        :mod:`zoo.training.rate`)."""
+        if self._wired is None:
+            self.setup(x, y)
+        params = [p for _, p in named_parameters(self.guide, self.model)]
+        dtype = params[0].dtype if params else torch.get_default_dtype()
+        data_scale = num_data / x.shape[0]
+        leaf = torch.tensor(data_scale, dtype=dtype, device=x.device, requires_grad=True)
+        return self._loss(x, y, data_scale, step, False, False, leaf), leaf
+
+    def _loss(self, x, y, data_scale: float, step: int, validate: bool, eager: bool, leaf=None):
+        """The loss at these scales; ``leaf``, a 0-d tensor of ``data_scale``'s value, in its
+        place where given (:meth:`loss_with_data_term`)."""
         if self._wired is None:
             self.setup(x, y)
         assert self.eager is not None  # made by setup
-        data_scale, kl_weight = num_data / x.shape[0], self.kl_weight_at(step)
+        kl_weight = self.kl_weight_at(step)
         small = x.shape[0] < self.minibatch_size
         if self.backend is not None and not (validate or eager or small) and y is not None:
-            value = self.backend(x, y, data_scale, kl_weight)
+            value = self.backend(x, y, data_scale, kl_weight, leaf)
             if value is not None:
                 return value
             if self.backend.refused is not None:
                 self._refused()
-        return self.eager(x, y, data_scale, kl_weight, validate=validate)
+        scale = data_scale if leaf is None else leaf
+        return self.eager(x, y, scale, kl_weight, validate=validate)
 
     @torch.no_grad()
     def kl(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

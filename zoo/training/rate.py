@@ -8,13 +8,15 @@ for training neural networks", section 3.3; the idea of fastai's ``lr_find`` and
 what the sweep found.
 
 The sweep
-    Up to ``steps`` optimiser steps of the fit's own optimiser, objective and minibatches, from
-    the fit's initial state, at rates rising geometrically from ``base / LOW`` to
-    ``base * HIGH`` (``base``: the task's default rate times the family's scale). Each step
-    records the loss (``-ELBO``) and its data term, ``-E_q[log p(y | w)]`` on the full-data
-    scale: the loss less its KL part, evaluated on the same weight draw. The sweep stops at a
-    non-finite step (the step engine skips it) and once its smoothed data term, having fallen,
-    climbs back above its first value (:func:`climbed_back`): the rates only rise from there.
+    Up to ``steps`` optimiser steps of the fit's own optimiser, objective (compiled where the
+    fit's is) and minibatches, from the fit's initial state, at rates rising geometrically from
+    ``base / LOW`` to ``base * HIGH`` (``base``: the task's default rate times the family's
+    scale). Each step records the loss (``-ELBO``) and its data term, ``-E_q[log p(y | w)]``
+    on the full-data scale: the loss less its KL part, read from the same evaluation (the
+    gradient of the likelihood's scale, :meth:`zoo.Objective.loss_with_data_term`). The sweep
+    stops at a non-finite step (the step engine skips it) and once its smoothed data term,
+    having fallen, climbs back above its first value (:func:`climbed_back`): the rates only
+    rise from there.
 The warm-up it leaves
     The sweep's first ``kept`` steps ran at rates up to the chosen one: a warm-up the fit
     keeps. The parameters, batch norm's running statistics and the optimiser's state are put
@@ -149,7 +151,7 @@ def run_test(
     stepper = Stepper.build(objective, optimizer, num_data=len(batches), on_divergence="skip",
                             plan=plan, clip_grad_norm=clip_grad_norm, per_example=per_example,
                             ranks=ranks)  # fmt: skip
-    kl = _KLParts(objective, len(batches))
+    terms = _DataTerms(objective, len(batches), per_example)
     start, losses, fits = time.perf_counter(), [], []
     stream = _cycle(batches)
     for i, rate in enumerate(rates):
@@ -157,9 +159,9 @@ def run_test(
             group["lr"] = rate * factor
         optimizer.zero_grad(set_to_none=True)
         inputs = [next(stream) for _ in range(accumulate)]
-        loss, _ = stepper.body(inputs, kl.loss_of)
+        loss, _ = stepper.body(inputs, terms.loss_of)
         value = float(loss)  # the ranks' mean, read by the body's host test already
-        fit = value - ranks.mean(kl.taken(inputs), i)
+        fit = ranks.mean(terms.taken(), i)
         losses.append(value if math.isfinite(value) else math.inf)
         fits.append(fit if math.isfinite(fit) else math.inf)
         if not (math.isfinite(value) and stepper.last_taken):
@@ -187,30 +189,30 @@ def run_test(
     )
 
 
-class _KLParts:
-    """The loss of a sweep's minibatch, evaluated eagerly, and its KL part on the same weight
-    draw (the generators put back between the two): the loss less it is the data term,
-    ``-E_q[log p(y | w)]`` on the full-data scale."""
+class _DataTerms:
+    """The loss of a sweep's minibatch, evaluated as the fit evaluates it (compiled where the
+    fit is), and its data term ``-E_q[log p(y | w)]`` on the full-data scale, read from the
+    same evaluation (:meth:`zoo.Objective.loss_with_data_term`: the gradient of the
+    likelihood's scale)."""
 
-    def __init__(self, objective: Objective, num_data: int):
+    def __init__(self, objective: Objective, num_data: int, per_example: bool):
         self.objective, self.num_data = objective, num_data
-        self.parts: list[float] = []
+        # the factor of the step's backward on each minibatch's loss, beside its share
+        self.factor = 1.0 / num_data if per_example else 1.0
+        self.leaves: list[torch.Tensor] = []
 
     def loss_of(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        objective = self.objective
-        before = files.torch_rng_state()
-        loss = objective.loss(x, y, self.num_data, step=0, eager=True)
-        after = files.torch_rng_state()
-        files.set_torch_rng_state(before)  # the same draws, the likelihood scaled to zero
-        self.parts.append(float(objective.kl(x, y)) * objective.kl_weight_at(0))
-        files.set_torch_rng_state(after)
+        loss, leaf = self.objective.loss_with_data_term(x, y, self.num_data)
+        self.leaves.append(leaf)
         return loss
 
-    def taken(self, inputs: list) -> float:
-        """The KL part of the step just taken on ``inputs`` (its minibatches' shares)."""
-        sizes = [len(x) for x, _ in inputs]
-        parts, self.parts = self.parts[-len(sizes) :], []
-        return sum(p * n / sum(sizes) for p, n in zip(parts, sizes))
+    def taken(self) -> float:
+        """The data term of the step just taken: ``sum_i share_i * s_i * D_i`` over its
+        minibatches (``s_i = N / B_i``; the backward gave each leaf ``share_i * factor * D_i``),
+        as the step's loss weighs them."""
+        leaves, self.leaves = self.leaves, []
+        grads = [leaf.detach() * leaf.grad for leaf in leaves if leaf.grad is not None]
+        return float(torch.stack(grads).sum()) / self.factor if grads else 0.0
 
 
 def _buffers(model, guide) -> list[torch.Tensor]:

@@ -56,7 +56,7 @@ class Snapshot:
     def __init__(self, tensors: list[torch.Tensor], optimizer: torch.optim.Optimizer):
         self.tensors, self.optimizer = tensors, optimizer
         self.copies = [t.detach().clone() for t in tensors]
-        self.state = copy.deepcopy(optimizer.state_dict())
+        self.state = _copied(optimizer.state_dict())
         #: The bytes this copy holds (tensors and the optimiser's state tensors).
         self.nbytes = state_bytes(self.copies, self.state["state"])
 
@@ -66,6 +66,19 @@ class Snapshot:
         for t, c in zip(self.tensors, self.copies):
             t.copy_(c)
         self.optimizer.load_state_dict(self.state)
+
+
+def _copied(state_dict: dict) -> dict:
+    """A copy of an optimiser's ``state_dict()`` that later steps leave alone: its state's
+    tensors cloned (Adam's moments and step count; ``state_dict`` hands out the live ones), its
+    other values copied (``param_groups`` are packed anew by ``state_dict`` already). One
+    clone per tensor, without ``copy.deepcopy``'s walk of every object."""
+    state = {
+        index: {k: v.detach().clone() if isinstance(v, torch.Tensor) else copy.deepcopy(v)
+                for k, v in per_parameter.items()}
+        for index, per_parameter in state_dict["state"].items()
+    }  # fmt: skip
+    return {**state_dict, "state": state, "param_groups": copy.deepcopy(state_dict["param_groups"])}
 
 
 def state_bytes(tensors: list[torch.Tensor], optimizer_state) -> int:

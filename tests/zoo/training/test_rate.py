@@ -314,3 +314,35 @@ def test_a_re_signed_checkpoint_without_its_rate_record_is_refused(tmp_path):
     files.atomic_save(payload, path)
     with pytest.raises(ValueError, match=r"options\['lr_test'\] is missing, where lr_rule="):
         fit(num_steps=96, run={"resume": path})
+
+
+@pytest.mark.parametrize("per_example", [False, True])
+def test_the_sweeps_data_term_weighs_a_steps_minibatches_as_its_loss_does(per_example):
+    """A step of two minibatches (``accumulate=2``), per example or not: the data term the
+    sweep reads from the loss's own evaluation is the step's loss less its KL part, each
+    minibatch's KL evaluated separately on its draw."""
+    from zoo.training.rules import StepPlan
+    from zoo.training.step import Stepper, shares
+
+    m, guide, objective, batches, generator = resnet_problem()
+    opt = optimizer_at(1e-3, objective, zoo.Optim())
+    stream = batches.epoch(0)
+    inputs = [next(stream), next(stream)]
+    start = files.torch_rng_state()
+    expected = 0.0
+    for (x, y), share in zip(inputs, shares(inputs)):
+        before = files.torch_rng_state()
+        loss = float(objective.loss(x, y, len(batches)).detach())
+        after = files.torch_rng_state()
+        files.set_torch_rng_state(before)
+        expected += share * (loss - float(objective.kl(x, y)))
+        files.set_torch_rng_state(after)
+    files.set_torch_rng_state(start)
+    plan = StepPlan(check_every=1, cuda_graph=False, accumulate=2, threads=None)
+    stepper = Stepper.build(objective, opt, num_data=len(batches), on_divergence="skip",
+                            plan=plan, clip_grad_norm=None, per_example=per_example,
+                            ranks=Ranks())  # fmt: skip
+    terms = rate._DataTerms(objective, len(batches), per_example)
+    stepper.body(inputs, terms.loss_of)
+    assert terms.taken() == pytest.approx(expected, rel=1e-5)
+    assert terms.leaves == []  # read once
