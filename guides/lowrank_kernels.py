@@ -32,14 +32,21 @@ import torch
 _LOG_2PI = math.log(2 * math.pi)
 
 
+#: Columns per block of the Gram product on the CPU, and the factor length from which it is
+#: blocked.
+GRAM_BLOCK, GRAM_BLOCKED_FROM = 16384, 2**18
+
+
 def column_chunks(g: torch.Tensor) -> int:
-    """How many column blocks to split the long ``(rank, n)`` Gram product into: MKL runs this
-    small-output product on one thread, a batched product over blocks runs on all of them. (The
-    backward's ``A G`` has a large output and runs faster as one product:
-    benchmarks/lowrank_products.py.)"""
-    if g.device.type != "cpu" or g.shape[-1] < 65536:
+    """How many column blocks to split the long ``(rank, n)`` Gram product into: on the CPU,
+    blocks of :data:`GRAM_BLOCK` columns from :data:`GRAM_BLOCKED_FROM` columns on (the blocks'
+    batched product keeps each block in cache, and runs on every thread, where BLAS runs one
+    product of this small output and million-long reduction on one, at a third of the speed
+    on one thread; benchmarks/lowrank_products.py); one block below that and on a GPU. (The
+    backward's ``A G`` has a large output and runs as one product.)"""
+    if g.device.type != "cpu" or g.shape[-1] < GRAM_BLOCKED_FROM:
         return 1
-    return max(1, min(torch.get_num_threads(), 8))
+    return g.shape[-1] // GRAM_BLOCK
 
 
 def blocked(g: torch.Tensor, k: int) -> torch.Tensor:

@@ -152,3 +152,15 @@ def test_the_guide_computes_its_sites_capacitance_terms_together():
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_the_gram_product_is_blocked_from_its_threshold_on_and_equals_one_product():
+    """On the CPU a factor of ``GRAM_BLOCKED_FROM`` columns or more is summed in blocks of
+    ``GRAM_BLOCK`` (a remainder block after them); the Gram is the one product's."""
+    from guides.lowrank_kernels import GRAM_BLOCK, GRAM_BLOCKED_FROM, column_chunks, gram
+
+    gen = torch.Generator().manual_seed(0)
+    assert column_chunks(torch.zeros(3, GRAM_BLOCKED_FROM - 1)) == 1
+    g = torch.randn(3, GRAM_BLOCKED_FROM + 123, generator=gen, dtype=torch.float64)
+    assert column_chunks(g) == GRAM_BLOCKED_FROM // GRAM_BLOCK
+    torch.testing.assert_close(gram(g), g @ g.mT, rtol=1e-12, atol=1e-9)
