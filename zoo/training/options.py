@@ -35,6 +35,7 @@ from zoo.runtime.threads import check_threads
 from zoo.training import option_checks as checks
 from zoo.training.divergence import check_on_divergence
 from zoo.training.optim import check_optimizer
+from zoo.training.option_names import OptionGroup
 from zoo.training.option_values import (
     devices_value,
     jit_value,
@@ -54,7 +55,7 @@ def _cli(help: str, **kwargs) -> dict:
 
 
 @dataclass(frozen=True)
-class Optim:
+class Optim(OptionGroup):
     """The optimiser of a fit.
 
     Attributes
@@ -106,7 +107,7 @@ class Optim:
 
 
 @dataclass(frozen=True)
-class Loss:
+class Loss(OptionGroup):
     """The ELBO estimate a fit's steps follow (:class:`zoo.Objective` takes the same).
 
     Attributes
@@ -180,7 +181,7 @@ class Loss:
 
 
 @dataclass(frozen=True)
-class Engine:
+class Engine(OptionGroup):
     """How and where each step of a fit runs (:mod:`zoo.training.rules` has the table of which
     settings combine; ``result.options`` records what ran).
 
@@ -290,7 +291,7 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(OptionGroup):
     """What watches and keeps a fit.
 
     Attributes
@@ -375,10 +376,7 @@ def group(cls: type[G], value: G | Mapping | None) -> G:
     if isinstance(value, cls):
         return value
     if isinstance(value, Mapping):
-        unknown = set(value) - {f.name for f in dataclasses.fields(cls)}
-        if unknown:
-            raise TypeError(f"{cls.__name__} has no option {sorted(unknown)}")
-        return cls(**value)
+        return cls(**value)  # a key that is no field: OptionGroup's error, naming its place
     raise TypeError(f"expected zoo.{cls.__name__} or a dict of its fields, got {value!r}")
 
 
