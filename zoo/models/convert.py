@@ -61,6 +61,8 @@ from zoo.models.checks import check_memory
 from zoo.models.likelihoods import Likelihood, from_task
 from zoo.models.predictions import ClassificationPrediction, Prediction, RegressionPrediction
 from zoo.priors import HE_GAIN, LayerwiseNormalPrior, Prior
+from zoo.runtime.torch_private import DROPOUT_LAYERS
+from zoo.runtime.torch_private import NORM_LAYERS as RUNNING_NORMS
 
 #: Class names of the stochastic layers that a converted copy replaces by ``nn.Identity``
 #: (besides every subclass of PyTorch's dropout base): torchvision's stochastic depth, timm's
@@ -71,7 +73,7 @@ STOCHASTIC_LAYERS = ("StochasticDepth", "DropPath", "DropBlock2d")
 NORM_LAYERS = tuple(
     cls
     for cls in (
-        nn.modules.batchnorm._NormBase,  # BatchNorm*d, SyncBatchNorm, InstanceNorm*d
+        *RUNNING_NORMS,  # BatchNorm*d, SyncBatchNorm, InstanceNorm*d
         nn.LayerNorm,
         nn.GroupNorm,
         getattr(nn, "RMSNorm", None),
@@ -343,7 +345,7 @@ def _in_norm_layer(module: nn.Module, name: str) -> bool:
 def is_stochastic(layer: nn.Module) -> bool:
     """Whether ``layer`` is a stochastic layer that conversion removes (the rule of the module
     docstring)."""
-    return isinstance(layer, nn.modules.dropout._DropoutNd) or any(
+    return isinstance(layer, DROPOUT_LAYERS) or any(
         cls.__name__ in STOCHASTIC_LAYERS for cls in type(layer).__mro__
     )
 

@@ -37,8 +37,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
+from zoo.runtime.torch_private import NORM_LAYERS, NormLayer
+
 #: The layer classes whose buffers may be running statistics (batch and instance norm).
-TRACKING_LAYERS = (nn.modules.batchnorm._NormBase,)
+TRACKING_LAYERS = NORM_LAYERS
 
 _FROZEN = contextvars.ContextVar("frozen_statistics", default=False)
 
@@ -54,12 +56,12 @@ def frozen_statistics() -> Iterator[None]:
         _FROZEN.reset(token)
 
 
-def tracks_running_statistics(module: nn.Module) -> TypeGuard[nn.modules.batchnorm._NormBase]:
+def tracks_running_statistics(module: nn.Module) -> TypeGuard[NormLayer]:
     """Whether ``module`` is a normalisation layer that keeps running statistics."""
     return isinstance(module, TRACKING_LAYERS) and module.track_running_stats
 
 
-def updating_layers(net) -> list[nn.modules.batchnorm._NormBase]:
+def updating_layers(net) -> list[NormLayer]:
     """The normalisation layers of ``net`` that a forward pass now updates: those that track
     running statistics and are in training mode (none for anything not an ``nn.Module``)."""
     if not isinstance(net, nn.Module):

@@ -47,6 +47,7 @@ import torch
 from zoo.inference.compiled import CHECK_RTOL
 from zoo.inference.objective import Objective
 from zoo.runtime.rng import forked
+from zoo.runtime.torch_private import copy_tensors
 
 #: Eager steps on a side stream before the capture (the TorchScript executor profiles and
 #: optimises a graph on its first runs, and the optimiser creates its state on the first).
@@ -225,7 +226,7 @@ class GraphedStep:
     def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         live, copies = zip(*saved)
         with torch.no_grad():  # in place: the graph reads and writes these addresses
-            torch._foreach_copy_(list(live), list(copies))
+            copy_tensors(live, copies)
 
     def _give_up(self, error: Exception, what: str = "capture of the step failed") -> None:
         """A failed capture or check: this fit's steps run eagerly from here, with one warning

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from zoo.runtime.torch_private import copy_tensors
+
 if TYPE_CHECKING:  # the result a diverged fit hands back
     from zoo.results.variational import FitResult
 
@@ -85,7 +87,7 @@ class DivergenceGuard:
     def begin(self, step: int) -> None:
         """Copy the parameters as they are before step ``step``'s update: the candidate that
         step's finite loss will verify."""
-        torch._foreach_copy_(self.candidate, self.params)
+        copy_tensors(self.candidate, self.params)
         self.candidate_step = step
 
     def offer(self, step: int) -> None:
@@ -99,7 +101,7 @@ class DivergenceGuard:
     def restore(self) -> None:
         """Put the verified copy back (nothing happens before the first)."""
         if self.good_step is not None:
-            torch._foreach_copy_(self.params, self.good)
+            copy_tensors(self.params, self.good)
 
     def settle(self, read: list[tuple[int, int, float, float]], state) -> bool:
         """Settle the steps ``(step, epoch, loss, grad_norm)`` read from the device, in order:
