@@ -44,6 +44,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
 import guides.matrix_normal
+import guides.posch_joint
 import guides.tridiagonal
 import zoo
 import zoo.inference.compiled
@@ -149,7 +150,7 @@ def gpu_path(forced: bool):
         return
     with (
         mock.patch.object(
-            guides.tridiagonal, "joint_draw_pays", lambda elements, sites, device: True
+            guides.posch_joint, "joint_draw_pays", lambda elements, sites, device: True
         ),
         mock.patch.object(guides.matrix_normal, "diagonal_blocks", lambda n, device: 1),
     ):
