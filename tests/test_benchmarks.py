@@ -1140,4 +1140,5 @@ def test_rate_test_sets_each_default_call_beside_the_fit_given_its_rate(tmp_path
     (row,) = json.loads(out_file.read_text())["rows"]
     assert row["sweep_steps"] > 0 and row["steps"] == 120 and row["lr"] > 0
     assert row["ratio"] == pytest.approx(row["default_seconds"] / row["given_seconds"])
+    assert math.isfinite(row["sweep_excess_steps"]) and row["estimated_ratio"] > 0
     assert "| digits | map | 120 (" in out and "1.03x" in out
