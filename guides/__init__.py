@@ -40,6 +40,7 @@ from guides.lowrank import AutoLowRank, LowRankNormal
 from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
 from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
 from guides.mixed import AutoMixed
+from guides.pairs import MeanScale, mean_scale_pairs
 from guides.point_mass import AutoMAP, PointMass
 from guides.registry import (
     Family,
@@ -77,6 +78,7 @@ __all__ = [
     "LowRankNormal",
     "MCDropoutWeight",
     "MatrixNormal",
+    "MeanScale",
     "PerSiteGuide",
     "PointMass",
     "Recipe",
@@ -90,5 +92,6 @@ __all__ = [
     "gaussian_kl_to_normal",
     "get",
     "instantiate",
+    "mean_scale_pairs",
     "recipe",
 ]

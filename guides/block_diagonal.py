@@ -154,6 +154,7 @@ class BlockDiagonalSite(SitePosterior):
     ``d_ki lower_k[ij] / sqrt(b)``)."""
 
     family = "block_diagonal"
+    MEAN_PARAMETER = "loc"  # guides.pairs
     #: Version of the ``lower -> L`` map: 2 multiplies each entry by its row's diagonal. A
     #: state dict (module version) or pickled site (``lower_map``) of map 1 (``L_ij =
     #: lower_ij / sqrt(b)``) is converted on loading to the same factor.

@@ -189,6 +189,7 @@ class LowRankSite(SitePosterior):
     (``G``, ``(rank, n)``; the covariance factor is ``F = D G^T``)."""
 
     family = "lowrank"
+    MEAN_PARAMETER = "loc"  # guides.pairs
 
     def __init__(
         self, init_loc: torch.Tensor, init_scale: float, rank: int = 10, diagonal: str = "learned"

@@ -242,6 +242,7 @@ class MatrixNormalSite(SitePosterior):
     STEP_BYTES_PER_WEIGHT = 40
 
     family = "matrix_normal"
+    MEAN_PARAMETER = "loc"  # guides.pairs
     fallback = DiagonalSite  # sites of fewer than two dimensions (biases)
     #: Version of the raw -> factor map: 2 divides the strictly lower raw entries by ``sqrt(n)``.
     #: Pickled sites carry it as ``raw_map``; state dicts as the module version (``_version``).

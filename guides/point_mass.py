@@ -75,6 +75,7 @@ class PointMassSite(SitePosterior):
     STEP_BYTES_PER_WEIGHT = 12
 
     family = "map"
+    MEAN_PARAMETER = "loc"  # guides.pairs
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)

@@ -54,6 +54,11 @@ class SitePosterior(PyroModule):
     #: The site class for sites this one cannot serve (``supports`` is False), or ``None``
     #: to refuse them: the matrix normal gives 1-D sites (biases) the diagonal family.
     fallback: type[SitePosterior] | None = None
+    #: The names of the Pyro parameters holding the site's posterior mean and, for a diagonal
+    #: Gaussian, the ``rho`` of its standard deviation ``softplus(rho)`` (:mod:`guides.pairs`,
+    #: what an optimiser may read); ``None``: the family states none.
+    MEAN_PARAMETER: str | None = None
+    SCALE_PARAMETER: str | None = None
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__()
@@ -123,6 +128,7 @@ class DiagonalSite(SitePosterior):
     """Parameters ``loc`` and ``rho`` (``softplus(rho)`` is the standard deviation)."""
 
     family = "diagonal"
+    MEAN_PARAMETER, SCALE_PARAMETER = "loc", "rho"
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)

@@ -214,6 +214,7 @@ class PoschSite(SitePosterior):
     """Parameters ``loc`` (per element), ``delta`` and ``gamma`` (one scalar each)."""
 
     family = "tridiagonal"
+    MEAN_PARAMETER = "loc"  # guides.pairs
     STEP_BYTES_PER_WEIGHT = 24  # the draw, its noise and gradients, the neighbour products
 
     def __init__(
@@ -257,6 +258,7 @@ class FreeTridiagonalSite(SitePosterior):
     """Parameters ``loc``, ``diag_rho`` (``a = softplus(diag_rho)``) and ``sub`` (free)."""
 
     family = "tridiagonal"
+    MEAN_PARAMETER = "loc"  # guides.pairs
 
     def __init__(self, init_loc: torch.Tensor, init_scale: float):
         super().__init__(init_loc, init_scale)

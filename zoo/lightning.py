@@ -23,6 +23,7 @@ from collections.abc import Mapping
 import torch
 
 import guides.registry
+from guides.pairs import mean_scale_pairs
 from zoo.evaluation.predictive import predict
 from zoo.inference.elbo import differentiated
 from zoo.inference.objective import Objective
@@ -34,7 +35,13 @@ from zoo.runtime.packages import require_torchvision
 from zoo.runtime.rng import seeded
 from zoo.runtime.threads import check_threads, threads_for
 from zoo.training.keywords import refuses_flat_keywords
-from zoo.training.optim import check_optimizer, make_optimizer, make_scheduler, param_groups
+from zoo.training.optim import (
+    check_optimizer,
+    make_optimizer,
+    make_scheduler,
+    param_groups,
+    takes_pairs,
+)
 from zoo.training.options import Loss, Optim, group
 
 require_torchvision("zoo.lightning (Lightning)")  # before Lightning imports it
@@ -172,7 +179,9 @@ class BayesianModule(L.LightningModule):
         o = self.optim
         groups = param_groups(self.guide, self.model, self.lr, o.lr_multipliers)
         options = dict(o.optimizer_options or {})
-        opt = make_optimizer(check_optimizer(o.optimizer), groups, self.lr, options)
+        opt_cls = check_optimizer(o.optimizer)
+        pairs = mean_scale_pairs(self.guide) if takes_pairs(opt_cls) else None
+        opt = make_optimizer(opt_cls, groups, self.lr, options, pairs)
         total = max(int(self.trainer.estimated_stepping_batches), 1)
         sched = make_scheduler(opt, o.lr_schedule, total)
         if sched is None:

@@ -4,11 +4,13 @@ learning-rate schedule."""
 from __future__ import annotations
 
 import fnmatch
+import inspect
 import math
 from collections.abc import Callable, Mapping
 
 import torch
 
+from guides.pairs import mean_scale_pairs
 from zoo.arguments import check_factor
 from zoo.inference.objective import named_parameters
 
@@ -29,7 +31,11 @@ def check_optimizer(optimizer: str | type) -> type:
 def param_groups(guide, model, lr: float, multipliers: Mapping[str, float] | None) -> list[dict]:
     """One parameter group per learning-rate factor: ``multipliers`` maps ``fnmatch`` patterns
     over parameter names (``sites.fc1.weight.gamma_unconstrained``, ``model.<name>``) to factors
-    of ``lr``; the first matching pattern wins. A pattern that matches nothing is an error."""
+    of ``lr``; the first matching pattern wins. A pattern that matches nothing is an error.
+
+    Each group holds ``(name, parameter)`` pairs, which torch's optimisers keep as the group's
+    ``"param_names"``, and its factor as ``"lr_factor"`` (its ``"lr"`` is ``lr * lr_factor``;
+    :func:`set_rate` is what changes it)."""
     named = [(n, p) for n, p in named_parameters(guide, model) if p.requires_grad]
     if not named:
         raise ValueError("the guide has no parameters to optimise")
@@ -43,7 +49,7 @@ def param_groups(guide, model, lr: float, multipliers: Mapping[str, float] | Non
                 factor = float(value)
                 used.add(pattern)
                 break
-        groups.setdefault(factor, []).append(p)
+        groups.setdefault(factor, []).append((name, p))
     unused = set(multipliers) - used
     if unused:
         examples = [n for n, _ in named[:4]]
@@ -51,14 +57,48 @@ def param_groups(guide, model, lr: float, multipliers: Mapping[str, float] | Non
             f"lr_multipliers patterns {sorted(unused)} match no parameter; names look like "
             f"{examples}"
         )
-    return [{"params": ps, "lr": lr * f} for f, ps in groups.items()]
+    return [{"params": ps, "lr": lr * f, "lr_factor": f} for f, ps in groups.items()]
 
 
-def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mapping):
+def write_rate(group: dict, value: float) -> None:
+    """Set one parameter group's ``lr`` to ``value``: every write of a rate goes through here
+    (a tensor ``lr``, a CUDA-graph step's, is filled in place)."""
+    if torch.is_tensor(group["lr"]):
+        group["lr"].fill_(value)
+    else:
+        group["lr"] = value
+
+
+def set_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Put ``optimizer`` at the base rate ``lr``: each group at ``lr`` times its ``lr_factor``
+    (:func:`param_groups`; a group without one, from an optimiser state saved before groups
+    kept it, at ``lr``)."""
+    for group in optimizer.param_groups:
+        write_rate(group, lr * group.get("lr_factor", 1.0))
+
+
+def takes_pairs(opt_cls: type) -> bool:
+    """Whether ``opt_cls``'s constructor takes ``pairs``: the (mean, scale) pairs of the
+    posterior (:func:`guides.mean_scale_pairs`), the protocol by which an optimiser sees them."""
+    try:
+        return "pairs" in inspect.signature(opt_cls).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
+
+
+def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mapping, pairs=None):
     """The built-in optimisers run fused (one kernel per step for all tensors, on the CPU as on
-    CUDA), else ``foreach``.
-    An explicit ``fused`` or ``foreach`` in ``options`` wins."""
+    CUDA), else ``foreach``. An explicit ``fused`` or ``foreach`` in ``options`` wins. A class
+    whose constructor takes ``pairs`` (:func:`takes_pairs`) gets ``pairs``, the guide's
+    :class:`guides.MeanScale` list."""
     options = dict(options)
+    if "pairs" in options:
+        raise ValueError(
+            "optimizer_options may not hold 'pairs': the fit passes the posterior's (mean, "
+            "scale) pairs itself to an optimizer whose constructor takes them"
+        )
+    if takes_pairs(opt_cls):
+        options["pairs"] = list(pairs or [])
     try:
         if opt_cls not in OPTIMIZERS.values() or "fused" in options or "foreach" in options:
             return opt_cls(groups, lr=lr, **options)
@@ -67,8 +107,9 @@ def make_optimizer(opt_cls: type, groups: list[dict], lr: float, options: Mappin
         except (RuntimeError, ValueError, TypeError):  # a dtype or device without a fused kernel
             return opt_cls(groups, lr=lr, foreach=True, **options)
     except (RuntimeError, ValueError, TypeError, KeyError) as err:
+        shown = {k: v for k, v in options.items() if k != "pairs"}
         raise ValueError(
-            f"{opt_cls.__name__} refused optimizer_options={options} "
+            f"{opt_cls.__name__} refused optimizer_options={shown} "
             f"({type(err).__name__}: {err}); pass only its own arguments, with valid values"
         ) from None
 
@@ -78,7 +119,8 @@ def optimizer_at(lr: float, objective, optim) -> torch.optim.Optimizer:
     parameters at ``lr`` (times each group's ``lr_multipliers`` factor)."""
     groups = param_groups(objective.guide, objective.model, lr, optim.lr_multipliers)
     opt_cls = check_optimizer(optim.optimizer)
-    return make_optimizer(opt_cls, groups, lr, optim.optimizer_options or {})
+    pairs = mean_scale_pairs(objective.guide) if takes_pairs(opt_cls) else None
+    return make_optimizer(opt_cls, groups, lr, optim.optimizer_options or {}, pairs)
 
 
 def _exponential(total: int) -> Callable[[int], float]:
@@ -162,11 +204,7 @@ def apply_factor(scheduler) -> None:
     for group, base, fn in zip(
         scheduler.optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas
     ):
-        value = base * fn(step)
-        if torch.is_tensor(group["lr"]):
-            group["lr"].fill_(value)
-        else:
-            group["lr"] = value
+        write_rate(group, base * fn(step))
 
 
 def check_finite_parameters(guide, model) -> None:

@@ -57,6 +57,7 @@ from zoo.arguments import is_int
 from zoo.inference.objective import Objective, named_parameters
 from zoo.runtime.distributed import Ranks
 from zoo.storage import files
+from zoo.training.optim import set_rate
 from zoo.training.rate_rule import choose, climbed_back, reached
 from zoo.training.recipes import Length
 from zoo.training.rules import StepPlan
@@ -141,7 +142,6 @@ def run_test(
     ranks = ranks if ranks is not None else Ranks()
     model, guide = objective.model, objective.guide
     state = [p for _, p in named_parameters(guide, model)] + _buffers(model, guide)
-    factors = [g["lr"] / base for g in optimizer.param_groups]
     rng = files.rng_state(generator)
     warmup = Warmup(state, optimizer)
     ratio = LOW * HIGH
@@ -155,8 +155,7 @@ def run_test(
     start, losses, fits = time.perf_counter(), [], []
     stream = _cycle(batches)
     for i, rate in enumerate(rates):
-        for group, factor in zip(optimizer.param_groups, factors):
-            group["lr"] = rate * factor
+        set_rate(optimizer, rate)
         optimizer.zero_grad(set_to_none=True)
         inputs = [next(stream) for _ in range(accumulate)]
         loss, _ = stepper.body(inputs, terms.loss_of)
@@ -174,8 +173,7 @@ def run_test(
     kept = warmup.put_back(reached(rates[: len(fits)], lr))
     files.set_rng_state(rng, generator)
     optimizer.zero_grad(set_to_none=True)
-    for group, factor in zip(optimizer.param_groups, factors):
-        group["lr"] = lr * factor
+    set_rate(optimizer, lr)
     return RateTest(
         steps=len(losses),
         base=base,
