@@ -24,6 +24,7 @@ from typing_extensions import Unpack
 from guides import family as guide_family
 from guides.registry import Family
 from zoo.arguments import check_int, check_model_factory, is_number
+from zoo.baselines import producers
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
 from zoo.data.checks import Data
 from zoo.models import build
@@ -247,3 +248,21 @@ def with_noise(model_factory: Callable, noise) -> Callable:
         return build(spec_of(model_factory()))
 
     return factory
+
+
+#: What an ``"ensemble"`` row of :func:`zoo.compare` may set (:func:`ensemble`'s options).
+ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes", "noise"})
+
+
+def _check_row(options: dict) -> None:
+    if not set(options) <= ENSEMBLE_OPTIONS:
+        raise ValueError(f"it takes the options {sorted(ENSEMBLE_OPTIONS)}, got {sorted(options)}")
+    check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
+
+
+def _make_row(model_factory, family, options, train, args, progress) -> Ensemble:
+    own = {k: args.pop(k) for k in ("seed",) if k in args}
+    return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
+
+
+producers.register("ensemble", _check_row, _make_row)

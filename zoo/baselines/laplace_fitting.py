@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from typing_extensions import Unpack
 
 from zoo.arguments import check_positive
+from zoo.baselines import producers
 from zoo.baselines.prior_search import held_out_precision, held_out_split
 from zoo.baselines.selection import subnetwork_indices
 from zoo.data.checks import Data, check_labelled_data, gather_tensors
@@ -207,3 +208,28 @@ def map_point(model, data, at, fit_args: dict, batch_size: int):
     # a generator of its own: each pass's iterator draws a seed from it, not the global one
     loader = DataLoader(rows, batch_size=batch_size, generator=torch.Generator())
     return weights, loader, map_fit
+
+
+#: What a ``"laplace"`` row of :func:`zoo.compare` takes beside :class:`LaplaceOptions`' fields:
+#: :func:`laplace`'s ``at`` and ``validation``.
+LAPLACE_CALL = ("at", "validation")
+
+
+def _check_row(options: dict) -> None:
+    at = options.get("at")
+    if at not in (None, "module"):
+        raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
+    fields = LaplaceOptions.of({k: v for k, v in options.items() if k not in LAPLACE_CALL})
+    check_pairing(fields.prior_precision, options.get("validation") is not None,
+                  "a zoo.compare 'laplace' row")  # fmt: skip
+
+
+def _make_row(model_factory, family, options, train, args, progress) -> LaplaceFit:
+    options = dict(options)
+    at = options.pop("at", None)  # "module": post-hoc at a trained network's weights
+    validation = options.pop("validation", None)  # gridsearch's held-out data
+    return laplace(model_factory(), train, at=at, options=options, validation=validation,
+                   progress=progress, **args)  # fmt: skip
+
+
+producers.register("laplace", _check_row, _make_row)

@@ -14,12 +14,12 @@ import guides
 import zoo
 from zoo.cli.info import info_command
 from zoo.cli.parser import (
-    BASELINES,
     SEQUENCE_MODELS,
     TOY_GUIDE_OPTIONS,
     TOY_HIDDEN,
     TOY_POINTS,
     TOY_TEST_POINTS,
+    baselines,
     check_arguments,
     from_flags,
 )
@@ -132,7 +132,7 @@ def _guide_options(args, family: str) -> dict:
     """The family options given on the command line, over the toy's recipe for ``--data toy``
     (a guide's initial scale: not the baselines', which have no guide of their own)."""
 
-    base = TOY_GUIDE_OPTIONS if args.data == "toy" and family not in BASELINES else {}
+    base = TOY_GUIDE_OPTIONS if args.data == "toy" and family not in baselines() else {}
     return {**base, **args.options[family]}
 
 

@@ -13,6 +13,7 @@ import torch
 import guides
 import zoo
 from guides.checks import check_family_options
+from zoo.baselines.producers import PRODUCERS
 from zoo.cli.values import (
     family_options,
     guide_options,
@@ -41,8 +42,12 @@ _DATASETS = ("mnist", "fashion_mnist", "cifar10", "toy")
 _MODELS = ("mlp", "lenet5", "cifarnet", "resnet20", "alexnet", "transformer", "lstm")
 #: Models that read each image as a sequence of its rows (``zoo.data.mnist(layout="sequence")``).
 SEQUENCE_MODELS = ("transformer", "lstm")
-#: Rows of ``compare`` that are not guide families (:func:`zoo.compare`).
-BASELINES = ("laplace", "ensemble")
+
+
+def baselines() -> tuple[str, ...]:
+    """Rows of ``compare`` that are not guide families: the producers the baselines registered
+    (:mod:`zoo.baselines.producers`), read when asked."""
+    return tuple(PRODUCERS)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -95,7 +100,7 @@ def _probe_family(family: str, options: dict) -> None:
     network when it is set up); the baselines' options are checked as :func:`zoo.compare`
     checks them, and a missing laplace-torch is one line."""
 
-    if family in BASELINES:
+    if family in baselines():
         check_row((family, family, options))
         if family == "laplace":
             try:
@@ -274,9 +279,9 @@ def build_parser(commands: dict[str, Callable]) -> argparse.ArgumentParser:
         "--guides",
         nargs="+",
         default=list(guides.available()),
-        choices=list(guides.available()) + list(BASELINES),
-        help="families to compare (every registered family), and the baselines: laplace "
-        "(laplace-torch installed) and ensemble",
+        choices=list(guides.available()) + list(baselines()),
+        help="families to compare (every registered family), and the baselines: "
+        f"{', '.join(baselines())} (laplace with laplace-torch installed)",
     )
     c.add_argument(
         "--guide-option",

@@ -1,6 +1,7 @@
 """The rows of :func:`zoo.compare`: what each row is (:class:`Row`) and what makes its posterior
-(:data:`PRODUCERS`, keyed by kind, laplace-torch's factory style: a family's fit by default, a
-deep ensemble, a Laplace approximation), each checked before any fit."""
+(a family's fit by default, else the producer its name registered in
+:mod:`zoo.baselines.producers`: a deep ensemble, a Laplace approximation), each checked before
+any fit."""
 
 from __future__ import annotations
 
@@ -9,16 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import guides
-from zoo.baselines.ensembles import check_ensemble, ensemble
-from zoo.baselines.laplace_fitting import check_pairing, laplace
-from zoo.results.laplace_torch import LaplaceOptions
+from zoo.baselines.ensembles import ENSEMBLE_OPTIONS
+from zoo.baselines.producers import PRODUCERS, Producer
 from zoo.results.posterior import Posterior
 from zoo.training.fitting import fit as run_fit
 
 __all__ = ["ENSEMBLE_OPTIONS", "PRODUCERS", "Producer", "Row", "check_row", "rows_of"]
-
-#: What an ``"ensemble"`` row may set (:func:`zoo.ensemble`'s options).
-ENSEMBLE_OPTIONS = frozenset({"members", "family", "seed", "processes", "noise"})
 
 
 @dataclass(frozen=True)
@@ -95,58 +92,9 @@ class Row:
         return make(model_factory, self.family, self.options, train, dict(args), progress)
 
 
-@dataclass(frozen=True)
-class Producer:
-    """What makes a kind of row: ``check(options)`` before any fit, and ``make(model_factory,
-    family, options, train, fit_args, progress) -> Posterior``."""
-
-    check: Callable[[dict], None]
-    make: Callable[..., Posterior]
-
-
-def _check_ensemble(options: dict) -> None:
-    if not set(options) <= ENSEMBLE_OPTIONS:
-        raise ValueError(f"it takes the options {sorted(ENSEMBLE_OPTIONS)}, got {sorted(options)}")
-    check_ensemble(**{"members": 5, "family": "map", "seed": 0, **options})
-
-
-def _make_ensemble(model_factory, family, options, train, args, progress) -> Posterior:
-    own = {k: args.pop(k) for k in ("seed",) if k in args}
-    return ensemble(model_factory, train, **{**own, **options}, progress=progress, **args)
-
-
-#: What a ``"laplace"`` row takes beside :class:`LaplaceOptions`' fields: :func:`zoo.laplace`'s
-#: ``at`` and ``validation``.
-LAPLACE_CALL = ("at", "validation")
-
-
-def _check_laplace(options: dict) -> None:
-    at = options.get("at")
-    if at not in (None, "module"):
-        raise ValueError(f"'at' is 'module' (post-hoc, no MAP fit) or left out, got {at!r}")
-    fields = LaplaceOptions.of({k: v for k, v in options.items() if k not in LAPLACE_CALL})
-    check_pairing(fields.prior_precision, options.get("validation") is not None,
-                  "a zoo.compare 'laplace' row")  # fmt: skip
-
-
-def _make_laplace(model_factory, family, options, train, args, progress) -> Posterior:
-    options = dict(options)
-    at = options.pop("at", None)  # "module": post-hoc at a trained network's weights
-    validation = options.pop("validation", None)  # gridsearch's held-out data
-    return laplace(model_factory(), train, at=at, options=options, validation=validation,
-                   progress=progress, **args)  # fmt: skip
-
-
 def _fit_family(model_factory, family, options, train, args, progress) -> Posterior:
     guide = guides.family(family, **options) if options else family
     return run_fit(model_factory(), guide, train, **args)
-
-
-#: The producers of rows that are not a family's fit, keyed by the row's ``family``.
-PRODUCERS: dict[str, Producer] = {
-    "laplace": Producer(_check_laplace, _make_laplace),
-    "ensemble": Producer(_check_ensemble, _make_ensemble),
-}
 
 
 def _check_family_name(name: str) -> None:

@@ -8,14 +8,17 @@ from collections.abc import Callable
 
 import torch
 
-from zoo.results import draws, ensembles, hmc, laplace_approximation, variational
+import zoo.results
 from zoo.results.contract import Readers
 from zoo.results.posterior import Posterior
+from zoo.runtime.modules import import_all
 from zoo.runtime.serial import one_at_a_time
 from zoo.storage import files
 
-#: The kinds ``zoo.load`` reads, imported so that their class statements register them.
-KIND_MODULES = (variational, hmc, ensembles, laplace_approximation, draws)
+#: Every module of :mod:`zoo.results`, imported so that the class statements of the kinds in
+#: them register them: a new kind is one file there (a kind defined elsewhere registers when its
+#: module is imported, as ``zoo``'s baselines are by ``import zoo``).
+KIND_MODULES = import_all(zoo.results)
 
 #: The reader of each ``kind`` a file may declare, ``(payload, path, model, map_location) ->
 #: Posterior`` (each checks the payload before anything is built from it): derived, live, from
