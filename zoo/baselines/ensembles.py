@@ -26,7 +26,7 @@ from guides.registry import Family
 from zoo.arguments import check_int, check_model_factory, is_number
 from zoo.baselines import producers
 from zoo.baselines.ensemble_processes import check_processes, fit_members, workers
-from zoo.data.checks import Data
+from zoo.data.forms import Data
 from zoo.models import build
 from zoo.models.likelihoods import from_task
 from zoo.results.ensembles import SHARED_RATE, Ensemble

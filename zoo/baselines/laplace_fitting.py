@@ -16,7 +16,8 @@ from zoo.arguments import check_positive
 from zoo.baselines import producers
 from zoo.baselines.prior_search import held_out_precision, held_out_split
 from zoo.baselines.selection import subnetwork_indices
-from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.data.checks import check_labelled_data
+from zoo.data.forms import Data, gather_tensors
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_approximation import LaplaceFit
 from zoo.results.laplace_torch import (

@@ -20,7 +20,7 @@ from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
 from zoo.baselines.laplace_fitting import map_point, split_noise
 from zoo.baselines.selection import subnetwork_indices
-from zoo.data.checks import Data
+from zoo.data.forms import Data
 from zoo.models.base import BayesianModel
 from zoo.results.laplace_torch import (
     HELD_OUT_RULES,

@@ -24,7 +24,7 @@ from zoo.cli.parser import (
     from_flags,
 )
 from zoo.cli.parser import build_parser as _build_parser
-from zoo.data.checks import gather_tensors
+from zoo.data.forms import gather_tensors
 from zoo.runtime.distributed import process_rank
 from zoo.runtime.packages import BrokenTorchvisionError
 from zoo.training.options import GROUPS

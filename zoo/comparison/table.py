@@ -15,7 +15,8 @@ from typing_extensions import Unpack
 import guides as guides_module
 from zoo.arguments import check_model_factory
 from zoo.comparison.rows import Row, rows_of
-from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.data.checks import check_labelled_data
+from zoo.data.forms import Data, gather_tensors
 from zoo.evaluation.agreement import distances
 from zoo.results.posterior import Posterior
 from zoo.runtime.serial import one_at_a_time

@@ -11,15 +11,14 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset
 
 from zoo.data.checks import (
-    as_tensors,
     check_data,
     check_dataset,
     check_finite,
     check_input_shape,
     check_targets,
     check_tokens,
-    split_batch,
 )
+from zoo.data.forms import as_tensors, split_batch
 from zoo.data.sample import sample_examples
 from zoo.models.base import BayesianModel
 from zoo.models.statistics import frozen_statistics, training_mode

@@ -1,25 +1,20 @@
 """The checks of the data in every form ``zoo.fit``, ``predict`` and ``evaluate`` take, run before
-any training step (what, where: the item index, and how to fix it), and the conversion of those
-forms to tensors. The minibatches themselves are :mod:`zoo.data.batches`'."""
+any training step (what, where: the item index, and how to fix it). The forms themselves, and
+their conversion to tensors, are :mod:`zoo.data.forms`'; the minibatches
+:mod:`zoo.data.batches`'."""
 
 from __future__ import annotations
 
-from collections.abc import Sized
-from typing import cast
-
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, TensorDataset
+from torch.utils.data import DataLoader
 
+from zoo.data.forms import Data, as_tensors, gather_tensors, locate_bad_item, split_batch
 from zoo.models.base import BayesianModel
 from zoo.models.likelihoods import check_labels, shape_n
 from zoo.models.statistics import evaluation_mode
 
-#: The data every entry point takes: ``(x, y)`` tensors (a tuple or a list of two), a ``Dataset``
-#: of ``(x, y)`` items (a ``TensorDataset`` of two tensors is read as the tensors), or a
-#: ``DataLoader`` of ``(x, y)`` batches.
-Data = tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor] | Dataset | DataLoader
-
 __all__ = [
+    "Data",
     "as_tensors",
     "check_data",
     "check_dataset",
@@ -37,66 +32,6 @@ __all__ = [
 
 #: Floating-point types a fit does not run in.
 HALF = (torch.float16, torch.bfloat16)
-
-
-def as_tensors(data) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """``(X, y)`` for a tuple/list of two tensors or a two-tensor ``TensorDataset``, else None."""
-    if isinstance(data, TensorDataset):
-        if len(data.tensors) != 2:
-            raise ValueError(
-                f"a TensorDataset for fit must hold (X, y), got {len(data.tensors)} tensors"
-            )
-        data = data.tensors
-    if isinstance(data, (tuple, list)):
-        if len(data) != 2:
-            raise ValueError(f"data must be (X, y), got a sequence of {len(data)} items")
-        x, y = data
-        if not (torch.is_tensor(x) and torch.is_tensor(y)):
-            raise TypeError(
-                f"(X, y) must both be torch tensors, got ({type(x).__name__}, "
-                f"{type(y).__name__}); convert with torch.as_tensor"
-            )
-        if x.shape[0] != y.shape[0]:
-            raise ValueError(
-                f"X and y have different lengths: {x.shape[0]} inputs but {y.shape[0]} targets; "
-                "they must have one target per input"
-            )
-        return x, y
-    if isinstance(data, (Dataset, DataLoader)):
-        return None
-    raise TypeError(
-        f"data must be (X, y) tensors, a torch Dataset or a DataLoader, got {type(data).__name__}"
-    )
-
-
-def gather_tensors(data, batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
-    """All of ``data`` as two tensors ``(X, y)``, whatever its form: ``(X, y)`` and a two-tensor
-    ``TensorDataset`` as they are, any other ``Dataset`` or a ``DataLoader`` read in order
-    (batches of ``batch_size`` for a ``Dataset``) and concatenated. For evaluation and ArviZ
-    groups, which need every example at once."""
-    tensors = as_tensors(data)
-    if tensors is not None:
-        return tensors
-    loader = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
-    pairs, offset, items = [], 0, iter(loader)
-    while True:
-        try:
-            batch = next(items)
-        except StopIteration:
-            break
-        except Exception as err:  # an item that raises, or items that do not stack: name it
-            dataset = loader.dataset
-            if not isinstance(dataset, IterableDataset):
-                size = loader.batch_size or 1
-                end = min(offset + size, len(cast(Sized, dataset)))
-                locate_bad_item(dataset, offset, end, err)
-            raise
-        pairs.append(split_batch(batch))
-        offset += pairs[-1][0].shape[0]
-    if not pairs:
-        raise ValueError("the data set is empty: it has no examples to gather")
-    xs, ys = zip(*pairs)
-    return torch.cat(xs), torch.cat(ys)
 
 
 def first_bad_row(bad: torch.Tensor) -> int:
@@ -174,35 +109,6 @@ def check_dataset(model, dataset, collate_fn=None, batch_size: int = 1024) -> No
         check_finite(yb, "y", "the data set", offset)
         check_targets(model, yb, offset)
         offset += xb.shape[0]
-
-
-def locate_bad_item(dataset, start: int, stop: int, err: Exception) -> None:
-    """Raise a ``ValueError`` naming the first item in ``dataset[start:stop]`` that raises,
-    is not an ``(x, y)`` pair, or has other shapes than ``dataset[start]`` (so a batch could not
-    be stacked); return if none does (``err`` is then re-raised by the caller)."""
-    first = None
-    for index in range(start, stop):
-        try:
-            item = dataset[index]
-        except Exception as cause:
-            raise ValueError(
-                f"item {index} of the data set raised {type(cause).__name__}: {cause}; fix the "
-                "Dataset's __getitem__ (or drop that item) before fitting"
-            ) from cause
-        if not (isinstance(item, (tuple, list)) and len(item) == 2):
-            raise ValueError(
-                f"item {index} of the data set is a {type(item).__name__}, not an (x, y) pair; "
-                "a Dataset for fit returns (input, target) from __getitem__"
-            )
-        shapes = tuple(tuple(getattr(part, "shape", ())) for part in item)
-        if first is None:
-            first = shapes
-        elif shapes != first:
-            raise ValueError(
-                f"item {index} of the data set has shapes x {shapes[0]}, y {shapes[1]}, where item "
-                f"{start} has x {first[0]}, y {first[1]}; every item needs the same shapes "
-                f"(the batches stack them): resize or drop item {index} ({err})"
-            )
 
 
 def check_data(model, x: torch.Tensor, y: torch.Tensor) -> None:
@@ -298,10 +204,3 @@ def check_input_shape(model, x: torch.Tensor, y: torch.Tensor | None = None) -> 
         raise ValueError(f"{err}{hint}") from None
     if y is not None:
         model.likelihood.check_target_shape(y, out)
-
-
-def split_batch(batch) -> tuple:
-    """``(x, y)`` of a batch of a ``DataLoader``, refused unless it is a pair."""
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise ValueError("each batch of the data must be a pair (x, y)")

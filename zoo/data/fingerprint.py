@@ -26,7 +26,7 @@ import time
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from zoo.data.checks import as_tensors, split_batch
+from zoo.data.forms import as_tensors, split_batch
 
 __all__ = ["BLOCK_BYTES", "FULL_READ_SECONDS", "SAMPLE_ITEMS", "data_fingerprint"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch.utils.data import DataLoader, IterableDataset, Subset
 
-from zoo.data.checks import as_tensors, split_batch
+from zoo.data.forms import as_tensors, split_batch
 
 
 def sample_examples(data, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,17 +19,15 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
-from collections.abc import Sized
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
 from tqdm import tqdm
 
 from zoo.arguments import check_int, check_positive, check_seed, is_int, refuses_moved_keywords
-from zoo.data.checks import Data, check_data, gather_tensors
+from zoo.data.checks import check_data
+from zoo.data.forms import Data, gather_tensors, nbytes, size
 from zoo.mcmc import chain as hmc
 from zoo.mcmc.samplers import NUTS, Sampler, check_sampler
 from zoo.models.base import BayesianModel
@@ -189,12 +187,9 @@ def _in_memory(data, budget: Budget) -> tuple[torch.Tensor, torch.Tensor]:
     """``(X, y)`` of ``data``, refusing a data set past ``budget.data_bytes`` before reading it
     all where its length is known."""
 
-    dataset = data.dataset if isinstance(data, DataLoader) else data
-    if isinstance(dataset, Dataset) and not isinstance(dataset, IterableDataset):
-        first = dataset[0]
-        item = sum(torch.as_tensor(t).numel() * torch.as_tensor(t).element_size() for t in first)
-        count = len(cast(Sized, dataset))  # a map-style dataset has a length
-        _refuse_bytes(item * count, count, budget)
+    known = nbytes(data)
+    if known is not None:
+        _refuse_bytes(known, size(data) or 0, budget)
     x, y = gather_tensors(data)
     _refuse_bytes(x.numel() * x.element_size() + y.numel() * y.element_size(), len(x), budget)
     return x, y

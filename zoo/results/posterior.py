@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Unpack, cast
 import torch
 
 from zoo.arguments import check_bool, check_keywords, check_positive, check_seed
-from zoo.data.checks import Data, check_labelled_data, gather_tensors
+from zoo.data.checks import check_labelled_data
+from zoo.data.forms import Data, gather_tensors
 from zoo.evaluation.bounds import check_prediction_size
 from zoo.evaluation.predictive import predict
 from zoo.models.predictions import PredictionT, mixture

@@ -24,8 +24,8 @@ from typing_extensions import Unpack
 import guides as guide_registry
 from zoo.arguments import check_checkpoint_path, check_length, check_positive, check_seed
 from zoo.data.batches import batch_order, fit_batches
-from zoo.data.checks import Data
 from zoo.data.fingerprint import data_fingerprint
+from zoo.data.forms import Data
 from zoo.inference.objective import Objective
 from zoo.models.base import BayesianModel
 from zoo.models.checks import check_model

@@ -55,13 +55,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import DataLoader
 
 from guides.registry import Family, family, family_class, recipe
+from zoo.data.forms import batches_per_epoch, size
 from zoo.models.base import BayesianModel
 from zoo.training.checkpoint import read_checkpoint
 from zoo.training.rate import MIN_FIT_STEPS
-from zoo.training.recipes import data_size, warn_if_short
+from zoo.training.recipes import warn_if_short
 from zoo.training.start import StartWarning
 
 __all__ = ["MAP_SHARE", "MapStart", "after_map", "phase_path", "plan", "run"]
@@ -140,20 +140,16 @@ def _total(data, length, engine) -> int | None:
     """The fit's optimiser steps, as :func:`zoo.training.fitting` counts them."""
     if length.num_steps is not None:
         return int(length.num_steps)
-    if isinstance(data, DataLoader):
-        batches = len(data)
-    else:
-        n = data_size(data)
-        if n is None:
-            return None
-        batches = math.ceil(n / length.batch_size)
+    batches = batches_per_epoch(data, length.batch_size)
+    if batches is None:
+        return None
     return length.epochs * math.ceil(batches / engine.accumulate)
 
 
 def run(fit, phases: MapStart, model, guide, data, *, seed, length, optim, loss, engine, run):
     """Both phases (the module docstring) through ``fit`` (``zoo.fit``): the family's
     ``FitResult``, or the MAP fit so far when it was interrupted."""
-    warn_if_short(length.recipe, phases.total, data_size(data) or 0, length.batch_size)
+    warn_if_short(length.recipe, phases.total, size(data) or 0, length.batch_size)
     common = dict(batch_size=length.batch_size, seed=seed, engine=engine)
     family_loss = dataclasses.replace(loss, map_start=False)
     if run.resume is not None and Path(run.resume).exists():  # in the family's phase

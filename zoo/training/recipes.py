@@ -57,9 +57,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader
 
 from guides.registry import Family, Recipe, get
+from zoo.data.forms import size as data_size
 from zoo.runtime.devices import DEVICE_VARIABLE, chosen_device
 
 __all__ = [
@@ -126,22 +127,6 @@ class Length:
     lr_rule: str = "given"
 
 
-def data_size(data) -> int | None:
-    """The number of examples of ``data`` in any form ``fit`` takes, or None when it has no
-    length (an ``IterableDataset``) or the form is not one ``fit`` knows (its checks say so)."""
-    if isinstance(data, DataLoader):
-        data = data.dataset
-    if isinstance(data, (tuple, list)):
-        first = data[0] if len(data) == 2 else None
-        return int(first.shape[0]) if torch.is_tensor(first) and first.dim() else None
-    if isinstance(data, IterableDataset):
-        return None
-    try:
-        return len(data)
-    except TypeError:
-        return None
-
-
 def resolve_length(
     data,
     model=None,
@@ -169,7 +154,7 @@ def resolve_length(
         lr = None
     factor, start = (TRAINED_LR_FACTOR, ", trained start") if trained and lr is None else (1, "")
     n = data_size(data)
-    loader = isinstance(data, DataLoader)
+    loader = isinstance(data, DataLoader)  # its batch size is its own
     small = n is not None and 0 < n <= SMALL_DATA and getattr(model, "task", "") == "regression"
     if epochs is None and (num_steps is None or auto) and small and n is not None:
         default_schedule = None if auto else REGRESSION_FIT["lr_schedule"]

@@ -86,7 +86,8 @@ def test_map_start_false_is_the_model_elbo_from_the_family_start():
         ({"num_steps": 60}, "could not measure its rate"),  # a MAP phase of 48 steps
         ({"lr": 0.01}, "a rate, schedule"),
         ({"optim": {"lr_schedule": "cosine"}}, "a rate, schedule"),
-        ({"num_steps": "auto"}, "convergence rule"),
+        # a rule of a few windows: num_steps="auto" is the same branch (the rule is not None)
+        ({"num_steps": zoo.Convergence(window=10, cap=40)}, "convergence rule"),
         ({"guide": "whvi"}, "does not start at given weights"),
         ({"guide": "map"}, "does not start at given weights"),
         ({"guide": "mc_dropout"}, "its own start"),
