@@ -43,9 +43,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import guides
-import guides.matrix_normal
+import guides.families.matrix_normal
+import guides.families.tridiagonal
 import guides.posch_joint
-import guides.tridiagonal
 import zoo
 import zoo.inference.compiled
 
@@ -152,7 +152,7 @@ def gpu_path(forced: bool):
         mock.patch.object(
             guides.posch_joint, "joint_draw_pays", lambda elements, sites, device: True
         ),
-        mock.patch.object(guides.matrix_normal, "diagonal_blocks", lambda n, device: 1),
+        mock.patch.object(guides.families.matrix_normal, "diagonal_blocks", lambda n, device: 1),
     ):
         yield
 

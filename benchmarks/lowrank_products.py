@@ -3,7 +3,7 @@
     python benchmarks/lowrank_products.py                  # the MLP's two large weight sites
     python benchmarks/lowrank_products.py --sizes 313600 --rank 10
 
-Per step the low-rank guide (``guides/lowrank.py``) computes, for each site's factor ``G``
+Per step the low-rank guide (``guides/families/lowrank.py``) computes, for each site's factor ``G``
 (``rank x n``, float32): ``t = eps1 + eps2 G`` and ``u = eps2 - eps1 G^T`` (sampling and the
 density of the draw, one ``addmm`` each: ``guides.lowrank_kernels.LowRankDraw``), the Gram
 ``G G^T`` (the log determinant), and in the backward ``A G`` plus two rank-one terms (the

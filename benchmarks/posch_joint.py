@@ -29,8 +29,8 @@ import time
 
 import torch
 
+from guides.families.tridiagonal import PoschSite
 from guides.posch_joint import CPU_JOINT_ELEMENTS_PER_SITE, joint_draw_pays, share_posch_work
-from guides.tridiagonal import PoschSite
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from graph_size import dispatched_ops  # noqa: E402  (the same count)

@@ -32,7 +32,7 @@ def cases() -> dict[str, tuple[str, dict]]:
     import guides
 
     out = {}
-    for name, cls in guides.families().items():
+    for name, cls in guides.registry.families().items():
         if cls.__module__.startswith("guides."):
             for variant, options in cls.variants.items():
                 out[f"{name}_{variant}" if variant else name] = (name, dict(options))

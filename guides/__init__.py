@@ -22,42 +22,48 @@ name                 class                                    ``q`` per site
                                                               weights, point masses elsewhere
 ===================  =======================================  ==================================
 
-:class:`AutoMixed` picks a family per site by name pattern. A family registers itself by its
-class statement, ``class AutoX(PerSiteGuide, family="x")`` (see :mod:`guides.registry`);
-:func:`available` lists the registered names.
+:class:`AutoMixed` picks a family per site by name pattern. A family is one module of
+:mod:`guides.families` and registers itself by its class statement, ``class AutoX(PerSiteGuide,
+family="x")`` (see :mod:`guides.registry`); :func:`available` lists the registered names and
+:func:`guides.registry.families` their classes.
 
 Modules, each importing only those above it: ``kernels`` (custom autograd kernels) ->
 ``gaussian`` (the emitted distributions, closed-form KL) -> ``site`` (one site's parameters)
--> ``base`` (the per-site guide) -> one module per family -> ``mixed``.
+-> ``base`` (the per-site guide) -> one module per family in :mod:`guides.families` (``mixed``
+last).
 """
 
+import sys as _sys
+
+import guides.families
 from guides.base import PerSiteGuide
-from guides.block_diagonal import AutoBlockDiagonal, BlockDiagonalNormal
-from guides.diagonal import AutoDiagonal
+from guides.families.block_diagonal import AutoBlockDiagonal, BlockDiagonalNormal
+from guides.families.diagonal import AutoDiagonal
+from guides.families.joint import AutoJoint
+from guides.families.lowrank import AutoLowRank, LowRankNormal
+from guides.families.matrix_normal import AutoMatrixNormal, MatrixNormal
+from guides.families.mc_dropout import AutoMCDropout, MCDropoutWeight
+from guides.families.mixed import AutoMixed
+from guides.families.point_mass import AutoMAP, PointMass
+from guides.families.subnetwork import AutoSubnetwork
+from guides.families.tridiagonal import AutoTridiagonal, TridiagonalNormal
+from guides.families.whvi import AutoWHVI
 from guides.gaussian import DiagonalNormal, StructuredGaussian, gaussian_kl_to_normal
-from guides.joint import AutoJoint
-from guides.lowrank import AutoLowRank, LowRankNormal
-from guides.matrix_normal import AutoMatrixNormal, MatrixNormal
-from guides.mc_dropout import AutoMCDropout, MCDropoutWeight
-from guides.mixed import AutoMixed
 from guides.pairs import MeanScale, mean_scale_pairs
-from guides.point_mass import AutoMAP, PointMass
 from guides.registry import (
     Family,
     Recipe,
     available,
     build,
-    families,
     family,
     get,
     instantiate,
     recipe,
 )
 from guides.site import SitePosterior
-from guides.subnetwork import AutoSubnetwork
-from guides.tridiagonal import AutoTridiagonal, TridiagonalNormal
 from guides.walsh_hadamard import WalshHadamardWeight
-from guides.whvi import AutoWHVI
+
+guides.families.alias_old_paths(_sys.modules[__name__])
 
 __all__ = [
     "Family",
@@ -88,7 +94,6 @@ __all__ = [
     "WalshHadamardWeight",
     "available",
     "build",
-    "families",
     "gaussian_kl_to_normal",
     "get",
     "instantiate",

@@ -2,7 +2,7 @@
 (:class:`JointCovariance`), its draw with the log-density read from the noise
 (:class:`DrawnMultivariateNormal`), a site's marginal under it (:class:`JointSiteMarginal`),
 the site that holds the means (:class:`JointLocSite`), and the checks of sizes and masks.
-:class:`guides.joint.AutoJoint` assembles them."""
+:class:`guides.families.joint.AutoJoint` assembles them."""
 
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ class JointSiteMarginal(dist.TorchDistribution):
     arg_constraints: dict = {}
     has_rsample = False
 
-    def __init__(self, guide, name: str):  # guide: a guides.joint.AutoJoint
+    def __init__(self, guide, name: str):  # guide: a guides.families.joint.AutoJoint
         self._guide, self._name = guide, name
         shape = guide.site_posterior(name).loc.shape
         super().__init__(torch.Size(), torch.Size(shape), validate_args=False)

@@ -1,4 +1,4 @@
-"""Custom autograd kernels of the low-rank family (``guides/lowrank.py``), public names.
+"""Custom autograd kernels of the low-rank family (``guides/families/lowrank.py``), public names.
 
 Per site ``Cov = D (I + G^T G) D`` with ``D`` the diagonal of standard deviations (``(n,)``, or
 ``(1,)`` for one value per site) and ``G`` the factor relative to it (``(rank, n)``). A draw

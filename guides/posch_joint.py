@@ -1,6 +1,6 @@
 """Posch & Pilz's ratio sequence, and every Posch site of a guide drawn in one pass.
 
-A Posch site (:class:`guides.tridiagonal.PoschSite`) of ``n`` elements has two scalars,
+A Posch site (:class:`guides.families.tridiagonal.PoschSite`) of ``n`` elements has two scalars,
 ``tau > 0`` and ``rho`` in ``(-1/2, 1/2)``, and its draw is
 
     w_j = m_j + tau |m_j| (sqrt(r_j) eps_j + rho / sqrt(r_{j-1}) eps_{j-1}),   eps ~ N(0, I),

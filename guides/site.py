@@ -109,7 +109,7 @@ class SitePosterior(PyroModule):
     def upgrade_state(self, state: dict, prefix: str) -> None:
         """Rewrite in place the entries of a saved ``state`` (a guide's ``state_dict``, this
         site's under ``prefix``) that an earlier release wrote in another parameterisation
-        (``guides.whvi``'s ``loc``, ``s1``, ``s2``); nothing by default."""
+        (``guides.families.whvi``'s ``loc``, ``s1``, ``s2``); nothing by default."""
 
 
 #: What a family's ``site_spec`` returns: its site class (``None``: a family over several sites,

@@ -20,7 +20,7 @@ from guides.gaussian import GaussianMixin
 
 def _cases() -> dict[str, tuple[str, dict]]:
     cases = {}
-    for name, cls in guides.families().items():
+    for name, cls in guides.registry.families().items():
         if not cls.__module__.startswith("guides."):
             continue
         for variant, options in cls.variants.items():

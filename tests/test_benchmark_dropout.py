@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from guides.mc_dropout import MCDropoutWeight, dropout_kl
+from guides.families.mc_dropout import MCDropoutWeight, dropout_kl
 from tests.conftest import REPO
 from tests.test_benchmarks import _run
 

@@ -57,10 +57,10 @@ def test_a_step_counts_what_each_family_draws_per_weight():
     """A draw, its noise and their gradients (20 bytes a weight) by default; point masses draw
     nothing; block diagonal's packed lower entries and WHVI's generated blocks (padded to
     ``D``) count besides."""
-    from guides.block_diagonal import BlockDiagonalSite
-    from guides.diagonal import DiagonalSite
-    from guides.point_mass import PointMassSite
-    from guides.whvi import WHVISite
+    from guides.families.block_diagonal import BlockDiagonalSite
+    from guides.families.diagonal import DiagonalSite
+    from guides.families.point_mass import PointMassSite
+    from guides.families.whvi import WHVISite
 
     assert DiagonalSite.step_bytes((100, 10), {}) == 20 * 1000
     assert PointMassSite.step_bytes((100, 10), {}) == 12 * 1000
@@ -74,8 +74,8 @@ def test_a_step_counts_what_each_family_draws_per_weight():
 
 
 def test_site_parameters_builds_nothing_real():
-    from guides.diagonal import DiagonalSite
-    from guides.lowrank import LowRankSite
+    from guides.families.diagonal import DiagonalSite
+    from guides.families.lowrank import LowRankSite
 
     assert memory.site_parameters(DiagonalSite, (1000, 1000), 0.01, {}) == 2_000_000
     assert memory.site_parameters(LowRankSite, (100, 10), 0.01, {"rank": 4}) == 6 * 1000

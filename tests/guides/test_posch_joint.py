@@ -8,8 +8,8 @@ import torch
 
 import guides
 import zoo
+from guides.families.tridiagonal import PoschSite, TridiagonalNormal, posch_factors
 from guides.posch_joint import RATIO_TERMS, PoschLayout, posch_joint_draw, posch_rho
-from guides.tridiagonal import PoschSite, TridiagonalNormal, posch_factors
 
 #: Site shapes below, at and beyond RATIO_TERMS, and single elements.
 SHAPES = [(5,), (1,), (RATIO_TERMS,), (4, 3), (RATIO_TERMS + 300,), (1, 1)]

@@ -16,7 +16,7 @@ import math
 
 from typing_extensions import Unpack
 
-from guides.subnetwork import DEFAULT_SIZE, AutoSubnetwork
+from guides.families.subnetwork import DEFAULT_SIZE, AutoSubnetwork
 from zoo.arguments import check_int, check_positive
 from zoo.baselines.laplace_fitting import map_point, split_noise
 from zoo.baselines.selection import subnetwork_indices
@@ -58,8 +58,8 @@ def subnetwork_guide(
     data
         Training data (``(X, y)``, a Dataset or a DataLoader), held in memory.
     size : int, optional
-        ``S``; by default :data:`guides.subnetwork.DEFAULT_SIZE`, or every weight of a smaller
-        model.
+        ``S``; by default :data:`guides.families.subnetwork.DEFAULT_SIZE`, or every weight of a
+        smaller model.
     at : FitResult, optional
         The MAP fit (a ``"map"`` fit, or any fit whose guide's median is taken); by default
         ``zoo.fit(model, "map", data, ...)`` is run here with the fit arguments below.

@@ -102,7 +102,7 @@ def _check_family_name(name: str) -> None:
     try:
         guides.get(name)
     except ValueError:
-        composite = sorted(n for n in guides.families() if guides.registry.is_composite(n))
+        composite = sorted(n for n in guides.registry.families() if guides.registry.is_composite(n))
         raise ValueError(
             f"unknown family {name!r}: a row is one of the families {guides.available()}, a "
             f"family over several sites {composite} (with its options), or a baseline "

@@ -20,9 +20,9 @@ from torch import nn
 from torch.distributions import constraints
 from torch.distributions.kl import register_kl
 
+from guides.families.mc_dropout import MCDropoutWeight, dropout_kl
 from guides.gaussian import DiagonalNormal, StructuredGaussian, expand_to, gaussian_kl
 from guides.kernels import squared_norm
-from guides.mc_dropout import MCDropoutWeight, dropout_kl
 
 #: Prior classes that :func:`from_spec` rebuilds, by class name (``class P(Prior, builtin=True)``).
 BUILT_IN: dict[str, type] = {}

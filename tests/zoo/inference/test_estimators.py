@@ -11,8 +11,8 @@ from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 
 import guides
 import zoo
-from guides.diagonal import DiagonalSite
-from guides.matrix_normal import MatrixNormalSite
+from guides.families.diagonal import DiagonalSite
+from guides.families.matrix_normal import MatrixNormalSite
 from tests.zoo.linear_gaussian import (
     correlated_data,
     exact_elbo,
@@ -286,7 +286,7 @@ def test_auto_draws_mc_dropouts_masks_per_example_as_local_does(layer):
     """MC dropout prefers the local estimator on every layer (a mask per example, as dropout
     trains): under "auto" a linear or convolution layer gives exactly "local"'s output from the
     same generator state, and repeated examples of a batch get their own masks."""
-    from guides.mc_dropout import MCDropoutWeight
+    from guides.families.mc_dropout import MCDropoutWeight
 
     torch.manual_seed(0)
     shape = (4, 6) if layer == "linear" else (4, 6, 3, 3)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # fits every family to its exact posterior
 D = 4
 # Each Gaussian family's default and the variant whose ELBO is compared below (4,000 steps each;
 # every variant is checked against a dense MultivariateNormal in tests/guides). The point mass:
-# tests/guides/test_point_mass.py.
+# tests/guides/families/test_point_mass.py.
 FAMILIES = {
     label: case
     for label, case in GAUSSIAN.items()

@@ -6,7 +6,7 @@ import torch
 
 import guides.lowrank_kernels
 import zoo
-from guides.lowrank import LowRankNormal, LowRankSite
+from guides.families.lowrank import LowRankNormal, LowRankSite
 from guides.lowrank_kernels import LowRankDraw, SiteCapacitanceTerms
 from tests.guides.conftest import make_site
 

@@ -3,8 +3,8 @@ import pickle
 import pytest
 import torch
 
+from guides.families.matrix_normal import MatrixNormal, MatrixNormalSite, triangular_factor
 from guides.kernels import KroneckerFactorProduct, factor_mask
-from guides.matrix_normal import MatrixNormal, MatrixNormalSite, triangular_factor
 from tests.guides.conftest import make_site
 
 

@@ -8,7 +8,7 @@ from torch.distributions import kl_divergence
 
 import guides
 import zoo
-from guides.point_mass import PointMass, PointMassSite
+from guides.families.point_mass import PointMass, PointMassSite
 from tests.zoo.linear_gaussian import correlated_data, exact_posterior, model_for
 from zoo.models import BayesianMLP
 

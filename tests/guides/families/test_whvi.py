@@ -14,8 +14,8 @@ from pyro.infer import SVI, Trace_ELBO, TraceMeanField_ELBO
 from torch.distributions import MultivariateNormal, kl_divergence
 
 import guides
+from guides.families.whvi import FULL_MAX, WHVISite, initial_mean
 from guides.walsh_hadamard import DENSE_MAX, WalshHadamardLayout, fwht, hadamard
-from guides.whvi import FULL_MAX, WHVISite, initial_mean
 from zoo.models import BayesianMLP
 
 SHAPES = [(5, 3), (3, 6), (4, 2, 3, 3), (9, 4), (1, 1)]
@@ -350,8 +350,8 @@ def test_the_block_size_is_saved_and_a_spec_without_one_has_the_papers_blocks():
     """The block size decides the parameters' shapes, so every spec records it; a spec of a
     release before it (no block_size) rebuilds the paper's one-block layout, for the family
     and for a WHVI rule of AutoMixed and AutoJoint's rest alike."""
+    from guides.families.whvi import DEFAULT_BLOCK_SIZE
     from guides.site import direct_parameters
-    from guides.whvi import DEFAULT_BLOCK_SIZE
 
     model = BayesianMLP(20, (12,), 3, task="classification")
     x, y = torch.randn(4, 20), torch.randint(0, 3, (4,))

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.distributions import Categorical, Independent, MixtureSameFamily, Normal, kl_divergence
 
 import guides
-from guides.mc_dropout import MCDropoutSite, MCDropoutWeight
+from guides.families.mc_dropout import MCDropoutSite, MCDropoutWeight
 from zoo.models import BayesianMLP, LeNet5
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.distributions import Normal
 
-from guides.block_diagonal import BlockDiagonalNormal, BlockDiagonalSite
+from guides.families.block_diagonal import BlockDiagonalNormal, BlockDiagonalSite
 from tests.guides.conftest import make_site
 
 

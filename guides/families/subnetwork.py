@@ -5,8 +5,8 @@ masses (MAP) on every other weight.
 The paper trains a network to a MAP solution, chooses the ``S`` weights of largest marginal
 variance under a diagonal Laplace approximation at the MAP, infers a full covariance over
 those only, and predicts with the mix of Bayesian and point-estimate weights. Here the joint
-Gaussian is :class:`guides.joint.AutoJoint`'s, over the chosen scalars of every real site, and
-the choice is one of
+Gaussian is :class:`guides.families.joint.AutoJoint`'s, over the chosen scalars of every real
+site, and the choice is one of
 
 - the paper's rule: :func:`zoo.subnetwork_guide` (a MAP fit, laplace-torch's diagonal Laplace,
   its largest marginal variances; the guide it returns holds them as masks, means at the MAP);
@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from guides.checks import InvalidArgument, check_choice, check_int
-from guides.joint import AutoJoint
+from guides.families.joint import AutoJoint
 from guides.joint_gaussian import check_size, indices
 
 #: ``S`` when ``size`` is not given and the weights are chosen by magnitude.

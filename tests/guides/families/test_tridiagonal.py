@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from guides.kernels import bidiagonal_solve
-from guides.posch_joint import RATIO_TERMS
-from guides.tridiagonal import (
+from guides.families.tridiagonal import (
     FreeTridiagonalSite,
     PoschSite,
     TridiagonalNormal,
     posch_factors,
 )
+from guides.kernels import bidiagonal_solve
+from guides.posch_joint import RATIO_TERMS
 from tests.guides.conftest import make_site
 
 
