@@ -302,9 +302,9 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         lr_scale=3.0,
         full_batch_lr_scale=1.0,
         why="in units of one step (the module's Parameterisation) its minibatch fits are still "
-        "best from three times the task's rate (MNIST's LeNet-5, 80 steps, blocks of 4: 0.32 "
-        "from 9e-3, 0.34 from 2.7e-3, 0.76 from 2.7e-2); the full-batch recipe's 1e-2 is near "
-        "its best, three times it diverges on the toy (benchmarks/fairness.py)",
+        "best from three times the task's rate (MNIST's LeNet-5, blocks of 4); the full-batch "
+        "recipe's 1e-2 is near its best, and three times it diverges on the toy "
+        "(benchmarks/fairness.py)",
     )
 
     site_class = WHVISite

@@ -455,3 +455,13 @@ def test_a_stale_param_store_entry_of_another_shape_is_refused_clearly():
         same(x, y)  # the same shapes: Pyro's resume from the store, as documented
     finally:
         pyro.clear_param_store()
+
+
+def test_a_recipe_says_why_without_figures_that_go_stale():
+    """A recipe's ``why`` gives the reason and the benchmark that shows it; its measured
+    figures live in the benchmark's results, which are rerun, not in the code."""
+    import re
+
+    for name in guides.available():
+        why = guides.recipe(name).why
+        assert not re.search(r"\d\.\d|\d+ nats|\d+%", why), (name, why)
