@@ -31,6 +31,8 @@ NETWORKS = {
     ),
     "lstm": (lambda: zoo.models.RecurrentClassifier(28, hidden=64, seq_len=28), "sequence"),
 }
+#: Issue 96's target: every family's step at most this times the deterministic step.
+TARGET = 1.3
 FAMILIES = {
     "map": "map",
     "diagonal": "diagonal",
@@ -83,23 +85,25 @@ def step_table(name: str, make, x, y, args) -> None:
 
     steps = {label: [] for label in args.families}
     plain = {label: [] for label in args.families}
-    threads = {}
+    threads, jit = {}, {}
     for _ in range(args.repeat):
         for label in args.families:
             family = FAMILIES[label]
             short, _ = fit_seconds(make, family, (x, y), args.short, args.batch)
             long, fit = fit_seconds(make, family, (x, y), args.long, args.batch)
             threads[label] = fit.options["threads"]
+            jit[label] = str(fit.options["jit"]).split(" (")[0]
             steps[label].append((long - short) / span)
             plain[label].append(deterministic(threads[label]))
     print(f"\n{name} (medians of {args.repeat} rounds; load {os.getloadavg()[0]:.2f})")
-    print("| family | threads | ms per step | deterministic ms | x deterministic |")
-    print("| --- | --- | --- | --- | --- |")
+    print("| family | threads | loss | ms per step | deterministic ms | x deterministic | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for label in args.families:
         step, base = statistics.median(steps[label]), statistics.median(plain[label])
+        met = "met" if step / base <= TARGET else "missed"
         print(
-            f"| {label} | {threads[label]} | {1000 * step:.1f} | {1000 * base:.1f} | "
-            f"{step / base:.2f} |",
+            f"| {label} | {threads[label]} | {jit[label]} | {1000 * step:.1f} | "
+            f"{1000 * base:.1f} | {step / base:.2f} | <= {TARGET:.2f}: {met} |",
             flush=True,
         )
 

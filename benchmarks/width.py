@@ -113,8 +113,8 @@ def main() -> None:
                                               results[width].items()), flush=True)  # fmt: skip
     weights = {w: 784 * w + w * w + 10 * w + 2 * w + 10 for w in args.widths}
     print("\n| row | " + " | ".join(f"w={w}: ms (x diag, x det)" for w in args.widths)
-          + " | exponent between widths |")  # fmt: skip
-    print("| --- |" + " ---: |" * (len(args.widths) + 1))
+          + " | exponent between widths | target (x diag, exponent) |")  # fmt: skip
+    print("| --- |" + " ---: |" * (len(args.widths) + 2))
     for name in rows:
         cells = []
         for w in args.widths:
@@ -123,8 +123,26 @@ def main() -> None:
                          f"{t / results[w].get('deterministic', math.nan):.2f})")  # fmt: skip
         slopes = [math.log(results[b][name] / results[a][name]) / math.log(weights[b] / weights[a])
                   for a, b in zip(args.widths, args.widths[1:])]  # fmt: skip
+        target = _target(name, results, slopes)
         print(f"| {name} | " + " | ".join(cells) + " | "
-              + " -> ".join(f"{s:.2f}" for s in slopes) + " |")  # fmt: skip
+              + " -> ".join(f"{s:.2f}" for s in slopes) + f" | {target} |")  # fmt: skip
+
+
+#: Issue 96's targets for the low-rank rows: at most this times the diagonal's step at 1,024 and
+#: 2,048 units, and at most this exponent between widths.
+TARGET_X_DIAGONAL, TARGET_EXPONENT = 2.5, 1.15
+
+
+def _target(name: str, results: dict, slopes: list[float]) -> str:
+    """The target beside a low-rank row and whether this run met it; ``-`` for other rows."""
+    if not name.startswith("lowrank"):
+        return "-"
+    ratios = [results[w][name] / results[w]["diagonal"] for w in (1024, 2048)
+              if w in results and "diagonal" in results[w]]  # fmt: skip
+    if len(ratios) < 2:
+        return f"<= {TARGET_X_DIAGONAL}, <= {TARGET_EXPONENT}: not measured (widths 1024, 2048)"
+    met = all(r <= TARGET_X_DIAGONAL for r in ratios) and all(s <= TARGET_EXPONENT for s in slopes)
+    return f"<= {TARGET_X_DIAGONAL}, <= {TARGET_EXPONENT}: {'met' if met else 'missed'}"
 
 
 #: Rows run only when named.

@@ -72,13 +72,18 @@ TRACED_ON = ("2.11", "2.14")
 UNCHECKED = object()
 
 
-def compile_refusal(model, guide, num_particles: int) -> str | None:
+def compile_refusal(model, guide, num_particles: int, device=None) -> str | None:
     """Why ``model`` and ``guide`` are evaluated eagerly under ``jit="auto"`` (``None``: they
     are compiled): only ``zoo`` models with a ``guides`` family and one particle per step (the
     vectorised particles run through ``torch.func.vmap``, which ``torch.jit.trace`` cannot
-    record), whose network has no running statistics to update (batch norm) and no fused
-    recurrent layer (whose cached weights a traced graph would freeze). Without a compiled loss
-    the CUDA graph step is off too (:mod:`zoo.training.rules`)."""
+    record), whose network has no running statistics to update (batch norm) and whose forward
+    pass ``vmap`` could batch (one that reads tensor values could not be traced). A network with
+    PyTorch's fused recurrent layers compiles on the CPU, where its traced loss takes each
+    step's drawn weights as the eager one does (``tests/zoo/inference/test_compiled.py`` holds
+    a fit equal to the eager one step for step); on other devices (``device``, the inputs'),
+    where cuDNN's kernels and the CUDA-graph step it would open have not been measured, it
+    stays eager. Without a compiled loss the CUDA graph step is off too
+    (:mod:`zoo.training.rules`)."""
 
     if not isinstance(model, BayesianModel):
         return "the model is not a zoo.models.BayesianModel"
@@ -88,8 +93,17 @@ def compile_refusal(model, guide, num_particles: int) -> str | None:
         return "num_particles > 1 (vectorised particles use torch.func.vmap)"
     if model._statistics:
         return "the network has batch-norm running statistics (a graph would not update them)"
-    if not model._vectorised:
-        return "the network has PyTorch's fused recurrent layers (nn.LSTM, nn.GRU, nn.RNN)"
+    recurrent = any(isinstance(m, torch.nn.RNNBase) for m in model.net.modules())
+    if recurrent and not (device is None or torch.device(device).type == "cpu"):
+        return (
+            "the network has PyTorch's fused recurrent layers (nn.LSTM, nn.GRU, nn.RNN), "
+            "compiled on the CPU only"
+        )
+    if not recurrent and not model._vectorised:
+        return (
+            "the network's forward pass reads values vmap could not batch (a graph would "
+            "freeze them)"
+        )
     return None
 
 

@@ -207,7 +207,7 @@ class Objective:
         """Why the loss is not compiled (``None``: it is); raises under ``jit=True``."""
         if not self.jit:
             return "jit=False"
-        refusal = compile_refusal(self.model, self.guide, self.num_particles)
+        refusal = compile_refusal(self.model, self.guide, self.num_particles, x.device)
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
         if refusal is None and self.jit == "auto":

@@ -553,3 +553,39 @@ def test_the_compiled_loss_builds_no_tables_on_each_call(case, monkeypatch):
     compiled.loss(x, y, 100)
     (graph,) = compiled.backend.graphs.values()
     assert moved_constants(graph.graph) == []
+
+
+class _Recurrent(torch.nn.Module):
+    def __init__(self, cell):
+        super().__init__()
+        self.rnn = cell(4, 8, batch_first=True)
+        self.out = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(self.rnn(x)[0][:, -1])
+
+
+@pytest.mark.parametrize("cell", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("family", ["diagonal", "lowrank", "mc_dropout"])
+def test_a_fused_recurrent_network_compiles_on_the_cpu_and_takes_the_eager_steps(cell, family):
+    """The traced loss takes each step's drawn weights into the fused kernel, as the eager loss
+    does (no cached weight is frozen): a seeded fit compiled on the CPU ends where the eager
+    one does, step for step. On CUDA it stays eager (not measured there)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 5, 4, generator=g), torch.randint(0, 3, (48,), generator=g)
+
+    def run(jit):
+        torch.manual_seed(1)
+        model = zoo.models.from_module(_Recurrent(cell), init="fresh")
+        fit = zoo.fit(model, family, (x, y), num_steps=25, batch_size=16, lr=0.01, seed=0,
+                      engine=zoo.Engine(jit=jit), run=zoo.Run(progress=False))  # fmt: skip
+        return fit
+
+    compiled, eager = run(True), run(False)
+    assert compiled.options["jit"] == "compiled"
+    assert compiled.losses == eager.losses
+    for (name, a), (_, b) in zip(compiled.guide.named_parameters(), eager.guide.named_parameters()):
+        assert torch.equal(a, b), name
+    model = zoo.models.from_module(_Recurrent(cell))
+    refusal = zoo.inference.compiled.compile_refusal(model, guides.AutoDiagonal(model), 1, "cuda")
+    assert "compiled on the CPU only" in refusal
