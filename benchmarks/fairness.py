@@ -52,7 +52,6 @@ every fit's setting and metrics); the table printed is the one in ``benchmarks/R
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import multiprocessing
@@ -277,8 +276,7 @@ def run_one(job: dict, data_root=None) -> dict:
             base = factory_guide_scale(factory, family, option)
             row = (family, family, {option: base * job["init"]})
     start = time.perf_counter()
-    with _studied(job):
-        table, fits = zoo.compare(factory, [row], train, test, return_fits=True, **args)
+    table, fits = zoo.compare(factory, [row], train, test, return_fits=True, **args)
     result = table.iloc[0].to_dict()
     fitted = next(iter(fits.values()))
     test_seconds = _test_seconds(fitted)
@@ -301,24 +299,6 @@ def _statistics(fitted) -> str | None:
     statistics (``zoo.models.per_draw``), else ``None`` (no batch norm, or one set)."""
     model = getattr(fitted, "model", None)
     return "per_draw" if getattr(model, "statistics_inputs", None) is not None else None
-
-
-@contextlib.contextmanager
-def _studied(job: dict):
-    """The range test as a study of ``job`` asks: ``rule`` ``"min/4"``, the first rule of 0.4
-    (the minimum over 4, no valley's bound); ``test_steps``, the sweep's length fixed (in fits
-    long enough for the library's). The library's are put back after the fit."""
-    from zoo.training import rate, rate_rule
-
-    valley, length = rate_rule.VALLEY_FACTOR, rate.sweep_length
-    if job.get("rule") == "min/4":
-        rate_rule.VALLEY_FACTOR = math.inf
-    if job.get("test_steps"):
-        rate.sweep_length = lambda total: job["test_steps"] if length(total) else None
-    try:
-        yield
-    finally:
-        rate_rule.VALLEY_FACTOR, rate.sweep_length = valley, length
 
 
 def _test_seconds(fitted) -> float:
@@ -552,23 +532,10 @@ def main(argv=None) -> dict:
         "(--merge's) again at these seeds, for a gap averaged over the seeds both have",
     )
     parser.add_argument(
-        "--rule",
-        choices=("zoo", "min/4"),
-        default="zoo",
-        help="the range test's rule: the library's, or min/4 (its first in 0.4, without the "
-        "valley's bound) for a comparison on the same seeds",
-    )
-    parser.add_argument(
         "--kl-weight",
         type=float,
         help="the KL's weight in every fit of the run (default: 1, the true ELBO); with "
         "--families of the variational families",
-    )
-    parser.add_argument(
-        "--test-steps",
-        type=int,
-        help="the sweep's length fixed at this many steps (default: the library's, a sixth of "
-        "the fit within 16 to 60), for a study of the test's cost",
     )
     parser.add_argument("--out", default="benchmarks/results/fairness.json")
     args = parser.parse_args(argv)
@@ -599,14 +566,8 @@ def main(argv=None) -> dict:
             args.lrs,
             args.budget,
         )
-    if args.test_steps is not None and not 3 <= args.test_steps <= 60:
-        parser.error(f"--test-steps {args.test_steps}: the sweep needs 3 to 60 steps")
     if args.kl_weight is not None:
         todo = [{**job, "kl_weight": args.kl_weight} for job in todo]
-    if args.rule != "zoo":
-        todo = [{**job, "rule": args.rule} for job in todo]
-    if args.test_steps:
-        todo = [{**job, "test_steps": args.test_steps} for job in todo]
     print(f"{len(todo)} fits on {args.processes} processes; load {os.getloadavg()}", flush=True)
     context = multiprocessing.get_context("spawn")
     with context.Pool(args.processes) as pool:

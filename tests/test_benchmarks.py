@@ -5,6 +5,7 @@ Timings are never asserted: they are the scripts' job, read from one run on a qu
 epochs of MNIST) take minutes and are not run here.
 """
 
+import ast
 import json
 import math
 import os
@@ -778,30 +779,6 @@ def test_fairness_saves_a_grid_run_without_default_calls(tmp_path):
     assert [r["default"] for r in saved["results"]] == [False] and saved["rows"] == []
 
 
-def test_fairness_runs_the_first_rule_and_other_sweep_lengths_beside_the_librarys():
-    """``--rule min/4``: the same sweep read without the valley's bound, which can only raise
-    the rate; ``--test-steps``: the sweep's length fixed; the library's are put back after
-    the fit, and a length the sweep cannot have is refused before any."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import fairness
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    from zoo.training import rate, rate_rule
-
-    job = {"problem": "digits", "family": "map", "default": True, "seed": 0}
-    library = fairness.run_one(job)
-    first = fairness.run_one({**job, "rule": "min/4"})
-    assert rate_rule.VALLEY_FACTOR == 4.0
-    assert first["lr_used"] >= library["lr_used"] and first["rule"] == "min/4"
-    assert library["lr_rule"] == first["lr_rule"] == "range test (20 steps)"  # one sweep
-    shorter = fairness.run_one({**job, "test_steps": 8})
-    assert shorter["lr_rule"] == "range test (8 steps)" and rate.sweep_length(120) == 20
-    out = WARM.run(["benchmarks/fairness.py", "--problems", "digits", "--test-steps", "2"],
-                   cwd=REPO, timeout=HANG_AFTER)  # fmt: skip
-    assert out.returncode == 2 and "the sweep needs 3 to 60 steps" in out.stderr
-
-
 def test_rate_cost_sets_each_default_call_beside_its_chosen_rate_given(tmp_path):
     saved = tmp_path / "saved.json"
     row = {"problem": "digits", "family": "map", "default": True, "seed": 1, "nll": 0.5,
@@ -1142,3 +1119,77 @@ def test_rate_test_sets_each_default_call_beside_the_fit_given_its_rate(tmp_path
     assert row["ratio"] == pytest.approx(row["default_seconds"] / row["given_seconds"])
     assert math.isfinite(row["sweep_excess_steps"]) and row["estimated_ratio"] > 0
     assert "| digits | map | 120 (" in out and "1.03x" in out
+
+
+def _library_names(tree: ast.AST) -> set[str]:
+    """Names a script binds to the library: ``import zoo``, ``import guides.x as g``,
+    ``from zoo.training import rate``, ``from guides import AutoDiagonal``."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] in ("zoo", "guides"):
+                    names.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in ("zoo", "guides"):
+                names.update(a.asname or a.name for a in node.names)
+    return names
+
+
+def _root(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript)):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def library_writes(source: str) -> list[str]:
+    """``line: target`` of each write of a library global in ``source``: an assignment to an
+    attribute of something imported from ``zoo`` or ``guides`` (``rate_rule.VALLEY_FACTOR =``)
+    or a ``setattr`` on it."""
+    tree = ast.parse(source)
+    library = _library_names(tree)
+    writes = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr":
+            targets = [ast.Attribute(value=node.args[0], attr="?")] if node.args else []
+        for target in targets:
+            for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                if isinstance(t, ast.Attribute) and _root(t) in library:
+                    writes.append(f"{node.lineno}: {ast.unparse(t)}")
+    return writes
+
+
+#: The scripts that still write a library global, each with why, until the benchmark suite
+#: (issue 97) replaces them: the list is held exact, so it only shrinks.
+KNOWN_LIBRARY_WRITES = {
+    "fit_memory.py": "its torch.jit.trace row swaps zoo.inference.compiled.trace",
+    "rate_rules.py": "a study of issue 69's rules records sweeps by wrapping rate.measure",
+    "startup.py": "times the compiled loss's set-up by wrapping its trace and check",
+    "step_time.py": "CUDA events around steps, without a callback's host read",
+    "subnetwork_correlations.py": "a study swaps guides.joint_gaussian.lower_scale",
+    "trained_network.py": "a study of guides.initial.TRAINED_RELATIVE_SCALE",
+}
+
+
+def test_no_benchmark_writes_a_library_global():
+    """A benchmark reaches the library's knobs only through public options: none assigns a
+    module's or a class's attribute of ``zoo`` or ``guides`` (``fairness.py``'s study flags that
+    did, ``--rule min/4`` and ``--test-steps``, left it), but the listed ones."""
+    found = {
+        path.name: writes
+        for path in sorted((REPO / "benchmarks").glob("*.py"))
+        if (writes := library_writes(path.read_text()))
+    }
+    assert set(found) == set(KNOWN_LIBRARY_WRITES), found
+
+
+def test_the_library_write_check_sees_one():
+    source = (
+        "from zoo.training import rate_rule\nimport zoo\n"
+        "rate_rule.VALLEY_FACTOR = 1.0\nzoo.training.rate.sweep_length = len\n"
+        "setattr(rate_rule, 'X', 2)\nfit = object()\nfit.options = {}\n"
+    )
+    assert [w.split(":")[0] for w in library_writes(source)] == ["3", "4", "5"]
