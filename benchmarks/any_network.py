@@ -38,6 +38,8 @@ FAMILIES = {
     "diagonal": "diagonal",
     "lowrank": "lowrank",
     "matrix_normal": "matrix_normal",
+    "tridiagonal": "tridiagonal",
+    "block_diagonal": "block_diagonal",
     "whvi (diagonal q(g))": guides.family("whvi", covariance="diagonal"),
     "mc_dropout": "mc_dropout",
 }

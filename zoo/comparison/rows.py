@@ -106,7 +106,7 @@ def _check_family_name(name: str) -> None:
         raise ValueError(
             f"unknown family {name!r}: a row is one of the families {guides.available()}, a "
             f"family over several sites {composite} (with its options), or a baseline "
-            f"{' or '.join(repr(k) for k in PRODUCERS)}"
+            f"{' or '.join(repr(k) for k in sorted(PRODUCERS))}"
         ) from None
 
 

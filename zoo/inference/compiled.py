@@ -50,7 +50,6 @@ from guides.base import PerSiteGuide
 from zoo.inference.backends import WiredLoss
 from zoo.inference.elbo import ElboScale
 from zoo.models.base import BayesianModel
-from zoo.runtime import threads
 from zoo.runtime.rng import forked
 
 #: Relative difference between the compiled and the eager loss above which a graph is refused.
@@ -251,19 +250,3 @@ def _other_draws(device: torch.device) -> None:
     torch.randn(1024)
     if device.type == "cuda":
         torch.randn(1024, device=device)
-
-
-def jit_size_refusal(device: torch.device, flops: Callable[[], int]) -> str | None:
-    """Why ``jit="auto"`` leaves a step eager for its size (``None``: compile it). On the CPU a
-    large step is arithmetic that the graph does not make faster (and for the structured
-    families on the 784-400-400-10 MLP, slower: ``benchmarks/README.md``); on CUDA the host
-    work that the graph removes is most of the step whatever the size."""
-    if device.type != "cpu":
-        return None
-    count = flops()
-    if count < threads.SMALL_STEP_FLOPS:
-        return None
-    return (
-        f"a large step on the CPU: its forward pass is {count / 1e6:.3g} MFLOP, at least "
-        f"SMALL_STEP_FLOPS = {threads.SMALL_STEP_FLOPS / 1e6:g} M"
-    )

@@ -27,7 +27,7 @@ import torch
 from guides.site import direct_parameters
 from zoo.inference import estimators
 from zoo.inference.backends import EagerLoss, LossBackend
-from zoo.inference.compiled import TracedLoss, compile_refusal, jit_size_refusal
+from zoo.inference.compiled import TracedLoss, compile_refusal
 from zoo.inference.elbo import ElboScale
 from zoo.inference.surrogate import ReparamMeanField_ELBO, ReparamTrace_ELBO
 from zoo.models.base import BayesianModel
@@ -64,10 +64,9 @@ class Objective:
         Evaluate the loss through a graph traced once per minibatch shape
         (:mod:`zoo.inference.compiled`): the same value and gradients as the eager loss, without its
         per-step Python. ``"auto"``: for ``zoo`` models with a ``guides`` family and one
-        particle (:func:`zoo.inference.compiled.compile_refusal`) whose step is small on the CPU or
-        on any CUDA device (:func:`zoo.inference.compiled.jit_size_refusal`), eagerly otherwise or
-        when a graph fails its check (with a warning); ``True``: whatever the size, raising instead
-        of falling back; ``False``: always eager. The decision never depends on the run's length,
+        particle (:func:`zoo.inference.compiled.compile_refusal`), at any size, eagerly otherwise
+        or when a graph fails its check (with a warning); ``True``: the same, raising instead of
+        falling back; ``False``: always eager. The decision never depends on the run's length,
         so a fit extended by a resume computes what the longer fit computes.
 
     Notes
@@ -210,8 +209,6 @@ class Objective:
         refusal = compile_refusal(self.model, self.guide, self.num_particles, x.device)
         if refusal is not None and self.jit is True:
             raise ValueError(f"jit=True cannot compile this loss: {refusal}")
-        if refusal is None and self.jit == "auto":
-            refusal = jit_size_refusal(x.device, self.forward_flops)
         return refusal
 
     def flops_per_example(self) -> float:

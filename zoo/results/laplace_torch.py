@@ -302,7 +302,8 @@ def linearised_outputs(la, weights: dict, draws: dict, x: torch.Tensor) -> torch
     samples = []
     for s in range(next(iter(draws.values())).shape[0]):
         tangent = {n: draws[n][s].to(x.device) - primal[n] for n in names}
-        out, change, *_ = jvp(outputs, (primal,), (tangent,))
+        with dependency_notices_off():  # the first jvp loads torch's decompositions
+            out, change, *_ = jvp(outputs, (primal,), (tangent,))
         samples.append((out + change).reshape(x.shape[0], -1))
     return torch.stack(samples).detach()
 

@@ -35,8 +35,8 @@ from zoo.arguments import is_int
 from zoo.runtime.rng import forked
 
 #: A step whose forward pass (one minibatch) is below this many floating-point operations is
-#: "small": on the CPU it is compiled under ``jit="auto"`` and runs on one thread under
-#: ``threads="auto"`` (``benchmarks/threads.py`` and ``benchmarks/README.md`` have the numbers).
+#: "small": on the CPU it runs on one thread under ``threads="auto"`` (``benchmarks/threads.py``
+#: and ``benchmarks/README.md`` have the numbers).
 SMALL_STEP_FLOPS = 20_000_000
 
 

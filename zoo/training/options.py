@@ -199,9 +199,9 @@ class Engine(OptionGroup):
         Evaluate the loss through a graph traced once per minibatch shape
         (:mod:`zoo.inference.compiled`): the same loss and gradients for the same draws, without
         the per-step Python of Pyro's traces. ``"auto"`` compiles ``zoo`` models with a ``guides``
-        family and one particle whose step is small on the CPU (on CUDA at any size), and falls
-        back to the eager loss (with a warning) if a graph fails its check against it; ``True``
-        compiles any size and raises instead; ``False`` never compiles. The first step and the
+        family and one particle, at any size, and falls back to the eager loss (with a warning)
+        if a graph fails its check against it; ``True`` raises instead; ``False`` never
+        compiles. The first step and the
         check of the last update are always eager (a one-step fit traces nothing).
     check_every : "auto" or int, default "auto"
         Steps between the host's reads of the loss (each read waits for the device). With

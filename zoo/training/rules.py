@@ -10,10 +10,10 @@ processes. Every ``"auto"`` rule and every refusal is here, each with its reason
 option                  rule
 ======================  ==========================================================================
 ``jit="auto"``          compile a ``zoo`` model with a ``guides`` family and one particle
-                        (:func:`zoo.inference.compiled.compile_refusal`) on CUDA at any size, on the
-                        CPU when the forward pass of a minibatch is under
-                        :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (above it the arithmetic,
-                        which a graph does not speed up, is the step)
+                        (:func:`zoo.inference.compiled.compile_refusal`) at any size: on the CPU
+                        the traced loss replays the eager operations (the same numbers) without
+                        Pyro's per-site Python, which every network measured gains from
+                        (``benchmarks/any_network.py``)
 ``threads="auto"``      one intra-op thread on the CPU under
                         :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS` (threads only add waiting
                         there); torch's setting otherwise and on CUDA
@@ -30,7 +30,7 @@ option                  rule
 ``accumulate=k``        ``k`` minibatches per optimiser step: combines with every option above
 ======================  ==========================================================================
 
-One small-step threshold, :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS`, serves both size rules.
+The one size rule, :data:`~zoo.runtime.threads.SMALL_STEP_FLOPS`, is the threads'.
 """
 
 from __future__ import annotations

@@ -268,7 +268,7 @@ def test_compare_refuses_what_it_cannot_tabulate_before_any_fit():
     fit = zoo.fit(classifier(), "diagonal", data, num_steps=2, run=QUIET)
     with pytest.raises(ValueError, match="labels must be unique"):
         zoo.compare(None, [("a", fit), ("a", fit)], test=data, progress=False)
-    with pytest.raises(ValueError, match="unknown family 'diagnoal'.*'laplace' or 'ensemble'"):
+    with pytest.raises(ValueError, match="unknown family 'diagnoal'.*'ensemble' or 'laplace'"):
         zoo.compare(classifier, [("first", fit), "diagnoal"], data, data, progress=False)
 
 
