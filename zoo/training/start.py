@@ -102,7 +102,7 @@ def warn_inferred(start: Start | None) -> None:
         f"with zoo.models.from_module(net, init='module') for a trained network or "
         f"init='fresh' for one to train from scratch (this also silences the warning)",
         StartWarning,
-        stacklevel=6,  # zoo.fit's caller: through _fit, fit and its two decorators
+        stacklevel=6,  # zoo.fit's caller: through fit_process, fit and its two decorators
     )
 
 
