@@ -144,7 +144,8 @@ def _built(model, guide, data, batches, s: Settings, dev):
     guide.to(dev)
     objective = Objective.from_loss(model, guide, s.loss, jit=s.engine.jit)
     with frozen_statistics():  # the guide's set-up traces the model: not a training step
-        objective.setup(*batches.first(), batch_size=batches.minibatch_size)
+        x, y = batches.first()
+        objective.setup(x, y, batch_size=batches.minibatch_size)
     if s.run.statistics == "per_draw":  # mid-fit predictions normalise each draw as after
         hold_inputs(model, batches)
     if s.run.checkpoint is not None:
