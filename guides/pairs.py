@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from guides.base import PerSiteGuide
+from guides.site import inverse_softplus
 
 __all__ = ["MeanScale", "mean_scale_pairs"]
 
@@ -87,7 +88,7 @@ class MeanScale:
                 f"site {self.site!r}: set_std takes positive values shaped {tuple(raw.shape)}, "
                 f"got shape {tuple(std.shape)}"
             )
-        raw.copy_(std + torch.log(-torch.expm1(-std)))
+        raw.copy_(inverse_softplus(std))
 
 
 def mean_scale_pairs(guide: Any) -> list[MeanScale]:
