@@ -5,8 +5,7 @@ loop (issue 93).
     python benchmarks/against_map.py                      # every problem, family, seed
     python benchmarks/against_map.py --problems digits resnet --families diagonal --seeds 0
 
-Problems (the first four are ``benchmarks/fairness.py``'s, at their budget and, with
-``--budgets 1 10``, ten times it):
+Problems (at their budget and, with ``--budgets 1 10``, ten times it):
 
 - ``digits``: scikit-learn's 8x8 digits, 64-32-10 ReLU MLP, 10 epochs;
 - ``cnn``: 2,000 MNIST digits, a batch-norm CNN converted fresh (``from_module``), 5 epochs;
@@ -24,7 +23,10 @@ least MAP's, a ten-times row's NLL no worse than its one-time row's (+0.01), and
 information higher out of distribution than in it. The table prints each row's gaps against
 MAP's row of the same problem, budget and seed, and which targets it meets.
 
-Fits run in ``--processes`` worker processes of one thread each. Results go to ``--out``.
+Fits run in ``--processes`` worker processes of one thread each. The table and the rows go to
+``--out`` (``benchmarks/suite.py``'s result), merged with the rows it held: a run of some
+problems or families replaces those rows and keeps the others, and the result lists every
+command it holds.
 """
 
 from __future__ import annotations
@@ -38,13 +40,14 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from saving import write_json  # noqa: E402
+import suite  # noqa: E402
 
 PROBLEMS = ("digits", "cnn", "mnist", "resnet", "resnet10k", "transformer", "lstm")
 FAMILIES = ("diagonal", "lowrank", "matrix_normal", "block_diagonal", "tridiagonal", "whvi",
             "mc_dropout")  # fmt: skip
 SAMPLES = 32
 PLAIN_LR = 1e-3
+MNIST_TRAIN = 2000
 
 
 def _sequence_net(kind: str) -> torch.nn.Module:
@@ -71,26 +74,47 @@ def _sequence_net(kind: str) -> torch.nn.Module:
     return Rows()
 
 
+def _cnn() -> torch.nn.Module:
+    from torch import nn
+
+    return nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )  # fmt: skip
+
+
+def _factory(name: str):
+    import zoo
+
+    if name == "mnist":
+        return zoo.models.LeNet5
+    if name == "cnn":
+        return lambda: zoo.models.from_module(_cnn(), init="fresh")
+    if name in ("resnet", "resnet10k"):  # batch norm's running statistics in the model
+        return lambda: zoo.models.ResNet(8, in_channels=1, input_size=28)
+    return lambda: zoo.models.from_module(_sequence_net(name), init="fresh")
+
+
 def problem(name: str, budget: int, root: str | None):
     """``(train, test, model_factory, fit_options)`` of a problem at ``budget`` times its
     length; the plain loop trains the built model's own network (``model.net``)."""
-    import fairness
-
     import zoo
 
-    if name in ("digits", "cnn", "mnist", "resnet"):
-        train, test, factory, options, _ = fairness.problem(name, root, budget)
-        return train, test, factory, options
-    size = 10_000 if name == "resnet10k" else fairness.MNIST_TRAIN
+    if name == "digits":
+        from reference import load
+
+        train, test, _, _ = load("digits")
+        factory = lambda: zoo.models.BayesianMLP(64, (32,), 10, task="classification")  # noqa: E731
+        return train, test, factory, {"epochs": 10 * budget, "batch_size": 128}
+    size = 10_000 if name == "resnet10k" else MNIST_TRAIN
     train_set = zoo.data.mnist(root, train=True, download=False, limit=size)
-    test_set = zoo.data.mnist(root, train=False, download=False, limit=2000)
+    test_size = 1000 if name == "resnet" else 2000
+    test_set = zoo.data.mnist(root, train=False, download=False, limit=test_size)
     train = tuple(torch.stack(t) for t in zip(*train_set))
     test = tuple(torch.stack(t) for t in zip(*test_set))
-    if name == "resnet10k":
-        factory = lambda: zoo.models.ResNet(8, in_channels=1, input_size=28)  # noqa: E731
-        return train, test, factory, {"epochs": 3 * budget, "batch_size": 128}
-    factory = lambda: zoo.models.from_module(_sequence_net(name), init="fresh")  # noqa: E731
-    return train, test, factory, {"epochs": 5 * budget, "batch_size": 128}
+    epochs = 3 if name == "resnet10k" else 5
+    return train, test, _factory(name), {"epochs": epochs * budget, "batch_size": 128}
 
 
 def rotated(x: torch.Tensor) -> torch.Tensor:
@@ -223,7 +247,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--no-plain", action="store_true", help="leave the plain loop out")
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--data-root", default=os.environ.get("ZOO_DATA"))
-    parser.add_argument("--out", default="benchmarks/results/against_map.json")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/against_map.json")
     args = parser.parse_args(argv)
     baselines = ["map"] + ([] if args.no_plain else ["plain"])
     jobs = [
@@ -233,16 +257,29 @@ def main(argv=None) -> list[dict]:
         for s in args.seeds
         for f in baselines + list(args.families)
     ]
-    start = time.time()
-    context = multiprocessing.get_context("spawn")  # a fresh interpreter and lock per fit
-    with context.Pool(args.processes, maxtasksperchild=1) as pool:
-        rows = pool.map(run_one, jobs, chunksize=1)
-        pool.close()  # workers end on their own: terminate() would leave their semaphores
-        pool.join()
-    command = "python benchmarks/against_map.py " + " ".join(argv or sys.argv[1:])
-    write_json({"command": command, "seconds": time.time() - start, "rows": rows}, args.out)
-    print("\n".join(table_lines(rows)))
+    saved = suite.load("against_map", out=args.out)
+    with suite.record("against_map", args.out, argv) as run:
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter and lock per fit
+        with context.Pool(args.processes, maxtasksperchild=1) as pool:
+            rows = pool.map(run_one, jobs, chunksize=1)
+            pool.close()  # workers end on their own: terminate() would leave their semaphores
+            pool.join()
+        rows = merged(saved["data"]["rows"] if saved else [], rows)
+        print("\n".join(table_lines(rows)))
+        run.data, run.earlier = {"rows": rows}, suite.commands(saved)
     return rows
+
+
+def _identity(row: dict) -> tuple:
+    return row["problem"], row["budget"], row["family"], row["seed"]
+
+
+def merged(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old``'s rows that ``new`` does not run again, then ``new``'s, in the grid's order."""
+    ran = {_identity(r) for r in new}
+    rows = [r for r in old if _identity(r) not in ran] + new
+    order = {name: i for i, name in enumerate(PROBLEMS)}
+    return sorted(rows, key=lambda r: (order[r["problem"]], r["budget"], r["seed"]))
 
 
 if __name__ == "__main__":

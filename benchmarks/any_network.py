@@ -17,6 +17,7 @@ import os
 import statistics
 import time
 
+import suite
 import torch
 import torch.nn.functional as F
 
@@ -122,44 +123,46 @@ def main(argv=None) -> None:
     p.add_argument("--budget", type=int, default=0, help="steps of an accuracy run (0: none)")
     p.add_argument("--test", type=int, default=1000, help="test images of an accuracy run")
     p.add_argument("--draws", type=int, default=10, help="weight draws per test image")
+    p.add_argument("--out", default=None, help="default: benchmarks/results/any_network.json")
     args = p.parse_args(argv)
-    print(
-        f"torch {torch.__version__}, threads {torch.get_num_threads()}, load "
-        f"{os.getloadavg()[0]:.2f}, batch {args.batch}"
-    )
-    for name in args.nets:
-        make, layout = NETWORKS[name]
-        train = zoo.data.mnist(
-            args.root,
-            limit=max(args.batch * (args.long + 1), args.budget * args.batch),
-            layout=layout,
+    with suite.record("any_network", args.out, argv):
+        print(
+            f"torch {torch.__version__}, threads {torch.get_num_threads()}, load "
+            f"{os.getloadavg()[0]:.2f}, batch {args.batch}"
         )
-        x, y = train.tensors
-        step_table(name, make, x, y, args)
-        if args.budget:
-            test = zoo.data.mnist(args.root, train=False, limit=args.test, layout=layout)
-            print(
-                f"\n{name}: {args.budget} steps of batch {args.batch}, lr 1e-2, "
-                f"{args.test} test images, {args.draws} draws"
+        for name in args.nets:
+            make, layout = NETWORKS[name]
+            train = zoo.data.mnist(
+                args.root,
+                limit=max(args.batch * (args.long + 1), args.budget * args.batch),
+                layout=layout,
             )
-            print("| family | accuracy | nll | ece | load |")
-            print("| --- | --- | --- | --- | --- |")
-            for label in args.families:
-                fit = zoo.fit(
-                    make(),
-                    FAMILIES[label],
-                    (x, y),
-                    num_steps=args.budget,
-                    batch_size=args.batch,
-                    lr=1e-2,
-                    run=zoo.Run(progress=False),
-                )
-                m = fit.evaluate(test.tensors, num_samples=args.draws, progress=False)
+            x, y = train.tensors
+            step_table(name, make, x, y, args)
+            if args.budget:
+                test = zoo.data.mnist(args.root, train=False, limit=args.test, layout=layout)
                 print(
-                    f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "
-                    f"{os.getloadavg()[0]:.2f} |",
-                    flush=True,
+                    f"\n{name}: {args.budget} steps of batch {args.batch}, lr 1e-2, "
+                    f"{args.test} test images, {args.draws} draws"
                 )
+                print("| family | accuracy | nll | ece | load |")
+                print("| --- | --- | --- | --- | --- |")
+                for label in args.families:
+                    fit = zoo.fit(
+                        make(),
+                        FAMILIES[label],
+                        (x, y),
+                        num_steps=args.budget,
+                        batch_size=args.batch,
+                        lr=1e-2,
+                        run=zoo.Run(progress=False),
+                    )
+                    m = fit.evaluate(test.tensors, num_samples=args.draws, progress=False)
+                    print(
+                        f"| {label} | {m['accuracy']:.3f} | {m['nll']:.3f} | {m['ece']:.3f} | "
+                        f"{os.getloadavg()[0]:.2f} |",
+                        flush=True,
+                    )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,8 @@ import json
 import os
 import time
 
+import suite
 import torch
-from saving import write_json
 
 import guides
 import zoo
@@ -139,8 +139,8 @@ def in_a_process(row: str) -> dict:
 
     argv = sys.argv[1:]
     keep, skip = [], False
-    for arg in argv:  # this run's arguments without --rows and --json
-        if arg in ("--rows", "--json"):
+    for arg in argv:  # this run's arguments without --rows and --out
+        if arg in ("--rows", "--out"):
             skip = True
             continue
         if skip and arg.startswith("--"):
@@ -149,10 +149,10 @@ def in_a_process(row: str) -> dict:
             keep.append(arg)
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "row.json")
-        cmd = [sys.executable, __file__, *keep, "--rows", row, "--json", out, "--alone"]
+        cmd = [sys.executable, __file__, *keep, "--rows", row, "--out", out, "--alone"]
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         with open(out) as f:
-            return json.load(f)["rows"][0]
+            return json.load(f)["data"]["rows"][0]
 
 
 def main() -> None:
@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=None, help="default: every row")
     parser.add_argument("--train-limit", type=int, default=None, help="first N training images")
     parser.add_argument("--test-limit", type=int, default=None, help="first N test images")
-    parser.add_argument("--json", default=None, help="also write the rows here")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/baselines.json")
     parser.add_argument("--alone", action="store_true", help="the rows in this process")
     args = parser.parse_args()
     chosen = args.rows or rows()
@@ -177,12 +177,19 @@ def main() -> None:
     x_test, y_test = zoo.data.mnist(root, train=False, limit=args.test_limit).tensors
     ood = ood_sets(x_test, args.ood)
     device = torch.device(args.device)
-    load = os.getloadavg()[0]
+    with suite.record("baselines", args.out) as run:
+        run.data = {
+            "args": vars(args),
+            "rows": table(chosen, data, x_test, y_test, ood, args, device),
+        }
+
+
+def table(chosen, data, x_test, y_test, ood, args, device) -> list[dict]:
+    """Measure each row of ``chosen`` (on the CPU each in a process of its own, unless
+    ``--alone``) and print the table."""
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(
-        f"LeNet-5 (100 hidden), MNIST, {args.epochs} epoch(s), batch 128, seed 0, "
-        f"{args.samples} draws per image; {where}; load {load:.2f} (1-minute average)\n"
-    )
+    print(f"LeNet-5 (100 hidden), MNIST, {args.epochs} epoch(s), batch 128, seed 0, "
+          f"{args.samples} draws per image; {where}")  # fmt: skip
     header = ["row", "fit s", "fit peak MiB", "accuracy", "NLL", "ECE", "AUROC noise",
               "AUROC permuted"]  # fmt: skip
     print("| " + " | ".join(header) + " |")
@@ -200,9 +207,7 @@ def main() -> None:
             f"| {r['ece']:.4f} | {r['auroc_noise']:.3f} | {r['auroc_permuted']:.3f} |",
             flush=True,
         )
-    print(f"\nload at the end {os.getloadavg()[0]:.2f}")
-    if args.json:
-        write_json({"args": vars(args), "rows": results}, args.json)
+    return results
 
 
 if __name__ == "__main__":

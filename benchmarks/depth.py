@@ -14,7 +14,7 @@ weight tensor at a time (low rank, matrix normal, WHVI), across layers (one full
 every weight, ``guides.AutoJoint``) and a subnetwork (256 weights by magnitude, point masses on
 the rest).
 
-Run: ``python benchmarks/depth.py --out benchmarks/results/depth.json``.
+Run: ``python benchmarks/depth.py`` (its result: ``benchmarks/results/depth.json``).
 """
 
 from __future__ import annotations
@@ -71,11 +71,11 @@ def main(argv=None) -> None:
     parser.add_argument("--max-tree-depth", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default="benchmarks/results/reference-chains")
-    parser.add_argument("--out", default="benchmarks/results/depth.json")
+    parser.add_argument("--out", help="default: benchmarks/results/depth.json")
     parser.add_argument("--num-steps", type=int, help="default: zoo.REGRESSION_FIT's")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    save_each(args.depths, lambda depth: run(depth, args), args.out)
+    save_each(args.depths, lambda depth: run(depth, args), "depth", args.out, argv)
 
 
 if __name__ == "__main__":

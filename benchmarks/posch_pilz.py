@@ -20,6 +20,7 @@ second run of the same command resumes from there.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import shlex
@@ -34,7 +35,7 @@ from zoo import metrics
 from zoo.training.options import grouped
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # loaded by path (notebook 03)
-from saving import write_json  # noqa: E402
+import suite  # noqa: E402
 
 ITERATIONS = 100_000
 KL_DOWN_WEIGHT = 100.0  # nu = 1 / (N * 100): the paper's per-example KL, down-weighted
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> dict:
         "loss_curve": loss_curve(fit.losses),
         "paper": PAPER.get(args.hidden),
     }
-    write_json(results, out / f"{name}.json")
+    suite.write_json(results, out / f"{name}.json")
     return results
 
 
@@ -252,26 +253,57 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main() -> None:
-    results = run(parse())
-    table = results["certainty"]
-    cells = [
-        results["family"],
-        results["hidden"],
-        results["iterations"],
-        f"{100 * results['test_error']:.2f}%",
-        f"{results['nll']:.4f}",
-        f"{results['ece']:.4f}",
+def _row(label: str, r: dict, fitted: bool = True) -> list:
+    table = r["certainty"]
+    error = r["test_error"] if fitted else r["test_error"]["bayesian"]
+    return [
+        label,
+        f"{100 * error:.2f}%",
+        f"{r['nll']:.4f}" if fitted else "",
+        f"{r['ece']:.4f}" if fitted else "",
         f"{table['certain_correct']} / {table['uncertain_correct']}",
         f"{table['certain_wrong']} / {table['uncertain_wrong']}",
-        f"{results['fit_seconds']:.0f}",
+        f"{r['fit_seconds']:.0f}" if fitted else "",
     ]
-    print(
-        "| family | hidden | iterations | test error | NLL | ECE | correct: certain / uncertain "
-        "| wrong: certain / uncertain | fit s |"
-    )
-    print("|" + " --- |" * len(cells))
-    print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def report(runs: list[dict]) -> list[str]:
+    """Each run in ``runs`` (a run's saved results) beside the paper's row of its width, then
+    the learned ``tau`` / ``rho`` per layer against the paper's Table II, and each run's
+    command."""
+    rows, shown = [], set()
+    for r in sorted(runs, key=lambda r: (r["hidden"], r["family"] != "tridiagonal")):
+        rows.append(_row(f"zoo, {r['family']}, {r['hidden']} units", r))
+        if r.get("paper") and r["hidden"] not in shown:
+            shown.add(r["hidden"])
+            rows.append(_row(f"paper, Bayesian, {r['hidden']} units", r["paper"], fitted=False))
+    columns = ["run", "test error", "NLL", "ECE", "correct: certain / uncertain",
+               "wrong: certain / uncertain", "fit s"]  # fmt: skip
+    lines = suite.markdown(columns, rows, ["---"] * len(columns))
+    for r in runs:
+        if r.get("tau_rho"):
+            paper = (r.get("paper") or {}).get("tau_rho", {})
+            cells = []
+            for layer, v in r["tau_rho"].items():
+                ref = paper.get(layer)
+                cells.append(f"{layer} {v['tau']:.3f} / {v['rho']:.3f}"
+                             + (f" ({ref[0]} / {ref[1]})" if ref else ""))  # fmt: skip
+            lines += ["", f"Learned tau / rho of the weights, {r['family']} {r['hidden']} units "
+                      "(the paper's Table II in brackets): " + ", ".join(cells) + "."]  # fmt: skip
+    lines += ["", "Runs: " + "; ".join(f"`{r['command']}` ({r['iterations']:,} iterations, "
+                                      f"{r['test_size']:,} test images x {r['samples']} draws)"
+                                      for r in runs) + "."]  # fmt: skip
+    return lines
+
+
+def main() -> None:
+    args = parse()
+    run(args)
+    out = Path(args.out)
+    runs = [json.loads(p.read_text()) for p in sorted(out.glob("*.json"))]
+    lines = report(runs)  # every run the folder holds: one family and width per command
+    print("\n".join(lines))
+    suite.save("posch_pilz", lines, None, out.parent / f"{out.name}.json")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+import suite
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -92,28 +94,33 @@ def main() -> None:
     parser.add_argument("--whole-max-gib", type=float, default=8.0,
                         help="skip the whole-array row when its draws alone need more")  # fmt: skip
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--out", default=None, help="default: benchmarks/results/predict_memory.json"
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.widths[0], args.samples[0], args.rows)))
         return
-    print("| weights | draws | mode | peak MiB | MiB before predicting | added MiB | seconds |")
-    print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
-    for width, samples in zip(args.widths, args.samples):
-        modes = ["blocks", "evaluate", "whole"]
-        per_draw = 4 * (784 * width + width * width + 10 * width + 2 * width + 10)
-        if per_draw * samples / 2**30 > args.whole_max_gib:
-            modes.remove("whole")
-        for mode in modes:
-            r = run(mode, width, samples, args.rows)
-            if "failed" in r:
-                print(f"| {width} | {samples} | {mode} | failed: {r['failed']!r} | | | |")
-                continue
-            added = r["peak_mib"] - r["before_mib"]
-            cells = [f"{r['weights']:,}", samples, mode, f"{r['peak_mib']:.0f}",
-                     f"{r['before_mib']:.0f}", f"{added:.0f}", f"{r['seconds']:.1f}"]  # fmt: skip
-            print("| " + " | ".join(map(str, cells)) + " |", flush=True)
-        check = run("check", width, min(samples, 100), args.rows)
-        print(f"check (w={width}, {min(samples, 100)} draws): {json.dumps(check)}", flush=True)
+    with suite.record("predict_memory", args.out):
+        print("| weights | draws | mode | peak MiB | MiB before predicting | added MiB | seconds |")
+        print("| ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+        for width, samples in zip(args.widths, args.samples):
+            modes = ["blocks", "evaluate", "whole"]
+            per_draw = 4 * (784 * width + width * width + 10 * width + 2 * width + 10)
+            if per_draw * samples / 2**30 > args.whole_max_gib:
+                modes.remove("whole")
+            for mode in modes:
+                r = run(mode, width, samples, args.rows)
+                if "failed" in r:
+                    print(f"| {width} | {samples} | {mode} | failed: {r['failed']!r} | | | |")
+                    continue
+                added = r["peak_mib"] - r["before_mib"]
+                cells = [f"{r['weights']:,}", samples, mode, f"{r['peak_mib']:.0f}",
+                         f"{r['before_mib']:.0f}", f"{added:.0f}",
+                         f"{r['seconds']:.1f}"]  # fmt: skip
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+            check = run("check", width, min(samples, 100), args.rows)
+            print(f"check (w={width}, {min(samples, 100)} draws): {json.dumps(check)}", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import argparse
 import time
 
 import pyro
+import suite
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -90,58 +91,70 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=guides.available())
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--no-pyro", action="store_true", help="skip the pyro Predictive column")
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/predict_time.json")
     args = parser.parse_args()
-    device = torch.device(args.device)
-    x = zoo.data.mnist(args.data, train=False, limit=args.images).tensors[0].to(device)
-    peak = matmul_gflops(device)
-    print(f"\n{args.net}, {len(x)} images, S = {args.samples}, {device}")
-    print(f"one 2048^3 float32 matrix product here: {peak:.0f} GFLOP/s\n")
-    print(
-        "| family | vmap, 32 draws per pass (s) | zoo.predict default (s) | loop (s) "
-        "| pyro Predictive (s) | loop / vmap | loop / default | pyro Predictive / default "
-        "| loop GFLOP/s |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for family in args.families:
-        model = make_model(args.net).to(device)
-        guide = guides.get(family)(model)
-        with torch.no_grad():
-            guide(x[:2], torch.zeros(2, dtype=torch.long, device=device))
-            draws = guide.sample_posterior(args.samples)
-            zoo.predict(
-                model, guide, x[:64], params={k: v[:4] for k, v in draws.items()}, progress=False
-            )
-            start = time.perf_counter()
-            batched = zoo.predict(
-                model, guide, x, params=draws, sample_batch_size=32, batch_size=512, progress=False
-            ).probs
-            sync(device)
-            t_batched = time.perf_counter() - start
-            start = time.perf_counter()
-            default = zoo.predict(model, guide, x, params=draws, progress=False).probs
-            sync(device)
-            t_default = time.perf_counter() - start
-            start = time.perf_counter()
-            total = 0
-            for s in range(args.samples):
-                out = model.network(x, {k: v[s] for k, v in draws.items()})
-                total = total + out.softmax(-1)
-            looped = total / args.samples
-            sync(device)
-            t_loop = time.perf_counter() - start
-            flops = forward_flops(model, x, {k: v[0] for k, v in draws.items()}) * args.samples
-            t_pyro = (
-                float("nan")
-                if args.no_pyro
-                else pyro_predictive_time(model, guide, x, args.samples, device)
-            )
-        assert torch.allclose(batched, looped, atol=1e-4)
-        assert torch.allclose(default, looped, atol=1e-4)
+    with suite.record("predict_time", args.out):
+        device = torch.device(args.device)
+        x = zoo.data.mnist(args.data, train=False, limit=args.images).tensors[0].to(device)
+        peak = matmul_gflops(device)
+        print(f"\n{args.net}, {len(x)} images, S = {args.samples}, {device}")
+        print(f"one 2048^3 float32 matrix product here: {peak:.0f} GFLOP/s\n")
         print(
-            f"| {family} | {t_batched:.2f} | {t_default:.2f} | {t_loop:.2f} | {t_pyro:.2f} "
-            f"| {t_loop / t_batched:.2f} | {t_loop / t_default:.2f} | {t_pyro / t_default:.2f} "
-            f"| {flops / t_loop / 1e9:.0f} |"
+            "| family | vmap, 32 draws per pass (s) | zoo.predict default (s) | loop (s) "
+            "| pyro Predictive (s) | loop / vmap | loop / default | pyro Predictive / default "
+            "| loop GFLOP/s |"
         )
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for family in args.families:
+            model = make_model(args.net).to(device)
+            guide = guides.get(family)(model)
+            with torch.no_grad():
+                guide(x[:2], torch.zeros(2, dtype=torch.long, device=device))
+                draws = guide.sample_posterior(args.samples)
+                zoo.predict(
+                    model,
+                    guide,
+                    x[:64],
+                    params={k: v[:4] for k, v in draws.items()},
+                    progress=False,
+                )
+                start = time.perf_counter()
+                batched = zoo.predict(
+                    model,
+                    guide,
+                    x,
+                    params=draws,
+                    sample_batch_size=32,
+                    batch_size=512,
+                    progress=False,
+                ).probs
+                sync(device)
+                t_batched = time.perf_counter() - start
+                start = time.perf_counter()
+                default = zoo.predict(model, guide, x, params=draws, progress=False).probs
+                sync(device)
+                t_default = time.perf_counter() - start
+                start = time.perf_counter()
+                total = 0
+                for s in range(args.samples):
+                    out = model.network(x, {k: v[s] for k, v in draws.items()})
+                    total = total + out.softmax(-1)
+                looped = total / args.samples
+                sync(device)
+                t_loop = time.perf_counter() - start
+                flops = forward_flops(model, x, {k: v[0] for k, v in draws.items()}) * args.samples
+                t_pyro = (
+                    float("nan")
+                    if args.no_pyro
+                    else pyro_predictive_time(model, guide, x, args.samples, device)
+                )
+            assert torch.allclose(batched, looped, atol=1e-4)
+            assert torch.allclose(default, looped, atol=1e-4)
+            print(
+                f"| {family} | {t_batched:.2f} | {t_default:.2f} | {t_loop:.2f} | {t_pyro:.2f} "
+                f"| {t_loop / t_batched:.2f} | {t_loop / t_default:.2f} | {t_pyro / t_default:.2f} "
+                f"| {flops / t_loop / 1e9:.0f} |"
+            )
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ R-hat and bulk ESS of ``lp`` and the worst over the test outputs (function space
 of ``guides.available()`` and the notable variants are then fitted with the same data, seed and
 options and tabulated by ``zoo.compare(..., reference=ref)``: agreement and total variation
 (classification) or W2, sd ratio and reference coverage (regression), beside test metrics
-and fit time. Results go to ``--out`` (JSON), one entry per data set.
+and fit time. Results go to ``--out`` (``benchmarks/suite.py``'s result, its data one entry
+per data set, merged with what the file held).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ import os
 import time
 from pathlib import Path
 
+import suite
 import torch
-from saving import write_json
 
 import guides
 import zoo
@@ -151,16 +152,46 @@ def against_reference(factory, families, train, test, options, args, folder, tit
     }
 
 
-def save_each(keys, run_one, out) -> None:
-    """``run_one(key)`` for each key, the results merged into the JSON file ``out`` (what it
-    held is kept) and written after each, so an interrupted run keeps what it finished."""
+def _cells(value) -> str:
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+    return "-" if value is None else str(value)
+
+
+def report(results: dict) -> list[str]:
+    """The tables of ``results`` (``{key: run's result}``): per key its reference's settings
+    and convergence, then each row of its ``zoo.compare`` table."""
+    lines = []
+    for key, result in results.items():
+        ref = result["reference"]
+        lines += ["", f"{key}: {ref['chains']} chains of {ref['warmup']} + {ref['draws']} NUTS "
+                  f"transitions (tree depth cap {ref['max_tree_depth']}, mean "
+                  f"{ref['mean_tree_depth']:.2f}), {ref['divergences']} divergences, R-hat lp "
+                  f"{ref['lp_r_hat']:.3f} / worst output {ref['outputs_r_hat']:.3f}, bulk ESS lp "
+                  f"{ref['lp_ess_bulk']:.0f} / worst output {ref['outputs_ess_bulk']:.0f}",
+                  ""]  # fmt: skip
+        table = result["table"]
+        columns = [c for c in next(iter(table.values())) if c not in SKIPPED]
+        rows = [[label, *(_cells(row.get(c)) for c in columns)] for label, row in table.items()]
+        lines += suite.markdown(["row", *columns], rows)
+    return lines
+
+
+SKIPPED = ("steps_per_second", "final_elbo")
+
+
+def save_each(keys, run_one, name: str, out, argv=None) -> None:
+    """``run_one(key)`` for each key, merged into the data of ``name``'s result at ``out`` (what
+    it held is kept) and written after each with :func:`report`'s tables, so an interrupted
+    run keeps what it finished."""
     print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
-    out = Path(out)
-    results = json.loads(out.read_text()) if out.exists() else {}
+    saved = suite.load(name, out=out)
+    results = dict(saved["data"]) if saved else {}
     for key in keys:
         results[str(key)] = run_one(key)
-        write_json(results, out)
-    print(f"\nwritten {out}; load after: {os.getloadavg()}")
+        suite.save(name, report(results), results, out, argv, earlier=suite.commands(saved))
+    print("\n".join(report(results)))
+    print(f"\nwritten {out or suite.RESULTS / (name + '.json')}; load after: {os.getloadavg()}")
 
 
 def main(argv=None) -> None:
@@ -177,10 +208,10 @@ def main(argv=None) -> None:
     parser.add_argument("--max-tree-depth", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workdir", default="benchmarks/results/reference-chains")
-    parser.add_argument("--out", default="benchmarks/results/reference.json")
+    parser.add_argument("--out", help="default: benchmarks/results/reference.json")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
-    save_each(args.datasets, lambda name: run(name, args), args.out)
+    save_each(args.datasets, lambda name: run(name, args), "reference", args.out, argv)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ learned noise (weight decay from the fixed or the default prior), MC dropout (``
 literature's baseline. Means and standard errors are over splits; every row sees the same splits.
 The fit recipe is ``zoo.REGRESSION_FIT`` unless ``--num-steps``/``--lr`` change it;
 ``--num-steps auto`` stops each fit by ``zoo.training.convergence``'s rule (the record's ``steps``
-and ``stopped`` say where and why), and ``--compare-lengths FIXED.json AUTO.json`` prints two such
-runs side by side, split by split.
+and ``stopped`` say where and why). The table and every fit's scores go to ``--out``
+(``benchmarks/suite.py``'s result).
 
 Fits run in ``--workers`` processes of one thread each (this small net is dominated by per-step
 overhead, which threads do not help); note the machine's load with the figures.
@@ -33,8 +33,8 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
+import suite
 import torch
-from saving import write_json
 
 import guides
 
@@ -256,39 +256,6 @@ def print_baselines(datasets: list[str], splits: int | None) -> None:
         print(f"| {d} | training mean | - | {n} | {rmse:.2f} ± {se:.2f} | - | - | - | - |")
 
 
-def length_table(fixed: list[dict], auto: list[dict]) -> list[str]:
-    """Markdown rows comparing the fits of two saved runs split by split (``--json`` of a run
-    with the fixed recipe and one with ``--num-steps auto``): means, the paired differences
-    (auto - fixed, with their standard errors), the steps ``auto`` took, and the time ratio."""
-    before = {_split_key(r): r for r in fixed}
-    groups: dict[tuple, list] = {}
-    for r in auto:
-        groups.setdefault((r["dataset"], r["label"]), []).append((before[_split_key(r)], r))
-    lines = [
-        "| data | family | test RMSE: 3,000 steps -> auto | log-lik. per value | 95% coverage "
-        "| auto: steps (min-max) | fit time, auto / fixed |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for (dataset, label), pairs in groups.items():
-        cells = []
-        for key, digits in (("rmse", 2), ("ll", 3)):
-            a, b = (statistics.fmean(p[i][key] for p in pairs) for i in (0, 1))
-            diff, se = mean_se([q[key] - p[key] for p, q in pairs])
-            cells.append(f"{a:.{digits}f} -> {b:.{digits}f} ({diff:+.{digits}f} ± {se:.{digits}f})")
-        cov = [statistics.fmean(p[i]["coverage"] for p in pairs) for i in (0, 1)]
-        steps = [q["steps"] for _, q in pairs]
-        ratio = sum(q["seconds"] for _, q in pairs) / sum(p["seconds"] for p, _ in pairs)
-        lines.append(
-            f"| {dataset} | {label} | {cells[0]} | {cells[1]} | {cov[0]:.3f} -> {cov[1]:.3f} "
-            f"| {statistics.fmean(steps):.0f} ({min(steps)}-{max(steps)}) | {ratio:.1f} |"
-        )
-    return lines
-
-
-def _split_key(r: dict) -> tuple:
-    return r["dataset"], r["label"], r["split"]
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     import guides
 
@@ -317,25 +284,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--lr", type=float, default=None, help="default: REGRESSION_FIT")
     parser.add_argument("--samples", type=int, default=200, help="networks drawn per test point")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    parser.add_argument("--json", default=None, help="also write every fit's scores here")
+    parser.add_argument("--out", help="default: benchmarks/results/regression.json")
     parser.add_argument(
         "--checkpoint",
         default=None,
         help="a JSON-lines file: each fit is appended as it ends, and fits already in it are "
         "not run again (resume an interrupted run with the same arguments)",
     )
-    parser.add_argument(
-        "--compare-lengths",
-        nargs=2,
-        metavar=("FIXED_JSON", "AUTO_JSON"),
-        help="print the fixed-recipe run against the num_steps='auto' run (two --json files) "
-        "and fit nothing",
-    )
     args = parser.parse_args(argv)
-    if args.compare_lengths:
-        fixed, auto = (json.load(open(path))["fits"] for path in args.compare_lengths)
-        print("\n".join(length_table(fixed, auto)))
-        return []
     families = [f for f in args.families if f not in ("mixed",)]
     jobs = [
         {
@@ -353,16 +309,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for s in range(args.splits or DEFAULT_SPLITS[d])
         for label, family, prior in rows(families, args.priors, args.baselines)
     ]
-    print(
-        f"load: {os.getloadavg()[0]:.2f} (1 min average); {len(jobs)} fits, {args.workers} workers"
-    )
-    results = run_jobs(jobs, args.workers, args.checkpoint)
-    table = summarise(results)
-    print_table(table)
-    print_baselines(args.datasets, args.splits)
-    if args.json:
-        write_json({"fits": results, "table": table}, args.json)
-    print(f"load: {os.getloadavg()[0]:.2f} (1 min average)")
+    with suite.record("regression", args.out, argv) as run:
+        print(f"{len(jobs)} fits, {args.workers} workers of one thread")
+        results = run_jobs(jobs, args.workers, args.checkpoint)
+        table = summarise(results)
+        print_table(table)
+        print_baselines(args.datasets, args.splits)
+        run.data = {"fits": results}
     return table
 
 

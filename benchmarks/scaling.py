@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+import suite
 import torch
 
 
@@ -91,33 +92,35 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="MNIST root (default: $ZOO_DATA)")
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/scaling.json")
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    cores = os.cpu_count() or 1
-    print(f"load before: {os.getloadavg()[0]:.2f} (1-min average), {cores} CPUs", flush=True)
-    rows = []
-    for k in args.processes:
-        threads = max(cores // k, 1) if args.accelerator == "cpu" else 1
-        rows.append(run(args, k, threads))
-        if k == 1 and args.accelerator == "cpu" and cores > 1 and 2 in args.processes:
-            rows.append(run(args, 1, max(cores // 2, 1)))  # the per-process share of k=2
-    base = {r["threads"]: r["examples_per_second"] for r in rows if r["processes"] == 1}
-    whole = base[max(base)]  # one process on all cores
-    print(
-        "| processes | threads each | examples/s | scaling efficiency | vs 1 process on all "
-        "cores | device |"
-    )
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        k, rate = r["processes"], r["examples_per_second"]
-        same = base.get(r["threads"])  # one process with as many threads as each of the k
-        efficiency = f"{rate / (k * same):.2f}" if same else "-"
+    with suite.record("scaling", args.out):
+        cores = os.cpu_count() or 1
+        print(f"load before: {os.getloadavg()[0]:.2f} (1-min average), {cores} CPUs", flush=True)
+        rows = []
+        for k in args.processes:
+            threads = max(cores // k, 1) if args.accelerator == "cpu" else 1
+            rows.append(run(args, k, threads))
+            if k == 1 and args.accelerator == "cpu" and cores > 1 and 2 in args.processes:
+                rows.append(run(args, 1, max(cores // 2, 1)))  # the per-process share of k=2
+        base = {r["threads"]: r["examples_per_second"] for r in rows if r["processes"] == 1}
+        whole = base[max(base)]  # one process on all cores
         print(
-            f"| {k} | {r['threads']} | {rate:.0f} | {efficiency} | {rate / whole:.2f}x "
-            f"| {r['device']} |"
+            "| processes | threads each | examples/s | scaling efficiency | vs 1 process on all "
+            "cores | device |"
         )
-    print(f"load after: {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            k, rate = r["processes"], r["examples_per_second"]
+            same = base.get(r["threads"])  # one process with as many threads as each of the k
+            efficiency = f"{rate / (k * same):.2f}" if same else "-"
+            print(
+                f"| {k} | {r['threads']} | {rate:.0f} | {efficiency} | {rate / whole:.2f}x "
+                f"| {r['device']} |"
+            )
+        print(f"load after: {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import suite
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--width", type=int, default=2000, help="the two hidden layers' width")
     p.add_argument("--families", nargs="+", default=None, help="labels (default: every case)")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help="default: benchmarks/results/step_memory.json")
     args = p.parse_args(argv)
     sys.path.insert(0, str(HERE.parent))
     labels = args.families or sorted(cases())
@@ -105,24 +108,29 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         print(json.dumps(child(args.width, labels)))
         return
-    if not os.path.exists("/proc/self/clear_refs"):
-        raise SystemExit("needs Linux's /proc/self/clear_refs to reset the peak")
-    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    command = [sys.executable, __file__, "--child", "--width", str(args.width), "--families"]
-    done = subprocess.run(command + labels, capture_output=True, text=True, env=env, timeout=3600)
-    if done.returncode:
-        raise SystemExit(done.stderr[-4000:])
-    rows = json.loads(done.stdout.strip().splitlines()[-1])
-    print(f"256-{args.width}-{args.width}-10, batch 64, 3 steps; load {os.getloadavg()[0]:.2f}")
-    print()
-    print("| family | weights | parameters / weight | counted MiB | peak MiB | peak / counted |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        print(
-            f"| {r['family']} | {r['weights']:,} | {r['parameters'] / r['weights']:.2f} "
-            f"| {r['counted'] / 2**20:,.0f} | {r['peak'] / 2**20:,.0f} "
-            f"| {r['peak'] / r['counted']:.2f} |"
+    with suite.record("step_memory", args.out, argv):
+        if not os.path.exists("/proc/self/clear_refs"):
+            raise SystemExit("needs Linux's /proc/self/clear_refs to reset the peak")
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+        command = [sys.executable, __file__, "--child", "--width", str(args.width), "--families"]
+        done = subprocess.run(
+            command + labels, capture_output=True, text=True, env=env, timeout=3600
         )
+        if done.returncode:
+            raise SystemExit(done.stderr[-4000:])
+        rows = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"256-{args.width}-{args.width}-10, batch 64, 3 steps; load {os.getloadavg()[0]:.2f}")
+        print()
+        print(
+            "| family | weights | parameters / weight | counted MiB | peak MiB | peak / counted |"
+        )
+        print("| --- | ---: | ---: | ---: | ---: | ---: |")
+        for r in rows:
+            print(
+                f"| {r['family']} | {r['weights']:,} | {r['parameters'] / r['weights']:.2f} "
+                f"| {r['counted'] / 2**20:,.0f} | {r['peak'] / 2**20:,.0f} "
+                f"| {r['peak'] / r['counted']:.2f} |"
+            )
 
 
 if __name__ == "__main__":

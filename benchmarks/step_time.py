@@ -3,7 +3,6 @@
     python benchmarks/step_time.py                      # MLP 784-400-400-10, batch 128, CPU
     python benchmarks/step_time.py --net lenet5         # LeNet-5
     python benchmarks/step_time.py --net tiny           # 13-50-1 regression MLP, batch 32
-    python benchmarks/step_time.py --contended          # also with a competing CPU-bound process
     python benchmarks/step_time.py --device cuda        # same script on a GPU
 
 All methods run in one process, interleaved in blocks (every method runs a block of steps, then
@@ -15,9 +14,9 @@ it is installed (``pip install bayesian-torch``; it is not a dependency of the p
 
 ``--net tiny`` is a regression net (13 inputs as in the small UCI sets, 50 hidden units, Gaussian
 likelihood with a fixed noise of 1, as the hand-written step assumes), where the per-step host
-work dominates. ``--contended`` runs every round twice, once alone and once beside one competing
-CPU-bound process (a busy loop pinned to nothing, as a browser tab or another job would be), and
-reports each method's contended step time against its own idle one.
+work dominates. Each step is timed alone, the device waited for at its end (on the CPU a
+callback's timestamps inside one fit for the zoo rows). Memory per family:
+``benchmarks/step_memory.py``.
 """
 
 from __future__ import annotations
@@ -26,17 +25,14 @@ import argparse
 import copy
 import math
 import os
-import resource
 import statistics
-import subprocess
-import sys
-import threading
 import time
 import warnings
 from collections import defaultdict
 from collections.abc import Callable
 
 import pyro
+import suite
 import torch
 import torch.nn.functional as F
 from pyro.infer import SVI, JitTrace_ELBO, Trace_ELBO
@@ -225,8 +221,8 @@ class ZooStep:
         self.fit_options = fit_options
 
     def run(self, steps):
-        if self.device.type == "cuda":
-            return self.run_unobserved(steps)
+        """``steps`` steady steps of one fit, each timed between two callbacks (on CUDA, each
+        callback waits for the device first: every step pays the host's read of its loss)."""
         stamps = []
 
         def stamp(state):
@@ -245,83 +241,6 @@ class ZooStep:
         )
         self.times += [b - a for a, b in zip(stamps[:-1], stamps[1:])]
 
-    def run_unobserved(self, steps):
-        """On CUDA, without a callback (which reads every step's loss on the host and so
-        takes the host-device overlap away): one fit of ``WARM + steps`` steps, timed by CUDA
-        events recorded on the device's stream before its step ``WARM`` and after its last
-        (:class:`StepMarks`): past the set-up (compilation, graph capture), never a
-        difference of two fits. The minibatch is repeated so that one epoch holds the whole run:
-        an epoch's end is a host read, which one-batch data would make every step."""
-        x, y = self.data
-        reps = WARM + steps + 1
-        data = (x.repeat(reps, *[1] * (x.dim() - 1)), y.repeat(reps))
-        with StepMarks(WARM, WARM + steps, self.device) as marks:
-            zoo.fit(
-                self.model,
-                self.guide,
-                data,
-                num_steps=WARM + steps,
-                batch_size=len(self.data[0]),
-                **grouped({"progress": False, "device": self.device, **self.fit_options}),
-            )
-        self.times += [marks.seconds() / steps] * steps
-
-
-class StepMarks:
-    """Inside the block, every ``zoo.fit`` step engine records an event (a CUDA event on CUDA,
-    the host's clock on the CPU) before its step
-    ``first`` and after its step ``last - 1`` (on the stream the steps run on; no host read is
-    added): :meth:`seconds` is the device time of those ``last - first`` steps, the host's
-    queueing included where it is the bottleneck."""
-
-    def __init__(self, first: int, last: int, device):
-        self.first, self.last = first, last
-        cuda = torch.device(device).type == "cuda"
-        self.start = torch.cuda.Event(enable_timing=True) if cuda else HostEvent()
-        self.end = torch.cuda.Event(enable_timing=True) if cuda else HostEvent()
-        self.recorded = 0
-
-    def __enter__(self):
-        self.original = original = zoo.Stepper.step
-        marks = self
-
-        def step(engine, inputs):
-            if engine.state.step == marks.first:
-                marks.start.record()
-                marks.recorded += 1
-            original(engine, inputs)
-            if engine.state.step == marks.last:
-                marks.end.record()
-                marks.recorded += 1
-
-        zoo.Stepper.step = step
-        return self
-
-    def __exit__(self, *exc):
-        zoo.Stepper.step = self.original
-
-    def seconds(self) -> float:
-        if self.recorded != 2:
-            raise RuntimeError(f"the fit did not reach steps {self.first} and {self.last}")
-        self.end.synchronize()
-        return self.start.elapsed_time(self.end) / 1e3
-
-
-class HostEvent:
-    """A CPU stand-in for ``torch.cuda.Event``: the host's clock when recorded."""
-
-    def record(self) -> None:
-        self.time = time.perf_counter()
-
-    def synchronize(self) -> None:
-        pass
-
-    def elapsed_time(self, end: HostEvent) -> float:
-        return (end.time - self.time) * 1e3  # ms, as CUDA events report
-
-
-#: Steps of a CUDA fit before its timed run (past the graph's warm-up and capture).
-WARM = 10
 
 #: The zoo.fit rows: name -> (family, guide options, fit options).
 ZOO_ROWS = {
@@ -370,14 +289,8 @@ ZOO_ROWS = {
 }
 
 
-#: What zoo.fit did before issue 18: the eager loss on torch's thread setting.
-EAGER = {"jit": False, "threads": None}
-
-
-def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
-    """Name -> constructor of a step function ``(step, parameter count)`` or a ZooStep; with
-    ``eager_twins`` every zoo row also runs as before issue 18 (:data:`EAGER`), named
-    ``"<row> [eager]"``."""
+def build_methods(net, x, y, device) -> dict:
+    """Name -> constructor of a step function ``(step, parameter count)`` or a ZooStep."""
     methods = {
         "deterministic": lambda: deterministic_step(net, x, y),
         "hand-written BBB": lambda: hand_bbb_step(net, x, y),
@@ -410,27 +323,7 @@ def build_methods(net, x, y, device, eager_twins: bool = False) -> dict:
         methods[name] = lambda f=family, o=options, k=fit_options: ZooStep(
             net, x, y, f, o, device, **k
         )
-        if eager_twins:
-            methods[f"{name} [eager]"] = lambda f=family, o=options, k=fit_options: ZooStep(
-                net, x, y, f, o, device, **k, **EAGER
-            )
     return methods
-
-
-def _rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
-
-
-def peak_memory_mib(args, name: str) -> float:
-    """CPU peak memory of ``name``: the peak resident memory that building it and running 3
-    steps adds to a fresh process (polled every 0.5 ms). On CUDA, main reads the allocator's
-    peak in-process instead."""
-    command = [sys.executable, __file__, "--net", args.net, "--batch-size", str(args.batch_size)]
-    out = subprocess.run(
-        command + ["--memory-of", name], capture_output=True, text=True, check=True
-    ).stdout
-    return float(out.strip().splitlines()[-1])
 
 
 def parse_args() -> argparse.Namespace:
@@ -446,99 +339,27 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--only", nargs="+", default=None, help="time only methods whose name contains one of these"
     )
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory column")
-    parser.add_argument(
-        "--contended",
-        action="store_true",
-        help="run each round alone and beside one competing CPU-bound process",
-    )
-    parser.add_argument(
-        "--eager-twins",
-        action="store_true",
-        help="also run every zoo row as before issue 18 (jit=False, threads=None)",
-    )
-    parser.add_argument("--memory-of", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/step_time.json")
     args = parser.parse_args()
     if args.batch_size is None:
         args.batch_size = BATCH_SIZES[args.net]
     return args
 
 
-def measure_memory(net, x, y, device, name: str) -> None:
-    """Child process of :func:`peak_memory_mib`: print the peak RSS that ``name`` adds."""
-    baseline = _rss_mib()
-    peak = [baseline]
-    done = threading.Event()
-
-    def poll():
-        while not done.is_set():
-            peak[0] = max(peak[0], _rss_mib())
-            time.sleep(0.0005)
-
-    watcher = threading.Thread(target=poll, daemon=True)
-    watcher.start()
-    built = build_methods(net, x, y, device, eager_twins=True)[name]()
-    for _ in range(3):
-        built.run(1) if isinstance(built, ZooStep) else built[0]()
-    done.set()
-    watcher.join()
-    print(max(peak[0], _rss_mib()) - baseline)
-
-
-class Competitor:
-    """One CPU-bound process (a Python busy loop) running while the context is open."""
-
-    def __enter__(self):
-        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-        time.sleep(0.3)  # let it get scheduled
-        return self
-
-    def __exit__(self, *exc):
-        self.process.kill()
-        self.process.wait()
-
-
-def time_round(methods: dict, zoo_steps: dict, times: dict, steps: int, device, peaks) -> None:
-    """One block of ``steps`` steps of every method, appended to ``times[name]``. On CUDA a
-    block is timed whole (a synchronisation at its ends only, as ``ZooStep.run_unobserved``
-    times zoo.fit), so that every method may queue its next step while the GPU works."""
+def time_round(methods: dict, zoo_steps: dict, times: dict, steps: int, device) -> None:
+    """One block of ``steps`` steps of every method, appended to ``times[name]``: each step timed
+    alone, the device waited for at its end (as ``ZooStep.run`` times zoo.fit's steps)."""
     for name, (step, _) in methods.items():
-        peaks.reset()
-        if device.type == "cuda":
-            sync(device)
+        sync(device)
+        for _ in range(steps):
             t = time.perf_counter()
-            for _ in range(steps):
-                step()
+            step()
             sync(device)
-            times[name] += [(time.perf_counter() - t) / steps] * steps
-        else:
-            for _ in range(steps):
-                t = time.perf_counter()
-                step()
-                times[name].append(time.perf_counter() - t)
-        peaks.read(name)
+            times[name].append(time.perf_counter() - t)
     for name, runner in zoo_steps.items():
-        peaks.reset()
         runner.times = []
         runner.run(steps)
         times[name] += runner.times
-        peaks.read(name)
-
-
-class CudaPeaks:
-    """The CUDA allocator's peak per method (nothing on the CPU)."""
-
-    def __init__(self, device):
-        self.device, self.peak = device, defaultdict(float)
-
-    def reset(self):
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def read(self, name):
-        if self.device.type == "cuda":
-            peak = torch.cuda.max_memory_allocated(self.device) / 2**20
-            self.peak[name] = max(self.peak[name], peak)
 
 
 def main() -> None:
@@ -554,16 +375,18 @@ def main() -> None:
         y = torch.randn(args.batch_size, device=device)
     else:
         y = torch.randint(0, 10, (args.batch_size,), device=device)
-    if args.memory_of:
-        measure_memory(net, x, y, device, args.memory_of)
-        return
-    builders = build_methods(net, x, y, device, args.eager_twins)
+    with suite.record("step_time", args.out):
+        measure(args, net, x, y, device)
+
+
+def measure(args, net, x, y, device) -> None:
+    """Build every method, time them in interleaved rounds and print the table."""
+    builders = build_methods(net, x, y, device)
     if args.only:
         builders = {
             k: v
             for k, v in builders.items()
-            if k in ("hand-written BBB", "zoo diagonal", "zoo diagonal [eager]")
-            or any(s in k for s in args.only)
+            if k in ("hand-written BBB", "zoo diagonal") or any(s in k for s in args.only)
         }
     methods, zoo_steps = {}, {}
     for name, build in builders.items():
@@ -575,13 +398,9 @@ def main() -> None:
     for step, _ in methods.values():  # warm-up
         for _ in range(3):
             step()
-    idle, contended = defaultdict(list), defaultdict(list)
-    peaks = CudaPeaks(device)
+    idle = defaultdict(list)
     for _ in range(args.rounds):
-        time_round(methods, zoo_steps, idle, args.steps, device, peaks)
-        if args.contended:
-            with Competitor():
-                time_round(methods, zoo_steps, contended, args.steps, device, peaks)
+        time_round(methods, zoo_steps, idle, args.steps, device)
     counts = {name: n for name, (_, n) in methods.items()}
     counts.update({name: r.guide.num_variational_parameters() for name, r in zoo_steps.items()})
     load = os.getloadavg()[0]
@@ -589,15 +408,7 @@ def main() -> None:
         f"\n{args.net}, batch {args.batch_size}, {device}, {torch.get_num_threads()} threads, "
         f"{args.rounds} rounds x {args.steps} steps, medians; load {load:.2f} (1-minute average)\n"
     )
-    if args.contended:
-        print_contended(idle, contended)
-        return
-    memory = {}
-    if not args.no_memory:
-        for name in idle:
-            on_cuda = device.type == "cuda"
-            memory[name] = peaks.peak[name] if on_cuda else peak_memory_mib(args, name)
-    print_table(idle, counts, memory, device)
+    print_table(idle, counts)
 
 
 def check_times(*tables: dict) -> None:
@@ -609,40 +420,16 @@ def check_times(*tables: dict) -> None:
                 raise SystemExit(f"{name}: the measured step time is {med!r} s; not printed")
 
 
-def print_table(times: dict, counts: dict, memory: dict, device) -> None:
+def print_table(times: dict, counts: dict) -> None:
     check_times(times)
     floor = statistics.median(times["hand-written BBB"])
     diag = statistics.median(times["zoo diagonal"])
-    where = "allocator peak" if device.type == "cuda" else "peak RSS added by building and stepping"
-    print(
-        f"| method | ms / step | x hand-written BBB | x zoo diagonal | parameters | MiB ({where}) |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("| method | ms / step | x hand-written BBB | x zoo diagonal | parameters |")
+    print("| --- | ---: | ---: | ---: | ---: |")
     for name, values in times.items():
         med = statistics.median(values)
-        mib = f"{memory[name]:.0f}" if name in memory else "-"
-        print(
-            f"| {name} | {1e3 * med:.2f} | {med / floor:.2f} | {med / diag:.2f} "
-            f"| {counts[name]:,} | {mib} |"
-        )
-
-
-def print_contended(idle: dict, contended: dict) -> None:
-    """Each method alone and beside the competitor, and its slowdown against its own idle time."""
-    check_times(idle, contended)
-    floor_idle = statistics.median(idle["hand-written BBB"])
-    floor_contended = statistics.median(contended["hand-written BBB"])
-    print(
-        "| method | idle ms / step | contended ms / step | slowdown (contended / idle) "
-        "| x hand-written BBB, idle | x hand-written BBB, contended |"
-    )
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for name in idle:
-        a, b = statistics.median(idle[name]), statistics.median(contended[name])
-        print(
-            f"| {name} | {1e3 * a:.2f} | {1e3 * b:.2f} | {b / a:.2f} | {a / floor_idle:.2f} "
-            f"| {b / floor_contended:.2f} |"
-        )
+        print(f"| {name} | {1e3 * med:.2f} | {med / floor:.2f} | {med / diag:.2f} "
+              f"| {counts[name]:,} |")  # fmt: skip
 
 
 if __name__ == "__main__":

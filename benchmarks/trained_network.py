@@ -4,7 +4,7 @@ the default prior of a converted network sane? (issue 68)
     python benchmarks/trained_network.py finetune --steps 100       # every family
     python benchmarks/trained_network.py prior                      # the prior predictives
     python benchmarks/trained_network.py scratch --epochs 10        # ResNet-20 from scratch
-    python benchmarks/trained_network.py relative --epochs 4 --steps 150 --test 1000
+    python benchmarks/trained_network.py                            # all three
 
 ``finetune``: a CNN with batch norm (conv 16 - BN - pool - conv 32 - BN - pool - linear 10) is
 trained in a plain PyTorch loop (Adam 1e-3, batch 128, ``--epochs`` over ``--train`` MNIST
@@ -14,8 +14,7 @@ default prior and initial scale), tested on ``--test`` digits with 50 draws besi
 itself; post-hoc Laplace (``zoo.laplace(model, data, at="module")``, last-layer KFAC: no refit)
 and a Bayesian last layer on the frozen body (``bayesian=["9.*"]``, low rank) join them, and the
 diagonal is also run with ``init="fresh"`` (the old default: random initial means) and with a
-tenth of the default initial scale, without the initial scale relative to the trained
-weights (``guides.initial.TRAINED_RELATIVE_SCALE``: every site at 0.01), and at the default rate
+tenth of the default initial scale, and at the default rate
 of a fresh start (3e-3 decaying tenfold) instead of the trained start's
 (``zoo.training.recipes.TRAINED_LR_FACTOR``).
 
@@ -23,12 +22,6 @@ of a fresh start (3e-3 decaying tenfold) instead of the trained start's
 largest class probability (1: certain; 1/C: no preference) of networks converted with
 ``from_module``, under the converted default ``N(0, 2 / fan_in)`` and under ``N(0, 1)``; batch
 norm normalises with the batch's statistics (``zoo.prior_predictive``'s default).
-
-``relative``: notebook 11's ResNet-20 (``zoo.models.resnet.ResNetNetwork``, one input channel,
-trained in a plain loop with Adam from 1e-3 on a cosine schedule), fine-tuned with the diagonal
-family's default call at each ``--relative-scales`` value of
-``guides.initial.TRAINED_RELATIVE_SCALE`` (a site's initial standard deviation is at most that
-fraction of its weights' root mean square).
 
 ``scratch``: the zoo's ResNet-20 (one input channel) fitted from scratch with the diagonal
 family's default call for ``--epochs`` over ``--train`` digits under ``N(0, 1)`` (the zoo's
@@ -42,6 +35,7 @@ import argparse
 import os
 import time
 
+import suite
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,9 +110,6 @@ def finetune(args) -> None:
             "diagonal", lr=3e-3, optim=zoo.Optim(lr_schedule="exponential")
         ),
         "diagonal, init_scale 1e-3": lambda: fit(guides.family("diagonal", init_scale=1e-3)),
-        "diagonal, no relative scale": lambda: _with_relative_scale(
-            float("inf"), lambda: fit("diagonal")
-        ),
         "last layer (lowrank), frozen body": lambda: fit(
             "lowrank", zoo.models.from_module(_frozen(net), bayesian=["9.*"], init="module")
         ),
@@ -138,18 +129,6 @@ def finetune(args) -> None:
         probs = result.predict(xt, num_samples=50, progress=False, seed=0).probs
         rows.append(_row(label, probs, yt, seconds))
         print(_line(rows[-1], rows[0]), flush=True)
-
-
-def _with_relative_scale(scale: float, call):
-    """``call()`` with :data:`guides.initial.TRAINED_RELATIVE_SCALE` at ``scale`` (``inf``:
-    every site at the absolute ``init_scale``, 0.01)."""
-    from guides import initial
-
-    saved, initial.TRAINED_RELATIVE_SCALE = initial.TRAINED_RELATIVE_SCALE, scale
-    try:
-        return call()
-    finally:
-        initial.TRAINED_RELATIVE_SCALE = saved
 
 
 def _frozen(net: nn.Module) -> nn.Module:
@@ -198,30 +177,6 @@ def prior(args) -> None:
         print(f"| {label} | {cells[0]} | {cells[1]} |", flush=True)
 
 
-def relative(args) -> None:
-    from zoo.models.resnet import ResNetNetwork
-
-    root = args.data_root or os.environ.get("ZOO_DATA")
-    x, y = _tensors(zoo.data.mnist(root), args.train)
-    xt, yt = _tensors(zoo.data.mnist(root, train=False), args.test)
-    start = time.perf_counter()
-    torch.manual_seed(0)
-    net = _train(x, y, args.epochs, ResNetNetwork(20, in_channels=1), cosine=True)
-    with torch.no_grad():
-        base = _row("the network", net(xt).softmax(-1), yt, time.perf_counter() - start)
-    print("| row | accuracy | NLL | ECE | seconds |\n| --- | --- | --- | --- | --- |")
-    print(_line(base, base), flush=True)
-    for scale in args.relative_scales:
-        start = time.perf_counter()
-        converted = zoo.models.from_module(net, init="module")
-        result = _with_relative_scale(scale, lambda m=converted: zoo.fit(
-            m, "diagonal", (x, y), num_steps=args.steps, run=QUIET
-        ))  # fmt: skip
-        probs = result.predict(xt, num_samples=20, progress=False, seed=0).probs
-        label = f"diagonal, relative scale {scale:g}"
-        print(_line(_row(label, probs, yt, time.perf_counter() - start), base), flush=True)
-
-
 def scratch(args) -> None:
     from zoo.priors import HE_GAIN, LayerwiseNormalPrior
 
@@ -267,7 +222,7 @@ def _kl(fit, model, init: bool) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("what", choices=["finetune", "prior", "scratch", "relative"])
+    parser.add_argument("what", nargs="*", default=list(MODES), choices=list(MODES))
     parser.add_argument("--train", type=int, default=10000)
     parser.add_argument("--test", type=int, default=2000)
     parser.add_argument("--epochs", type=int, default=5)
@@ -275,13 +230,19 @@ def main() -> None:
     parser.add_argument("--families", nargs="*", help="default: guides.available()")
     parser.add_argument("--no-extras", action="store_true", help="the families' rows only")
     parser.add_argument("--draws", type=int, default=16, help="prior draws (prior)")
-    parser.add_argument("--relative-scales", type=float, nargs="*", default=[0.1, 0.03, 0.01],
-                        help="TRAINED_RELATIVE_SCALE values (relative)")  # fmt: skip
     parser.add_argument("--data-root")
+    parser.add_argument(
+        "--out", default=None, help="default: benchmarks/results/trained_network.json"
+    )
     args = parser.parse_args()
-    print(f"load: {os.getloadavg()[0]:.2f} (1-minute), torch threads {torch.get_num_threads()}")
-    modes = {"finetune": finetune, "prior": prior, "scratch": scratch, "relative": relative}
-    modes[args.what](args)
+    with suite.record("trained_network", args.out):
+        for what in args.what:
+            print(f"\n{what}:")
+            MODES[what](args)
+
+
+#: The parts of the run, in order (each prints its table).
+MODES = {"finetune": finetune, "prior": prior, "scratch": scratch}
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
+import suite
 import torch
 import torch.nn.functional as F
 
@@ -101,31 +102,34 @@ def main() -> None:
     parser.add_argument("--widths", type=int, nargs="+", default=[256, 512, 1024, 2048])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS) + list(EXTRA))
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    parser.add_argument("--out", default=None, help="default: benchmarks/results/width.json")
     args = parser.parse_args()
-    warnings.simplefilter("ignore")
-    torch.set_num_threads(1)
-    rows = {name: {**ROWS, **EXTRA}[name] for name in args.rows}
-    results = {}
-    for width in args.widths:
-        results[width] = measure(width, rows, args.rounds, args.steps)
-        print(f"width {width}: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in
-                                              results[width].items()), flush=True)  # fmt: skip
-    weights = {w: 784 * w + w * w + 10 * w + 2 * w + 10 for w in args.widths}
-    print("\n| row | " + " | ".join(f"w={w}: ms (x diag, x det)" for w in args.widths)
-          + " | exponent between widths | target (x diag, exponent) |")  # fmt: skip
-    print("| --- |" + " ---: |" * (len(args.widths) + 2))
-    for name in rows:
-        cells = []
-        for w in args.widths:
-            t = results[w][name]
-            cells.append(f"{1e3 * t:.1f} ({t / results[w].get('diagonal', math.nan):.2f}, "
-                         f"{t / results[w].get('deterministic', math.nan):.2f})")  # fmt: skip
-        slopes = [math.log(results[b][name] / results[a][name]) / math.log(weights[b] / weights[a])
-                  for a, b in zip(args.widths, args.widths[1:])]  # fmt: skip
-        target = _target(name, results, slopes)
-        print(f"| {name} | " + " | ".join(cells) + " | "
-              + " -> ".join(f"{s:.2f}" for s in slopes) + f" | {target} |")  # fmt: skip
+    with suite.record("width", args.out):
+        warnings.simplefilter("ignore")
+        torch.set_num_threads(1)
+        rows = {name: ROWS[name] for name in args.rows}
+        results = {}
+        for width in args.widths:
+            results[width] = measure(width, rows, args.rounds, args.steps)
+            print(f"width {width}: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in
+                                                  results[width].items()), flush=True)  # fmt: skip
+        weights = {w: 784 * w + w * w + 10 * w + 2 * w + 10 for w in args.widths}
+        print("\n| row | " + " | ".join(f"w={w}: ms (x diag, x det)" for w in args.widths)
+              + " | exponent between widths | target (x diag, exponent) |")  # fmt: skip
+        print("| --- |" + " ---: |" * (len(args.widths) + 2))
+        for name in rows:
+            cells = []
+            for w in args.widths:
+                t = results[w][name]
+                cells.append(f"{1e3 * t:.1f} ({t / results[w].get('diagonal', math.nan):.2f}, "
+                             f"{t / results[w].get('deterministic', math.nan):.2f})")  # fmt: skip
+            slopes = [math.log(results[b][name] / results[a][name])
+                      / math.log(weights[b] / weights[a])
+                      for a, b in zip(args.widths, args.widths[1:])]  # fmt: skip
+            target = _target(name, results, slopes)
+            print(f"| {name} | " + " | ".join(cells) + " | "
+                  + " -> ".join(f"{s:.2f}" for s in slopes) + f" | {target} |")  # fmt: skip
 
 
 #: Issue 96's targets for the low-rank rows: at most this times the diagonal's step at 1,024 and
@@ -143,25 +147,6 @@ def _target(name: str, results: dict, slopes: list[float]) -> str:
         return f"<= {TARGET_X_DIAGONAL}, <= {TARGET_EXPONENT}: not measured (widths 1024, 2048)"
     met = all(r <= TARGET_X_DIAGONAL for r in ratios) and all(s <= TARGET_EXPONENT for s in slopes)
     return f"<= {TARGET_X_DIAGONAL}, <= {TARGET_EXPONENT}: {'met' if met else 'missed'}"
-
-
-#: Rows run only when named.
-EXTRA = {
-    "matrix normal, draw, Monte Carlo KL (before)": (
-        "matrix_normal",
-        {},
-        {"estimator": "reparam", "elbo": "trace"},
-    ),
-    "matrix normal, local everywhere, closed-form KL": (
-        "matrix_normal",
-        {},
-        {"estimator": "local", "elbo": "meanfield"},
-    ),
-    "lowrank r=10, closed-form KL": ("lowrank", {"rank": 10}, {"elbo": "meanfield"}),
-    "lowrank r=5": ("lowrank", {"rank": 5}, {}),
-    "diagonal, closed-form KL": ("diagonal", {}, {"elbo": "meanfield"}),
-    "diagonal, local": ("diagonal", {}, {"estimator": "local"}),
-}
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from guides.site import fan_in, is_real, kaiming_uniform_like, prior_median
 #: deviation ``min(init_scale, TRAINED_RELATIVE_SCALE * rms(w))``: MOPED's ``delta |w|``
 #: (Krishnan et al. 2020) per site, so that the noise of a layer of small weights (a wide
 #: last layer's) does not drown them, and a deep network's noise summed over its layers does
-#: not flatten the predictive; chosen by ``benchmarks/trained_network.py relative``.
+#: not flatten the predictive; chosen by the ``relative`` part of
+#: ``benchmarks/trained_network.py`` at ``91a332b``.
 TRAINED_RELATIVE_SCALE = 0.01
 
 

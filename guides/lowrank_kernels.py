@@ -16,7 +16,7 @@ and the log-density of that draw is
 hand-written backward. :class:`SiteCapacitanceTerms` computes that part for every site of one
 rank in one batched factorisation. Together they dispatch a handful of operations per site,
 forward and backward, where autograd through the same formulas runs a few dozen
-(benchmarks/graph_size.py counts them). Neither is twice differentiable.
+(benchmarks/graph_size.py at 6b9e5b9 counts them). Neither is twice differentiable.
 
 - :func:`gram` (``G G^T`` in column blocks on a many-core CPU), :func:`column_chunks`,
   :func:`blocked`.
@@ -42,7 +42,8 @@ def column_chunks(g: torch.Tensor) -> int:
     blocks of :data:`GRAM_BLOCK` columns from :data:`GRAM_BLOCKED_FROM` columns on (the blocks'
     batched product keeps each block in cache, and runs on every thread, where BLAS runs one
     product of this small output and million-long reduction on one, at a third of the speed
-    on one thread; benchmarks/lowrank_products.py); one block below that and on a GPU. (The
+    on one thread; benchmarks/lowrank_products.py at 6b9e5b9); one block below that and on a GPU.
+    (The
     backward's ``A G`` has a large output and runs as one product.)"""
     if g.device.type != "cpu" or g.shape[-1] < GRAM_BLOCKED_FROM:
         return 1

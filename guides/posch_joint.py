@@ -33,7 +33,8 @@ RATIO_TERMS = 2048
 
 _LOG_2PI = math.log(2 * math.pi)
 
-#: On the CPU the joint draw pays below this many elements per site (benchmarks/posch_joint.py).
+#: On the CPU the joint draw pays below this many elements per site (benchmarks/posch_joint.py at
+#: 6b9e5b9).
 CPU_JOINT_ELEMENTS_PER_SITE = 8192
 
 

@@ -67,8 +67,8 @@ class Recipe:
         named it without options (``"tridiagonal"``, not ``guides.family("tridiagonal",
         ...)``): a parameterisation that fits from given weights better than the default does.
     why : str
-        The measurement behind a scale other than 1 (``benchmarks/fairness.py``,
-        ``benchmarks/task_rate.py``), or behind a loss of the family's own.
+        The measurement behind a scale other than 1 (``benchmarks/fairness.py`` at ``cc5a66b``,
+        ``benchmarks/task_rate.py`` at ``c1c13dd``), or behind a loss of the family's own.
 
     Notes
     -----

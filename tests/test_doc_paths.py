@@ -25,6 +25,34 @@ SOURCE = re.compile(r"`((?:zoo|guides|tests|benchmarks|notebooks|docs)/[A-Za-z0-
 RENAMED = re.compile(r"`?\s*(->|→|was renamed|became|moved to|: import)")
 #: Paths a run or a build makes (a built site, a benchmark's results), not sources.
 MADE = ("docs/_build/", "benchmarks/results/")
+#: What follows a path that names a file as it was at a commit (``benchmarks/x.py`` at ``abc1234``).
+AT_COMMIT = re.compile(r"`*\s+at\s+`{1,2}[0-9a-f]{7,40}`")
+
+
+def in_history(path: str) -> bool:
+    """``path`` was a file of some commit of the checkout (the CHANGELOG names removed files)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%h", "--", path], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return out.returncode == 0 and bool(out.stdout.strip())
+
+
+def missing_files(text: str, history: bool = False) -> list[str]:
+    """The source paths ``text`` names that do not exist: not a made path, not one named at a
+    commit, and with ``history`` not a file of an earlier commit."""
+    missing = set()
+    for match in SOURCE.finditer(text):
+        path = match.group(1).rstrip(".")
+        if "*" in path or path.startswith(MADE) or (REPO / path).exists():
+            continue
+        if AT_COMMIT.match(text, match.end()) or (history and in_history(path)):
+            continue
+        missing.add(path)
+    return sorted(missing)
 
 
 def resolves(dotted: str) -> bool:
@@ -57,14 +85,14 @@ def test_every_named_path_exists(document):
     text = document.read_text()
     missing = sorted({name for name, old in named_paths(text) if not old and not resolves(name)})
     assert not missing, f"{document.relative_to(REPO)} names {missing}"
-    files = sorted(
-        {
-            p.rstrip(".")
-            for p in SOURCE.findall(text)
-            if "*" not in p and not p.startswith(MADE) and not (REPO / p).exists()
-        }
-    )
+    files = missing_files(text, history=document.name == "CHANGELOG.md")
     assert not files, f"{document.relative_to(REPO)} names files that do not exist: {files}"
+
+
+def test_the_check_reads_a_path_at_a_commit_as_that_commits():
+    text = "`benchmarks/gone.py` at `abc1234` and ``benchmarks/gone2.py`` at ``abc1234``"
+    assert missing_files(text) == []
+    assert missing_files("`benchmarks/gone.py` measured it") == ["benchmarks/gone.py"]
 
 
 def test_the_check_sees_a_path_that_does_not_exist():

@@ -247,7 +247,7 @@ class AutoBlockDiagonal(PerSiteGuide, family="block_diagonal"):
         full_batch_lr_scale=0.3,
         why="each weight's block factor moves its posterior fast: under the full-batch recipe "
         "the toy's fit from 1e-2 ends far worse than from 3e-3; minibatch fits are best from "
-        "the task's 3e-3 (benchmarks/fairness.py, benchmarks/task_rate.py)",
+        "the task's 3e-3 (benchmarks/fairness.py at cc5a66b, benchmarks/task_rate.py at c1c13dd)",
     )
 
     site_class = BlockDiagonalSite

@@ -40,7 +40,7 @@ training: ``x W^T = (x * z) M^T`` plus the ``sigma`` noise for a linear layer, i
 masked per example for a convolution; each example's output has exactly its distribution under
 ``q``). ``zoo.Loss(estimator="reparam")``, and several particles, draw one mask per step,
 shared by the minibatch: an unbiased ELBO too, with far noisier gradients (a ResNet-8 learns
-much slower under it; ``benchmarks/README.md``). Predictions average the network over
+much slower under it; ``benchmarks/README.md`` at ``91a332b``). Predictions average the network over
 weight draws, each with its own masks: MC dropout.
 
 Relation to ``torch.nn.Dropout``, which divides the kept inputs by ``1 - p``: a network trained
@@ -333,8 +333,8 @@ class AutoMCDropout(PerSiteGuide, family="mc_dropout"):
     RECIPE = Recipe(
         estimator="auto",
         why="a mask per example, as dropout trains: with one mask shared by the minibatch a "
-        "ResNet-8's default call predicts clearly worse (benchmarks/fairness.py); no MAP "
-        "phase: started at the MAP weights it predicts worse than from its own start "
+        "ResNet-8's default call predicts clearly worse (benchmarks/fairness.py at cc5a66b); "
+        "no MAP phase: started at the MAP weights it predicts worse than from its own start "
         "(benchmarks/against_map.py)",
         map_start=False,
     )

@@ -307,7 +307,8 @@ class AutoTridiagonal(PerSiteGuide, family="tridiagonal"):
     ``guides.family("tridiagonal", parameterization="posch")`` to fit the paper's family
     there. With far more weights than data, the barrier and the KL's ``-n log tau``
     (``n`` weights a site) outweigh the data term: the true ELBO's optimum is noisy whatever
-    the rate (``benchmarks/posch_objective.py``). The paper weights the KL by 1/100 (below).
+    the rate (``benchmarks/posch_objective.py`` at ``8e6b64a``). The paper weights the KL by 1/100
+    (below).
 
     Examples
     --------

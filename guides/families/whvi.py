@@ -14,7 +14,7 @@ and ``S2`` (one a column for each row of blocks), so the paper's blocks give a 6
 numbers for its 4,096 weights' means; blocks of 4 give it 2,112 (1,024 ``g``, 64 ``S1``, 1,024
 ``S2``), and with the 10 numbers of each block's full ``q(g)`` about one number per weight in
 all (the diagonal family has two).
-``benchmarks/README.md`` ("WHVI's blocks") measures the choice.
+``benchmarks/README.md`` at ``91a332b`` ("WHVI's blocks") measures the choice.
 
 ``H`` the Walsh-Hadamard matrix (``H / sqrt(D)`` is orthonormal, so ``g = 1`` gives the identity),
 ``S1``, ``S2`` diagonal, the padding sliced off (see
@@ -60,7 +60,7 @@ initial weight of the fan-in's scale. Adam moves every stored number by about it
 step, so the family stores ``mu / sqrt(D)`` (``mean_g``) and ``S1 / sqrt(n)``, ``S2 / sqrt(n)``
 (``row_scale``, ``column_scale``): a step then moves the weights about as far as a step of the
 diagonal family moves its means, and the family learns at the task's rates
-(``benchmarks/fairness.py``). The distribution, the prior and the ELBO are unchanged.
+(``benchmarks/fairness.py`` at ``cc5a66b``). The distribution, the prior and the ELBO are unchanged.
 """
 
 from __future__ import annotations
@@ -98,8 +98,10 @@ __all__ = ["AutoWHVI", "WHVISite", "WalshHadamardWeight"]
 
 #: The largest block a full covariance of ``g`` takes: its factor has ``D^2`` entries per block.
 FULL_MAX = 4096
-#: The family's default block size (``block_size``), chosen on ``benchmarks/fairness.py``'s
-#: problems (``benchmarks/README.md``); ``None`` is the paper's, one block as wide as the weight.
+#: The family's default block size (``block_size``), chosen on ``benchmarks/fairness.py`` at
+#: ``cc5a66b``'s
+#: problems (``benchmarks/README.md`` at ``91a332b``); ``None`` is the paper's, one block as wide
+#: as the weight.
 DEFAULT_BLOCK_SIZE: int | None = 4
 COVARIANCES = ("full", "diagonal")
 
@@ -304,7 +306,7 @@ class AutoWHVI(PerSiteGuide, family="whvi"):
         why="in units of one step (the module's Parameterisation) its minibatch fits are still "
         "best from three times the task's rate (MNIST's LeNet-5, blocks of 4); the full-batch "
         "recipe's 1e-2 is near its best, and three times it diverges on the toy "
-        "(benchmarks/fairness.py)",
+        "(benchmarks/fairness.py at cc5a66b)",
     )
 
     site_class = WHVISite

@@ -4,7 +4,8 @@
 The marginal likelihood, ``zoo.laplace``'s default, reads the prior precision ``P`` off the
 training data alone. Where the MAP network interpolates its training data the curvature ``H``
 of the likelihood is near zero, the evidence then favours a broad prior, and the predictive of
-``N(w*, (H + P)^-1)`` can be wider than the MAP network's own (``benchmarks/laplace_prior.py``).
+``N(w*, (H + P)^-1)`` can be wider than the MAP network's own (``benchmarks/laplace_prior.py`` at
+``a4a7b8f``).
 The grid search scores each precision by the negative log predictive density of held-out data
 under the fit's *own* predictive (its ``predictive`` option, its number of draws, draws seeded
 alike at every precision so the curve is smooth), and keeps the lowest: the recipe of Immer et

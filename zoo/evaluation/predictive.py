@@ -82,7 +82,7 @@ def cpu_batch_size(model, x: torch.Tensor, params: dict[str, torch.Tensor]) -> i
     the last-level cache and ``CPU_ACTIVATION_CAP`` (16 MiB), within ``CPU_BATCH_RANGE``, found
     by running the network on three inputs. Larger passes are slower on the CPU, not faster:
     past the cache, glibc maps each pass's large activations afresh (page faults, system time);
-    ``benchmarks/predict_batch.py`` measures it.
+    ``benchmarks/predict_batch.py`` at ``f4036f7`` measures it.
     """
     with torch.no_grad():
         # Three rows (repeated if x has fewer): a leading size that weights are unlikely to share.

@@ -14,7 +14,7 @@ finite yet), and the objective evaluates that call eagerly. The CUDA-graph step
 (:mod:`zoo.training.cuda_graph`) captures :meth:`LossBackend.function_for`, a function of tensors
 only; the stepper knows nothing else of a backend, so a ``torch.compile`` or
 ``torch.export`` backend, the day Pyro's handlers run under them without graph breaks
-(``benchmarks/compile_backend.py`` measures that), is one more subclass here.
+(``benchmarks/compile_backend.py`` at ``323cd6e`` measures that), is one more subclass here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ operations and their autograd backward, so a seeded fit's values and gradients a
 fit's to the bit. On CUDA it runs re-planned by TorchScript's graph executor (the backward
 differentiated symbolically, elementwise kernels fused), which pays on a GPU; on the CPU the
 re-planning costs more start-up than it saves for most families (``benchmarks/executor_order.py``
-measures both plans).
+at ``6309d99`` measures both plans).
 
 The re-planned order of independent random operations can differ from the traced one (the
 block-diagonal guide's noise draw moved ahead of the weights'; MC dropout's masks and

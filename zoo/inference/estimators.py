@@ -37,7 +37,7 @@ during training. All three are unbiased for the ELBO; they differ in gradient va
     a wide layer never forms ``A E B^T`` (``benchmarks/width.py``); and MC dropout's, on
     every linear and convolution layer: a mask per example, as dropout trains, whose
     gradients are far less noisy than one mask shared by the minibatch
-    (``benchmarks/fairness.py``).
+    (``benchmarks/fairness.py`` at ``cc5a66b``).
 ``"flipout"`` (Wen et al. 2018)
     The shared draw's deviation ``dW = W - M`` is decorrelated across examples by random signs,
     ``b_n = M x_n + r_n * (dW (s_n * x_n))`` with ``r_n, s_n`` uniform in ``{-1, +1}``. Exact

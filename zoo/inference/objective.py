@@ -268,7 +268,7 @@ class Objective:
         repay). A minibatch smaller than :attr:`minibatch_size` (the last of an epoch when ``B``
         does not divide ``N``) is evaluated eagerly too: it comes once an epoch, and a graph of its
         own (traced, optimised by TorchScript's executor and checked) costs tens of eager steps to
-        build (``benchmarks/README.md``, "Start-up").
+        build (``benchmarks/README.md`` at ``91a332b``, "Start-up").
         """
         return self._loss(x, y, num_data / x.shape[0], step, validate, eager)
 

@@ -40,7 +40,7 @@ sample of the training data against the best constant prediction, and warn that 
 The default prior is ``N(0, 2 / fan_in)`` per layer
 (:class:`~zoo.priors.LayerwiseNormalPrior` with :data:`~zoo.priors.HE_GAIN`), He et al.'s
 variance-preserving scale, whose prior predictive is far from certain on noise, where
-``N(0, 1)`` on every weight of a deep net is near-certain (``benchmarks/prior_predictive.py``);
+``N(0, 1)`` on every weight of a deep net is near-certain (``benchmarks/trained_network.py prior``);
 :class:`~zoo.priors.CentredNormalPrior` centres a prior on the trained weights (empirical
 Bayes). A frozen body (``requires_grad=False``) keeps its batch-norm statistics, and an
 embedding's ``padding_idx`` row stays zero and is not a site (:mod:`zoo.models.semantics`).

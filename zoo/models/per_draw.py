@@ -7,7 +7,7 @@ network's statistics are a function of its weights, and under a posterior whose 
 (a variational family, MC dropout) one draw's activation means and variances can be far from
 the average: normalised with the average, each sampled network is one the fit never trained,
 and the predictive can be worse on the *training* data than the networks it averages
-(``benchmarks/README.md``, "Batch norm's statistics per draw").
+(``benchmarks/README.md`` at ``91a332b``, "Batch norm's statistics per draw").
 
 So at the end of such a fit (:mod:`zoo.training.refresh`) the model keeps some of its training
 inputs, ``model.statistics_inputs``: the first :func:`kept_size` inputs of one pass of the fit's

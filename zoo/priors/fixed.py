@@ -284,7 +284,7 @@ def from_spec(spec: dict) -> Prior:
 
 #: He et al.'s variance-preserving gain for ReLU layers: ``LayerwiseNormalPrior(HE_GAIN)`` is
 #: ``N(0, 2 / fan_in)`` per layer, the default prior of a converted network
-#: (``zoo.models.from_module``; ``benchmarks/prior_predictive.py``).
+#: (``zoo.models.from_module``; ``benchmarks/trained_network.py prior``).
 HE_GAIN = math.sqrt(2.0)
 #: The gain of the regression default ``LayerwiseNormalPrior``: :data:`HE_GAIN` (README,
 #: "Regression defaults", and ``benchmarks/regression.py``).

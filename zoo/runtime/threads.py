@@ -17,9 +17,9 @@ The rule, with ``F`` the floating-point operations of one forward pass of the mi
     threads = 1                         if F < SMALL_STEP_FLOPS
               torch.get_num_threads()   otherwise (the caller's setting)
 
-``benchmarks/threads.py`` measures the step time at one and at several threads, alone and beside
-a competing process, across network sizes; ``benchmarks/README.md`` has the numbers behind the
-threshold.
+``benchmarks/threads.py`` at ``f4036f7`` measured the step time at one and at several threads,
+alone and beside a competing process, across network sizes; ``benchmarks/README.md`` at
+``91a332b`` has the numbers behind the threshold.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from zoo.arguments import is_int
 from zoo.runtime.rng import forked
 
 #: A step whose forward pass (one minibatch) is below this many floating-point operations is
-#: "small": on the CPU it runs on one thread under ``threads="auto"`` (``benchmarks/threads.py``
-#: and ``benchmarks/README.md`` have the numbers).
+#: "small": on the CPU it runs on one thread under ``threads="auto"`` (``benchmarks/threads.py`` at
+#: ``f4036f7`` and ``benchmarks/README.md`` at ``91a332b`` have the numbers).
 SMALL_STEP_FLOPS = 20_000_000
 
 

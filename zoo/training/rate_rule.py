@@ -13,8 +13,8 @@ term that never fell below its first value gives no rate to read (:func:`choose`
 variational family's KL falls fastest at rates far above those at which the network still
 learns, which would put the whole loss's minimum far past its best rate (a point estimate's
 loss is nearly all data term). The constants are chosen on the sweeps and grids of
-``benchmarks/fairness.py`` and checked on two networks outside them
-(``benchmarks/rate_rules.py``; ``benchmarks/README.md``).
+``benchmarks/fairness.py`` at ``cc5a66b`` and checked on two networks outside them
+(``benchmarks/rate_rules.py`` at ``31084fa``; ``benchmarks/README.md`` at ``91a332b``).
 
 The sweep is over once its smoothed data term, past the sweep's midpoint, has climbed back
 above its first value (:func:`climbed_back`). Every reading of a prefix of the sweep is at or

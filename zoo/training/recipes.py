@@ -16,10 +16,11 @@ The minibatch default rate is the centre of the learning-rate range test that me
 rate of a fit long enough for it (:mod:`zoo.training.rate`; :attr:`Length.measure`), and the
 rate that runs where none is measured. Small regression data keep the full-batch recipe's
 own rate (1e-2 decaying tenfold, times the family's scale), measured for them across the
-families (``benchmarks/fairness.py``), whatever the length (a given ``epochs`` or
+families (``benchmarks/fairness.py`` at ``cc5a66b``), whatever the length (a given ``epochs`` or
 ``num_steps`` replaces the recipe's length, not its rate): there the range test's faster
 rates over-fit a point estimate (MAP, Laplace's MAP fit, an ensemble's members; the
-measurements are in ``benchmarks/README.md``) and gained the variational families little;
+measurements are in ``benchmarks/README.md`` at ``91a332b``) and gained the variational families
+little;
 ``lr="auto"`` measures it all the same. A given ``lr`` runs constant unless ``lr_schedule`` is
 given too; a given ``lr_schedule`` multiplies 3e-3. A fit whose length a convergence rule decides
 (``num_steps="auto"``) runs at the constant :data:`CONVERGENCE_LR` (1e-3), unmeasured: a rule
@@ -27,8 +28,8 @@ that stops when the ELBO settles needs a rate it can settle at. When the length 
 defaults and is under :data:`MIN_DEFAULT_STEPS` optimiser steps, ``fit`` warns and says what to
 pass.
 
-``benchmarks/fairness.py`` measures the default call against a grid of rates on short and long
-budgets (``benchmarks/README.md``).
+``benchmarks/fairness.py`` at ``cc5a66b`` measures the default call against a grid of rates on
+short and long budgets (``benchmarks/README.md`` at ``91a332b``).
 
 A fit that starts at a trained network's weights (:func:`starts_trained`: a converted network,
 ``zoo.models.from_module``'s ``init="module"``, or a guide given ``init_module``) runs each

@@ -5,7 +5,8 @@ During a fit each normalisation layer's running statistics move by its momentum 
 step's batch statistics (:mod:`zoo.models.statistics`): an exponential average over the last
 tens of steps, taken at weights that have since moved. A short fit at a high rate ends with
 statistics of networks it no longer holds, and every prediction reads them (measured in
-``benchmarks/README.md``, "Is each family's default call its best?"). The fix is SWA's (Izmailov
+``benchmarks/README.md`` at ``91a332b``, "Is each family's default call its best?"). The fix is
+SWA's (Izmailov
 et al. 2018; PyTorch's ``torch.optim.swa_utils.update_bn``, which takes a plain network, not a
 posterior): one pass over the fit's training minibatches at the end, the statistics reset and
 averaged over the pass with equal weight per minibatch (``momentum=None``, PyTorch's cumulative

@@ -264,18 +264,11 @@ def test_toy_fit_needs_no_model_and_takes_the_noise(tmp_path):
     assert main(argv) == 0
 
 
-def test_the_readme_quotes_what_the_demo_prints(tmp_path):
-    """benchmarks/README.md's demo numbers come from `python -m zoo demo`: run it and compare."""
+def test_the_demo_follows_the_data_and_widens_its_band_away_from_it(tmp_path):
+    """``python -m zoo demo``: the fit's test RMSE near the toy's noise and its epistemic band
+    wider between the two observed intervals and beyond them than on them."""
     import re
-    from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[3] / "benchmarks" / "README.md").read_text()
-    quoted = re.search(
-        r"test RMSE ([\d.]+) \(the toy's noise is 0\.1\), 95% coverage ([\d.]+), epistemic sd "
-        r"([\d.]+) on the data,\s+([\d.]+) in the gap `\|x\| < 0\.5`, ([\d.]+) beyond",
-        readme,
-    )
-    assert quoted, "the README's demo paragraph changed shape"
     out = tmp_path / "band.png"
     proc = subprocess.run(
         [sys.executable, "-m", "zoo", "demo", "--quiet", "--out", str(out)],
@@ -293,14 +286,9 @@ def test_the_readme_quotes_what_the_demo_prints(tmp_path):
         r"([\d.]+)",
         proc.stdout,
     ).groups()
-    # Between CPUs the 3,000 steps' rounding moves them (README: measured on two machines).
-    tolerance = [dict(abs=2e-3), dict(abs=0.01)] + [dict(rel=0.08)] * 3
-    for said, got, tol in zip(quoted.groups(), (*printed, *sds), tolerance):
-        assert float(said) == pytest.approx(float(got), **tol), (said, got)
-    # the demo follows the data (RMSE within 20% of the toy's noise, 0.1: the regression
-    # default prior, N(0, 2 / fan_in), costs the toy 0.118 against N(0, 1)'s 0.108 and is the
-    # better one on real data, README "Regression defaults") and widens the band between the
-    # two intervals and beyond them
+    # the demo follows the data (RMSE within 20% of the toy's noise, 0.1, under the regression
+    # default prior N(0, 2 / fan_in)) and widens the band between the intervals and beyond them
+    assert 0 < float(printed[1]) <= 1
     on_data, gap, beyond = (float(v) for v in sds)
     assert float(printed[0]) <= 0.12
     assert gap > 1.2 * on_data and beyond > 2 * on_data
