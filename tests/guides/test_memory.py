@@ -100,6 +100,7 @@ def test_zoo_fit_refuses_it_with_the_same_message(monkeypatch):
         zoo.fit(model(), "matrix_normal", (x, y), num_steps=1, run=zoo.Run(progress=False))
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_the_memory_is_this_process_s_under_an_address_space_limit():
     """Under ``ulimit -v`` (here the process's size plus 2 GiB) the usable memory is what the
     limit leaves, and huge networks are refused clearly before their weights or the guide's

@@ -50,6 +50,7 @@ def test_the_first_members_range_test_gives_every_member_its_rate():
     assert fitting["lr_rule"] == rule
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_members_in_processes_and_a_resumed_ensemble_share_the_same_rate(tmp_path):
     here = zoo.ensemble(classifier, data(), members=3, progress=False, **HOW)
     there = zoo.ensemble(classifier, data(), members=3, progress=False, processes=2, **HOW)

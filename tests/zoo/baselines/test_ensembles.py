@@ -102,6 +102,7 @@ def _scratch_left() -> list:
     return list(Path(tempfile.gettempdir()).glob(f"{SCRATCH_PREFIX}{os.getpid()}-*"))
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_members_in_processes_are_the_members_fitted_here():
     """``processes=2``: two forked CPU processes fit the members; each is the fit made in
     this process with its seed, and nothing is left behind (processes, scratch files)."""
@@ -115,6 +116,7 @@ def test_members_in_processes_are_the_members_fitted_here():
     assert multiprocessing.active_children() == [] and _scratch_left() == []
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_a_member_that_fails_in_its_process_is_named_and_the_others_stop():
     """A member's error comes back with its index and message; a member's process killed
     with SIGKILL is named with its exit code; either way no process and no scratch folder is

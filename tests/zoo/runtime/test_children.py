@@ -108,6 +108,7 @@ def _waits_forever():
     time.sleep(3600)
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_a_child_that_makes_no_progress_is_stopped_with_an_error():
     """A child that waits on something that never comes (no CPU time used) is not waited for
     without limit: supervise stops it after ``stalled_after`` seconds and says so."""

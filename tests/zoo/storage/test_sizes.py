@@ -199,6 +199,7 @@ def test_every_file_the_library_writes_passes_and_expanded_tensors_are_written_w
     assert payload["a"].stride() == (0, 1)  # the caller's payload is left alone
 
 
+@pytest.mark.slow  # runs child processes: the full tier
 def test_a_hostile_file_is_refused_under_a_memory_limit(fitted, tmp_path):
     """In a process whose address space is its use at start plus 1 GiB, a file whose entry
     views 3.6 GB of one float is refused with the clear error (the copy would not fit)."""

@@ -158,6 +158,7 @@ def full_batch_fit(x, y, **options):
     return zoo.fit(model, "diagonal", (x, y), run=zoo.Run(progress=False), **options)
 
 
+@pytest.mark.slow  # the recipe's 3,000 full-batch steps: the full tier
 def test_a_full_batch_regression_fit_with_no_options_is_fitted():
     """The issue's case: a full-batch fit once ran one step at lr 1e-3 and learned nothing."""
     x, y = regression(160)
