@@ -2,6 +2,9 @@
 or is refused with what differs; a checkpoint whose loop state no fit writes is refused before any
 step."""
 
+import shutil
+
+import pyro
 import pytest
 import torch
 
@@ -29,12 +32,24 @@ def fit(guide="lowrank", data_=None, model_=None, **run):
     )  # fmt: skip
 
 
+@pytest.fixture(scope="module")
+def _checkpoint_folder(tmp_path_factory):
+    """The folder of one low-rank fit's checkpoint, fitted once for the module from the seed
+    every test starts at (the tests' own ``_fresh_rng``)."""
+    folder = tmp_path_factory.mktemp("checkpoint")
+    pyro.clear_param_store()
+    pyro.set_rng_seed(0)
+    fit("lowrank", num_steps=9, checkpoint=folder / "fit.ckpt", checkpoint_every=9)
+    return folder
+
+
 @pytest.fixture
-def checkpoint(tmp_path):
-    """A low-rank fit's checkpoint, 9 steps into an epoch of 12 (batch 25 of 300)."""
-    path = tmp_path / "fit.ckpt"
-    fit("lowrank", num_steps=9, checkpoint=path, checkpoint_every=9)
-    return path
+def checkpoint(_checkpoint_folder, tmp_path):
+    """A low-rank fit's checkpoint, 9 steps into an epoch of 12 (batch 25 of 300): a copy of
+    the module's (with what the fit wrote beside it) in the test's own folder, to edit."""
+    for path in _checkpoint_folder.iterdir():
+        shutil.copy2(path, tmp_path / path.name)
+    return tmp_path / "fit.ckpt"
 
 
 def test_a_resume_with_a_larger_batch_is_refused_not_spun(checkpoint):
