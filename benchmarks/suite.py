@@ -63,11 +63,15 @@ SCRIPTS = {
 
 def write_json(obj, path: str | os.PathLike, indent: int | None = 1) -> Path:
     """Write ``obj`` as JSON to ``path`` atomically: serialised in memory first (an object JSON
-    cannot hold raises before the file is touched), then written to a temporary file in the
-    same folder, flushed to disk and renamed over ``path``, so a reader never sees half a file
-    and a kill mid-write keeps the previous file."""
+    cannot hold raises before the file is touched), then :func:`write_text`."""
+    return write_text(json.dumps(obj, indent=indent) + "\n", path)
+
+
+def write_text(text: str, path: str | os.PathLike) -> Path:
+    """Write ``text`` to ``path`` atomically: to a temporary file in the same folder, flushed to
+    disk and renamed over ``path``, so a reader never sees half a file and a kill mid-write
+    keeps the previous file."""
     path = Path(path)
-    text = json.dumps(obj, indent=indent) + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -308,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
                   "benchmarks/suite.py", file=sys.stderr)  # fmt: skip
             return 1
         return 0
-    PAGE.write_text(page)
+    write_text(page, PAGE)
     print(f"wrote {PAGE}")
     return 0
 
