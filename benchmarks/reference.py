@@ -187,10 +187,12 @@ def save_each(keys, run_one, name: str, out, argv=None) -> None:
     print(f"load: {os.getloadavg()}, cores: {len(os.sched_getaffinity(0))}")
     saved = suite.load(name, out=out)
     results = dict(saved["data"]) if saved else {}
+    lines = report(results)
     for key in keys:
         results[str(key)] = run_one(key)
-        suite.save(name, report(results), results, out, argv, earlier=suite.commands(saved))
-    print("\n".join(report(results)))
+        lines = report(results)
+        suite.save(name, lines, results, out, argv, earlier=suite.commands(saved))
+    print("\n".join(lines))
     print(f"\nwritten {out or suite.RESULTS / (name + '.json')}; load after: {os.getloadavg()}")
 
 

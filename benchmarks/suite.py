@@ -140,6 +140,7 @@ def blocks(text: str) -> list[dict]:
         if (
             line.lstrip().startswith("|")
             and i + 1 < len(lines)
+            and "-" in lines[i + 1]
             and set(lines[i + 1]) <= set("|-: ")
         ):
             table = {"columns": cells(line), "align": cells(lines[i + 1]), "rows": []}
@@ -171,8 +172,13 @@ class Run:
     """One run of a script: set :attr:`data` to what a later run or a notebook reads back, and
     :attr:`earlier` to the commands of earlier runs whose results this one merges."""
 
-    def __init__(self, name: str):
-        self.name, self.data, self.earlier = name, None, []
+    def __init__(self):
+        self.data, self.earlier = None, []
+
+
+def _known(name: str) -> None:
+    if name not in SCRIPTS:
+        raise ValueError(f"{name!r} is not a script of the suite; add it to suite.SCRIPTS")
 
 
 def markdown(columns: list[str], rows: list[list], align: list[str] | None = None) -> list[str]:
@@ -192,8 +198,7 @@ def save(name: str, printed: str | list[str], data=None, out: str | os.PathLike 
     ``data`` as is, the command from ``argv`` (default ``sys.argv[1:]``; after ``earlier``,
     the commands of the runs it merges, when there are any), ``machine_info`` (default
     :func:`machine` now), to ``out`` (default ``benchmarks/results/<name>.json``)."""
-    if name not in SCRIPTS:
-        raise ValueError(f"{name!r} is not a script of the suite; add it to suite.SCRIPTS")
+    _known(name)
     argv = sys.argv[1:] if argv is None else argv
     text = printed if isinstance(printed, str) else "\n".join(printed)
     result = {
@@ -218,9 +223,8 @@ def _command(name: str, argv: list[str], earlier: list[str]) -> str | list[str]:
 def record(name: str, out: str | os.PathLike | None = None, argv: list[str] | None = None):
     """Keep what the block prints as ``name``'s result (see the module docstring); ``argv``: the
     arguments the script was called with (default ``sys.argv[1:]``)."""
-    if name not in SCRIPTS:
-        raise ValueError(f"{name!r} is not a script of the suite; add it to suite.SCRIPTS")
-    run, start, before = Run(name), time.time(), machine()
+    _known(name)
+    run, start, before = Run(), time.time(), machine()
     tee = _Tee(sys.stdout)
     with contextlib.redirect_stdout(tee):
         yield run

@@ -58,19 +58,15 @@ def _cnn() -> nn.Sequential:
     )  # fmt: skip
 
 
-def _train(x, y, epochs: int, net: nn.Module | None = None, cosine: bool = False):
+def _train(x, y, epochs: int) -> nn.Module:
     torch.manual_seed(0)
-    net = net or _cnn()
+    net = _cnn()
     opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    steps = epochs * -(-len(x) // 128)
-    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps) if cosine else None
     for _ in range(epochs):
         for idx in torch.randperm(len(x)).split(128):
             opt.zero_grad()
             F.cross_entropy(net(x[idx]), y[idx]).backward()
             opt.step()
-            if schedule is not None:
-                schedule.step()
     return net.eval()
 
 

@@ -74,6 +74,7 @@ def test_the_printed_tables_are_kept_cell_by_cell():
         },
         {"text": "load after 0.5"},
     ]
+    assert suite.blocks("| not a table\n\nafter") == [{"text": "| not a table"}, {"text": "after"}]
     table = suite.blocks(PRINTED)[1]
     assert (
         suite.markdown(table["columns"], table["rows"], table["align"]) == PRINTED.split("\n")[1:5]

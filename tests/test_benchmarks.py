@@ -15,6 +15,8 @@ from tests.warm import WARM
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 try:
+    import posch_pilz
+    import step_time
     import suite
 finally:
     sys.path.remove(str(REPO / "benchmarks"))
@@ -117,11 +119,6 @@ def test_step_time_leaves_out_a_subnetwork_larger_than_the_network_and_refuses_b
     for size in ("1024", "4096"):
         assert f"zoo subnetwork S={size}: more than the network's 751 weights" in out
         assert f"| zoo subnetwork S={size} |" not in out
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import step_time
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     with pytest.raises(SystemExit, match="not printed"):
         step_time.check_times({"zoo diagonal": [0.0, -1e-3, 0.0]})
 
@@ -176,11 +173,6 @@ def test_regression_resumes_from_its_checkpoint(tmp_path):
 
 
 def test_posch_pilz_resumes_to_the_uninterrupted_run(tmp_path, mnist_root):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import posch_pilz as script
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     args = ["--limit", "256", "--test-limit", "50", "--samples", "4", "--threads", "1"]
     args += ["--data", str(mnist_root), "--checkpoint-every", "5"]
 
@@ -190,8 +182,8 @@ def test_posch_pilz_resumes_to_the_uninterrupted_run(tmp_path, mnist_root):
     out = _run("benchmarks/posch_pilz.py", *args, *where("whole"), "--iterations", "12")
     assert "| zoo, tridiagonal, 100 units | " in out
     whole = json.loads((tmp_path / "whole" / "tridiagonal_100.json").read_text())
-    script.run(script.parse([*args, *where("split"), "--iterations", "6"]))  # stops at step 6
-    resumed = script.run(script.parse([*args, *where("split"), "--iterations", "12"]))
+    posch_pilz.run(posch_pilz.parse([*args, *where("split"), "--iterations", "6"]))  # to step 6
+    resumed = posch_pilz.run(posch_pilz.parse([*args, *where("split"), "--iterations", "12"]))
     assert whole["iterations"] == resumed["iterations"] == 12  # continued from step 6
     for key in ("test_error", "nll", "ece", "certainty", "tau_rho", "examples", "loss_curve"):
         assert whole[key] == resumed[key], key
@@ -201,10 +193,10 @@ def test_posch_pilz_resumes_to_the_uninterrupted_run(tmp_path, mnist_root):
     assert whole["command"].startswith("python benchmarks/posch_pilz.py --limit 256 ")
     saved = zoo.load(tmp_path / "whole" / "tridiagonal_100.fit")
     assert saved.steps == 12 and saved.options["batch_size"] == 64
-    diagonal = script.run(
-        script.parse([*args, *where("d"), "--iterations", "2", "--family", "diagonal"])
+    diagonal = posch_pilz.run(
+        posch_pilz.parse([*args, *where("d"), "--iterations", "2", "--family", "diagonal"])
     )
-    assert diagonal["tau_rho"] is None and "lr_multipliers" not in script.recipe("diagonal")
+    assert diagonal["tau_rho"] is None and "lr_multipliers" not in posch_pilz.recipe("diagonal")
     page = json.loads((tmp_path / "whole.json").read_text())
     assert page["name"] == "posch_pilz" and "Learned tau / rho" in json.dumps(page["blocks"])
 
